@@ -1,0 +1,2 @@
+"""Model policies, one sub-package per model family (entry point group
+``vllm_duplex.models``)."""

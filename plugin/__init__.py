@@ -1,0 +1,3 @@
+"""vllm_duplex: the duplex control plane, stages and vLLM hooks."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,112 @@
+"""Typed client commands: what the wire codec produces and a session consumes.
+
+Every command keeps the client's ``event_id`` so errors can echo it.
+``lane`` says which mailbox lane carries it: control commands overtake
+queued audio (a cancel never waits behind audio decoding).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .contracts import InputMode
+from .conversation import ConversationItem
+from .session_config import SessionPatch
+
+
+class Lane(enum.IntEnum):
+    """Mailbox lanes, highest priority first."""
+
+    CONTROL = 0
+    STAGE = 1
+    DATA = 2
+
+
+@dataclass(frozen=True)
+class Command:
+    event_id: str | None = field(default=None, kw_only=True)
+    lane: ClassVar[Lane] = Lane.DATA
+
+
+@dataclass(frozen=True)
+class SessionUpdate(Command):
+    patch: SessionPatch
+
+
+@dataclass(frozen=True)
+class AudioAppend(Command):
+    audio: bytes  # raw bytes in the session's input format
+    seq: int | None = None
+
+
+@dataclass(frozen=True)
+class AudioCommit(Command):
+    pass
+
+
+@dataclass(frozen=True)
+class AudioClear(Command):
+    pass
+
+
+@dataclass(frozen=True)
+class ItemCreate(Command):
+    item: ConversationItem  # id may be empty: the session mints one
+    previous_item_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ItemRetrieve(Command):
+    item_id: str
+
+
+@dataclass(frozen=True)
+class ItemDelete(Command):
+    item_id: str
+
+
+@dataclass(frozen=True)
+class ItemTruncate(Command):
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class ResponseOptions:
+    output_modalities: tuple[str, ...] | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    metadata: dict[str, Any] | None = None
+    conversation: str = "auto"  # "auto" or "none" (out-of-band)
+
+
+@dataclass(frozen=True)
+class ResponseCreate(Command):
+    options: ResponseOptions = ResponseOptions()
+
+
+@dataclass(frozen=True)
+class ResponseCancel(Command):
+    response_id: str | None = None
+    lane: ClassVar[Lane] = Lane.CONTROL
+
+
+@dataclass(frozen=True)
+class DuplexInput(Command):
+    """Extension ``duplex.input``: input with an explicit mode."""
+
+    mode: InputMode
+    text: str | None = None
+    audio: bytes | None = None
+    checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionClose(Command):
+    """Extension ``session.close`` (also sent by the transport on disconnect)."""
+
+    reason: str = "client"
+    lane: ClassVar[Lane] = Lane.CONTROL

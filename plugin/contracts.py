@@ -1,0 +1,113 @@
+"""Contracts between the control plane and model policies.
+
+Policies return these plain, immutable values; the session executes them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class InputMode(str, enum.Enum):
+    """How an input reaches the model (see DESIGN.md "Input modes")."""
+
+    APPEND_TOKENS = "append_tokens"
+    APPEND_AUDIO_CHUNK = "append_audio_chunk"
+    REPLACE_LATEST_CHUNK = "replace_latest_chunk"
+    REENCODE_CONTEXT = "reencode_context"
+    ROLLBACK_TO_CHECKPOINT = "rollback_to_checkpoint"
+    TURN_COMMIT_ONLY = "turn_commit_only"
+
+
+class FenceBump(str, enum.Enum):
+    NONE = "none"
+    EPOCH = "epoch"  # outputs in flight become stale
+    INCARNATION = "incarnation"  # model state rebuilt: old stage requests are aborted
+
+
+class InterruptReason(str, enum.Enum):
+    """``status_details.reason`` of a cancelled response."""
+
+    CLIENT_CANCELLED = "client_cancelled"
+    TURN_DETECTED = "turn_detected"
+
+
+@dataclass(frozen=True)
+class StageSubmission:
+    """Send ``payload`` to the stage called ``stage``; ``role`` names the
+    request in its fenced request id."""
+
+    stage: str
+    payload: Any
+    role: str = "in"
+
+
+@dataclass(frozen=True)
+class AppendPlan:
+    """A policy's answer to one input: which mode, what to submit, and
+    whether the fence must move first."""
+
+    mode: InputMode
+    submissions: tuple[StageSubmission, ...] = ()
+    bump: FenceBump = FenceBump.NONE
+    checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class OutputDecision:
+    """A policy's answer to one stage output."""
+
+    emit: bool = True  # render as client events
+    forward: bool = True  # pass on to the next stage of the pipeline (e.g. text -> TTS)
+    commit_turn: bool = False  # server VAD end of turn: commit the input buffer
+    create_response: bool = False  # ... and answer it
+    interrupt: InterruptReason | None = None  # cancel the active response, bump epoch
+    finish_response: bool = False  # the active response is complete
+
+
+DROP = OutputDecision(emit=False)
+EMIT = OutputDecision()
+
+
+@dataclass(frozen=True)
+class TurnCommitted:
+    """Policy input: the user's input buffer became conversation item ``item_id``."""
+
+    item_id: str
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    input_modes: frozenset[InputMode]
+    input_modalities: frozenset[str] = frozenset({"audio", "text"})
+    output_modalities: frozenset[str] = frozenset({"audio", "text"})
+    turn_detection: frozenset[str] = frozenset({"server_vad"})
+    early_output: bool = True  # partial transcripts / audio before the reply is complete
+    tools: bool = False
+
+    def supports(self, mode: InputMode) -> bool:
+        return mode in self.input_modes
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "input_modes": sorted(m.value for m in self.input_modes),
+            "input_modalities": sorted(self.input_modalities),
+            "output_modalities": sorted(self.output_modalities),
+            "turn_detection": sorted(self.turn_detection),
+            "early_output": self.early_output,
+            "tools": self.tools,
+        }
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Engine-neutral sampling parameters; the vLLM stage maps them onto
+    ``SamplingParams``."""
+
+    temperature: float = 0.0
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,121 @@
+"""The effective configuration of one realtime session (typed, immutable).
+
+``SessionPatch`` is what a ``session.update`` asks for, already validated for
+types and ranges by the wire codec; ``SessionConfig.apply`` merges it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+class AudioEncoding(str, enum.Enum):
+    PCM16 = "audio/pcm"
+    PCMU = "audio/pcmu"  # G.711 mu-law, 8 kHz
+    PCMA = "audio/pcma"  # G.711 A-law, 8 kHz
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    encoding: AudioEncoding = AudioEncoding.PCM16
+    rate: int = 24000
+
+    def wire(self) -> dict[str, Any]:
+        if self.encoding is AudioEncoding.PCM16:
+            return {"type": self.encoding.value, "rate": self.rate}
+        return {"type": self.encoding.value}
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return 2 if self.encoding is AudioEncoding.PCM16 else 1
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    type: str = "server_vad"
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "threshold": self.threshold,
+            "prefix_padding_ms": self.prefix_padding_ms,
+            "silence_duration_ms": self.silence_duration_ms,
+            "create_response": self.create_response,
+            "interrupt_response": self.interrupt_response,
+            "idle_timeout_ms": self.idle_timeout_ms,
+        }
+
+
+@dataclass(frozen=True)
+class Transcription:
+    model: str = "default"
+    language: str | None = None
+    prompt: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        return {"model": self.model, "language": self.language, "prompt": self.prompt}
+
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class SessionPatch:
+    """Fields a ``session.update`` sets; ``_UNSET`` means "leave as is"."""
+
+    model: Any = _UNSET
+    policy: Any = _UNSET
+    instructions: Any = _UNSET
+    output_modalities: Any = _UNSET
+    input_format: Any = _UNSET
+    output_format: Any = _UNSET
+    voice: Any = _UNSET
+    speed: Any = _UNSET
+    turn_detection: Any = _UNSET  # TurnDetection | None
+    transcription: Any = _UNSET  # Transcription | None
+    tools: Any = _UNSET
+    tool_choice: Any = _UNSET
+    temperature: Any = _UNSET
+    max_output_tokens: Any = _UNSET
+
+    def fields_set(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not _UNSET}
+
+
+IMMUTABLE_FIELDS = ("model", "policy")
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    model: str
+    policy: str
+    instructions: str = ""
+    output_modalities: tuple[str, ...] = ("audio",)
+    input_format: AudioFormat = AudioFormat()
+    output_format: AudioFormat = AudioFormat()
+    voice: str = "default"
+    speed: float = 1.0
+    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+    transcription: Transcription | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] = "auto"
+    temperature: float = 0.8
+    max_output_tokens: int | None = None  # None means "inf"
+
+    def apply(self, patch: SessionPatch) -> SessionConfig:
+        """Merge a patch. Raises ``ValueError(field)`` naming an immutable
+        field that the patch tries to change."""
+        changes = patch.fields_set()
+        for name in IMMUTABLE_FIELDS:
+            if name in changes and changes[name] != getattr(self, name):
+                raise ValueError(name)
+            changes.pop(name, None)
+        return replace(self, **changes)

@@ -1,0 +1,1 @@
+"""Stages: VAD, ASR, LLM, TTS, video, and the pipeline that chains them."""

@@ -1,0 +1,171 @@
+"""The stage port protocol and the typed payloads that flow through stages.
+
+Every submission and every output carries the session ``Fence`` it was made
+under; stages never decide staleness (the session's fence gate does), they
+only abort work when ``cancel`` tells them the fence moved on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..contracts import SamplingConfig
+from ..errors import DuplexError
+from ..fence import Fence
+
+INTERNAL_RATE = 16000  # Hz, mono int16: what VAD/ASR consume and TTS produce
+
+
+# ---- payloads into stages --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AudioIn:
+    """Input PCM (int16, mono, INTERNAL_RATE); ``start_ms`` is its offset in
+    the session's input audio stream."""
+
+    pcm: np.ndarray
+    start_ms: int
+
+
+@dataclass(frozen=True)
+class TextIn:
+    """Words appended to the live model context (``append_tokens``)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ContextMessage:
+    role: str  # system | user | assistant | tool
+    text: str
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    response_id: str
+    context: tuple[ContextMessage, ...]
+    sampling: SamplingConfig
+    tools: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class EndOfText:
+    """No more text for this response: TTS flushes its last sentence."""
+
+    response_id: str
+
+
+# ---- payloads out of stages ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VadSpeechStarted:
+    audio_ms: int
+
+
+@dataclass(frozen=True)
+class VadSpeechStopped:
+    audio_ms: int
+
+
+@dataclass(frozen=True)
+class TranscriptDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class TranscriptFinal:
+    text: str
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    response_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class GenerationDone:
+    response_id: str
+    finish_reason: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class AudioOut:
+    """Synthesized PCM (int16, mono, ``rate`` Hz) for a response."""
+
+    response_id: str
+    pcm: np.ndarray
+    rate: int = INTERNAL_RATE
+    text: str = ""  # the words this audio speaks (for transcript deltas)
+
+
+@dataclass(frozen=True)
+class SpeechDone:
+    """TTS has spoken everything it was given for this response."""
+
+    response_id: str
+
+
+@dataclass(frozen=True)
+class StageFailed:
+    error: DuplexError
+
+
+# ---- envelopes -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageInput:
+    fence: Fence
+    request_id: str
+    payload: Any
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    fence: Fence
+    request_id: str
+    stage: str
+    payload: Any
+    created_at: float = field(default=0.0, compare=False)
+
+
+@runtime_checkable
+class StagePort(Protocol):
+    """One session's port into one stage.
+
+    ``open`` is called once before any submission; ``outputs`` is an async
+    iterator that ends after ``close``; ``cancel(fence)`` aborts every piece
+    of work whose fence is older than ``fence`` (stale work must stop, not
+    merely be ignored, so that no engine keeps generating for nobody).
+    """
+
+    name: str
+
+    def accepts(self, payload: Any) -> bool: ...
+
+    async def open(self, fence: Fence) -> None: ...
+
+    async def submit(self, item: StageInput) -> None: ...
+
+    def outputs(self) -> AsyncIterator[StageOutput]: ...
+
+    async def cancel(self, fence: Fence) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Stage(Protocol):
+    """A shared stage (one engine for all sessions) that opens per-session ports."""
+
+    name: str
+
+    def port(self, session_id: str) -> StagePort: ...

@@ -1,0 +1,1 @@
+"""OpenAI-Realtime-compatible wire protocol, ASGI server, client and CLI."""

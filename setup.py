@@ -1,0 +1,52 @@
+"""vllm-duplex: a full-duplex realtime speech/video engine plugin for vLLM.
+
+The three source folders are mapped into one import namespace so that nothing
+called ``plugin`` or ``models`` ever lands at the top of site-packages.
+"""
+
+from setuptools import setup
+
+setup(
+    name="vllm-duplex",
+    version="0.1.0",
+    description="Full-duplex realtime speech/video engine plugin for vLLM",
+    python_requires=">=3.10",
+    packages=[
+        "vllm_duplex",
+        "vllm_duplex.stages",
+        "vllm_duplex.models",
+        "vllm_duplex.models.scripted",
+        "vllm_duplex.realtime",
+    ],
+    package_dir={
+        "vllm_duplex": "plugin",
+        "vllm_duplex.stages": "plugin/stages",
+        "vllm_duplex.models": "models",
+        "vllm_duplex.models.scripted": "models/scripted",
+        "vllm_duplex.realtime": "realtime",
+    },
+    install_requires=[
+        "numpy>=1.24",
+        "soxr>=0.3",
+        "websockets>=12",
+        "uvicorn>=0.30",
+        "starlette>=0.37",
+        "pyyaml>=6",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-asyncio>=0.23",
+            "hypothesis>=6",
+            "openai>=1.100",
+            "psutil>=5",
+            "httpx>=0.27",
+        ],
+    },
+    entry_points={
+        "console_scripts": ["vllm-duplex=vllm_duplex.realtime.cli:main"],
+        "vllm_duplex.models": [
+            "scripted=vllm_duplex.models.scripted:ScriptedPolicy",
+        ],
+    },
+)
