@@ -24,6 +24,15 @@ class Role(str, enum.Enum):
     SYSTEM = "system"
 
 
+@dataclass(frozen=True)
+class SpokenSegment:
+    """A stretch of output audio and the words it speaks (for truncation)."""
+
+    start_ms: int
+    end_ms: int
+    text: str
+
+
 @dataclass
 class ContentPart:
     """``type`` is one of input_text, input_audio, output_text, output_audio."""
@@ -32,6 +41,21 @@ class ContentPart:
     text: str | None = None
     transcript: str | None = None
     audio_ms: int = 0  # duration of audio that belongs to this part
+    spoken: list[SpokenSegment] = field(default_factory=list)
+
+    def heard_text(self, audio_end_ms: int) -> str:
+        """The words a listener heard when playback stopped at ``audio_end_ms``:
+        whole segments before it, and a proportional share of the words of
+        the segment it cuts through."""
+        words: list[str] = []
+        for seg in self.spoken:
+            seg_words = seg.text.split()
+            if seg.end_ms <= audio_end_ms:
+                words += seg_words
+            elif seg.start_ms < audio_end_ms:
+                share = (audio_end_ms - seg.start_ms) / max(1, seg.end_ms - seg.start_ms)
+                words += seg_words[: int(len(seg_words) * share)]
+        return " ".join(words)
 
     def wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type}

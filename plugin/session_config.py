@@ -119,3 +119,41 @@ class SessionConfig:
                 raise ValueError(name)
             changes.pop(name, None)
         return replace(self, **changes)
+
+
+def session_wire(
+    config: SessionConfig, *, session_id: str, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The GA ``realtime`` session object (what session.created/updated carry).
+
+    ``extra`` holds duplex extensions (policy, capabilities, fence) that the
+    official SDK tolerates as unknown fields.
+    """
+    out: dict[str, Any] = {
+        "type": "realtime",
+        "object": "realtime.session",
+        "id": session_id,
+        "model": config.model,
+        "instructions": config.instructions,
+        "output_modalities": list(config.output_modalities),
+        "audio": {
+            "input": {
+                "format": config.input_format.wire(),
+                "transcription": config.transcription.wire() if config.transcription else None,
+                "turn_detection": config.turn_detection.wire() if config.turn_detection else None,
+                "noise_reduction": None,
+            },
+            "output": {
+                "format": config.output_format.wire(),
+                "voice": config.voice,
+                "speed": config.speed,
+            },
+        },
+        "tools": list(config.tools),
+        "tool_choice": config.tool_choice,
+        "max_output_tokens": "inf" if config.max_output_tokens is None else config.max_output_tokens,
+        "temperature": config.temperature,
+    }
+    if extra:
+        out.update(extra)
+    return out

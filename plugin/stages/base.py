@@ -54,6 +54,25 @@ class GenerateRequest:
 
 
 @dataclass(frozen=True)
+class VadConfig:
+    """Turn-detection tuning for a VAD stage (what ``session.update`` sets).
+
+    ``threshold`` is 0..1, higher meaning "needs more evidence of speech";
+    each VAD documents how it maps the number onto its own detector.
+    """
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must be within 0..1, got {self.threshold}")
+        if self.prefix_padding_ms < 0 or self.silence_duration_ms < 0:
+            raise ValueError("prefix_padding_ms and silence_duration_ms must be >= 0")
+
+
+@dataclass(frozen=True)
 class EndOfText:
     """No more text for this response: TTS flushes its last sentence."""
 

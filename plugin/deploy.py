@@ -1,0 +1,94 @@
+"""Deployment configs: one YAML file = one servable pipeline.
+
+A config names the policy, the stages (in pipeline order), session defaults,
+limits and server settings. Unknown keys are errors: a typo in a deployment
+file should fail loudly at start, not silently run defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_CONFIG = "scripted"
+CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parent.parent / "configs")
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    type: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_sessions: int = 256
+    max_sessions_per_key: int | None = None
+    max_event_bytes: int = 1 << 20  # larger events get `event_too_large`, socket stays open
+    max_frame_bytes: int = 16 << 20  # larger frames are refused by the WebSocket layer (close 1009)
+    session_ttl_s: float = 60.0
+    mailbox_capacity: int = 1024
+    outbound_capacity: int = 8192
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    name: str
+    model: str
+    policy: str
+    stages: tuple[StageSpec, ...]
+    policy_options: dict[str, Any] = field(default_factory=dict)
+    session: dict[str, Any] = field(default_factory=dict)
+    limits: Limits = Limits()
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> DeployConfig:
+        known = {f.name for f in fields(cls)} | {"server"}
+        unknown = set(raw) - known
+        if unknown:
+            raise ValueError(f"unknown config keys: {sorted(unknown)}")
+        server = raw.get("server") or {}
+        stages = []
+        for spec in raw.get("stages") or []:
+            spec = dict(spec)
+            stages.append(StageSpec(type=spec.pop("type"), options=spec))
+        limits_raw = raw.get("limits") or {}
+        bad = set(limits_raw) - {f.name for f in fields(Limits)}
+        if bad:
+            raise ValueError(f"unknown limits keys: {sorted(bad)}")
+        keys = tuple(raw.get("api_keys") or ())
+        env_keys = os.environ.get("VLLM_DUPLEX_API_KEYS")
+        if env_keys:  # a comma-separated list; keeps secrets out of config files
+            keys = tuple(k for k in env_keys.split(",") if k)
+        return cls(
+            name=raw["name"], model=raw["model"], policy=raw["policy"], stages=tuple(stages),
+            policy_options=dict(raw.get("policy_options") or {}),
+            session=dict(raw.get("session") or {}), limits=Limits(**limits_raw),
+            host=server.get("host", "127.0.0.1"), port=int(server.get("port", 8000)),
+            api_keys=keys,
+        )
+
+
+def resolve_config_path(name_or_path: str | None) -> Path:
+    """A path, or a bare name looked up in ``configs/``."""
+    candidate = Path(name_or_path or DEFAULT_CONFIG)
+    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+        return candidate
+    for folder in CONFIG_DIRS:
+        path = folder / f"{candidate.stem}.yaml"
+        if path.exists():
+            return path
+    raise FileNotFoundError(f"no deployment config {name_or_path!r} (looked in configs/)")
+
+
+def load_config(name_or_path: str | None = None) -> DeployConfig:
+    path = resolve_config_path(name_or_path)
+    with open(path) as f:
+        return DeployConfig.from_dict(yaml.safe_load(f) or {})

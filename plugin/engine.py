@@ -1,0 +1,143 @@
+"""``DuplexEngine``: everything one server process shares — the deployment
+config, the stages (one engine for all sessions), the policy, the session
+manager, the clock and the metrics. Transports open sessions through it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .clock import Clock, MonotonicClock
+from .deploy import DeployConfig, StageSpec
+from .manager import SessionManager
+from .metrics import Metrics
+from .policy import ModelPolicy, load_policy
+from .session import DuplexSession, SessionLimits
+from .session_config import SessionConfig
+from .stages.base import Stage
+
+StageFactory = Callable[[StageSpec, Clock], Stage]
+
+
+def _scripted_factories() -> dict[str, StageFactory]:
+    from .stages import scripted
+
+    return {
+        "energy_vad": lambda spec, clock: scripted.EnergyVadStage(clock=clock, **spec.options),
+        "scripted_llm": lambda spec, clock: scripted.ScriptedLlmStage(clock=clock, **spec.options),
+        "tone_tts": lambda spec, clock: scripted.ToneTtsStage(clock=clock, **spec.options),
+    }
+
+
+STAGE_FACTORIES: dict[str, StageFactory] = {}
+
+
+def register_stage_type(name: str, factory: StageFactory) -> None:
+    STAGE_FACTORIES[name] = factory
+
+
+def build_stage(spec: StageSpec, clock: Clock) -> Stage:
+    factories = {**_scripted_factories(), **STAGE_FACTORIES}
+    try:
+        factory = factories[spec.type]
+    except KeyError:
+        raise ValueError(f"unknown stage type {spec.type!r}; known: {sorted(factories)}") from None
+    return factory(spec, clock)
+
+
+_SESSION_DEFAULT_KEYS = ("instructions", "output_modalities", "voice", "temperature",
+                         "max_output_tokens")
+
+
+class DuplexEngine:
+    def __init__(
+        self,
+        config: DeployConfig,
+        *,
+        clock: Clock | None = None,
+        metrics: Metrics | None = None,
+        instance_id: str | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock or MonotonicClock()
+        self.metrics = metrics or Metrics()
+        self.policy: ModelPolicy = load_policy(config.policy, **config.policy_options)
+        self.stages = [build_stage(spec, self.clock) for spec in config.stages]
+        limits = config.limits
+        self.manager: SessionManager[DuplexSession] = SessionManager(
+            max_sessions=limits.max_sessions,
+            max_sessions_per_key=limits.max_sessions_per_key,
+            default_ttl_s=limits.session_ttl_s,
+            clock=self.clock,
+            instance_id=instance_id or os.environ.get("VLLM_DUPLEX_INSTANCE_ID"),
+        )
+        self.session_limits = SessionLimits(mailbox_capacity=limits.mailbox_capacity,
+                                            outbound_capacity=limits.outbound_capacity)
+        unknown = set(config.session) - set(_SESSION_DEFAULT_KEYS)
+        if unknown:
+            raise ValueError(f"unknown session defaults: {sorted(unknown)}")
+        defaults = dict(config.session)
+        if "output_modalities" in defaults:
+            defaults["output_modalities"] = tuple(defaults["output_modalities"])
+        self.session_defaults = SessionConfig(model=config.model, policy=config.policy, **defaults)
+        self.metrics.gauge("duplex_sessions_live", "Live sessions", lambda: len(self.manager))
+        for stage in self.stages:
+            for counter in ("aborted_requests", "active_requests"):
+                if hasattr(stage, counter):
+                    self.metrics.gauge(f"duplex_stage_{counter}{{stage=\"{stage.name}\"}}",
+                                       f"Stage {counter.replace('_', ' ')}",
+                                       lambda s=stage, c=counter: float(getattr(s, c)))
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    async def start(self) -> None:
+        await self.manager.start()
+
+    async def stop(self) -> None:
+        await self.manager.stop()
+
+    async def open_realtime_session(self, api_key: str | None) -> DuplexSession:
+        """Admit (may raise ``resource_exhausted``) and start a session; it is
+        pinned while its socket is attached."""
+
+        def factory(session_id: str) -> DuplexSession:
+            return DuplexSession(session_id, config=self.session_defaults, policy=self.policy,
+                                 stages=self.stages, clock=self.clock, metrics=self.metrics,
+                                 limits=self.session_limits,
+                                 extra_wire={"owner_instance_id": self.manager.instance_id})
+
+        session, _ = self.manager.admit(factory, api_key=api_key, pinned=True)
+        try:
+            await session.start()
+        except BaseException:
+            await self.manager.release(session.session_id, "start_failed")
+            await session.close("start_failed")
+            raise
+        return session
+
+    async def end_session(self, session: DuplexSession, reason: str) -> None:
+        await session.close(reason)
+        await self.manager.release(session.session_id, reason)
+
+    def capabilities(self) -> dict[str, Any]:
+        limits = self.config.limits
+        return {
+            "object": "duplex.capabilities",
+            "instance_id": self.manager.instance_id,
+            "model": self.config.model,
+            "policies": {self.policy.name: self.policy.capabilities().wire()},
+            "stages": [s.name for s in self.stages],
+            "limits": {
+                "max_sessions": limits.max_sessions,
+                "max_sessions_per_key": limits.max_sessions_per_key,
+                "max_event_bytes": limits.max_event_bytes,
+                "max_frame_bytes": limits.max_frame_bytes,
+                "session_ttl_s": limits.session_ttl_s,
+            },
+            "audio_formats": ["audio/pcm", "audio/pcmu", "audio/pcma"],
+            "realtime": {"path": "/v1/realtime", "dialects": ["ga", "beta"]},
+        }

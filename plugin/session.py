@@ -1,0 +1,561 @@
+"""``DuplexSession``: one realtime session, mutated by exactly one task.
+
+Client commands and stage outputs both arrive through the session's
+``Mailbox``; its control lane overtakes queued audio, so a cancel or a close
+never waits behind audio decoding. The runner task is the only writer of the
+session's state (fence, conversation, input buffer, active response); the
+transport only enqueues commands and drains ``outbound``.
+
+Stale outputs are dropped in one place: ``_on_stage_output`` asks the
+session's ``FenceGate`` before anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import commands as cmd
+from . import events as ev
+from .audio import AudioDecoder, AudioEncoder
+from .clock import Clock
+from .contracts import (
+    AppendPlan,
+    FenceBump,
+    InputMode,
+    InterruptReason,
+    TurnCommitted,
+)
+from .conversation import ContentPart, ConversationItem, ItemType, Response, ResponseStatus, Role
+from .errors import DuplexError
+from .fence import Fence
+from .mailbox import Mailbox, MailboxClosed, MailboxFull
+from .metrics import Metrics
+from .policy import ModelPolicy
+from .responses import ActiveResponse
+from .session_config import SessionConfig, session_wire
+from .stages.base import (
+    INTERNAL_RATE,
+    AudioIn,
+    AudioOut,
+    ContextMessage,
+    GenerateRequest,
+    GenerationDone,
+    SpeechDone,
+    Stage,
+    StageFailed,
+    StageOutput,
+    TextDelta,
+    TextIn,
+    TranscriptDelta,
+    TranscriptFinal,
+    VadConfig,
+    VadSpeechStarted,
+    VadSpeechStopped,
+)
+from .stages.gate import FenceGate
+from .stages.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_urlsafe(12)}"
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    mailbox_capacity: int = 1024  # queued client data commands
+    outbound_capacity: int = 8192  # events waiting for a slow socket
+    journal_events: int = 4096  # recent events kept for replay
+    max_items: int = 4096  # conversation items
+
+
+class DuplexSession:
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        config: SessionConfig,
+        policy: ModelPolicy,
+        stages: Sequence[Stage],
+        clock: Clock,
+        metrics: Metrics,
+        limits: SessionLimits = SessionLimits(),
+        extra_wire: dict[str, Any] | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self._config = config
+        self.policy = policy
+        self.caps = policy.capabilities()
+        self.clock = clock
+        self.metrics = metrics
+        self.limits = limits
+        self.extra_wire = extra_wire or {}
+        self.gate = FenceGate(Fence(session_id))
+        self.mailbox = Mailbox(data_capacity=limits.mailbox_capacity)
+        self.outbound: asyncio.Queue[ev.Envelope | None] = asyncio.Queue(limits.outbound_capacity)
+        self.journal: deque[ev.Envelope] = deque(maxlen=limits.journal_events)
+        self.resume_token = secrets.token_urlsafe(24)
+        self.pipeline = Pipeline([s.port(session_id) for s in stages], self._enqueue_output)
+        self._stage_for_generate = next(
+            (p.name for p in self.pipeline.ports if p.accepts(_PROBE_REQUEST)), None
+        )
+        self._seq = 0
+        self._items: list[ConversationItem] = []
+        self._decoder = AudioDecoder(config.input_format)
+        self._buffer: list[np.ndarray] = []
+        self._buffer_samples = 0
+        self._input_ms = 0  # audio timeline of all appended input, for VAD timestamps
+        self._pending_user_item: str | None = None  # id minted at speech onset
+        self._user_speaking = False
+        self._response: ActiveResponse | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.closed = asyncio.Event()
+        self.close_reason: str | None = None
+
+    # ---- SessionView (what the policy may read) ---------------------------
+
+    @property
+    def fence(self) -> Fence:
+        return self.gate.fence
+
+    @property
+    def config(self) -> SessionConfig:
+        return self._config
+
+    @property
+    def items(self) -> Sequence[ConversationItem]:
+        return tuple(self._items)
+
+    @property
+    def active_response_id(self) -> str | None:
+        return self._response.id if self._response else None
+
+    @property
+    def user_speaking(self) -> bool:
+        return self._user_speaking
+
+    # ---- lifecycle (called by the transport / manager) --------------------
+
+    async def start(self) -> None:
+        await self.pipeline.open(self.fence)
+        self._emit(ev.SessionCreated(session=self.session_object(), resume_token=self.resume_token))
+        if self._config.turn_detection is not None:
+            await self._execute(self.policy.plan_append(self, self._vad_config()), None)
+        self._task = asyncio.create_task(self._run(), name=f"duplex-session-{self.session_id}")
+        self.metrics.sessions_opened.inc()
+
+    def deliver(self, command: cmd.Command, received_at: float | None = None) -> None:
+        """Enqueue a client command (never blocks). A full data lane means the
+        client sends faster than the session can work: ``resource_exhausted``."""
+        if self.close_reason is not None:
+            raise DuplexError("session_closed", "the session is closed", event_id=command.event_id)
+        try:
+            self.mailbox.put_nowait((received_at or self.clock.now(), command), command.lane)
+        except MailboxFull:
+            raise DuplexError("resource_exhausted", "too many queued input events",
+                              event_id=command.event_id) from None
+
+    async def close(self, reason: str = "client") -> None:
+        """Idempotent. Aborts stage work, ends the runner, ends ``outbound``."""
+        if self.close_reason is not None:
+            await self.closed.wait()
+            return
+        self.close_reason = reason
+        self.mailbox.close()
+        if self._task is not None and self._task is not asyncio.current_task():
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.pipeline.close()
+        self.metrics.sessions_closed.inc(reason=reason)
+        try:
+            self.outbound.put_nowait(None)
+        except asyncio.QueueFull:
+            pass  # the writer is gone or stuck; it checks ``closed`` too
+        self.closed.set()
+
+    def session_object(self) -> dict[str, Any]:
+        extra = {"policy": self.policy.name, "capabilities": self.caps.wire(),
+                 "fence": self.fence.wire(), **self.extra_wire}
+        return session_wire(self._config, session_id=self.session_id, extra=extra)
+
+    # ---- the single writer ------------------------------------------------
+
+    async def _enqueue_output(self, output: StageOutput) -> None:
+        if self.close_reason is None:
+            self.mailbox.put_nowait((self.clock.now(), output), cmd.Lane.STAGE)
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                lane, (received_at, item) = await self.mailbox.get()
+                try:
+                    if lane is cmd.Lane.STAGE:
+                        await self._on_stage_output(item, received_at)
+                    else:
+                        await self._on_command(item, received_at)
+                except DuplexError as err:
+                    event_id = getattr(item, "event_id", None)
+                    self._error(err.with_event_id(event_id))
+                except Exception:  # contained: one bad command must not end the session
+                    log.exception("session %s failed on %r", self.session_id, type(item).__name__)
+                    self._error(DuplexError("internal_error", "internal error handling the event",
+                                            event_id=getattr(item, "event_id", None)))
+        except MailboxClosed:
+            pass
+
+    def _emit(self, event: ev.ServerEvent) -> None:
+        self._seq += 1
+        env = ev.Envelope(self._seq, self.fence, event)
+        self.journal.append(env)
+        try:
+            self.outbound.put_nowait(env)
+        except asyncio.QueueFull:
+            # Slow consumer: its memory must stay bounded; end the session.
+            if self.close_reason is None:
+                asyncio.get_running_loop().create_task(self.close("slow_consumer"))
+
+    def _emit_all(self, events: Sequence[ev.ServerEvent]) -> None:
+        for event in events:
+            self._emit(event)
+
+    def _error(self, err: DuplexError) -> None:
+        self.metrics.errors.inc(code=err.code)
+        self._emit(ev.ErrorEvent(error=err))
+
+    # ---- client commands --------------------------------------------------
+
+    async def _on_command(self, c: cmd.Command, received_at: float) -> None:
+        if isinstance(c, cmd.AudioAppend):
+            await self._append_audio(c.audio, received_at)
+        elif isinstance(c, cmd.AudioCommit):
+            if self._buffer_samples == 0:
+                raise DuplexError("input_audio_buffer_empty",
+                                  "the input audio buffer is empty: append audio before committing")
+            await self._commit_input()
+        elif isinstance(c, cmd.AudioClear):
+            self._clear_buffer()
+            self._emit(ev.InputAudioBufferCleared())
+        elif isinstance(c, cmd.SessionUpdate):
+            await self._update(c)
+        elif isinstance(c, cmd.ResponseCreate):
+            await self._create_response(c.options)
+        elif isinstance(c, cmd.ResponseCancel):
+            active = self._response
+            if active is None or (c.response_id and c.response_id != active.id):
+                raise DuplexError("response_cancel_not_active",
+                                  "there is no active response to cancel", param="response_id")
+            await self._interrupt(InterruptReason.CLIENT_CANCELLED, received_at)
+        elif isinstance(c, cmd.ItemCreate):
+            await self._create_item(c)
+        elif isinstance(c, cmd.ItemRetrieve):
+            self._emit(ev.ConversationItemRetrieved(item=self._item(c.item_id).wire()))
+        elif isinstance(c, cmd.ItemDelete):
+            self._items.remove(self._item(c.item_id))
+            self._emit(ev.ConversationItemDeleted(item_id=c.item_id))
+        elif isinstance(c, cmd.ItemTruncate):
+            self._truncate(c)
+        elif isinstance(c, cmd.DuplexInput):
+            await self._duplex_input(c, received_at)
+        elif isinstance(c, cmd.SessionClose):
+            self._emit(ev.SessionClosed(reason=c.reason))
+            asyncio.get_running_loop().create_task(self.close(c.reason))
+        else:
+            raise DuplexError("unknown_event", f"unhandled command {type(c).__name__}")
+
+    async def _update(self, c: cmd.SessionUpdate) -> None:
+        try:
+            new = self._config.apply(c.patch)
+        except ValueError as exc:
+            name = str(exc)
+            raise DuplexError("immutable_field", f"{name} cannot change after the session opened",
+                              param=f"session.{name}") from None
+        td = new.turn_detection
+        if td is not None and td.type not in self.caps.turn_detection:
+            raise DuplexError("unsupported_turn_detection",
+                              f"turn_detection {td.type!r} is not supported by policy {self.policy.name!r}",
+                              param="session.audio.input.turn_detection.type")
+        unsupported = set(new.output_modalities) - self.caps.output_modalities
+        if unsupported:
+            raise DuplexError("invalid_value", f"output modalities {sorted(unsupported)} unsupported",
+                              param="session.output_modalities")
+        old = self._config
+        self._config = new
+        if new.input_format != old.input_format:
+            self._decoder = AudioDecoder(new.input_format)
+        if td is not None and td != old.turn_detection:
+            await self._execute(self.policy.plan_append(self, self._vad_config()), None)
+        self._emit(ev.SessionUpdated(session=self.session_object()))
+
+    def _vad_config(self) -> VadConfig:
+        td = self._config.turn_detection
+        assert td is not None
+        return VadConfig(threshold=td.threshold, prefix_padding_ms=td.prefix_padding_ms,
+                         silence_duration_ms=td.silence_duration_ms)
+
+    # ---- input ------------------------------------------------------------
+
+    async def _append_audio(self, data: bytes, received_at: float | None) -> None:
+        pcm = self._decoder.decode(data)
+        if pcm.size == 0:
+            return
+        self._buffer.append(pcm)
+        self._buffer_samples += pcm.size
+        chunk = AudioIn(pcm=pcm, start_ms=self._input_ms)
+        self._input_ms += int(pcm.size * 1000 // INTERNAL_RATE)
+        await self._execute(self.policy.plan_append(self, chunk), received_at)
+
+    def _clear_buffer(self) -> None:
+        self._buffer.clear()
+        self._buffer_samples = 0
+
+    async def _commit_input(self) -> None:
+        item_id = self._pending_user_item or new_id("item")
+        self._pending_user_item = None
+        audio_ms = int(self._buffer_samples * 1000 // INTERNAL_RATE)
+        self._clear_buffer()
+        item = ConversationItem(id=item_id, type=ItemType.MESSAGE, role=Role.USER,
+                                content=[ContentPart(type="input_audio", audio_ms=audio_ms)])
+        previous = self._append_item(item)
+        self._emit(ev.InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous))
+        self._emit(ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous))
+        self._emit(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
+        await self._execute(self.policy.plan_append(self, TurnCommitted(item_id)), None)
+
+    async def _create_item(self, c: cmd.ItemCreate) -> None:
+        item = c.item
+        if item.id and any(i.id == item.id for i in self._items):
+            raise DuplexError("invalid_value", f"an item with id {item.id!r} already exists",
+                              param="item.id")
+        if not item.id:
+            item.id = new_id("item")
+        previous = self._append_item(item, after=c.previous_item_id)
+        self._emit(ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous))
+        self._emit(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
+        if item.type is ItemType.MESSAGE and item.role is Role.USER and item.text():
+            await self._execute(self.policy.plan_append(self, TextIn(item.text())), None)
+
+    def _append_item(self, item: ConversationItem, after: str | None = None) -> str | None:
+        """Insert into the conversation; returns the id of the item before it."""
+        if len(self._items) >= self.limits.max_items:
+            raise DuplexError("resource_exhausted", "the conversation holds too many items")
+        if after is None:
+            index = len(self._items)
+        elif after == "root":
+            index = 0
+        else:
+            index = self._items.index(self._item(after, param="previous_item_id")) + 1
+        self._items.insert(index, item)
+        return self._items[index - 1].id if index > 0 else None
+
+    def _item(self, item_id: str, param: str = "item_id") -> ConversationItem:
+        for item in self._items:
+            if item.id == item_id:
+                return item
+        raise DuplexError("item_not_found", f"no item with id {item_id!r}", param=param)
+
+    def _truncate(self, c: cmd.ItemTruncate) -> None:
+        item = self._item(c.item_id)
+        if item.role is not Role.ASSISTANT:
+            raise DuplexError("invalid_value", "only assistant items can be truncated",
+                              param="item_id")
+        if not 0 <= c.content_index < len(item.content) or \
+                item.content[c.content_index].type != "output_audio":
+            raise DuplexError("invalid_value", "content_index does not name an audio part",
+                              param="content_index")
+        part = item.content[c.content_index]
+        if c.audio_end_ms > part.audio_ms:
+            raise DuplexError("invalid_value",
+                              f"audio_end_ms {c.audio_end_ms} is beyond the audio ({part.audio_ms} ms)",
+                              param="audio_end_ms")
+        part.transcript = part.heard_text(c.audio_end_ms)
+        part.audio_ms = c.audio_end_ms
+        self._emit(ev.ConversationItemTruncated(item_id=item.id, content_index=c.content_index,
+                                                audio_end_ms=c.audio_end_ms))
+
+    async def _duplex_input(self, c: cmd.DuplexInput, received_at: float) -> None:
+        if not self.caps.supports(c.mode):
+            raise DuplexError("capability_unsupported",
+                              f"input mode {c.mode.value!r} is not supported by policy "
+                              f"{self.policy.name!r}", param="mode")
+        if c.mode is InputMode.APPEND_AUDIO_CHUNK and c.audio is not None:
+            await self._append_audio(c.audio, received_at)
+        elif c.mode is InputMode.TURN_COMMIT_ONLY:
+            await self._on_command(cmd.AudioCommit(event_id=c.event_id), received_at)
+        elif c.mode is InputMode.APPEND_TOKENS and c.text:
+            item = ConversationItem(id="", type=ItemType.MESSAGE, role=Role.USER,
+                                    content=[ContentPart(type="input_text", text=c.text)])
+            await self._create_item(cmd.ItemCreate(item=item, event_id=c.event_id))
+        else:  # the policy owns the meaning of the advanced modes
+            await self._execute(self.policy.plan_append(self, c), received_at)
+
+    async def _execute(self, plan: AppendPlan, received_at: float | None) -> None:
+        """Carry out a policy plan: move the fence first, then submit."""
+        if plan.bump is FenceBump.INCARNATION:
+            await self._advance(self.fence.next_incarnation())
+            self.metrics.incarnation_bumps.inc()
+        elif plan.bump is FenceBump.EPOCH:
+            await self._advance(self.fence.next_epoch())
+        for sub in plan.submissions:
+            await self.pipeline.submit(sub.stage, self.fence, sub.role, sub.payload)
+        if received_at is not None and plan.submissions:
+            self.metrics.ingest_latency.observe(self.clock.now() - received_at)
+
+    async def _advance(self, fence: Fence) -> None:
+        self.gate.advance(fence)
+        self.metrics.epoch_bumps.inc()
+        await self.pipeline.cancel(fence)
+
+    # ---- responses --------------------------------------------------------
+
+    async def _create_response(self, options: cmd.ResponseOptions) -> None:
+        if self._response is not None:
+            raise DuplexError("conversation_already_has_active_response",
+                              f"response {self._response.id} is still in progress; cancel it "
+                              "or wait for response.done")
+        if self._stage_for_generate is None:
+            raise DuplexError("capability_unsupported", "this pipeline has no generating stage")
+        modalities = tuple(options.output_modalities or self._config.output_modalities)
+        unsupported = set(modalities) - self.caps.output_modalities
+        if unsupported:
+            raise DuplexError("invalid_value", f"output modalities {sorted(unsupported)} unsupported",
+                              param="response.output_modalities")
+        in_conversation = options.conversation != "none"
+        response = Response(
+            id=new_id("resp"), conversation_id=None if not in_conversation else "conv_" + self.session_id,
+            output_modalities=modalities, output_format=self._config.output_format.wire(),
+            voice=self._config.voice,
+            max_output_tokens=options.max_output_tokens or self._config.max_output_tokens,
+            metadata=options.metadata)
+        context = self._context(options)
+        previous = self._items[-1].id if self._items else None
+        active = ActiveResponse(response, new_id("item"), in_conversation=in_conversation,
+                                previous_item_id=previous, encoder_factory=self._encoder)
+        self._response = active
+        if in_conversation:
+            self._items.append(active.item)
+        self._emit_all(active.start_events())
+        sampling = self.policy.configure_sampling_params(self, options)
+        request = GenerateRequest(response_id=active.id, context=context, sampling=sampling,
+                                  tools=self._config.tools)
+        active.request_id = await self.pipeline.submit(self._stage_for_generate, self.fence,
+                                                       "llm", request)
+
+    def _encoder(self, rate: int):
+        return AudioEncoder(self._config.output_format, in_rate=rate).encode
+
+    def _context(self, options: cmd.ResponseOptions) -> tuple[ContextMessage, ...]:
+        messages = []
+        instructions = options.instructions or self._config.instructions
+        if instructions:
+            messages.append(ContextMessage("system", instructions))
+        for item in self._items:
+            text = item.text()
+            if not text:
+                continue
+            if item.type is ItemType.FUNCTION_CALL_OUTPUT:
+                messages.append(ContextMessage("tool", text))
+            elif item.type is ItemType.FUNCTION_CALL:
+                messages.append(ContextMessage("assistant", text))
+            else:
+                messages.append(ContextMessage(item.role.value if item.role else "user", text))
+        return tuple(messages)
+
+    async def _interrupt(self, reason: InterruptReason, received_at: float | None) -> None:
+        """Barge-in or cancel: one epoch bump (making every in-flight output
+        stale), one cancel of the stages, one response.done(cancelled)."""
+        active = self._response
+        if active is None:
+            return
+        self._response = None
+        await self._advance(self.fence.next_epoch())
+        self.metrics.interrupts.inc(reason=reason.value)
+        self._emit_all(active.finish(ResponseStatus.CANCELLED,
+                                     {"type": "cancelled", "reason": reason.value}))
+        if received_at is not None:
+            self.metrics.cancel_latency.observe(self.clock.now() - received_at)
+
+    def _finish_response(self) -> None:
+        active, self._response = self._response, None
+        if active is not None:
+            self._emit_all(active.finish(ResponseStatus.COMPLETED))
+
+    # ---- stage outputs ----------------------------------------------------
+
+    async def _on_stage_output(self, out: StageOutput, received_at: float) -> None:
+        if not self.gate.admit(out):  # the one place stale outputs are dropped
+            self.metrics.stale_dropped.inc(stage=out.stage)
+            return
+        decision = self.policy.decide_output(self, out)
+        payload = out.payload
+        if decision.emit:
+            self._render_output(payload)
+        if decision.interrupt is not None:
+            await self._interrupt(decision.interrupt, received_at)
+        if decision.forward:
+            await self.pipeline.forward(out)
+        if decision.commit_turn and self._buffer_samples > 0:
+            await self._commit_input()
+        if decision.create_response and self._response is None:
+            await self._create_response(cmd.ResponseOptions())
+        if decision.finish_response:
+            self._finish_response()
+
+    def _render_output(self, payload: Any) -> None:
+        active = self._response
+        if isinstance(payload, VadSpeechStarted):
+            self._user_speaking = True
+            self._pending_user_item = self._pending_user_item or new_id("item")
+            self._emit(ev.SpeechStarted(audio_start_ms=payload.audio_ms,
+                                        item_id=self._pending_user_item))
+        elif isinstance(payload, VadSpeechStopped):
+            self._user_speaking = False
+            self._pending_user_item = self._pending_user_item or new_id("item")
+            self._emit(ev.SpeechStopped(audio_end_ms=payload.audio_ms,
+                                        item_id=self._pending_user_item))
+        elif isinstance(payload, TranscriptDelta | TranscriptFinal):
+            self._render_transcript(payload)
+        elif isinstance(payload, TextDelta):
+            if active is not None and active.id == payload.response_id:
+                self._emit_all(active.on_text(payload.text))
+        elif isinstance(payload, AudioOut):
+            if active is not None and active.id == payload.response_id:
+                self._emit_all(active.on_audio(payload))
+        elif isinstance(payload, GenerationDone):
+            if active is not None and active.id == payload.response_id:
+                active.on_generation_done(payload)
+        elif isinstance(payload, StageFailed):
+            self._error(payload.error)
+            if active is not None:
+                self._response = None
+                self._emit_all(active.finish(ResponseStatus.FAILED,
+                                             {"type": "failed", "error": payload.error.to_wire()}))
+        elif isinstance(payload, SpeechDone):
+            pass  # completion is the policy's call (finish_response)
+
+    def _render_transcript(self, payload: TranscriptDelta | TranscriptFinal) -> None:
+        item_id = self._pending_user_item
+        if item_id is None and self._items and self._items[-1].role is Role.USER:
+            item_id = self._items[-1].id
+        if item_id is None:
+            item_id = self._pending_user_item = new_id("item")
+        if isinstance(payload, TranscriptDelta):
+            self._emit(ev.InputTranscriptionDelta(item_id=item_id, content_index=0,
+                                                  delta=payload.text))
+            return
+        for item in self._items:
+            if item.id == item_id and item.content:
+                item.content[0].transcript = payload.text
+        self._emit(ev.InputTranscriptionCompleted(item_id=item_id, content_index=0,
+                                                  transcript=payload.text))
+
+
+# Used once per session to find the stage that generates responses.
+_PROBE_REQUEST = GenerateRequest(response_id="probe", context=(), sampling=None)  # type: ignore[arg-type]
