@@ -124,13 +124,15 @@ def _as_int16(pcm: np.ndarray) -> np.ndarray:
 #
 # Decoding is a 256-entry table; encoding is a 65536-entry table indexed by the
 # int16 sample reinterpreted as uint16. Both tables are computed once,
-# vectorised, from the reference algorithm (Sun Microsystems' g711.c, which is
-# the ITU-T G.711 / G.191 reference), so lookups are exact and O(1) per sample.
+# vectorised, from the ITU-T G.191 reference software (STL ``g711.c``), so
+# lookups are exact and O(1) per sample. (Sun's widespread g711.c, used by the
+# old ``audioop``, agrees for A-law but rounds negative mu-law samples one
+# 14-bit step differently; we follow the ITU reference.)
 
 _SEG_UEND = np.array([0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF], dtype=np.int32)
 _SEG_AEND = np.array([0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF], dtype=np.int32)
 _ULAW_BIAS = 0x84
-_ULAW_CLIP = 8159  # in 14-bit units
+_ULAW_CLIP = 0x1FFF - 33  # 14-bit magnitude limit before the bias
 
 
 def _build_ulaw_decode() -> np.ndarray:
@@ -141,21 +143,23 @@ def _build_ulaw_decode() -> np.ndarray:
 
 
 def _build_alaw_decode() -> np.ndarray:
-    a = np.arange(256, dtype=np.int32) ^ 0x55
+    a = np.arange(256, dtype=np.int32) ^ 0x55  # even bits are toggled on the wire
     t = (a & 0x0F) << 4
     seg = (a & 0x70) >> 4
-    t = np.where(seg == 0, t + 8, t + 0x108)
+    t = np.where(seg == 0, t + 8, t + 0x108)  # + half a step (+ leading 1 above seg 0)
     t = np.where(seg > 1, t << np.maximum(seg - 1, 0), t)
     return np.where(a & 0x80, t, -t).astype(np.int16)
 
 
 def _build_ulaw_encode() -> np.ndarray:
-    pcm = np.arange(-32768, 32768, dtype=np.int32) >> 2  # 14-bit, arithmetic shift
-    mask = np.where(pcm < 0, 0x7F, 0xFF)
-    mag = np.minimum(np.abs(pcm), _ULAW_CLIP) + (_ULAW_BIAS >> 2)
+    x = np.arange(-32768, 32768, dtype=np.int32)
+    # G.191: magnitude in 14 bits, one's complement for negatives (so -1 → 0
+    # and the scale is symmetric), plus the bias of 33 (= 0x84 >> 2).
+    mask = np.where(x < 0, 0x7F, 0xFF)
+    mag = np.minimum(np.where(x < 0, ~x, x) >> 2, _ULAW_CLIP) + (_ULAW_BIAS >> 2)
     seg = np.searchsorted(_SEG_UEND, mag, side="left")  # first seg with mag <= end
-    quant = (mag >> np.minimum(seg + 1, 31)) & 0x0F
-    code = np.where(seg >= 8, 0x7F, (np.minimum(seg, 7) << 4) | quant) ^ mask
+    quant = (mag >> (seg + 1)) & 0x0F
+    code = ((seg << 4) | quant) ^ mask
     return _index_by_uint16(code.astype(np.uint8))
 
 

@@ -377,6 +377,9 @@ class SessionManager(Generic[S]):
         self._stopped = False
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.create_task(self._reap_forever(), name="duplex-reaper")
+            # Let it reach its first clock.sleep, so reaping is timed from start() (which
+            # makes it deterministic under a VirtualClock).
+            await asyncio.sleep(0)
 
     async def stop(self) -> None:
         """Stop the reaper, refuse new sessions, close every live one ("shutdown")."""

@@ -113,7 +113,7 @@ class DuplexSession:
         self._decoder = AudioDecoder(config.input_format)
         self._buffer: list[np.ndarray] = []
         self._buffer_samples = 0
-        self._input_ms = 0  # audio timeline of all appended input, for VAD timestamps
+        self._input_samples = 0  # timeline of all appended input, for VAD timestamps
         self._pending_user_item: str | None = None  # id minted at speech onset
         self._user_speaking = False
         self._response: ActiveResponse | None = None
@@ -308,8 +308,9 @@ class DuplexSession:
             return
         self._buffer.append(pcm)
         self._buffer_samples += pcm.size
-        chunk = AudioIn(pcm=pcm, start_ms=self._input_ms)
-        self._input_ms += int(pcm.size * 1000 // INTERNAL_RATE)
+        # Derived from a sample count, not summed per chunk: rounding must not drift.
+        chunk = AudioIn(pcm=pcm, start_ms=self._input_samples * 1000 // INTERNAL_RATE)
+        self._input_samples += pcm.size
         await self._execute(self.policy.plan_append(self, chunk), received_at)
 
     def _clear_buffer(self) -> None:

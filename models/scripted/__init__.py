@@ -1,0 +1,7 @@
+"""The scripted model family: a policy for the deterministic scripted stages
+(energy VAD -> scripted LLM -> tone TTS), used by control-plane tests and
+benchmarks. Registered as entry point ``scripted`` of ``vllm_duplex.models``."""
+
+from .policy import ScriptedPolicy
+
+__all__ = ["ScriptedPolicy"]

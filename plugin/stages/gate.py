@@ -13,6 +13,11 @@ from collections import Counter
 from ..fence import Fence
 from .base import StageOutput
 
+# Requests made with this role listen to the user (VAD, ASR). Their outputs
+# describe input, not a reply, so an interruption (epoch bump) must not drop
+# them -- only a rebuilt model state (incarnation bump) makes them stale.
+LISTEN_ROLE = "in"
+
 
 class FenceGate:
     """Admits outputs of the current fence; counts what it drops."""
@@ -44,9 +49,15 @@ class FenceGate:
         self._fence = new_fence
 
     def admit(self, output: StageOutput) -> bool:
-        if output.fence.is_stale_against(self._fence):
+        if self._is_stale(output):
             self.dropped += 1
             self.dropped_by_stage[output.stage] += 1
             return False
         self.admitted += 1
         return True
+
+    def _is_stale(self, output: StageOutput) -> bool:
+        fence, current = output.fence, self._fence
+        if output.request_id.endswith(".r." + LISTEN_ROLE):
+            return fence.session_id != current.session_id or fence.incarnation < current.incarnation
+        return fence.is_stale_against(current)

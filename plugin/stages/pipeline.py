@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,10 @@ class Pipeline:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self._ports)
+
+    @property
+    def ports(self) -> tuple[StagePort, ...]:
+        return self._ports
 
     @property
     def closed(self) -> bool:
@@ -174,9 +178,11 @@ class Pipeline:
     # ---- pumps -------------------------------------------------------------
 
     async def _pump(self, port: StagePort) -> None:
-        outputs = port.outputs().__aiter__()
+        outputs: AsyncIterator[StageOutput] | None = None
         while True:
             try:
+                if outputs is None:
+                    outputs = port.outputs().__aiter__()
                 output = await outputs.__anext__()
             except StopAsyncIteration:
                 return

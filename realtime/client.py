@@ -1,0 +1,251 @@
+"""A small async client for ``/v1/realtime`` (OpenAI Realtime GA events).
+
+Reading is lazy: nothing runs in the background, events are read only inside
+``recv``/``wait_for``/``collect_response``. That keeps the client free of tasks
+to leak, and lets the socket's own bounded queue provide backpressure. Every
+event read is kept in ``events`` with a ``_recv_t`` (``time.monotonic()``) so
+callers can compute latencies after the fact.
+
+    async with await RealtimeClient.connect() as rt:
+        await rt.append_audio(pcm16)
+        await rt.commit()
+        await rt.create_response()
+        result = await rt.collect_response()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+
+Event = dict[str, Any]
+
+# GA names first; beta (``OpenAI-Beta: realtime=v1``) aliases so a beta session collects too.
+_AUDIO_DELTA = {"response.output_audio.delta", "response.audio.delta"}
+_TRANSCRIPT_DELTA = {"response.output_audio_transcript.delta", "response.audio_transcript.delta"}
+_TRANSCRIPT_DONE = {"response.output_audio_transcript.done", "response.audio_transcript.done"}
+_TEXT_DELTA = {"response.output_text.delta", "response.text.delta"}
+_TEXT_DONE = {"response.output_text.done", "response.text.done"}
+
+
+class RealtimeError(Exception):
+    """The server answered with an ``error`` event; ``event`` is that event."""
+
+    def __init__(self, event: Event) -> None:
+        err = event.get("error") or {}
+        code = err.get("code") or err.get("type") or "error"
+        super().__init__(f"{code}: {err.get('message', '')}")
+        self.event = event
+
+    @property
+    def code(self) -> str | None:
+        return (self.event.get("error") or {}).get("code")
+
+
+@dataclass
+class ResponseResult:
+    """One response, from ``response.created`` (or what came before it) to ``response.done``."""
+
+    audio: bytes  # decoded deltas, concatenated, in the session's output format
+    transcript: str
+    text: str
+    done: Event
+    events: list[Event] = field(default_factory=list)
+    errors: list[Event] = field(default_factory=list)  # error events seen while it ran
+
+    @property
+    def response_id(self) -> str | None:
+        return (self.done.get("response") or {}).get("id")
+
+    @property
+    def status(self) -> str | None:
+        return (self.done.get("response") or {}).get("status")
+
+
+def _with_model(url: str, model: str | None) -> str:
+    if not model:
+        return url
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "model"] + [("model", model)]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+class RealtimeClient:
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.session: Event = {}
+        self.session_id: str = ""
+        self.resume_token: str | None = None
+        self.events: list[Event] = []
+        # Index into ``events`` after the last response collect_response returned, so a
+        # response whose first events were read earlier (e.g. while streaming input) is
+        # still collected whole, and never twice.
+        self._collected = 0
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str = "ws://127.0.0.1:8000/v1/realtime",
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        beta: bool = False,
+        max_size: int = 32 << 20,
+        open_timeout: float = 10,
+    ) -> RealtimeClient:
+        headers: dict[str, str] = {}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        if beta:
+            headers["OpenAI-Beta"] = "realtime=v1"
+        ws = await connect(_with_model(url, model), additional_headers=headers,
+                           max_size=max_size, open_timeout=open_timeout)
+        client = cls(ws)
+        try:
+            await client.wait_for("session.created", timeout=open_timeout, raise_on_error=True)
+        except BaseException:
+            await ws.close()
+            raise
+        return client
+
+    async def __aenter__(self) -> RealtimeClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+    # -- raw events ---------------------------------------------------------------------
+
+    async def send(self, event: Event) -> str:
+        event_id = event.get("event_id") or f"evt_{uuid.uuid4().hex[:20]}"
+        event["event_id"] = event_id
+        await self.ws.send(json.dumps(event))
+        return event_id
+
+    async def recv(self, timeout: float | None = None) -> Event:
+        """Next event; raises ``TimeoutError`` after ``timeout`` seconds (cancelling a
+        websockets ``recv`` loses no data) and ``ConnectionClosed`` when the socket ends."""
+        async with asyncio.timeout(timeout):
+            raw = await self.ws.recv()
+        event: Event = json.loads(raw)
+        event["_recv_t"] = time.monotonic()
+        self.events.append(event)
+        etype = event.get("type")
+        if etype in ("session.created", "session.updated"):
+            self.session = event.get("session") or {}
+            self.session_id = self.session.get("id", self.session_id)
+            if etype == "session.created":
+                self.resume_token = event.get("resume_token")
+        return event
+
+    async def wait_for(self, *types: str, timeout: float = 30.0,
+                       raise_on_error: bool = False) -> Event:
+        """Next event of one of ``types``; skipped events stay recorded in ``events``.
+        ``timeout`` bounds the whole wait, not each event."""
+        async with asyncio.timeout(timeout):
+            while True:
+                event = await self.recv()
+                if event.get("type") in types:
+                    return event
+                if raise_on_error and event.get("type") == "error":
+                    raise RealtimeError(event)
+
+    # -- commands -----------------------------------------------------------------------
+
+    async def update_session(self, session: dict[str, Any], timeout: float = 30.0) -> Event:
+        event_id = await self.send({"type": "session.update", "session": session})
+        async with asyncio.timeout(timeout):
+            while True:
+                event = await self.wait_for("session.updated", "error")
+                if event["type"] == "session.updated":
+                    return self.session
+                # An error about some other event we sent is not the answer to this one.
+                if (event.get("error") or {}).get("event_id") in (None, event_id):
+                    raise RealtimeError(event)
+
+    async def append_audio(self, audio: bytes, *, seq: int | None = None) -> str:
+        event: Event = {"type": "input_audio_buffer.append",
+                        "audio": base64.b64encode(audio).decode("ascii")}
+        if seq is not None:  # lets the server detect lost/duplicated chunks on resume
+            event["seq"] = seq
+        return await self.send(event)
+
+    async def commit(self) -> str:
+        return await self.send({"type": "input_audio_buffer.commit"})
+
+    async def clear(self) -> str:
+        return await self.send({"type": "input_audio_buffer.clear"})
+
+    async def create_response(self, response: dict[str, Any] | None = None) -> str:
+        event: Event = {"type": "response.create"}
+        if response is not None:
+            event["response"] = response
+        return await self.send(event)
+
+    async def cancel_response(self, response_id: str | None = None) -> str:
+        event: Event = {"type": "response.cancel"}
+        if response_id is not None:
+            event["response_id"] = response_id
+        return await self.send(event)
+
+    # -- responses ----------------------------------------------------------------------
+
+    async def collect_response(self, timeout: float = 60.0) -> ResponseResult:
+        """Read until the next ``response.done`` and assemble that response, including
+        its events already read by earlier calls. Raises ``RealtimeError`` if an error
+        arrives during this call while no response has started (the request was refused:
+        no ``response.done`` would follow) and ``TimeoutError`` if no ``response.done``
+        comes within ``timeout`` seconds."""
+        start, fresh = self._collected, len(self.events)
+        async with asyncio.timeout(timeout):
+            i = start
+            while True:
+                while i >= len(self.events):
+                    await self.recv()
+                event = self.events[i]
+                i += 1
+                etype = event.get("type")
+                if etype == "response.done":
+                    break
+                # Errors read before this call were already the caller's to handle.
+                if etype == "error" and i > fresh and not any(
+                        e.get("type") == "response.created" for e in self.events[start:i]):
+                    self._collected = i
+                    raise RealtimeError(event)
+        self._collected = i
+        done = self.events[i - 1]
+        rid = (done.get("response") or {}).get("id")
+        window = self.events[start:i]
+        mine = [e for e in window
+                if e.get("response_id") == rid or (e.get("response") or {}).get("id") == rid]
+        audio = b"".join(base64.b64decode(e.get("delta", "")) for e in mine
+                         if e.get("type") in _AUDIO_DELTA)
+        return ResponseResult(
+            audio=audio,
+            transcript=_joined(mine, _TRANSCRIPT_DELTA, _TRANSCRIPT_DONE, "transcript"),
+            text=_joined(mine, _TEXT_DELTA, _TEXT_DONE, "text"),
+            done=done,
+            events=mine,
+            errors=[e for e in window if e.get("type") == "error"],
+        )
+
+
+def _joined(events: list[Event], delta: set[str], done: set[str], key: str) -> str:
+    """The ``done`` events' full strings when present (authoritative), else the deltas."""
+    finals = [e.get(key, "") for e in events if e.get("type") in done]
+    if finals:
+        return "".join(finals)
+    return "".join(e.get("delta", "") for e in events if e.get("type") in delta)
