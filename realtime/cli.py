@@ -16,7 +16,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from ..deploy import load_config
     from ..engine import DuplexEngine
-    from .server import create_app
+    from .serving import uvicorn_config
 
     config = load_config(args.config)
     engine = DuplexEngine(config)
@@ -24,15 +24,7 @@ def _serve(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else config.port
     print(f"vllm-duplex: serving {config.name!r} (model {config.model!r}, policy "
           f"{config.policy!r}) on ws://{host}:{port}/v1/realtime", flush=True)
-    uvicorn.run(
-        create_app(engine),
-        host=host,
-        port=port,
-        ws="websockets-sansio",
-        ws_max_size=config.limits.max_frame_bytes,
-        log_level=args.log_level,
-        lifespan="on",
-    )
+    uvicorn.Server(uvicorn_config(engine, host, port, args.log_level)).run()
     return 0
 
 
