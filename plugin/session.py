@@ -118,6 +118,7 @@ class DuplexSession:
         self._user_speaking = False
         self._response: ActiveResponse | None = None
         self._task: asyncio.Task[None] | None = None
+        self._overtaken_seen = 0
         self.closed = asyncio.Event()
         self.close_reason: str | None = None
 
@@ -196,6 +197,9 @@ class DuplexSession:
         try:
             while True:
                 lane, (received_at, item) = await self.mailbox.get()
+                if self.mailbox.overtaken != self._overtaken_seen:
+                    self.metrics.control_overtakes.inc(self.mailbox.overtaken - self._overtaken_seen)
+                    self._overtaken_seen = self.mailbox.overtaken
                 try:
                     if lane is cmd.Lane.STAGE:
                         await self._on_stage_output(item, received_at)

@@ -1,0 +1,239 @@
+"""The session's single-writer core, driven without a socket.
+
+Pins: the control lane overtakes queued audio (a cancel behind 100 appends is
+applied first); stale outputs never reach the client and are dropped in the
+fence gate; listening outputs survive an interruption; fences only grow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from vllm_duplex import commands as cmd
+from vllm_duplex import events as ev
+from vllm_duplex.deploy import load_config
+from vllm_duplex.engine import DuplexEngine
+from vllm_duplex.fence import Fence
+from vllm_duplex.session_config import SessionPatch
+from vllm_duplex.stages.base import GenerateRequest, StageInput, StageOutput, TextDelta
+
+
+def pcm16(seconds: float, *, amplitude: float = 0.0, rate: int = 24000) -> bytes:
+    t = np.arange(int(rate * seconds)) / rate
+    return (amplitude * 32767 * np.sin(2 * np.pi * 220 * t)).astype("<i2").tobytes()
+
+
+async def next_event(session, *types: str, timeout: float = 5.0) -> ev.Envelope:
+    async with asyncio.timeout(timeout):
+        while True:
+            env = await session.outbound.get()
+            assert env is not None, "session ended"
+            if not types or env.event.type in types:
+                return env
+
+
+@pytest.fixture
+async def engine():
+    engine = DuplexEngine(load_config("scripted"))
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+async def manual_session(engine):
+    session = await engine.open_realtime_session(None)
+    session.deliver(cmd.SessionUpdate(patch=SessionPatch(turn_detection=None)))
+    await next_event(session, "session.updated")
+    return session
+
+
+async def test_cancel_behind_100_appends_is_applied_first(engine):
+    session = await manual_session(engine)
+    session.deliver(cmd.ResponseCreate())
+    await next_event(session, "response.created")
+    # Queue 100 audio appends and a commit, then the cancel, without letting
+    # the session run in between: the cancel must still be handled first.
+    chunk = pcm16(0.02)
+    for _ in range(100):
+        session.deliver(cmd.AudioAppend(audio=chunk))
+    session.deliver(cmd.AudioCommit(event_id="commit-1"))
+    session.deliver(cmd.ResponseCancel(event_id="cancel-1"))
+    order = []
+    while "input_audio_buffer.committed" not in order:
+        env = await next_event(session, "response.done", "input_audio_buffer.committed")
+        order.append(env.event.type)
+        if env.event.type == "response.done":
+            assert env.event.response["status"] == "cancelled"
+            assert env.event.response["status_details"]["reason"] == "client_cancelled"
+    assert order == ["response.done", "input_audio_buffer.committed"]
+    assert session.mailbox.overtaken >= 1
+    assert engine.metrics.control_overtakes.get() >= 1
+    await engine.end_session(session, "test")
+
+
+async def test_interrupt_bumps_epoch_once_and_drops_stale_deltas(engine):
+    session = await manual_session(engine)
+    session.deliver(cmd.ResponseCreate())
+    await next_event(session, "response.output_audio_transcript.delta")
+    before = session.fence
+    session.deliver(cmd.ResponseCancel())
+    done = await next_event(session, "response.done")
+    assert session.fence == before.next_epoch()
+    assert done.fence == session.fence
+    response_id = done.event.response["id"]
+    # Nothing of the cancelled response may follow its response.done.
+    session.deliver(cmd.ItemRetrieve(item_id="nope", event_id="sentinel"))
+    while True:
+        env = await next_event(session)
+        assert getattr(env.event, "response_id", None) != response_id
+        if env.event.type == "error":
+            assert env.event.error.event_id == "sentinel"
+            break
+    await engine.end_session(session, "test")
+
+
+class _DeafLlmStage:
+    """An LLM fake that ignores cancel: it keeps producing for the old fence,
+    which is exactly what the fence gate must stop from reaching the client."""
+
+    name = "llm"
+
+    def port(self, session_id: str):
+        return _DeafPort()
+
+
+class _DeafPort:
+    name = "llm"
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[StageOutput | None] = asyncio.Queue()
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    def accepts(self, payload: Any) -> bool:
+        return isinstance(payload, GenerateRequest)
+
+    async def open(self, fence: Fence) -> None:
+        pass
+
+    async def submit(self, item: StageInput) -> None:
+        async def talk():
+            for i in range(1000):
+                await self.queue.put(StageOutput(item.fence, item.request_id, self.name,
+                                                 TextDelta(item.payload.response_id, f"w{i} ")))
+                await asyncio.sleep(0.001)
+
+        self.tasks.append(asyncio.create_task(talk()))
+
+    async def outputs(self) -> AsyncIterator[StageOutput]:
+        while (out := await self.queue.get()) is not None:
+            yield out
+
+    async def cancel(self, fence: Fence) -> None:
+        pass  # deaf on purpose
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.queue.put(None)
+
+
+async def test_fence_gate_is_the_one_place_stale_outputs_die(engine):
+    engine.stages = [engine.stages[0], _DeafLlmStage()]
+    session = await manual_session(engine)
+    session.deliver(cmd.SessionUpdate(patch=SessionPatch(output_modalities=("text",))))
+    await next_event(session, "session.updated")
+    session.deliver(cmd.ResponseCreate())
+    first = await next_event(session, "response.output_text.delta")
+    session.deliver(cmd.ResponseCancel())
+    done = await next_event(session, "response.done")
+    assert done.event.response["status"] == "cancelled"
+    await asyncio.sleep(0.05)  # the deaf stage keeps talking for the old fence
+    assert session.gate.dropped > 0
+    assert engine.metrics.stale_dropped.get(stage="llm") == session.gate.dropped
+    while not session.outbound.empty():
+        env = session.outbound.get_nowait()
+        assert env.event.type != "response.output_text.delta", "a stale delta reached the client"
+    assert first.fence.epoch < session.fence.epoch
+    await engine.end_session(session, "test")
+
+
+async def test_speech_after_cancel_still_starts_a_turn(engine):
+    """Input-side (VAD) outputs describe the user, not a reply: an epoch bump
+    between the audio and its VAD event must not lose the user's turn."""
+    session = await engine.open_realtime_session(None)
+    session.deliver(cmd.ResponseCreate())
+    await next_event(session, "response.created")
+    session.deliver(cmd.AudioAppend(audio=pcm16(0.3, amplitude=0.3)))
+    session.deliver(cmd.ResponseCancel())  # overtakes the audio, bumps the epoch
+    started = await next_event(session, "input_audio_buffer.speech_started")
+    assert started.event.item_id
+    await engine.end_session(session, "test")
+
+
+async def test_fences_only_grow_and_seq_is_dense(engine):
+    session = await engine.open_realtime_session(None)
+    audio = pcm16(0.1) + pcm16(0.6, amplitude=0.3) + pcm16(1.0)
+    for i in range(0, len(audio), 960):
+        session.deliver(cmd.AudioAppend(audio=audio[i:i + 960]))
+    seen: list[ev.Envelope] = []
+    while True:
+        env = await next_event(session)
+        seen.append(env)
+        if env.event.type == "response.output_audio.delta":
+            session.deliver(cmd.ResponseCancel())
+        if env.event.type == "response.done":
+            break
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
+    fences = [(e.fence.incarnation, e.fence.epoch) for e in seen]
+    assert fences == sorted(fences) and fences[-1][1] == fences[0][1] + 1
+    await engine.end_session(session, "test")
+
+
+async def test_immutable_and_unsupported_updates_are_refused(engine):
+    session = await engine.open_realtime_session(None)
+    session.deliver(cmd.SessionUpdate(patch=SessionPatch(model="other"), event_id="u1"))
+    err = await next_event(session, "error")
+    assert (err.event.error.code, err.event.error.param, err.event.error.event_id) == (
+        "immutable_field", "session.model", "u1")
+    session.deliver(cmd.SessionUpdate(patch=SessionPatch(model=session.config.model)))
+    await next_event(session, "session.updated")  # unchanged immutable value is fine
+    await engine.end_session(session, "test")
+
+
+async def test_close_is_idempotent_and_refuses_later_commands(engine):
+    session = await engine.open_realtime_session(None)
+    await engine.end_session(session, "test")
+    await engine.end_session(session, "test")
+    assert len(engine.manager) == 0
+    with pytest.raises(Exception) as info:
+        session.deliver(cmd.AudioCommit(event_id="late"))
+    assert info.value.code == "session_closed" and info.value.event_id == "late"
+
+
+def test_engine_rejects_unknown_stage_type():
+    config = load_config("scripted")
+    bad = dataclasses.replace(config, stages=(dataclasses.replace(config.stages[0], type="nope"),))
+    with pytest.raises(ValueError, match="unknown stage type 'nope'"):
+        DuplexEngine(bad)
+
+
+def test_gate_keeps_listening_outputs_across_an_epoch_bump():
+    from vllm_duplex.stages.base import VadSpeechStarted
+    from vllm_duplex.stages.gate import FenceGate
+
+    old = Fence("s", 0, 0)
+    gate = FenceGate(old)
+    gate.advance(old.next_epoch())
+    heard = StageOutput(old, old.request_id("in"), "vad", VadSpeechStarted(0))
+    spoken = StageOutput(old, old.request_id("llm"), "llm", TextDelta("r", "x"))
+    assert gate.admit(heard) and not gate.admit(spoken)
+    gate.advance(gate.fence.next_incarnation())  # rebuilt model state: everything old is stale
+    assert not gate.admit(heard)
+    assert gate.dropped == 2
