@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from . import events as ev
+from .audio import AudioEncoder
 from .conversation import (
     ContentPart,
     ConversationItem,
@@ -26,7 +25,7 @@ from .conversation import (
 from .stages.base import AudioOut, GenerationDone
 
 # Makes an encoder for PCM at a given rate into the session's output format.
-EncoderFactory = Callable[[int], Callable[[np.ndarray], bytes]]
+EncoderFactory = Callable[[int], AudioEncoder]
 
 
 class ActiveResponse:
@@ -49,7 +48,7 @@ class ActiveResponse:
         self.item = ConversationItem(id=item_id, type=ItemType.MESSAGE, role=Role.ASSISTANT,
                                      status="in_progress", content=[self.part])
         self._encoder_factory = encoder_factory
-        self._encoders: dict[int, Callable[[np.ndarray], bytes]] = {}
+        self._encoders: dict[int, AudioEncoder] = {}
         self.request_id: str | None = None
         self.finish_reason: str | None = None
         self.text = ""
@@ -88,9 +87,9 @@ class ActiveResponse:
     def on_audio(self, out: AudioOut) -> list[ev.ServerEvent]:
         if not self.audio or out.pcm.size == 0:
             return []
-        encode = self._encoders.get(out.rate)
-        if encode is None:
-            encode = self._encoders[out.rate] = self._encoder_factory(out.rate)
+        encoder = self._encoders.get(out.rate)
+        if encoder is None:
+            encoder = self._encoders[out.rate] = self._encoder_factory(out.rate)
         start = self.part.audio_ms
         self.part.audio_ms = start + int(round(out.pcm.size * 1000 / out.rate))
         if out.text or not self.part.spoken:
@@ -98,7 +97,7 @@ class ActiveResponse:
         else:
             last = self.part.spoken[-1]
             self.part.spoken[-1] = SpokenSegment(last.start_ms, self.part.audio_ms, last.text)
-        data = encode(out.pcm)
+        data = encoder.encode(out.pcm)
         return [ev.OutputAudioDelta(**self._ids(), delta=data)] if data else []
 
     def on_generation_done(self, done: GenerationDone) -> None:
@@ -115,6 +114,11 @@ class ActiveResponse:
         self.response.status_details = details
         self.item.status = "completed" if status is ResponseStatus.COMPLETED else "incomplete"
         out: list[ev.ServerEvent] = []
+        if status is ResponseStatus.COMPLETED:
+            # The resampler holds the last few ms of the reply: send them too.
+            for encoder in self._encoders.values():
+                if tail := encoder.flush():
+                    out.append(ev.OutputAudioDelta(**self._ids(), delta=tail))
         if self.audio:
             out += [ev.OutputAudioDone(**self._ids()),
                     ev.OutputAudioTranscriptDone(**self._ids(), transcript=self.text)]

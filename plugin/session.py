@@ -322,6 +322,17 @@ class DuplexSession:
         self._buffer_samples = 0
 
     async def _commit_input(self) -> None:
+        # The resampler holds the last few ms of input: they belong to this turn.
+        try:
+            tail = self._decoder.flush()
+        except DuplexError as err:  # an odd PCM16 byte count: report it, keep the turn
+            self._error(err)
+            tail = self._decoder.flush()
+        if tail.size:
+            self._buffer.append(tail)
+            self._buffer_samples += tail.size
+            self._input_samples += tail.size
+        self._decoder = AudioDecoder(self._config.input_format)
         item_id = self._pending_user_item or new_id("item")
         self._pending_user_item = None
         audio_ms = int(self._buffer_samples * 1000 // INTERNAL_RATE)
@@ -453,8 +464,8 @@ class DuplexSession:
         active.request_id = await self.pipeline.submit(self._stage_for_generate, self.fence,
                                                        "llm", request)
 
-    def _encoder(self, rate: int):
-        return AudioEncoder(self._config.output_format, in_rate=rate).encode
+    def _encoder(self, rate: int) -> AudioEncoder:
+        return AudioEncoder(self._config.output_format, in_rate=rate)
 
     def _context(self, options: cmd.ResponseOptions) -> tuple[ContextMessage, ...]:
         messages = []
