@@ -86,9 +86,10 @@ class DuplexEngine:
         for stage in self.stages:
             for counter in ("aborted_requests", "active_requests"):
                 if hasattr(stage, counter):
-                    self.metrics.gauge(f"duplex_stage_{counter}{{stage=\"{stage.name}\"}}",
-                                       f"Stage {counter.replace('_', ' ')}",
-                                       lambda s=stage, c=counter: float(getattr(s, c)))
+                    self.metrics.gauge(f"duplex_stage_{counter}",
+                                       f"Stage requests ({counter.split('_')[0]}), by stage",
+                                       lambda s=stage, c=counter: float(getattr(s, c)),
+                                       stage=stage.name)
 
     @property
     def model(self) -> str:

@@ -63,7 +63,8 @@ class Metrics:
         self._lock = threading.Lock()
         self.counters: dict[str, Counter] = {}
         self.summaries: dict[str, Summary] = {}
-        self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+        # name -> (help, {labels: reader}); read at scrape time
+        self.gauges: dict[str, tuple[str, dict[tuple[tuple[str, str], ...], Callable[[], float]]]] = {}
 
         c, s = self.counter, self.summary
         self.sessions_opened = c("duplex_sessions_opened_total", "Realtime sessions opened")
@@ -87,9 +88,9 @@ class Metrics:
         with self._lock:
             return self.summaries.setdefault(name, Summary(name, help))
 
-    def gauge(self, name: str, help: str, read: Callable[[], float]) -> None:
+    def gauge(self, name: str, help: str, read: Callable[[], float], **labels: str) -> None:
         with self._lock:
-            self.gauges[name] = (help, read)
+            self.gauges.setdefault(name, (help, {}))[1][tuple(sorted(labels.items()))] = read
 
     def render(self) -> str:
         lines: list[str] = []
@@ -97,8 +98,9 @@ class Metrics:
             lines += [f"# HELP {counter.name} {counter.help}", f"# TYPE {counter.name} counter"]
             for key, value in sorted(counter.values.items()) or [((), 0.0)]:
                 lines.append(f"{counter.name}{_labels(key)} {value:g}")
-        for name, (help, read) in self.gauges.items():
-            lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge", f"{name} {read():g}"]
+        for name, (help, readers) in self.gauges.items():
+            lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge"]
+            lines += [f"{name}{_labels(key)} {read():g}" for key, read in sorted(readers.items())]
         for summ in self.summaries.values():
             lines += [f"# HELP {summ.name} {summ.help}", f"# TYPE {summ.name} summary"]
             for q in (0.5, 0.99):

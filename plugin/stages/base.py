@@ -82,23 +82,32 @@ class EndOfText:
 # ---- payloads out of stages ------------------------------------------------
 
 
+class InputObservation:
+    """Marker for outputs that describe the user's input (VAD, ASR), not a
+    reply. An interruption (epoch bump) voids what was going to be *said*,
+    never what was *heard*: the fence gate keeps these across epoch bumps and
+    drops them only when the incarnation (model state) moved on."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
-class VadSpeechStarted:
+class VadSpeechStarted(InputObservation):
     audio_ms: int
 
 
 @dataclass(frozen=True)
-class VadSpeechStopped:
+class VadSpeechStopped(InputObservation):
     audio_ms: int
 
 
 @dataclass(frozen=True)
-class TranscriptDelta:
+class TranscriptDelta(InputObservation):
     text: str
 
 
 @dataclass(frozen=True)
-class TranscriptFinal:
+class TranscriptFinal(InputObservation):
     text: str
 
 

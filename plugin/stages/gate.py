@@ -11,12 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..fence import Fence
-from .base import StageOutput
-
-# Requests made with this role listen to the user (VAD, ASR). Their outputs
-# describe input, not a reply, so an interruption (epoch bump) must not drop
-# them -- only a rebuilt model state (incarnation bump) makes them stale.
-LISTEN_ROLE = "in"
+from .base import InputObservation, StageOutput
 
 
 class FenceGate:
@@ -58,6 +53,6 @@ class FenceGate:
 
     def _is_stale(self, output: StageOutput) -> bool:
         fence, current = output.fence, self._fence
-        if output.request_id.endswith(".r." + LISTEN_ROLE):
+        if isinstance(output.payload, InputObservation):  # heard, not said: see its docstring
             return fence.session_id != current.session_id or fence.incarnation < current.incarnation
         return fence.is_stale_against(current)
