@@ -61,6 +61,13 @@ class ActiveResponse:
         return {"response_id": self.id, "item_id": self.item.id, "output_index": 0,
                 "content_index": 0}
 
+    def _part_event_wire(self) -> dict:
+        """content_part events name the part "audio"/"text" (GA schema), while
+        the item itself keeps "output_audio"/"output_text"."""
+        wire = self.part.wire()
+        wire["type"] = "audio" if self.audio else "text"
+        return wire
+
     def start_events(self) -> list[ev.ServerEvent]:
         self.response.output.append(self.item)
         out: list[ev.ServerEvent] = [
@@ -70,7 +77,7 @@ class ActiveResponse:
         if self.in_conversation:
             out.append(ev.ConversationItemAdded(item=self.item.wire(),
                                                 previous_item_id=self.previous_item_id))
-        out.append(ev.ContentPartAdded(**self._ids(), part=self.part.wire()))
+        out.append(ev.ContentPartAdded(**self._ids(), part=self._part_event_wire()))
         return out
 
     def on_text(self, text: str) -> list[ev.ServerEvent]:
@@ -125,7 +132,7 @@ class ActiveResponse:
         else:
             out.append(ev.OutputTextDone(**self._ids(), text=self.text))
         out += [
-            ev.ContentPartDone(**self._ids(), part=self.part.wire()),
+            ev.ContentPartDone(**self._ids(), part=self._part_event_wire()),
             ev.OutputItemDone(response_id=self.id, output_index=0, item=self.item.wire()),
         ]
         if self.in_conversation:

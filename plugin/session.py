@@ -263,6 +263,8 @@ class DuplexSession:
             self._emit(ev.ConversationItemRetrieved(item=self._item(c.item_id).wire()))
         elif isinstance(c, cmd.ItemDelete):
             self._items.remove(self._item(c.item_id))
+            if self._response is not None and self._response.item.id == c.item_id:
+                self._response.in_conversation = False  # no item.done for a deleted item
             self._emit(ev.ConversationItemDeleted(item_id=c.item_id))
         elif isinstance(c, cmd.ItemTruncate):
             self._truncate(c)
@@ -270,7 +272,7 @@ class DuplexSession:
             await self._duplex_input(c, received_at)
         elif isinstance(c, cmd.SessionClose):
             self._emit(ev.SessionClosed(reason=c.reason))
-            asyncio.get_running_loop().create_task(self.close(c.reason))
+            await self.close(c.reason)  # nothing queued behind the close may run
         else:
             raise DuplexError("unknown_event", f"unhandled command {type(c).__name__}")
 

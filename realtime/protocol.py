@@ -53,6 +53,7 @@ from vllm_duplex.commands import (
 from vllm_duplex.contracts import InputMode
 from vllm_duplex.errors import DuplexError
 from vllm_duplex.events import Envelope, ServerEvent
+from vllm_duplex.fence import Fence
 from vllm_duplex.realtime.aliases import (
     _BETA_DOCS,
     _MISSING,
@@ -345,6 +346,11 @@ class RealtimeCodec:
         out["metadata"] = {"fence": env.fence.wire()}
         return _encode(out)
 
-    def render_error(self, err: DuplexError) -> str:
-        """An unjournaled ``error`` event (framing errors): no seq, no fence."""
-        return _encode({"type": "error", "event_id": self.next_event_id(), "error": err.to_wire()})
+    def render_error(self, err: DuplexError, fence: Fence | None = None) -> str:
+        """An unjournaled ``error`` event (framing errors): no seq, but the
+        session's current fence when there is a session."""
+        out: dict[str, Any] = {"type": "error", "event_id": self.next_event_id(),
+                               "error": err.to_wire()}
+        if fence is not None:
+            out["metadata"] = {"fence": fence.wire()}
+        return _encode(out)

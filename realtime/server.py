@@ -171,7 +171,7 @@ class RealtimeConnection:
             except DuplexError as err:
                 self.engine.metrics.errors.inc(code=err.code)
                 try:
-                    await self._send(self.codec.render_error(err))
+                    await self._send(self.codec.render_error(err, session.fence))
                 except Exception:
                     return
                 if err.code == "session_closed":

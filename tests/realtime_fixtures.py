@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -32,9 +31,9 @@ from vllm_duplex.realtime.client import Event, RealtimeClient
 from vllm_duplex.realtime.serving import BackgroundServer
 
 SCRIPTED_REPLY = "Hello from the scripted duplex engine. Every turn gets this same answer."
-# A reply long enough (~0.8 s of LLM time at 0.02 s per word) that a response is
+# A reply long enough (~0.5 s of LLM time at 0.02 s per word) that a response is
 # still streaming when the test reacts to its first delta.
-LONG_REPLY = " ".join(f"Sentence number {i} of a long scripted reply." for i in range(1, 6))
+LONG_REPLY = " ".join(f"Sentence number {i} of a long scripted reply." for i in range(1, 4))
 
 ANY: Any = object()
 
@@ -174,7 +173,3 @@ def of_response(events: list[Event], response_id: str) -> list[Event]:
 
 def types(events: list[Event]) -> list[str]:
     return [e["type"] for e in events]
-
-
-def dumps(event: dict[str, Any]) -> str:
-    return json.dumps(event)
