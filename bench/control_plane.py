@@ -57,6 +57,7 @@ RATE = 24000
 INGEST_TARGET_S = 0.002
 CANCEL_TARGET_S = 0.005
 CONNECT_CONCURRENCY = 32
+SUMMARY_WINDOW = 100_000  # samples a server Summary keeps (plugin/metrics.py)
 WAIT_TIMEOUT_S = 5.0  # for the first audio delta and for response.done
 MiB = 1 << 20
 
@@ -462,7 +463,7 @@ async def run_phase(n: int, args: argparse.Namespace, seed: int) -> dict[str, An
         "server_cpu_ms_per_session_s": 1000 * server_cores / max(1, len(clients)),
         "bench_cpu_cores": bench_cores,
         "machine_busy_cores": machine_cores,
-        "other_cpu_cores": machine_cores - server_cores - bench_cores,
+        "other_cpu_cores": max(0.0, machine_cores - server_cores - bench_cores),
         "server_rss_idle_mib": rss_idle / MiB,
         "server_rss_connected_mib": rss_connected / MiB,
         "server_rss_end_mib": rss_end / MiB,
@@ -488,7 +489,7 @@ ROWS: list[tuple[str, str, float, str]] = [
     ("cancels timed", "cancels_timed", 1, "{:.0f}"),
     ("server CPU (cores busy)", "server_cpu_cores", 1, "{:.3f}"),
     ("server CPU (% of machine)", "server_cpu_pct_of_machine", 1, "{:.1f}"),
-    ("server CPU ms per session-s", "server_cpu_ms_per_session_s", 1, "{:.2f}"),
+    ("server CPU ms per session-second", "server_cpu_ms_per_session_s", 1, "{:.2f}"),
     ("bench CPU (cores busy)", "bench_cpu_cores", 1, "{:.3f}"),
     ("machine busy (cores)", "machine_busy_cores", 1, "{:.2f}"),
     ("other processes (cores)", "other_cpu_cores", 1, "{:.2f}"),
@@ -548,6 +549,12 @@ def warnings(phase: dict[str, Any]) -> list[str]:
     if phase["machine_busy_cores"] >= 0.9 * len(os.sched_getaffinity(0)):
         out.append(f"{tag} the machine was saturated ({phase['machine_busy_cores']:.2f} cores "
                    "busy): bench and server competed for CPU")
+    if phase["server_cpu_cores"] >= 0.9:
+        out.append(f"{tag} the server used {phase['server_cpu_cores']:.2f} cores: its single event "
+                   "loop is saturated, latencies are mostly queueing behind other sessions")
+    if phase["ingest_count"] > SUMMARY_WINDOW:
+        out.append(f"{tag} the server kept only its last {SUMMARY_WINDOW} ingest samples (of "
+                   f"{phase['ingest_count']:.0f}): ingest quantiles cover the end of the run")
     if phase["other_cpu_cores"] >= 0.2:
         out.append(f"{tag} other processes used {phase['other_cpu_cores']:.2f} cores during the "
                    "window: the machine was not quiet, figures are pessimistic")
@@ -555,6 +562,10 @@ def warnings(phase: dict[str, Any]) -> list[str]:
         if phase[key]:
             out.append(f"{tag} {key}: {phase[key]}")
     return out
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -574,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--seconds must be >= 2")
 
     # SIGTERM unwinds like Ctrl-C, so the server subprocess is always stopped.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupted)
     info = machine()
     print(f"machine: {info['nproc']} CPUs ({info['cpu_model']}), {info['memory_gib']} GiB, "
           f"Python {info['python']}, Linux {info['kernel']}", flush=True)
@@ -605,4 +616,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt:
+        print("interrupted; the server subprocess was stopped", file=sys.stderr)
         sys.exit(130)

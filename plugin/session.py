@@ -119,6 +119,7 @@ class DuplexSession:
         self._response: ActiveResponse | None = None
         self._task: asyncio.Task[None] | None = None
         self._overtaken_seen = 0
+        self._closer: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
         self.close_reason: str | None = None
 
@@ -160,7 +161,8 @@ class DuplexSession:
         if self.close_reason is not None:
             raise DuplexError("session_closed", "the session is closed", event_id=command.event_id)
         try:
-            self.mailbox.put_nowait((received_at or self.clock.now(), command), command.lane)
+            at = self.clock.now() if received_at is None else received_at
+            self.mailbox.put_nowait((at, command), command.lane)
         except MailboxFull:
             raise DuplexError("resource_exhausted", "too many queued input events",
                               event_id=command.event_id) from None
@@ -176,10 +178,12 @@ class DuplexSession:
             await asyncio.gather(self._task, return_exceptions=True)
         await self.pipeline.close()
         self.metrics.sessions_closed.inc(reason=reason)
-        try:
-            self.outbound.put_nowait(None)
-        except asyncio.QueueFull:
-            pass  # the writer is gone or stuck; it checks ``closed`` too
+        if self.outbound.full():
+            # Only a consumer that stopped reading fills it; what it never
+            # read is moot now, and the writer must see the end marker.
+            while not self.outbound.empty():
+                self.outbound.get_nowait()
+        self.outbound.put_nowait(None)
         self.closed.set()
 
     def session_object(self) -> dict[str, Any]:
@@ -223,8 +227,9 @@ class DuplexSession:
             self.outbound.put_nowait(env)
         except asyncio.QueueFull:
             # Slow consumer: its memory must stay bounded; end the session.
-            if self.close_reason is None:
-                asyncio.get_running_loop().create_task(self.close("slow_consumer"))
+            if self.close_reason is None and self._closer is None:
+                self._closer = asyncio.get_running_loop().create_task(
+                    self.close("slow_consumer"), name=f"duplex-close-{self.session_id}")
 
     def _emit_all(self, events: Sequence[ev.ServerEvent]) -> None:
         for event in events:

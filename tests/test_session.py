@@ -237,3 +237,14 @@ def test_gate_keeps_listening_outputs_across_an_epoch_bump():
     gate.advance(gate.fence.next_incarnation())  # rebuilt model state: everything old is stale
     assert not gate.admit(heard)
     assert gate.dropped == 2
+
+
+async def test_a_consumer_that_stops_reading_ends_its_session_with_bounded_memory(engine):
+    engine.session_limits = dataclasses.replace(engine.session_limits, outbound_capacity=8)
+    session = await manual_session(engine)  # reads session.created/updated only
+    session.deliver(cmd.ResponseCreate())  # ~60 events, nobody reads them
+    await asyncio.wait_for(session.closed.wait(), 5)
+    assert session.close_reason == "slow_consumer"
+    assert session.outbound.qsize() == 1 and session.outbound.get_nowait() is None
+    await engine.end_session(session, "test")
+    assert engine.metrics.sessions_closed.get(reason="slow_consumer") == 1
