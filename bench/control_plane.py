@@ -145,7 +145,8 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         cfg = self._write_config()
-        log = tempfile.NamedTemporaryFile(prefix="bench-control-plane-", suffix=".log", delete=False)
+        log = tempfile.NamedTemporaryFile(prefix="bench-control-plane-", suffix=".log",
+                                          delete=False)
         self._tmp.append(log.name)
         self.log_path = log.name
         cmd = [sys.executable, "-m", "vllm_duplex.realtime.cli", "serve", "--config", cfg,
@@ -294,7 +295,8 @@ class Client:
         except ConnectionClosed as exc:
             if not self.closing:
                 rcvd = exc.rcvd
-                stats.closed_by_server[f"{rcvd.code} {rcvd.reason}" if rcvd else "no close frame"] += 1
+                why = f"{rcvd.code} {rcvd.reason}" if rcvd else "no close frame"
+                stats.closed_by_server[why] += 1
 
     async def send(self, t0: float, end: float) -> None:
         """Append frames at t0 + k * 20 ms until ``end``; late frames go out at once
@@ -456,7 +458,8 @@ async def run_phase(n: int, args: argparse.Namespace, seed: int) -> dict[str, An
         "cancels_timed": len(stats.cancel_rtt),
         "cancels_missed": dict(stats.cancels_missed),
         "server_error_events": dict(stats.error_events),
-        "server_errors_total": sum(v for k, v in metrics.items() if k.startswith("duplex_errors_total")),
+        "server_errors_total": sum(v for k, v in metrics.items()
+                                   if k.startswith("duplex_errors_total")),
         "closed_by_server": dict(stats.closed_by_server),
         "server_cpu_cores": server_cores,
         "server_cpu_pct_of_machine": 100 * server_cores / ncpu,
@@ -516,7 +519,8 @@ def table(base: dict[str, Any], load: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = []
     for i, r in enumerate(rows):
-        lines.append("  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]))
+        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]
+        lines.append("  ".join(cells))
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -73,9 +73,12 @@ EMIT = OutputDecision()
 
 @dataclass(frozen=True)
 class TurnCommitted:
-    """Policy input: the user's input buffer became conversation item ``item_id``."""
+    """Policy input: the user's input buffer became conversation item
+    ``item_id``; ``audio`` is that turn's PCM (int16, mono, 16 kHz) for
+    turn-based models (``turn_commit_only``)."""
 
     item_id: str
+    audio: Any = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ session's current fence are stale and never reach the client.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from dataclasses import dataclass
 
@@ -48,10 +49,15 @@ class Fence:
 
     def request_id(self, role: str) -> str:
         """A stage request id that encodes this fence (see ``parse_request_id``)."""
-        if not _ROLE_RE.match(role):
-            raise ValueError(f"role must match [A-Za-z0-9_-]+, got {role!r}")
-        sid = base64.urlsafe_b64encode(self.session_id.encode()).rstrip(b"=").decode()
-        return f"duplex-s.{sid}.i.{self.incarnation}.e.{self.epoch}.r.{role}"
+        return _request_id(self, role)
+
+
+@functools.lru_cache(maxsize=8192)  # every audio frame asks for the same few ids
+def _request_id(fence: Fence, role: str) -> str:
+    if not _ROLE_RE.match(role):
+        raise ValueError(f"role must match [A-Za-z0-9_-]+, got {role!r}")
+    sid = base64.urlsafe_b64encode(fence.session_id.encode()).rstrip(b"=").decode()
+    return f"duplex-s.{sid}.i.{fence.incarnation}.e.{fence.epoch}.r.{role}"
 
 
 def parse_request_id(request_id: str) -> tuple[Fence, str]:

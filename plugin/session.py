@@ -76,6 +76,11 @@ class SessionLimits:
     outbound_capacity: int = 8192  # events waiting for a slow socket
     journal_events: int = 4096  # recent events kept for replay
     max_items: int = 4096  # conversation items
+    max_buffer_ms: int = 10 * 60 * 1000  # uncommitted input audio
+
+
+# Audio kept before a speech onset beyond prefix_padding_ms, for VAD latency.
+IDLE_SLACK_MS = 1000
 
 
 class DuplexSession:
@@ -111,7 +116,7 @@ class DuplexSession:
         self._seq = 0
         self._items: list[ConversationItem] = []
         self._decoder = AudioDecoder(config.input_format)
-        self._buffer: list[np.ndarray] = []
+        self._buffer: deque[np.ndarray] = deque()
         self._buffer_samples = 0
         self._input_samples = 0  # timeline of all appended input, for VAD timestamps
         self._pending_user_item: str | None = None  # id minted at speech onset
@@ -317,12 +322,28 @@ class DuplexSession:
         pcm = self._decoder.decode(data)
         if pcm.size == 0:
             return
+        if self._buffer_samples + pcm.size > self.limits.max_buffer_ms * INTERNAL_RATE // 1000:
+            raise DuplexError("resource_exhausted",
+                              f"the input audio buffer is full ({self.limits.max_buffer_ms} ms); "
+                              "commit or clear it", param="audio")
         self._buffer.append(pcm)
         self._buffer_samples += pcm.size
+        if self._config.turn_detection is not None and not self._user_speaking:
+            self._trim_idle_buffer()
         # Derived from a sample count, not summed per chunk: rounding must not drift.
         chunk = AudioIn(pcm=pcm, start_ms=self._input_samples * 1000 // INTERNAL_RATE)
         self._input_samples += pcm.size
         await self._execute(self.policy.plan_append(self, chunk), received_at)
+
+    def _trim_idle_buffer(self) -> None:
+        """Between turns under server VAD, keep only what a turn can still
+        claim (prefix padding plus slack for VAD latency): silence must not
+        grow memory."""
+        td = self._config.turn_detection
+        assert td is not None
+        keep = (td.prefix_padding_ms + IDLE_SLACK_MS) * INTERNAL_RATE // 1000
+        while self._buffer and self._buffer_samples - self._buffer[0].size >= keep:
+            self._buffer_samples -= self._buffer.popleft().size
 
     def _clear_buffer(self) -> None:
         self._buffer.clear()
@@ -343,6 +364,7 @@ class DuplexSession:
         item_id = self._pending_user_item or new_id("item")
         self._pending_user_item = None
         audio_ms = int(self._buffer_samples * 1000 // INTERNAL_RATE)
+        audio = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int16)
         self._clear_buffer()
         item = ConversationItem(id=item_id, type=ItemType.MESSAGE, role=Role.USER,
                                 content=[ContentPart(type="input_audio", audio_ms=audio_ms)])
@@ -350,7 +372,7 @@ class DuplexSession:
         self._emit(ev.InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous))
         self._emit(ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous))
         self._emit(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
-        await self._execute(self.policy.plan_append(self, TurnCommitted(item_id)), None)
+        await self._execute(self.policy.plan_append(self, TurnCommitted(item_id, audio)), None)
 
     async def _create_item(self, c: cmd.ItemCreate) -> None:
         item = c.item
@@ -492,18 +514,23 @@ class DuplexSession:
         return tuple(messages)
 
     async def _interrupt(self, reason: InterruptReason, received_at: float | None) -> None:
-        """Barge-in or cancel: one epoch bump (making every in-flight output
-        stale), one cancel of the stages, one response.done(cancelled)."""
+        """Barge-in or cancel: one epoch bump, one response.done(cancelled),
+        one cancel of the stages -- in that order. Silence comes first: once
+        the gate has moved, nothing of the old reply can reach the client, so
+        the client need not wait for the stages to finish aborting."""
         active = self._response
         if active is None:
             return
         self._response = None
-        await self._advance(self.fence.next_epoch())
+        fence = self.fence.next_epoch()
+        self.gate.advance(fence)
+        self.metrics.epoch_bumps.inc()
         self.metrics.interrupts.inc(reason=reason.value)
         self._emit_all(active.finish(ResponseStatus.CANCELLED,
                                      {"type": "cancelled", "reason": reason.value}))
         if received_at is not None:
             self.metrics.cancel_latency.observe(self.clock.now() - received_at)
+        await self.pipeline.cancel(fence)
 
     def _finish_response(self) -> None:
         active, self._response = self._response, None

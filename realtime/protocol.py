@@ -263,6 +263,10 @@ def _kind(hint: Any) -> int:
     return _PLAIN
 
 
+# Render plans, computed once per (event class, dialect) for the process.
+_PLANS: dict[Dialect, dict[type, _Plan]] = {d: {} for d in Dialect}
+
+
 class RealtimeCodec:
     """Parses client frames into ``Command``s and renders ``Envelope``s.
 
@@ -275,7 +279,7 @@ class RealtimeCodec:
         self.dialect = dialect
         self._prefix = "event_" + secrets.token_hex(4)
         self._counter = itertools.count(1)
-        self._plans: dict[type, _Plan] = {}
+        self._plans = _PLANS[dialect]
 
     # -- parsing --
 

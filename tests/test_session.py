@@ -248,3 +248,27 @@ async def test_a_consumer_that_stops_reading_ends_its_session_with_bounded_memor
     assert session.outbound.qsize() == 1 and session.outbound.get_nowait() is None
     await engine.end_session(session, "test")
     assert engine.metrics.sessions_closed.get(reason="slow_consumer") == 1
+
+
+async def test_silence_under_server_vad_does_not_grow_the_buffer(engine):
+    session = await engine.open_realtime_session(None)
+    for _ in range(250):  # 5 s of silence
+        session.deliver(cmd.AudioAppend(audio=pcm16(0.02)))
+    session.deliver(cmd.ItemRetrieve(item_id="x"))  # a sentinel behind the audio
+    await next_event(session, "error")
+    td = session.config.turn_detection
+    assert session._buffer_samples <= (td.prefix_padding_ms + 1000 + 20) * 16
+    await engine.end_session(session, "test")
+
+
+async def test_manual_buffer_is_capped_with_a_typed_error(engine):
+    engine.session_limits = dataclasses.replace(engine.session_limits, max_buffer_ms=100)
+    session = await manual_session(engine)
+    for i in range(6):
+        session.deliver(cmd.AudioAppend(audio=pcm16(0.02), event_id=f"a{i}"))
+    err = await next_event(session, "error")
+    assert (err.event.error.code, err.event.error.event_id) == ("resource_exhausted", "a5")
+    session.deliver(cmd.AudioCommit())
+    committed = await next_event(session, "conversation.item.done")
+    assert committed.event.item["role"] == "user"
+    await engine.end_session(session, "test")
