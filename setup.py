@@ -32,6 +32,10 @@ setup(
         "uvicorn>=0.30",
         "starlette>=0.37",
         "pyyaml>=6",
+        # uvicorn's fast event loop and HTTP parser: the control plane is
+        # event-loop bound (see bench/control_plane.py)
+        "uvloop>=0.19; sys_platform != 'win32'",
+        "httptools>=0.6",
     ],
     extras_require={
         "test": [
