@@ -61,6 +61,13 @@ class OutputDecision:
 
     emit: bool = True  # render as client events
     forward: bool = True  # pass on to the next stage of the pipeline (e.g. text -> TTS)
+    # Render this payload instead of the output's own (e.g. a transcript delta
+    # computed from a revised ASR hypothesis); None: render the output itself.
+    render: Any = None
+    # Input the output causes (e.g. newly stable words pushed into the live
+    # LLM request, or a rollback when ASR revised a pushed word); executed
+    # after rendering, before commit/response handling.
+    plan: AppendPlan | None = None
     commit_turn: bool = False  # server VAD end of turn: commit the input buffer
     create_response: bool = False  # ... and answer it
     interrupt: InterruptReason | None = None  # cancel the active response, bump epoch

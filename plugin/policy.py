@@ -43,6 +43,13 @@ class SessionView(Protocol):
     @property
     def user_speaking(self) -> bool: ...
 
+    @property
+    def policy_state(self) -> dict[str, Any]:
+        """Per-session scratch space owned by the policy (e.g. which words were
+        already pushed to the LLM). Policies are shared by all sessions, so
+        per-session memory lives here, and dies with the session."""
+        ...
+
 
 class ModelPolicy(Protocol):
     name: str

@@ -124,6 +124,7 @@ class DuplexSession:
         self._response: ActiveResponse | None = None
         self._task: asyncio.Task[None] | None = None
         self._overtaken_seen = 0
+        self._policy_state: dict[str, Any] = {}
         self._closer: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
         self.close_reason: str | None = None
@@ -149,6 +150,10 @@ class DuplexSession:
     @property
     def user_speaking(self) -> bool:
         return self._user_speaking
+
+    @property
+    def policy_state(self) -> dict[str, Any]:
+        return self._policy_state
 
     # ---- lifecycle (called by the transport / manager) --------------------
 
@@ -544,9 +549,10 @@ class DuplexSession:
             self.metrics.stale_dropped.inc(stage=out.stage)
             return
         decision = self.policy.decide_output(self, out)
-        payload = out.payload
         if decision.emit:
-            self._render_output(payload)
+            self._render_output(out.payload if decision.render is None else decision.render)
+        if decision.plan is not None:
+            await self._execute(decision.plan, None)
         if decision.interrupt is not None:
             await self._interrupt(decision.interrupt, received_at)
         if decision.forward:

@@ -73,6 +73,14 @@ class VadConfig:
 
 
 @dataclass(frozen=True)
+class ResetContext:
+    """Rebuild the model state from canonical history (rollback / re-encode):
+    abort the live request and prefill ``context``; generate nothing yet."""
+
+    context: tuple[ContextMessage, ...]
+
+
+@dataclass(frozen=True)
 class EndOfText:
     """No more text for this response: TTS flushes its last sentence."""
 
@@ -107,6 +115,14 @@ class TranscriptDelta(InputObservation):
 
 
 @dataclass(frozen=True)
+class TranscriptPartial(InputObservation):
+    """The ASR's whole current hypothesis for the ongoing utterance; a later
+    partial may revise earlier words."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class TranscriptFinal(InputObservation):
     text: str
 
@@ -123,6 +139,16 @@ class GenerationDone:
     finish_reason: str
     input_tokens: int = 0
     output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete function call the model made (arguments are JSON text)."""
+
+    response_id: str
+    call_id: str
+    name: str
+    arguments: str
 
 
 @dataclass(frozen=True)
