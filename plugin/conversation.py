@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
+
+from .stages.base import ContextMessage
 
 
 class ItemType(str, enum.Enum):
@@ -143,3 +146,20 @@ class Response:
                 "output_tokens": self.output_tokens,
             },
         }
+
+
+def context_messages(items: Iterable[ConversationItem], instructions: str = "") -> tuple[ContextMessage, ...]:
+    """The conversation as the model sees it: instructions, then every item
+    with words (truncated items hold only what the user heard)."""
+    messages = [ContextMessage("system", instructions)] if instructions else []
+    for item in items:
+        text = item.text()
+        if not text:
+            continue
+        if item.type is ItemType.FUNCTION_CALL_OUTPUT:
+            messages.append(ContextMessage("tool", text))
+        elif item.type is ItemType.FUNCTION_CALL:
+            messages.append(ContextMessage("assistant", text))
+        else:
+            messages.append(ContextMessage(item.role.value if item.role else "user", text))
+    return tuple(messages)

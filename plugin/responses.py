@@ -51,6 +51,7 @@ class ActiveResponse:
         self._encoders: dict[int, AudioEncoder] = {}
         self.request_id: str | None = None
         self.finish_reason: str | None = None
+        self.first_audio_at: float | None = None  # when the client got the first audio
         self.text = ""
 
     @property

@@ -33,7 +33,15 @@ from .contracts import (
     InterruptReason,
     TurnCommitted,
 )
-from .conversation import ContentPart, ConversationItem, ItemType, Response, ResponseStatus, Role
+from .conversation import (
+    ContentPart,
+    ConversationItem,
+    ItemType,
+    Response,
+    ResponseStatus,
+    Role,
+    context_messages,
+)
 from .errors import DuplexError
 from .fence import Fence
 from .mailbox import Mailbox, MailboxClosed, MailboxFull
@@ -502,21 +510,7 @@ class DuplexSession:
         return AudioEncoder(self._config.output_format, in_rate=rate)
 
     def _context(self, options: cmd.ResponseOptions) -> tuple[ContextMessage, ...]:
-        messages = []
-        instructions = options.instructions or self._config.instructions
-        if instructions:
-            messages.append(ContextMessage("system", instructions))
-        for item in self._items:
-            text = item.text()
-            if not text:
-                continue
-            if item.type is ItemType.FUNCTION_CALL_OUTPUT:
-                messages.append(ContextMessage("tool", text))
-            elif item.type is ItemType.FUNCTION_CALL:
-                messages.append(ContextMessage("assistant", text))
-            else:
-                messages.append(ContextMessage(item.role.value if item.role else "user", text))
-        return tuple(messages)
+        return context_messages(self._items, options.instructions or self._config.instructions)
 
     async def _interrupt(self, reason: InterruptReason, received_at: float | None) -> None:
         """Barge-in or cancel: one epoch bump, one response.done(cancelled),
@@ -531,11 +525,30 @@ class DuplexSession:
         self.gate.advance(fence)
         self.metrics.epoch_bumps.inc()
         self.metrics.interrupts.inc(reason=reason.value)
+        truncated = self._truncate_to_heard(active) if reason is InterruptReason.TURN_DETECTED else None
         self._emit_all(active.finish(ResponseStatus.CANCELLED,
                                      {"type": "cancelled", "reason": reason.value}))
+        if truncated is not None:
+            self._emit(truncated)
         if received_at is not None:
             self.metrics.cancel_latency.observe(self.clock.now() - received_at)
         await self.pipeline.cancel(fence)
+
+    def _truncate_to_heard(self, active: ActiveResponse) -> ev.ServerEvent | None:
+        """Barge-in: the client plays audio in real time from the first delta,
+        so it cannot have heard more than the time since then. Cut the
+        assistant item to those words, so the next turn's context holds only
+        what the user heard (a client that knows better sends truncate)."""
+        if not active.audio or active.first_audio_at is None:
+            return None
+        part = active.part
+        heard_ms = min(part.audio_ms, int((self.clock.now() - active.first_audio_at) * 1000))
+        part.transcript = active.text = part.heard_text(heard_ms)
+        part.audio_ms = heard_ms
+        if not active.in_conversation:
+            return None
+        return ev.ConversationItemTruncated(item_id=active.item.id, content_index=0,
+                                            audio_end_ms=heard_ms)
 
     def _finish_response(self) -> None:
         active, self._response = self._response, None
@@ -583,6 +596,8 @@ class DuplexSession:
                 self._emit_all(active.on_text(payload.text))
         elif isinstance(payload, AudioOut):
             if active is not None and active.id == payload.response_id:
+                if active.first_audio_at is None:
+                    active.first_audio_at = self.clock.now()
                 self._emit_all(active.on_audio(payload))
         elif isinstance(payload, GenerationDone):
             if active is not None and active.id == payload.response_id:

@@ -272,3 +272,29 @@ async def test_manual_buffer_is_capped_with_a_typed_error(engine):
     committed = await next_event(session, "conversation.item.done")
     assert committed.event.item["role"] == "user"
     await engine.end_session(session, "test")
+
+
+async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
+    """Virtual clock: the user barges in exactly 500 ms after the first audio
+    delta; the first sentence is 6 words x 120 ms, so 4 words were heard."""
+    from vllm_duplex.clock import VirtualClock
+
+    clock = VirtualClock()
+    engine = DuplexEngine(load_config("scripted"), clock=clock)
+    await engine.start()
+    session = await engine.open_realtime_session(None)
+    session.deliver(cmd.ResponseCreate())
+    while session._response is None or session._response.first_audio_at is None:
+        await clock.advance(0.01)
+    first_audio_at = session._response.first_audio_at
+    item_id = session._response.item.id
+    await clock.advance(first_audio_at + 0.5 - clock.now())
+    session.deliver(cmd.AudioAppend(audio=pcm16(0.3, amplitude=0.3)))  # the user speaks
+    truncated = await next_event(session, "conversation.item.truncated")
+    assert (truncated.event.item_id, truncated.event.audio_end_ms) == (item_id, 500)
+    heard = session._item(item_id)
+    assert heard.text() == "Hello from the scripted"
+    context = session._context(cmd.ResponseOptions())
+    assert context[-1].role == "assistant" and context[-1].text == "Hello from the scripted"
+    await engine.end_session(session, "test")
+    await engine.stop()
