@@ -16,6 +16,7 @@ setup(
         "vllm_duplex.stages",
         "vllm_duplex.models",
         "vllm_duplex.models.scripted",
+        "vllm_duplex.models.cascade",
         "vllm_duplex.realtime",
     ],
     package_dir={
@@ -23,6 +24,7 @@ setup(
         "vllm_duplex.stages": "plugin/stages",
         "vllm_duplex.models": "models",
         "vllm_duplex.models.scripted": "models/scripted",
+        "vllm_duplex.models.cascade": "models/cascade",
         "vllm_duplex.realtime": "realtime",
     },
     install_requires=[
@@ -51,6 +53,7 @@ setup(
         "console_scripts": ["vllm-duplex=vllm_duplex.realtime.cli:main"],
         "vllm_duplex.models": [
             "scripted=vllm_duplex.models.scripted:ScriptedPolicy",
+            "cascade=vllm_duplex.models.cascade:CascadePolicy",
         ],
     },
 )

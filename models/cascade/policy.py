@@ -1,0 +1,223 @@
+"""``CascadePolicy``: the embedded default (DESIGN.md "The embedded default").
+
+Pure: functions of (session view, input) with no I/O and no awaits; what it
+must remember per session lives in ``view.policy_state``.
+
+While the user speaks, ASR partials become transcription deltas, and each word
+that stayed stable is pushed into the live vLLM request (``append_tokens``),
+so at end of turn only the assistant prefix is left to prefill. When the ASR
+revises a word already pushed, the policy plans ``rollback_to_checkpoint``:
+a new incarnation, the model context rebuilt from the conversation as it was
+at the start of the turn, and the stable words pushed again. Sentences stream
+into TTS as the LLM writes them; speech onset during a reply interrupts it.
+
+Stage names: ``vad``, ``asr``, ``llm``, ``tts`` (configs/cascade-cpu.yaml).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_duplex.commands import DuplexInput, ResponseOptions
+from vllm_duplex.contracts import (
+    DROP,
+    AppendPlan,
+    Capabilities,
+    FenceBump,
+    InputMode,
+    InterruptReason,
+    OutputDecision,
+    SamplingConfig,
+    StageSubmission,
+    TurnCommitted,
+)
+from vllm_duplex.conversation import context_messages
+from vllm_duplex.errors import DuplexError
+from vllm_duplex.policy import SessionView
+from vllm_duplex.stages.base import (
+    AudioIn,
+    AudioOut,
+    GenerationDone,
+    ResetContext,
+    SpeechDone,
+    StageFailed,
+    StageOutput,
+    TextDelta,
+    TextIn,
+    ToolCall,
+    TranscriptDelta,
+    TranscriptFinal,
+    TranscriptPartial,
+    VadConfig,
+    VadSpeechStarted,
+    VadSpeechStopped,
+)
+
+from .transcript import Utterance, words
+
+VAD, ASR, LLM = "vad", "asr", "llm"
+_UTTERANCE = "utterance"
+_TURN_OPEN = "turn_open"  # the live LLM request holds the start of a user turn
+_AWAITING_FINAL = "awaiting_final"  # committed by VAD; respond when the transcript lands
+
+_CAPABILITIES = Capabilities(
+    input_modes=frozenset({
+        InputMode.APPEND_AUDIO_CHUNK,
+        InputMode.APPEND_TOKENS,
+        InputMode.TURN_COMMIT_ONLY,
+        InputMode.ROLLBACK_TO_CHECKPOINT,
+        InputMode.REENCODE_CONTEXT,
+    }),
+    input_modalities=frozenset({"audio", "text"}),
+    output_modalities=frozenset({"audio", "text"}),
+    turn_detection=frozenset({"server_vad"}),
+    early_output=True,
+    tools=True,
+)
+
+# A spoken reply should be short; the client can ask for more.
+DEFAULT_MAX_TOKENS = 96
+
+
+class CascadePolicy:
+    name = "cascade"
+
+    def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS, **_: Any) -> None:
+        self.max_tokens = max_tokens
+
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES
+
+    def configure_sampling_params(self, view: SessionView, options: ResponseOptions) -> SamplingConfig:
+        limit = options.max_output_tokens or view.config.max_output_tokens or self.max_tokens
+        return SamplingConfig(temperature=view.config.temperature, max_tokens=limit)
+
+    # ---- input ---------------------------------------------------------------
+
+    def plan_append(self, view: SessionView, payload: Any) -> AppendPlan:
+        if isinstance(payload, AudioIn):
+            # The ASR hears everything; it cuts utterances at the VAD's events.
+            targets = (VAD, ASR) if view.config.turn_detection is not None else (ASR,)
+            return AppendPlan(InputMode.APPEND_AUDIO_CHUNK,
+                              tuple(StageSubmission(t, payload, "in") for t in targets))
+        if isinstance(payload, VadConfig):
+            return AppendPlan(InputMode.APPEND_AUDIO_CHUNK, (StageSubmission(VAD, payload, "in"),))
+        if isinstance(payload, TextIn):
+            # A typed user message: it is already an item, so the next
+            # GenerateRequest carries it; nothing to stream ahead.
+            return AppendPlan(InputMode.APPEND_TOKENS)
+        if isinstance(payload, TurnCommitted):
+            return AppendPlan(InputMode.TURN_COMMIT_ONLY)
+        if isinstance(payload, DuplexInput) and payload.mode in (
+                InputMode.REENCODE_CONTEXT, InputMode.ROLLBACK_TO_CHECKPOINT):
+            # Rebuild the model context from the canonical conversation.
+            view.policy_state[_TURN_OPEN] = False
+            return AppendPlan(payload.mode, (self._reset(view),), bump=FenceBump.INCARNATION,
+                              checkpoint=payload.checkpoint)
+        raise DuplexError("capability_unsupported",
+                          f"policy {self.name!r} cannot take {type(payload).__name__} input")
+
+    def _reset(self, view: SessionView) -> StageSubmission:
+        """Make the live LLM request hold exactly the conversation so far."""
+        return StageSubmission(LLM, ResetContext(context_messages(view.items, view.config.instructions)),
+                               "llm")
+
+    # ---- output --------------------------------------------------------------
+
+    def decide_output(self, view: SessionView, output: StageOutput) -> OutputDecision:
+        p = output.payload
+        td = view.config.turn_detection
+        state = view.policy_state
+        if isinstance(p, VadSpeechStarted):
+            if td is None:
+                return DROP
+            state[_UTTERANCE] = Utterance()
+            state[_AWAITING_FINAL] = False
+            barge_in = td.interrupt_response and view.active_response_id is not None
+            return OutputDecision(forward=True,
+                                  interrupt=InterruptReason.TURN_DETECTED if barge_in else None)
+        if isinstance(p, VadSpeechStopped):
+            if td is None:
+                return DROP
+            state[_AWAITING_FINAL] = True
+            # Commit now (OpenAI order: speech_stopped, committed); the reply
+            # waits for the final transcript, which the ASR sends next.
+            return OutputDecision(forward=True, commit_turn=True)
+        if isinstance(p, TranscriptPartial):
+            return self._on_partial(view, p)
+        if isinstance(p, TranscriptFinal):
+            return self._on_final(view, p)
+        if isinstance(p, TextDelta):
+            return OutputDecision(forward=self._speaks(view))
+        if isinstance(p, GenerationDone):
+            state[_TURN_OPEN] = False  # the reply closed the turn in the live request
+            return OutputDecision(forward=self._speaks(view), finish_response=not self._speaks(view))
+        if isinstance(p, ToolCall):
+            return OutputDecision(forward=False)
+        if isinstance(p, SpeechDone):
+            return OutputDecision(forward=False, finish_response=True)
+        if isinstance(p, (AudioOut, StageFailed)):
+            return OutputDecision(forward=False)
+        return DROP
+
+    @staticmethod
+    def _speaks(view: SessionView) -> bool:
+        return "audio" in view.config.output_modalities
+
+    def _utterance(self, view: SessionView) -> Utterance:
+        return view.policy_state.setdefault(_UTTERANCE, Utterance())
+
+    def _on_partial(self, view: SessionView, p: TranscriptPartial) -> OutputDecision:
+        utt = self._utterance(view)
+        hypothesis = words(p.text)
+        stable = utt.update(hypothesis)
+        render = None
+        if len(stable) > len(utt.shown) and stable[: len(utt.shown)] == utt.shown:
+            new_words = stable[len(utt.shown):]
+            render = TranscriptDelta((" " if utt.shown else "") + " ".join(new_words))
+            utt.shown = stable
+        plan = self._push(view, utt, hypothesis, stable)
+        return OutputDecision(emit=render is not None, forward=False, render=render, plan=plan)
+
+    def _push(self, view: SessionView, utt: Utterance, hypothesis: list[str],
+              stable: list[str]) -> AppendPlan | None:
+        """Stream stable words into the live LLM request; roll back if the ASR
+        revised one that was already pushed."""
+        state = view.policy_state
+        if utt.pushed and utt.revised(hypothesis):
+            utt.rollbacks += 1
+            utt.pushed = list(stable)
+            state[_TURN_OPEN] = bool(stable)
+            subs = [self._reset(view)]
+            if stable:
+                subs.append(StageSubmission(LLM, TextIn(" ".join(stable)), "llm"))
+            return AppendPlan(InputMode.ROLLBACK_TO_CHECKPOINT, tuple(subs),
+                              bump=FenceBump.INCARNATION, checkpoint="turn-start")
+        new = stable[len(utt.pushed):] if stable[: len(utt.pushed)] == utt.pushed else []
+        if not new or view.active_response_id is not None:
+            return None  # nothing new, or the model is busy answering
+        subs = []
+        if not state.get(_TURN_OPEN):
+            subs.append(self._reset(view))  # the turn starts on exactly the history
+            state[_TURN_OPEN] = True
+        subs.append(StageSubmission(LLM, TextIn(" ".join(new)), "llm"))
+        utt.pushed = utt.pushed + new
+        return AppendPlan(InputMode.APPEND_TOKENS, tuple(subs))
+
+    def _on_final(self, view: SessionView, p: TranscriptFinal) -> OutputDecision:
+        state = view.policy_state
+        utt = self._utterance(view)
+        final = words(p.text)
+        state[_UTTERANCE] = Utterance()
+        awaiting = state.pop(_AWAITING_FINAL, False)
+        td = view.config.turn_detection
+        plan = None
+        if utt.pushed and utt.revised(final):
+            # The last revision came with the final transcript: the request
+            # that answers will rebuild from the corrected conversation.
+            state[_TURN_OPEN] = False
+            plan = AppendPlan(InputMode.ROLLBACK_TO_CHECKPOINT, (), bump=FenceBump.INCARNATION,
+                              checkpoint="turn-start")
+        # Silence or noise that the VAD took for speech: no words, no reply.
+        respond = awaiting and bool(final) and td is not None and td.create_response
+        return OutputDecision(forward=False, plan=plan, create_response=respond)
