@@ -22,7 +22,7 @@ from .conversation import (
     Role,
     SpokenSegment,
 )
-from .stages.base import AudioOut, GenerationDone
+from .stages.base import AudioOut, GenerationDone, ToolCall
 
 # Makes an encoder for PCM at a given rate into the session's output format.
 EncoderFactory = Callable[[int], AudioEncoder]
@@ -107,6 +107,30 @@ class ActiveResponse:
             self.part.spoken[-1] = SpokenSegment(last.start_ms, self.part.audio_ms, last.text)
         data = encoder.encode(out.pcm)
         return [ev.OutputAudioDelta(**self._ids(), delta=data)] if data else []
+
+    def on_tool_call(self, call: ToolCall) -> tuple[ConversationItem, list[ev.ServerEvent]]:
+        """A complete function call: its own output item, with the arguments
+        as one delta (the LLM stage only reports calls once they parse)."""
+        item = ConversationItem(id=f"{self.item.id}_call{len(self.response.output)}",
+                                type=ItemType.FUNCTION_CALL, status="completed",
+                                call_id=call.call_id, name=call.name, arguments=call.arguments)
+        index = len(self.response.output)
+        self.response.output.append(item)
+        base = {"response_id": self.id, "item_id": item.id, "output_index": index,
+                "call_id": call.call_id}
+        in_progress = {**item.wire(), "status": "in_progress", "arguments": ""}
+        out: list[ev.ServerEvent] = [
+            ev.OutputItemAdded(response_id=self.id, output_index=index, item=in_progress)]
+        if self.in_conversation:
+            out.append(ev.ConversationItemAdded(item=in_progress, previous_item_id=self.item.id))
+        out += [
+            ev.FunctionCallArgumentsDelta(**base, delta=call.arguments),
+            ev.FunctionCallArgumentsDone(**base, name=call.name, arguments=call.arguments),
+            ev.OutputItemDone(response_id=self.id, output_index=index, item=item.wire()),
+        ]
+        if self.in_conversation:
+            out.append(ev.ConversationItemDone(item=item.wire(), previous_item_id=self.item.id))
+        return item, out
 
     def on_generation_done(self, done: GenerationDone) -> None:
         self.finish_reason = done.finish_reason

@@ -62,6 +62,7 @@ from .stages.base import (
     StageOutput,
     TextDelta,
     TextIn,
+    ToolCall,
     TranscriptDelta,
     TranscriptFinal,
     VadConfig,
@@ -602,6 +603,12 @@ class DuplexSession:
         elif isinstance(payload, GenerationDone):
             if active is not None and active.id == payload.response_id:
                 active.on_generation_done(payload)
+        elif isinstance(payload, ToolCall):
+            if active is not None and active.id == payload.response_id:
+                item, events = active.on_tool_call(payload)
+                if active.in_conversation:
+                    self._items.append(item)
+                self._emit_all(events)
         elif isinstance(payload, StageFailed):
             self._error(payload.error)
             if active is not None:
