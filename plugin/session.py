@@ -20,11 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
 from . import commands as cmd
 from . import events as ev
-from .audio import AudioDecoder, AudioEncoder
+from .audio import AudioEncoder
 from .clock import Clock
 from .contracts import (
     AppendPlan,
@@ -44,6 +43,7 @@ from .conversation import (
 )
 from .errors import DuplexError
 from .fence import Fence
+from .input_buffer import InputBuffer
 from .mailbox import Mailbox, MailboxClosed, MailboxFull
 from .metrics import Metrics
 from .policy import ModelPolicy
@@ -51,7 +51,6 @@ from .responses import ActiveResponse
 from .session_config import SessionConfig, session_wire
 from .stages.base import (
     INTERNAL_RATE,
-    AudioIn,
     AudioOut,
     ContextMessage,
     GenerateRequest,
@@ -88,10 +87,6 @@ class SessionLimits:
     max_buffer_ms: int = 10 * 60 * 1000  # uncommitted input audio
 
 
-# Audio kept before a speech onset beyond prefix_padding_ms, for VAD latency.
-IDLE_SLACK_MS = 1000
-
-
 class DuplexSession:
     def __init__(
         self,
@@ -124,10 +119,7 @@ class DuplexSession:
         )
         self._seq = 0
         self._items: list[ConversationItem] = []
-        self._decoder = AudioDecoder(config.input_format)
-        self._buffer: deque[np.ndarray] = deque()
-        self._buffer_samples = 0
-        self._input_samples = 0  # timeline of all appended input, for VAD timestamps
+        self._input = InputBuffer(config.input_format, max_ms=limits.max_buffer_ms)
         self._pending_user_item: str | None = None  # id minted at speech onset
         self._user_speaking = False
         self._response: ActiveResponse | None = None
@@ -264,12 +256,12 @@ class DuplexSession:
         if isinstance(c, cmd.AudioAppend):
             await self._append_audio(c.audio, received_at)
         elif isinstance(c, cmd.AudioCommit):
-            if self._buffer_samples == 0:
+            if self._input.samples == 0:
                 raise DuplexError("input_audio_buffer_empty",
                                   "the input audio buffer is empty: append audio before committing")
             await self._commit_input()
         elif isinstance(c, cmd.AudioClear):
-            self._clear_buffer()
+            self._input.clear()
             self._emit(ev.InputAudioBufferCleared())
         elif isinstance(c, cmd.SessionUpdate):
             await self._update(c)
@@ -318,8 +310,7 @@ class DuplexSession:
                               param="session.output_modalities")
         old = self._config
         self._config = new
-        if new.input_format != old.input_format:
-            self._decoder = AudioDecoder(new.input_format)
+        self._input.set_format(new.input_format)
         if td is not None and td != old.turn_detection:
             await self._execute(self.policy.plan_append(self, self._vad_config()), None)
         self._emit(ev.SessionUpdated(session=self.session_object()))
@@ -333,53 +324,21 @@ class DuplexSession:
     # ---- input ------------------------------------------------------------
 
     async def _append_audio(self, data: bytes, received_at: float | None) -> None:
-        pcm = self._decoder.decode(data)
-        if pcm.size == 0:
+        chunk = self._input.append(data)
+        if chunk is None:
             return
-        if self._buffer_samples + pcm.size > self.limits.max_buffer_ms * INTERNAL_RATE // 1000:
-            raise DuplexError("resource_exhausted",
-                              f"the input audio buffer is full ({self.limits.max_buffer_ms} ms); "
-                              "commit or clear it", param="audio")
-        self._buffer.append(pcm)
-        self._buffer_samples += pcm.size
-        if self._config.turn_detection is not None and not self._user_speaking:
-            self._trim_idle_buffer()
-        # Derived from a sample count, not summed per chunk: rounding must not drift.
-        chunk = AudioIn(pcm=pcm, start_ms=self._input_samples * 1000 // INTERNAL_RATE)
-        self._input_samples += pcm.size
+        td = self._config.turn_detection
+        if td is not None and not self._user_speaking:
+            self._input.trim_idle(td.prefix_padding_ms)
         await self._execute(self.policy.plan_append(self, chunk), received_at)
 
-    def _trim_idle_buffer(self) -> None:
-        """Between turns under server VAD, keep only what a turn can still
-        claim (prefix padding plus slack for VAD latency): silence must not
-        grow memory."""
-        td = self._config.turn_detection
-        assert td is not None
-        keep = (td.prefix_padding_ms + IDLE_SLACK_MS) * INTERNAL_RATE // 1000
-        while self._buffer and self._buffer_samples - self._buffer[0].size >= keep:
-            self._buffer_samples -= self._buffer.popleft().size
-
-    def _clear_buffer(self) -> None:
-        self._buffer.clear()
-        self._buffer_samples = 0
-
     async def _commit_input(self) -> None:
-        # The resampler holds the last few ms of input: they belong to this turn.
-        try:
-            tail = self._decoder.flush()
-        except DuplexError as err:  # an odd PCM16 byte count: report it, keep the turn
+        audio, errors = self._input.commit()
+        for err in errors:  # e.g. an odd PCM16 byte count: reported, the turn is kept
             self._error(err)
-            tail = self._decoder.flush()
-        if tail.size:
-            self._buffer.append(tail)
-            self._buffer_samples += tail.size
-            self._input_samples += tail.size
-        self._decoder = AudioDecoder(self._config.input_format)
         item_id = self._pending_user_item or new_id("item")
         self._pending_user_item = None
-        audio_ms = int(self._buffer_samples * 1000 // INTERNAL_RATE)
-        audio = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int16)
-        self._clear_buffer()
+        audio_ms = int(audio.size * 1000 // INTERNAL_RATE)
         item = ConversationItem(id=item_id, type=ItemType.MESSAGE, role=Role.USER,
                                 content=[ContentPart(type="input_audio", audio_ms=audio_ms)])
         previous = self._append_item(item)
@@ -571,7 +530,7 @@ class DuplexSession:
             await self._interrupt(decision.interrupt, received_at)
         if decision.forward:
             await self.pipeline.forward(out)
-        if decision.commit_turn and self._buffer_samples > 0:
+        if decision.commit_turn and self._input.samples > 0:
             await self._commit_input()
         if decision.create_response and self._response is None:
             await self._create_response(cmd.ResponseOptions())

@@ -257,7 +257,7 @@ async def test_silence_under_server_vad_does_not_grow_the_buffer(engine):
     session.deliver(cmd.ItemRetrieve(item_id="x"))  # a sentinel behind the audio
     await next_event(session, "error")
     td = session.config.turn_detection
-    assert session._buffer_samples <= (td.prefix_padding_ms + 1000 + 20) * 16
+    assert session._input.samples <= (td.prefix_padding_ms + 1000 + 20) * 16
     await engine.end_session(session, "test")
 
 
