@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
 from . import commands as cmd
 from . import events as ev
 from .audio import AudioEncoder
