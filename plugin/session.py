@@ -520,6 +520,12 @@ class DuplexSession:
         if not self.gate.admit(out):  # the one place stale outputs are dropped
             self.metrics.stale_dropped.inc(stage=out.stage)
             return
+        if isinstance(out.payload, StageFailed) and out.payload.error.spec.terminal:
+            # e.g. engine_dead: one terminal error, then the session ends
+            # (whatever the policy would have decided).
+            self._render_output(out.payload)
+            await self.close(out.payload.error.code)
+            return
         decision = self.policy.decide_output(self, out)
         if decision.emit:
             self._render_output(out.payload if decision.render is None else decision.render)

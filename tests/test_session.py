@@ -298,3 +298,18 @@ async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
     assert context[-1].role == "assistant" and context[-1].text == "Hello from the scripted"
     await engine.end_session(session, "test")
     await engine.stop()
+
+
+async def test_a_terminal_stage_failure_ends_the_session_with_one_error(engine):
+    from vllm_duplex.errors import DuplexError
+    from vllm_duplex.stages.base import StageFailed
+
+    session = await engine.open_realtime_session(None)
+    dead = DuplexError("engine_dead", "the vLLM engine died")
+    fence = session.fence
+    await session._enqueue_output(StageOutput(fence, fence.request_id("llm"), "llm", StageFailed(dead)))
+    err = await next_event(session, "error")
+    assert err.event.error.code == "engine_dead" and err.event.error.to_wire()["retryable"]
+    await asyncio.wait_for(session.closed.wait(), 5)
+    assert session.close_reason == "engine_dead"
+    await engine.end_session(session, "test")
