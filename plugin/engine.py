@@ -95,6 +95,14 @@ class DuplexEngine:
     def model(self) -> str:
         return self.config.model
 
+    def stage_health(self) -> dict[str, bool]:
+        """Per stage: can it serve? (a dead vLLM engine says no)."""
+        return {s.name: bool(getattr(s, "healthy", True)) for s in self.stages}
+
+    @property
+    def healthy(self) -> bool:
+        return all(self.stage_health().values())
+
     async def start(self) -> None:
         await self.manager.start()
 

@@ -72,8 +72,12 @@ def create_app(engine: DuplexEngine) -> Starlette:
             await engine.stop()
 
     async def health(request: Request):
-        return JSONResponse({"status": "ok", "instance_id": engine.manager.instance_id,
-                             "sessions": len(engine.manager)})
+        stages = engine.stage_health()
+        healthy = all(stages.values())
+        return JSONResponse({"status": "ok" if healthy else "unhealthy", "stages": stages,
+                             "instance_id": engine.manager.instance_id,
+                             "sessions": len(engine.manager)},
+                            status_code=200 if healthy else 503)
 
     async def metrics(request: Request):
         return PlainTextResponse(engine.metrics.render(),
