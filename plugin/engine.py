@@ -5,6 +5,7 @@ manager, the clock and the metrics. Transports open sessions through it.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -21,17 +22,29 @@ from .stages.base import Stage
 StageFactory = Callable[[StageSpec, Clock], Stage]
 
 
-def _scripted_factories() -> dict[str, StageFactory]:
-    from .stages import scripted
+def _lazy(target: str) -> StageFactory:
+    """A factory that imports its stage class only when a config uses it, so
+    a scripted deployment never imports vLLM or torch."""
 
-    return {
-        "energy_vad": lambda spec, clock: scripted.EnergyVadStage(clock=clock, **spec.options),
-        "scripted_llm": lambda spec, clock: scripted.ScriptedLlmStage(clock=clock, **spec.options),
-        "tone_tts": lambda spec, clock: scripted.ToneTtsStage(clock=clock, **spec.options),
-    }
+    def factory(spec: StageSpec, clock: Clock) -> Stage:
+        module, _, name = target.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        return cls(clock=clock, **spec.options)
+
+    return factory
 
 
-STAGE_FACTORIES: dict[str, StageFactory] = {}
+# Stage types a deployment config can name (``stages: [{type: ...}]``).
+STAGE_FACTORIES: dict[str, StageFactory] = {
+    "energy_vad": _lazy("vllm_duplex.stages.scripted:EnergyVadStage"),
+    "scripted_llm": _lazy("vllm_duplex.stages.scripted:ScriptedLlmStage"),
+    "tone_tts": _lazy("vllm_duplex.stages.scripted:ToneTtsStage"),
+    "silero_vad": _lazy("vllm_duplex.stages.silero_vad:SileroVadStage"),
+    "pocketsphinx": _lazy("vllm_duplex.stages.pocketsphinx_asr:PocketSphinxAsrStage"),
+    "vllm": _lazy("vllm_duplex.stages.vllm_llm:VllmLlmStage"),
+    "flite": _lazy("vllm_duplex.stages.tts:FliteTtsStage"),
+    "espeak": _lazy("vllm_duplex.stages.tts:EspeakTtsStage"),
+}
 
 
 def register_stage_type(name: str, factory: StageFactory) -> None:
@@ -39,11 +52,11 @@ def register_stage_type(name: str, factory: StageFactory) -> None:
 
 
 def build_stage(spec: StageSpec, clock: Clock) -> Stage:
-    factories = {**_scripted_factories(), **STAGE_FACTORIES}
     try:
-        factory = factories[spec.type]
+        factory = STAGE_FACTORIES[spec.type]
     except KeyError:
-        raise ValueError(f"unknown stage type {spec.type!r}; known: {sorted(factories)}") from None
+        raise ValueError(
+            f"unknown stage type {spec.type!r}; known: {sorted(STAGE_FACTORIES)}") from None
     return factory(spec, clock)
 
 
