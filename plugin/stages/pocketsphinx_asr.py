@@ -8,9 +8,11 @@ the end. Decoders are not thread-safe, so each is used by one session's
 serial worker at a time, on the stage's worker threads (never on the loop).
 
 Utterance boundaries:
-- ``VadSpeechStarted(onset)`` opens one and decodes from ``onset`` (the port
-  keeps the last ``prebuffer_ms`` of audio, so the VAD's prefix padding and
-  its detection delay are decoded too); ``VadSpeechStopped`` ends it.
+- ``VadSpeechStarted(onset)`` opens one and decodes from ``onset``. The
+  event reaches us after the audio it describes (prefix padding + the VAD's
+  minimum speech + its queueing lag), so the port keeps the last
+  ``prebuffer_ms`` of audio (2 s = 64 KB: generous, because a VAD running
+  behind must not cost the first words); ``VadSpeechStopped`` ends it.
 - Without a VAD, ``AudioIn`` opens one and ``EndOfUtterance`` ends it.
 ``vad_gated`` picks the rule: True = only VAD events open utterances; False =
 audio does too; None (default) = audio does until the first VAD event, from
@@ -27,9 +29,10 @@ import os
 import re
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -50,6 +53,7 @@ from .base import (
 from .scripted import ScriptedPort, ScriptedStage
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SPMS = INTERNAL_RATE // 1000  # samples per ms
 INBOX_SIZE = 64  # chunks queued per session before submit() waits (backpressure)
@@ -243,7 +247,7 @@ class PocketSphinxAsrStage(ScriptedStage):
         *,
         clock: Clock,
         partial_interval_ms: int = 200,
-        prebuffer_ms: int = 1000,
+        prebuffer_ms: int = 2000,
         vad_gated: bool | None = None,
         prewarm: int = 1,
         max_idle_decoders: int = 4,
@@ -266,10 +270,10 @@ class PocketSphinxAsrStage(ScriptedStage):
     def port(self, session_id: str) -> StagePort:
         return _AsrPort(self, session_id)
 
-    async def run(self, fn: Any, *args: Any) -> Any:
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def run_later(self, fn: Any) -> None:
+    def run_later(self, fn: Callable[[], object]) -> None:
         """Fire and forget on the workers; dropped if the stage is closed."""
         try:
             self._executor.submit(fn)
@@ -318,17 +322,28 @@ class _AsrPort(ScriptedPort):
         while True:
             item = await self._inbox.get()
             try:
-                outputs = await self._stage.run(self._step, item.payload)
-            except Exception as exc:
-                log.exception("stage %s failed on %s", self.name, item.request_id)
-                self._stage.failed_requests += 1
-                error = DuplexError("stage_failed", f"stage {self.name!r} failed: {exc!r}")
-                await self._emit(item.fence, item.request_id, StageFailed(error))
-                continue
-            for out in outputs:
-                if isinstance(out, TranscriptFinal):
-                    self._stage.completed_requests += 1
-                await self._emit(item.fence, item.request_id, out)
+                await self._process(item)
+            finally:
+                self._inbox.task_done()
+
+    async def _process(self, item: StageInput) -> None:
+        try:
+            outputs = await self._stage.run(self._step, item.payload)
+        except Exception as exc:  # a failed chunk must not end the session's ASR
+            log.exception("stage %s failed on %s", self.name, item.request_id)
+            self._stage.failed_requests += 1
+            error = DuplexError("stage_failed", f"stage {self.name!r} failed: {exc!r}")
+            await self._emit(item.fence, item.request_id, StageFailed(error))
+            return
+        for out in outputs:
+            if isinstance(out, TranscriptFinal):
+                self._stage.completed_requests += 1
+            await self._emit(item.fence, item.request_id, out)
+
+    async def drained(self) -> None:
+        """Wait until everything submitted so far has been decoded and its
+        outputs queued (for tests and benchmarks; not part of ``StagePort``)."""
+        await self._inbox.join()
 
     async def cancel(self, fence: Fence) -> None:
         """Nothing to abort: what the user said stays said whatever happens

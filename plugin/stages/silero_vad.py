@@ -24,9 +24,11 @@ import importlib.util
 import logging
 import os
 import threading
+import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -46,6 +48,7 @@ from .base import (
 from .scripted import EnergyVad, ScriptedPort, ScriptedStage
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 WINDOW = 512  # samples per Silero window at 16 kHz (32 ms); the model accepts nothing else
 CONTEXT = 64  # trailing samples of the previous window the model expects in front
@@ -105,7 +108,9 @@ class JitSilero:
 
         torch.set_num_threads(1)  # same reason as the ONNX intra-op setting
         self._torch = torch
-        self._model = torch.jit.load(str(path), map_location="cpu").eval()._model
+        with warnings.catch_warnings():  # "torch.jit.load is deprecated": it is what ships
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._model = torch.jit.load(str(path), map_location="cpu").eval()._model
 
     def new_state(self) -> np.ndarray:
         return np.zeros((2, 1, 128), dtype=np.float32)
@@ -235,7 +240,7 @@ class SileroVadStage(ScriptedStage):
     def port(self, session_id: str) -> StagePort:
         return _SileroPort(self, session_id)
 
-    async def run(self, fn: Any, *args: Any) -> Any:
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def close(self) -> None:
@@ -261,23 +266,34 @@ class _SileroPort(ScriptedPort):
         """The session's one worker: items in submission order, model work in a thread."""
         while True:
             item = await self._inbox.get()
-            payload = item.payload
-            if isinstance(payload, VadConfig):
-                # Through the queue, not at submit: it applies from the next
-                # chunk on, in order with the audio.
-                self.vad.configure(payload)
-                continue
             try:
-                events = await self._stage.run(self.vad.feed, payload.pcm, payload.start_ms)
-            except Exception as exc:  # one bad chunk must not stop turn detection
-                log.exception("stage %s failed on %s", self.name, item.request_id)
-                self._stage.failed_requests += 1
-                error = DuplexError("stage_failed", f"stage {self.name!r} failed: {exc!r}")
-                await self._emit(item.fence, item.request_id, StageFailed(error))
-                continue
-            self._stage.completed_requests += 1
-            for event in events:
-                await self._emit(item.fence, item.request_id, event)
+                await self._process(item)
+            finally:
+                self._inbox.task_done()
+
+    async def _process(self, item: StageInput) -> None:
+        payload = item.payload
+        if isinstance(payload, VadConfig):
+            # Through the queue, not at submit: it applies from the next
+            # chunk on, in order with the audio.
+            self.vad.configure(payload)
+            return
+        try:
+            events = await self._stage.run(self.vad.feed, payload.pcm, payload.start_ms)
+        except Exception as exc:  # one bad chunk must not stop turn detection
+            log.exception("stage %s failed on %s", self.name, item.request_id)
+            self._stage.failed_requests += 1
+            error = DuplexError("stage_failed", f"stage {self.name!r} failed: {exc!r}")
+            await self._emit(item.fence, item.request_id, StageFailed(error))
+            return
+        self._stage.completed_requests += 1
+        for event in events:
+            await self._emit(item.fence, item.request_id, event)
+
+    async def drained(self) -> None:
+        """Wait until everything submitted so far has been analysed and its
+        events queued (for tests and benchmarks; not part of ``StagePort``)."""
+        await self._inbox.join()
 
     async def cancel(self, fence: Fence) -> None:
         """Nothing to abort: the audio was heard whatever the reply does, and
