@@ -6,6 +6,7 @@ manager, the clock and the metrics. Transports open sessions through it.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -121,6 +122,12 @@ class DuplexEngine:
 
     async def stop(self) -> None:
         await self.manager.stop()
+        for stage in self.stages:  # shared resources: worker threads, the vLLM engine
+            close = getattr(stage, "close", None)
+            if close is not None:
+                result = close()
+                if inspect.isawaitable(result):
+                    await result
 
     async def open_realtime_session(self, api_key: str | None) -> DuplexSession:
         """Admit (may raise ``resource_exhausted``) and start a session; it is
