@@ -86,13 +86,18 @@ async def next_reply(port: VllmLlmPort, timeout: float = 120.0) -> tuple[str, li
     """Read outputs up to the next GenerationDone (or StageFailed)."""
     outs: list[StageOutput] = []
 
+    stream = port.outputs()
+
     async def read() -> None:
-        async for out in port.outputs():
+        async for out in stream:
             outs.append(out)
             if isinstance(out.payload, (GenerationDone, StageFailed)):
                 return
 
-    await asyncio.wait_for(read(), timeout)
+    try:
+        await asyncio.wait_for(read(), timeout)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
     return "".join(o.payload.text for o in outs if isinstance(o.payload, TextDelta)), outs
 
 

@@ -39,31 +39,32 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import asyncio  # noqa: E402
-import inspect  # noqa: E402
-import itertools  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import re  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from collections import deque  # noqa: E402
-from collections.abc import AsyncIterator, Sequence  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any, ClassVar  # noqa: E402
+# ruff: noqa: E402  (the imports below must follow the environment defaults)
+import asyncio
+import inspect
+import itertools
+import json
+import logging
+import re
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
 
-from vllm import SamplingParams  # noqa: E402
-from vllm.engine.protocol import EngineClient, StreamingInput  # noqa: E402
-from vllm.inputs import tokens_input  # noqa: E402
-from vllm.outputs import RequestOutput  # noqa: E402
-from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams  # noqa: E402
-from vllm.v1.engine.exceptions import EngineDeadError  # noqa: E402
+from vllm import SamplingParams
+from vllm.engine.protocol import EngineClient, StreamingInput
+from vllm.inputs import tokens_input
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.v1.engine.exceptions import EngineDeadError
 
-from ..clock import Clock, MonotonicClock  # noqa: E402
-from ..errors import DuplexError  # noqa: E402
-from ..fence import Fence  # noqa: E402
-from .base import (  # noqa: E402
+from ..clock import Clock, MonotonicClock
+from ..errors import DuplexError
+from ..fence import Fence
+from .base import (
     ContextMessage,
     GenerateRequest,
     GenerationDone,
@@ -84,6 +85,11 @@ _CLOSED: Any = object()
 _PREFILL: Any = object()  # a pending prefill chunk: one sampled token that vLLM drops
 _TOOL_TEXT = re.compile(r"^\s*(?:<tool_call>|```(?:json)?)?\s*(\{.*\})\s*(?:</tool_call>|```)?\s*$", re.S)
 _TOOL_STARTS = ("{", "<tool_call>", "```")
+# SamplingConfig.extra keys passed on to SamplingParams. Not logprobs: asking
+# for them in a later chunk than the first crashes vLLM 0.32's output handler
+# (engine-wide: logprobs state is set up from a request's first chunk only).
+EXTRA_SAMPLING = frozenset({"top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                            "frequency_penalty", "ignore_eos", "min_tokens", "stop_token_ids"})
 
 
 def _prefill_params() -> SamplingParams:
@@ -93,42 +99,33 @@ def _prefill_params() -> SamplingParams:
                           output_kind=RequestOutputKind.DELTA)
 
 
-def _tool_names(tools: Sequence[dict[str, Any]]) -> set[str]:
+def _function(tool: dict[str, Any]) -> dict[str, Any]:
     # OpenAI Realtime/Responses shape {"type": "function", "name": ...} or the
     # Chat Completions shape {"type": "function", "function": {"name": ...}}.
-    return {str((t.get("function") or t).get("name")) for t in tools}
+    return tool.get("function") or tool
 
 
 def parse_tool_call(text: str, tools: Sequence[dict[str, Any]]) -> tuple[str, str] | None:
     """``(name, arguments JSON)`` when ``text`` is one JSON call of a known tool
     (bare, fenced, or in ``<tool_call>`` tags), else None."""
     m = _TOOL_TEXT.match(text)
-    if not m:
-        return None
     try:
-        obj = json.loads(m.group(1))
+        obj = json.loads(m.group(1)) if m else None
     except ValueError:
         return None
-    if not isinstance(obj, dict):
+    if isinstance(obj, dict) and isinstance(obj.get("function"), dict):
+        obj = obj["function"]
+    if not isinstance(obj, dict) or obj.get("name") not in {_function(t).get("name") for t in tools}:
         return None
-    obj = obj.get("function", obj) if isinstance(obj.get("function"), dict) else obj
-    name = obj.get("name")
     args = obj.get("arguments", obj.get("parameters", {}))
-    if not isinstance(name, str) or name not in _tool_names(tools):
-        return None
-    return name, args if isinstance(args, str) else json.dumps(args)
+    return obj["name"], args if isinstance(args, str) else json.dumps(args)
 
 
 def tool_call_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """JSON schema of one call to any of ``tools`` (for constrained decoding)."""
-    calls = []
-    for t in tools:
-        fn = t.get("function") or t
-        calls.append({"type": "object", "properties": {
-            "name": {"const": fn["name"]},
-            "arguments": fn.get("parameters") or {"type": "object"}},
-            "required": ["name", "arguments"]})
-    return {"anyOf": calls}
+    return {"anyOf": [{"type": "object", "required": ["name", "arguments"], "properties": {
+        "name": {"const": _function(t)["name"]},
+        "arguments": _function(t).get("parameters") or {"type": "object"}}} for t in tools]}
 
 
 # ---- the shared stage --------------------------------------------------------
@@ -250,6 +247,10 @@ class VllmLlmStage:
             engine, self._engine = self._engine, None
             engine.shutdown()
 
+    async def close(self) -> None:
+        """What ``DuplexEngine.stop`` calls on every stage."""
+        await self.shutdown()
+
     def port(self, session_id: str) -> VllmLlmPort:
         return VllmLlmPort(self, session_id)
 
@@ -306,6 +307,7 @@ class _Live:
     """A session's live vLLM request and the text its KV holds."""
 
     vllm_id: str
+    request_id: str  # the StageInput that started it (failures are reported under it)
     fence: Fence  # newest fence of the work appended to it
     streaming: bool = True  # False: a one-shot request (constrained tool call)
     inputs: asyncio.Queue[StreamingInput | None] = field(default_factory=asyncio.Queue)
@@ -389,8 +391,6 @@ class VllmLlmPort:
         self._deferred = deque(i for i in self._deferred if not i.fence.is_stale_against(fence))
         stale = [lv for lv in self._lives if lv.dropped or lv.fence.is_stale_against(fence)
                  or (lv.generation is not None and lv.generation.item.fence.is_stale_against(fence))]
-        if self._live is not None and self._live.task is None and self._live.fence.is_stale_against(fence):
-            self._drop(self._live)
         await self._abort(stale)
         await self._drain()  # input of the new fence that waited for the aborted reply
 
@@ -400,24 +400,22 @@ class VllmLlmPort:
         self._closed = True
         self._deferred.clear()
         await self._abort(list(self._lives))
-        while True:  # outputs nobody read are moot after close
-            try:
-                self._queue.put_nowait(_CLOSED)
-                return
-            except asyncio.QueueFull:
-                self._queue.get_nowait()
+        while self._queue.full():  # outputs nobody read are moot after close
+            self._queue.get_nowait()
+        self._queue.put_nowait(_CLOSED)
 
     # ---- request lifecycle -----------------------------------------------
 
     def _start(self, item: StageInput, *, streaming: bool = True) -> _Live:
         if self._live is not None:
             self._drop(self._live)
-        live = _Live(self._stage.next_request_id(item.request_id), item.fence, streaming)
+        live = _Live(self._stage.next_request_id(item.request_id), item.request_id, item.fence,
+                     streaming)
         self._live = live
         return live
 
     def _run(self, live: _Live, prompt: Any) -> None:
-        if live.task is not None:
+        if live.task is not None:  # already reading its (streaming) request
             return
         live.task = asyncio.create_task(self._consume(live, prompt), name=f"duplex-llm-{live.vllm_id}")
         self._lives.add(live)
@@ -559,6 +557,9 @@ class VllmLlmPort:
     def _sampling(self, req: GenerateRequest,
                   structured: StructuredOutputsParams | None = None) -> SamplingParams:
         s = req.sampling
+        unknown = set(s.extra) - EXTRA_SAMPLING
+        if unknown:
+            raise DuplexError("invalid_value", f"unsupported sampling options {sorted(unknown)}")
         # max_tokens is clamped to the room left in the context by _append.
         # Stop strings are enforced by the port (streaming input rejects them).
         return SamplingParams(temperature=s.temperature,
@@ -570,10 +571,7 @@ class VllmLlmPort:
 
     async def _consume(self, live: _Live, prompt: Any) -> None:
         engine = self._stage.engine
-        if live.streaming:
-            source, params = prompt, _prefill_params()
-        else:
-            source, params = prompt
+        source, params = (prompt, _prefill_params()) if live.streaming else prompt
         try:
             async for out in engine.generate(source, params, live.vllm_id):
                 if not live.dropped:
@@ -595,8 +593,6 @@ class VllmLlmPort:
             self._stage.active_requests -= 1
             if self._live is live:
                 self._live = None
-            if not live.dropped and not self._closed and self._deferred:
-                await self._drain()
 
     async def _on_output(self, live: _Live, out: RequestOutput) -> None:
         comp = out.outputs[0]
@@ -692,16 +688,17 @@ class VllmLlmPort:
 
     async def _fail(self, live: _Live, error: DuplexError) -> None:
         self._stage.failed_requests += 1
-        target = live.generation.item if live.generation is not None else None
-        fence = target.fence if target else live.fence
-        request_id = target.request_id if target else live.vllm_id.rsplit(".", 1)[0]
+        gen = live.generation
         if self._live is live:
             self._live = None
         live.dropped = True
         self._deferred.clear()
-        await self._queue.put(StageOutput(fence, request_id, self.name, StageFailed(error),
-                                          created_at=self._stage.clock.now()))
+        fence, rid = (gen.item.fence, gen.item.request_id) if gen else (live.fence, live.request_id)
+        await self._emit_at(fence, rid, StageFailed(error))
 
     async def _emit(self, item: StageInput, payload: Any) -> None:
-        await self._queue.put(StageOutput(item.fence, item.request_id, self.name, payload,
+        await self._emit_at(item.fence, item.request_id, payload)
+
+    async def _emit_at(self, fence: Fence, request_id: str, payload: Any) -> None:
+        await self._queue.put(StageOutput(fence, request_id, self.name, payload,
                                           created_at=self._stage.clock.now()))
