@@ -118,6 +118,14 @@ class DuplexEngine:
         return all(self.stage_health().values())
 
     async def start(self) -> None:
+        """Start shared stage engines (e.g. vLLM, ~20 s on a 2-core CPU) before
+        the first session, so no caller waits for them."""
+        for stage in self.stages:
+            start = getattr(stage, "start", None)
+            if start is not None:
+                result = start()
+                if inspect.isawaitable(result):
+                    await result
         await self.manager.start()
 
     async def stop(self) -> None:

@@ -221,6 +221,24 @@ async def test_reset_context_then_generate(vllm_stage: VllmLlmStage) -> None:
 
 
 @session_loop
+async def test_turn_start_reset_extends_the_live_request(vllm_stage: VllmLlmStage) -> None:
+    """The cascade policy opens every turn with ResetContext(history): when the
+    live request already holds a prefix of it, only the rest is appended."""
+    port, fence = await open_port(vllm_stage, "turnstart")
+    try:
+        first, _ = await ask(port, fence, (user(FRANCE),), "t1")
+        history = (user(FRANCE), assistant(first))
+        rebuilds, fast = vllm_stage.rebuilds, vllm_stage.fast_paths
+        await port.submit(StageInput(fence, fence.request_id("llm"), ResetContext(history)))
+        await speak(port, fence, "And of Germany?")
+        second, _ = await ask(port, fence, (*history, user("And of Germany?")), "t2")
+        assert "Berlin" in second
+        assert vllm_stage.rebuilds == rebuilds and vllm_stage.fast_paths == fast + 2
+    finally:
+        await port.close()
+
+
+@session_loop
 async def test_stop_strings_are_enforced_by_the_stage(vllm_stage: VllmLlmStage) -> None:
     port, fence = await open_port(vllm_stage, "stop")
     try:

@@ -490,9 +490,7 @@ class VllmLlmPort:
         try:
             payload = item.payload
             if isinstance(payload, ResetContext):
-                live = self._start(item)
-                live.messages = payload.context
-                self._append(live, item, self._stage.render(payload.context, False))
+                self._reset(item, payload)
             elif isinstance(payload, TextIn):
                 self._text_in(item, payload.text)
             else:
@@ -505,6 +503,26 @@ class VllmLlmPort:
             err = exc if isinstance(exc, DuplexError) else DuplexError(
                 "stage_failed", f"stage {self.name!r} failed: {exc!r}")
             await self._emit(item, StageFailed(err))
+
+    def _reset(self, item: StageInput, payload: ResetContext) -> None:
+        """Make the live request hold exactly ``payload.context``. When what it
+        holds is already a prefix of that (the usual case at the start of a
+        turn), only the rest is appended; otherwise it is rebuilt. A rollback
+        comes after a fence bump whose cancel already dropped the live request,
+        so it always rebuilds."""
+        text = self._stage.render(payload.context, False)
+        live = self._live
+        if live is not None and not live.user_turn_open and text.startswith(live.held_text):
+            self._stage.fast_paths += 1
+            live.messages = payload.context
+            if len(text) > len(live.held_text):
+                self._append(live, item, text[len(live.held_text):])
+            return
+        if live is not None:
+            self._stage.rebuilds += 1
+        live = self._start(item)
+        live.messages = payload.context
+        self._append(live, item, text)
 
     def _text_in(self, item: StageInput, text: str) -> None:
         live = self._live
