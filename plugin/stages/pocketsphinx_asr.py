@@ -130,6 +130,7 @@ class Recognizer:
         self._fed_until = 0
         self._since_partial = 0
         self._last_partial = ""
+        self._cmn = ""  # the decoder's cepstral mean when the open utterance began
 
     @property
     def in_utterance(self) -> bool:
@@ -140,7 +141,13 @@ class Recognizer:
     def audio(self, pcm: np.ndarray, start_ms: int) -> list[Any]:
         pcm = np.asarray(pcm, dtype=np.int16).ravel()
         start = start_ms * SPMS
-        if self._end is not None and start <= self._end - SPMS:
+        if self._end is not None and self._end - SPMS < start <= self._end:
+            # Contiguous: start_ms is whole ms, so it trails the true sample
+            # position by up to a ms. Taking it literally would skip those
+            # samples as "already fed" -- a few samples lost every chunk,
+            # which is enough to make PocketSphinx mishear.
+            start = self._end
+        elif self._end is not None and start <= self._end - SPMS:
             self._recent.clear()  # rewound: a new audio stream, old audio is not before it
             self._recent_samples = 0
             self._fed_until = start
@@ -189,6 +196,10 @@ class Recognizer:
 
     def _open(self, start: int, *, by_vad: bool) -> None:
         self._decoder = self.pool.acquire()
+        # Live CMN learns from every utterance at end_utt; one we throw away
+        # (mostly silence, opened before the VAD spoke) must not teach it, or
+        # the real utterance starts with a mean fit to silence and is misheard.
+        self._cmn = self._decoder.get_cmn()
         self._decoder.start_utt()
         self._opened_by_vad = by_vad
         self._fed_until = start
@@ -224,9 +235,11 @@ class Recognizer:
         return TranscriptFinal(clean_hypothesis(hyp.hypstr) if hyp is not None else "")
 
     def _close(self) -> None:
+        """Abandon the open utterance, leaving the decoder as it was before it."""
         decoder, self._decoder = self._decoder, None
         try:
             decoder.end_utt()
+            decoder.set_cmn(self._cmn)
         finally:
             self.pool.release(decoder)
 

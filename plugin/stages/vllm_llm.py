@@ -41,15 +41,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # ruff: noqa: E402  (the imports below must follow the environment defaults)
 import asyncio
-import inspect
 import itertools
-import json
 import logging
-import re
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -67,29 +64,20 @@ from ..fence import Fence
 from .base import (
     ContextMessage,
     GenerateRequest,
-    GenerationDone,
     ResetContext,
     StageFailed,
     StageInput,
     StageOutput,
-    TextDelta,
     TextIn,
-    ToolCall,
 )
+from .vllm_text import ChatTemplate, Reply, sampling_options, tool_call_schema
+from .vllm_text import parse_tool_call as parse_tool_call  # re-exported: tests import it from here
 
 log = logging.getLogger(__name__)
 
 OUTPUT_QUEUE_SIZE = 256  # backpressure: the consumer task waits when the session lags
-SENTINEL = "VLLMDUPLEXSENTINEL"  # rendered as a user message to find a template's user prefix
 _CLOSED: Any = object()
 _PREFILL: Any = object()  # a pending prefill chunk: one sampled token that vLLM drops
-_TOOL_TEXT = re.compile(r"^\s*(?:<tool_call>|```(?:json)?)?\s*(\{.*\})\s*(?:</tool_call>|```)?\s*$", re.S)
-_TOOL_STARTS = ("{", "<tool_call>", "```")
-# SamplingConfig.extra keys passed on to SamplingParams. Not logprobs: asking
-# for them in a later chunk than the first crashes vLLM 0.32's output handler
-# (engine-wide: logprobs state is set up from a request's first chunk only).
-EXTRA_SAMPLING = frozenset({"top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                            "frequency_penalty", "ignore_eos", "min_tokens", "stop_token_ids"})
 
 
 def _prefill_params() -> SamplingParams:
@@ -99,39 +87,10 @@ def _prefill_params() -> SamplingParams:
                           output_kind=RequestOutputKind.DELTA)
 
 
-def _function(tool: dict[str, Any]) -> dict[str, Any]:
-    # OpenAI Realtime/Responses shape {"type": "function", "name": ...} or the
-    # Chat Completions shape {"type": "function", "function": {"name": ...}}.
-    return tool.get("function") or tool
-
-
-def parse_tool_call(text: str, tools: Sequence[dict[str, Any]]) -> tuple[str, str] | None:
-    """``(name, arguments JSON)`` when ``text`` is one JSON call of a known tool
-    (bare, fenced, or in ``<tool_call>`` tags), else None."""
-    m = _TOOL_TEXT.match(text)
-    try:
-        obj = json.loads(m.group(1)) if m else None
-    except ValueError:
-        return None
-    if isinstance(obj, dict) and isinstance(obj.get("function"), dict):
-        obj = obj["function"]
-    if not isinstance(obj, dict) or obj.get("name") not in {_function(t).get("name") for t in tools}:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    return obj["name"], args if isinstance(args, str) else json.dumps(args)
-
-
-def tool_call_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """JSON schema of one call to any of ``tools`` (for constrained decoding)."""
-    return {"anyOf": [{"type": "object", "required": ["name", "arguments"], "properties": {
-        "name": {"const": _function(t)["name"]},
-        "arguments": _function(t).get("parameters") or {"type": "object"}}} for t in tools]}
-
-
 # ---- the shared stage --------------------------------------------------------
 
 
-class VllmLlmStage:
+class VllmLlmStage(ChatTemplate):
     """Owns (or borrows) the engine; ``port(session_id)`` gives a session's port.
 
     ``engine`` may be an already running engine client (e.g. the one ``vllm
@@ -205,8 +164,7 @@ class VllmLlmStage:
             started = time.monotonic()
             if self._engine is None:
                 self._engine = await asyncio.to_thread(self._build_engine)
-            tok = self._engine.get_tokenizer()
-            self._tokenizer = await tok if inspect.isawaitable(tok) else tok
+            await self._load_tokenizer(self._engine)
             # One token through the engine: starts its output handler on this
             # loop (it must exist before sessions) and proves the engine works.
             warm = self._prefill_ids(self.render((ContextMessage("user", "Hi"),), True))
@@ -257,49 +215,8 @@ class VllmLlmStage:
     def next_request_id(self, request_id: str) -> str:
         return f"{request_id}.{next(self._ids)}"
 
-    # ---- chat template (tokenization of a few words runs on the loop) ------
-
-    def render(self, messages: Sequence[ContextMessage], generation_prompt: bool,
-               tools: Sequence[dict[str, Any]] = ()) -> str:
-        kwargs: dict[str, Any] = {"tools": list(tools)} if tools else {}
-        return self._tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.text} for m in messages], tokenize=False,
-            add_generation_prompt=generation_prompt, **kwargs)
-
-    def _prefill_ids(self, text: str) -> list[int]:
-        # The chat template already spells out BOS/special tokens as text.
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def user_opener(self, messages: Sequence[ContextMessage], held_text: str) -> str | None:
-        """Text that opens a user message after ``held_text`` (the render of
-        ``messages``, possibly ending in an unclosed reply). Found generically
-        by rendering a sentinel user message and cutting at it; None when the
-        template does not extend ``held_text`` that way."""
-        probe = self.render((*messages, ContextMessage("user", SENTINEL)), False)
-        cut = probe.find(SENTINEL)
-        if cut < len(held_text) or not probe.startswith(held_text):
-            return None
-        return probe[len(held_text):cut]
-
 
 # ---- per-session state -------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Generation:
-    """One reply in flight: outputs go out under ``item``'s fence and id."""
-
-    item: StageInput
-    request: GenerateRequest
-    base_text: str  # what the request holds once the prompt is in (prompt included)
-    base_len: int
-    ids: list[int] = field(default_factory=list)
-    sent: int = 0  # characters of the decoded reply already emitted
-    tool_hold: bool = False  # buffering what may become a tool call
-    done: bool = False
 
 
 @dataclass(eq=False)
@@ -315,8 +232,8 @@ class _Live:
     held_len: int = 0
     messages: tuple[ContextMessage, ...] = ()  # the conversation held_text renders
     user_turn_open: bool = False  # a TextIn opened a user message nothing closed yet
-    pending: deque[Any] = field(default_factory=deque)  # _PREFILL | _Generation, in order
-    generation: _Generation | None = None
+    pending: deque[Any] = field(default_factory=deque)  # _PREFILL | Reply, in order
+    generation: Reply | None = None
     dropped: bool = False
     abort_sent: bool = False
     task: asyncio.Task[None] | None = None
@@ -454,7 +371,7 @@ class VllmLlmPort:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _append(self, live: _Live, item: StageInput, text: str, gen: _Generation | None = None,
+    def _append(self, live: _Live, item: StageInput, text: str, gen: Reply | None = None,
                 params: SamplingParams | None = None) -> None:
         """Append ``text`` to ``live`` as one chunk (a prefill, or ``gen``'s prompt)."""
         ids = self._stage._prefill_ids(text)
@@ -550,7 +467,7 @@ class VllmLlmPort:
     def _generate(self, item: StageInput, req: GenerateRequest) -> None:
         stage = self._stage
         prompt = stage.render(req.context, True, req.tools)
-        gen = _Generation(item, req, "", 0)
+        gen = Reply(item, req, "", 0)
         if (req.tools and stage.constrain_tools and req.context
                 and req.context[-1].role == "user"):
             params = self._sampling(req, StructuredOutputsParams(json=tool_call_schema(req.tools)))
@@ -574,16 +491,10 @@ class VllmLlmPort:
 
     def _sampling(self, req: GenerateRequest,
                   structured: StructuredOutputsParams | None = None) -> SamplingParams:
-        s = req.sampling
-        unknown = set(s.extra) - EXTRA_SAMPLING
-        if unknown:
-            raise DuplexError("invalid_value", f"unsupported sampling options {sorted(unknown)}")
         # max_tokens is clamped to the room left in the context by _append.
-        # Stop strings are enforced by the port (streaming input rejects them).
-        return SamplingParams(temperature=s.temperature,
-                              max_tokens=s.max_tokens or self._stage.default_max_tokens,
-                              seed=s.seed, detokenize=False, structured_outputs=structured,
-                              output_kind=RequestOutputKind.DELTA, **s.extra)
+        return SamplingParams(detokenize=False, structured_outputs=structured,
+                              output_kind=RequestOutputKind.DELTA,
+                              **sampling_options(req.sampling, self._stage.default_max_tokens))
 
     # ---- outputs ---------------------------------------------------------
 
@@ -632,61 +543,24 @@ class VllmLlmPort:
         if (ids and comp.finish_reason is not None) or out.finished:
             await self._finish(live, gen, comp.finish_reason or "abort")
 
-    async def _feed(self, live: _Live, gen: _Generation, new_ids: list[int]) -> None:
-        gen.ids.extend(new_ids)
-        text = self._stage.decode(gen.ids)
-        stops = gen.request.sampling.stop
-        hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-        if hits:
-            await self._send_text(gen, text[:min(hits)], final=True)
+    async def _feed(self, live: _Live, gen: Reply, new_ids: list[int]) -> None:
+        out, stopped = gen.update(new_ids, self._stage)
+        if out is not None:
+            await self._emit(gen.item, out)
+        if stopped:
             await self._finish(live, gen, "stop", stopped=True)
-            return
-        if text.endswith("\ufffd"):
-            return  # an incomplete UTF-8 sequence: wait for its next token
-        # Hold back what could still become a stop string.
-        keep = max((len(s) - 1 for s in stops), default=0)
-        await self._send_text(gen, text[:len(text) - keep] if keep else text, final=False)
 
-    async def _send_text(self, gen: _Generation, text: str, *, final: bool) -> None:
-        if gen.request.tools and gen.sent == 0 and not final:
-            head = text.lstrip()
-            # A reply that may be a tool call is buffered until it ends.
-            if not head or head.startswith(_TOOL_STARTS) or any(s.startswith(head) for s in _TOOL_STARTS):
-                gen.tool_hold = True
-                return
-            gen.tool_hold = False
-        if gen.tool_hold and not final:
-            return
-        if gen.tool_hold and final:
-            call = parse_tool_call(text, gen.request.tools)
-            if call is not None:
-                gen.sent = len(text)
-                await self._emit(gen.item, ToolCall(gen.request.response_id,
-                                                    f"call_{uuid.uuid4().hex[:24]}", *call))
-                return
-        if len(text) > gen.sent:
-            delta, gen.sent = text[gen.sent:], len(text)
-            await self._emit(gen.item, TextDelta(gen.request.response_id, delta))
-
-    async def _finish(self, live: _Live, gen: _Generation, reason: str, *,
+    async def _finish(self, live: _Live, gen: Reply, reason: str, *,
                       stopped: bool = False) -> None:
         gen.done = True
         live.generation = None
         if live.pending and live.pending[0] is gen:
             live.pending.popleft()
-        if not stopped:
-            await self._send_text(gen, self._stage.decode(gen.ids), final=True)
-        # The KV now holds the prompt and every reply token but the last
-        # sampled one (vLLM drops it when the next chunk arrives).
-        kept = gen.ids[:-1]
-        live.held_text = gen.base_text + self._stage.decode(kept, skip_special_tokens=False)
-        live.held_len = gen.base_len + len(kept)
-        live.messages = (*gen.request.context,
-                         ContextMessage("assistant", self._stage.decode(gen.ids)))
+        if not stopped and (out := gen.send(self._stage.decode(gen.ids), final=True)) is not None:
+            await self._emit(gen.item, out)
+        live.held_text, live.held_len, live.messages = gen.held(self._stage)
         self._stage.completed_requests += 1
-        await self._emit(gen.item, GenerationDone(gen.request.response_id, reason,
-                                                  input_tokens=gen.base_len,
-                                                  output_tokens=len(gen.ids)))
+        await self._emit(gen.item, gen.ended(reason))
         if stopped:
             # A stop string cannot end a streaming chunk early: abort the
             # request (``_consume`` sends it; the next turn rebuilds from the
