@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-DEFAULT_CONFIG = "scripted"
+DEFAULT_CONFIG = "cascade-cpu"  # `vllm-duplex serve` with no arguments
 CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parent.parent / "configs")
 
 

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve a deployment config over HTTP/WebSocket")
     serve.add_argument("--config", default=None,
-                       help="a YAML path or a name in configs/ (default: scripted)")
+                       help="a YAML path or a name in configs/ (default: cascade-cpu)")
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--log-level", default="warning")

@@ -155,6 +155,10 @@ async def _talk(args: argparse.Namespace, samples: np.ndarray, wav_rate: int) ->
     return 0
 
 
+_TEXT_DELTAS = ("response.output_audio_transcript.delta", "response.output_text.delta",
+                "response.audio_transcript.delta", "response.text.delta")
+
+
 def _report(result: ResponseResult, user: dict[str, Any] | None, ref_t: float,
             in_s: float, out_rate: int, manual: bool) -> None:
     if user is not None:
@@ -167,6 +171,10 @@ def _report(result: ResponseResult, user: dict[str, Any] | None, ref_t: float,
     ref = "commit" if manual else "speech_stopped"
     ttfa = f"{(first['_recv_t'] - ref_t) * 1000:.0f} ms" if first else "n/a (no audio)"
     print(f"TTFA ({ref} -> first audio): {ttfa}")
+    # The first word of the reply: the LLM's time to first token as the client sees it.
+    word = next((e for e in result.events if e.get("type") in _TEXT_DELTAS), None)
+    if word is not None:
+        print(f"LLM TTFT ({ref} -> first reply text): {(word['_recv_t'] - ref_t) * 1000:.0f} ms")
     print(f"end of input ({ref}) -> response.done: {(done_t - ref_t) * 1000:.0f} ms")
     print(f"audio in: {in_s:.2f} s, out: {out_s:.2f} s")
     if out_s > 0:  # < 1 means the reply was produced faster than it plays

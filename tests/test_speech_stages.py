@@ -379,7 +379,7 @@ class SlowTts(SubprocessTtsStage):
 
     binary = "sleep"
 
-    def command(self, text: str) -> tuple[list[str], bytes | None]:
+    def command(self, text: str, wav_path: str) -> tuple[list[str], bytes | None]:
         return ["sleep", "30"], None
 
 
@@ -415,3 +415,18 @@ async def test_cancel_stops_flite_audio_of_the_old_fence():
     await coll.close()
     assert all(o.fence == new for o in coll.items[seen:])
     assert not any(isinstance(p, SpeechDone) and p.response_id == "r1" for p in coll.payloads)
+
+
+def test_flite_synthesizes_under_uvloop():
+    """The CLI server runs on uvloop, whose child processes get a socket, not a
+    pipe, as stdout: /dev/stdout cannot be opened there (a real bug we had)."""
+    import uvloop
+
+    from vllm_duplex.clock import MonotonicClock
+
+    async def speak() -> np.ndarray:
+        return await FliteTtsStage(clock=MonotonicClock()).synthesize("Hello there.")
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        pcm = runner.run(speak())
+    assert pcm.size > 8000 and np.abs(pcm).max() > 1000

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -138,7 +139,7 @@ class SubprocessTtsStage(ScriptedStage):
         self.killed_processes = 0  # synthesizers killed by cancel/close
         self.synthesized = 0  # pieces synthesized
 
-    def command(self, text: str) -> tuple[list[str], bytes | None]:
+    def command(self, text: str, wav_path: str) -> tuple[list[str], bytes | None]:
         """argv, and what to write to its stdin (None: nothing)."""
         raise NotImplementedError
 
@@ -147,22 +148,30 @@ class SubprocessTtsStage(ScriptedStage):
 
     async def synthesize(self, text: str) -> np.ndarray:
         """``text`` (already sanitized) -> int16 PCM at ``self.rate``."""
-        argv, stdin = self.command(text)
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        fd, wav_path = tempfile.mkstemp(prefix="duplex-tts-", suffix=".wav")
+        os.close(fd)
         try:
-            async with asyncio.timeout(SYNTH_TIMEOUT_S):
-                out, err = await proc.communicate(stdin)
-        except BaseException:  # cancelled (barge-in) or timed out: stop it now
-            if proc.returncode is None:
-                proc.kill()
-                self.killed_processes += 1
-            await asyncio.shield(proc.wait())
-            raise
-        if proc.returncode != 0:
-            raise RuntimeError(f"{self.binary} exited with {proc.returncode}: "
-                               f"{err.decode(errors='replace').strip()[:200]}")
+            argv, stdin = self.command(text, wav_path)
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                async with asyncio.timeout(SYNTH_TIMEOUT_S):
+                    out, err = await proc.communicate(stdin)
+            except BaseException:  # cancelled (barge-in) or timed out: stop it now
+                if proc.returncode is None:
+                    proc.kill()
+                    self.killed_processes += 1
+                await asyncio.shield(proc.wait())
+                raise
+            if proc.returncode != 0:
+                raise RuntimeError(f"{self.binary} exited with {proc.returncode}: "
+                                   f"{err.decode(errors='replace').strip()[:200]}")
+            if os.path.getsize(wav_path):  # the synthesizer wrote the file, not stdout
+                with open(wav_path, "rb") as f:
+                    out = f.read()
+        finally:
+            os.unlink(wav_path)
         pcm, rate = parse_wav(out)
         self.synthesized += 1
         if rate != self.rate and pcm.size:
@@ -183,10 +192,11 @@ class FliteTtsStage(SubprocessTtsStage):
             raise ValueError(f"unknown flite voice {voice!r}; available: {', '.join(flite_voices())}")
         self.voice = voice
 
-    def command(self, text: str) -> tuple[list[str], bytes | None]:
-        # -t takes the next argument as text even when it starts with "-";
-        # /dev/stdout, because "-o -" writes a file named "-".
-        return ["flite", "-voice", self.voice, "-t", text, "-o", "/dev/stdout"], None
+    def command(self, text: str, wav_path: str) -> tuple[list[str], bytes | None]:
+        # -t takes the next argument as text even when it starts with "-".
+        # A file, not /dev/stdout: under uvloop a child's stdout is a socket,
+        # which /dev/stdout cannot open ("-o -" writes a file named "-").
+        return ["flite", "-voice", self.voice, "-t", text, "-o", wav_path], None
 
 
 @functools.cache
@@ -211,8 +221,9 @@ class EspeakTtsStage(SubprocessTtsStage):
         self.voice = voice
         self.wpm = wpm
 
-    def command(self, text: str) -> tuple[list[str], bytes | None]:
-        # Text on stdin (-b 1: UTF-8), so no text can ever be read as an option.
+    def command(self, text: str, wav_path: str) -> tuple[list[str], bytes | None]:
+        # Text on stdin (-b 1: UTF-8), so no text can ever be read as an option;
+        # the WAV on stdout (wav_path stays empty).
         return (["espeak-ng", "--stdout", "-b", "1", "-v", self.voice, "-s", str(self.wpm)],
                 text.encode())
 
