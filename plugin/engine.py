@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .clock import Clock, MonotonicClock
@@ -73,12 +73,19 @@ class DuplexEngine:
         clock: Clock | None = None,
         metrics: Metrics | None = None,
         instance_id: str | None = None,
+        shared_stages: Mapping[str, Stage] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock or MonotonicClock()
         self.metrics = metrics or Metrics()
         self.policy: ModelPolicy = load_policy(config.policy, **config.policy_options)
-        self.stages = [build_stage(spec, self.clock) for spec in config.stages]
+        # Stages passed in by type (e.g. one vLLM engine shared by a test
+        # session, or the engine of `vllm serve`) are used, not built, and
+        # not closed by this engine.
+        shared = dict(shared_stages or {})
+        self.stages = [shared.get(spec.type) or build_stage(spec, self.clock)
+                       for spec in config.stages]
+        self._owned = [s for s in self.stages if all(s is not x for x in shared.values())]
         limits = config.limits
         self.manager: SessionManager[DuplexSession] = SessionManager(
             max_sessions=limits.max_sessions,
@@ -130,7 +137,7 @@ class DuplexEngine:
 
     async def stop(self) -> None:
         await self.manager.stop()
-        for stage in self.stages:  # shared resources: worker threads, the vLLM engine
+        for stage in self._owned:  # their resources: worker threads, the vLLM engine
             close = getattr(stage, "close", None)
             if close is not None:
                 result = close()
