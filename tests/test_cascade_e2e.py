@@ -1,0 +1,148 @@
+"""The embedded default end to end, with the real components: Flite speaks a
+question into the realtime socket at real time; Silero VAD, PocketSphinx,
+vLLM (SmolLM2, one engine for the test session) and Flite answer; our own
+PocketSphinx listens to the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import pytest_asyncio
+from speech_fixtures import RATE, chunks, recognize, speak
+from vllm_fixtures import no_leaked_tasks, vllm_stage  # noqa: F401
+
+from vllm_duplex import commands as cmd
+from vllm_duplex.deploy import load_config
+from vllm_duplex.engine import DuplexEngine
+from vllm_duplex.realtime.client import RealtimeClient
+from vllm_duplex.realtime.serving import BackgroundServer
+from vllm_duplex.stages.base import (
+    StageOutput,
+    TranscriptFinal,
+    TranscriptPartial,
+    VadSpeechStarted,
+    VadSpeechStopped,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def cascade_engine(vllm_stage) -> DuplexEngine:  # noqa: F811
+    return DuplexEngine(load_config("cascade-cpu"), shared_stages={"vllm": vllm_stage})
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def server(vllm_stage):  # noqa: F811
+    async with BackgroundServer(cascade_engine(vllm_stage)) as srv:
+        yield srv
+
+
+async def say(client: RealtimeClient, pcm: np.ndarray) -> None:
+    """Stream ``pcm`` in 20 ms chunks at real time (as a microphone would)."""
+    start = time.monotonic()
+    for i, chunk in enumerate(chunks(pcm)):
+        await client.append_audio(chunk)
+        await asyncio.sleep(max(0.0, start + (i + 1) * 0.02 - time.monotonic()))
+
+
+def types(client: RealtimeClient) -> list[str]:
+    return [e["type"] for e in client.events]
+
+
+async def test_a_spoken_question_gets_a_spoken_answer(server):
+    async with await RealtimeClient.connect(server.ws_url) as client:
+        await say(client, speak("What is the capital of France?"))
+        reply = await client.collect_response(timeout=120)
+    seen = types(client)
+    # Early output: partial transcripts while the user speaks.
+    assert "conversation.item.input_audio_transcription.delta" in seen
+    assert seen.index("conversation.item.input_audio_transcription.delta") < \
+        seen.index("input_audio_buffer.speech_stopped")
+    final = next(e for e in client.events
+                 if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert final["transcript"] == "what is the capital of france"
+    assert reply.status == "completed" and "Paris" in reply.transcript
+    heard = recognize(np.frombuffer(reply.audio, "<i2"), RATE)
+    assert "paris" in heard.split(), heard
+
+
+async def test_first_audio_comes_before_the_reply_text_is_complete(server):
+    async with await RealtimeClient.connect(server.ws_url) as client:
+        await client.update_session({"max_output_tokens": 64})
+        await say(client, speak("Tell me about the city of Paris."))
+        reply = await client.collect_response(timeout=120)
+    seen = [e["type"] for e in reply.events]
+    first_audio = seen.index("response.output_audio.delta")
+    last_text = len(seen) - 1 - seen[::-1].index("response.output_audio_transcript.delta")
+    assert first_audio < last_text, "audio waited for the whole reply"
+
+
+async def test_barge_in_stops_the_reply_and_keeps_only_heard_words(server):
+    async with await RealtimeClient.connect(server.ws_url) as client:
+        await client.update_session({"max_output_tokens": 96})
+        await say(client, speak("Tell me a long story about a dragon.", tail_s=0.8))
+        created = await client.wait_for("response.created", timeout=60)
+        response_id = created["response"]["id"]
+        await client.wait_for("response.output_audio.delta", timeout=60)
+        before = client.events[-1]["metadata"]["fence"]["epoch"]
+        await say(client, speak("Stop, please.", lead_s=0.1, tail_s=1.0))
+        done = await client.wait_for("response.done", timeout=60)
+        assert done["response"]["id"] == response_id
+        assert done["response"]["status"] == "cancelled"
+        assert done["response"]["status_details"]["reason"] == "turn_detected"
+        truncated = await client.wait_for("conversation.item.truncated", timeout=10)
+        # Read on until the user's interruption itself is answered or fails.
+        await client.wait_for("input_audio_buffer.speech_stopped", timeout=60)
+        after = [e for e in client.events[client.events.index(done) + 1:]]
+        assert not any(e.get("response_id") == response_id and e["type"].endswith(".delta")
+                       for e in after), "audio of the cancelled reply after response.done"
+        assert done["metadata"]["fence"]["epoch"] == before + 1
+        item_id = truncated["item_id"]
+        await client.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        item = (await client.wait_for("conversation.item.retrieved", timeout=10))["item"]
+    generated = "".join(e["delta"] for e in client.events
+                        if e["type"] == "response.output_audio_transcript.delta"
+                        and e["response_id"] == response_id)
+    heard = item["content"][0]["transcript"]
+    assert len(heard.split()) < len(generated.split()), (heard, generated)
+    assert generated.startswith(heard)
+
+
+async def test_an_asr_revision_rolls_back_and_the_answer_is_still_right(vllm_stage):  # noqa: F811
+    """Drive the session with the ASR's partials directly: 'capitol' and then
+    'was' revise words already pushed into the live vLLM request."""
+    engine = cascade_engine(vllm_stage)
+    await engine.start()
+    session = await engine.open_realtime_session(None)
+    try:
+        session.deliver(cmd.AudioAppend(audio=bytes(9600)))  # 200 ms of silence to commit
+        fence = session.fence
+        rid = fence.request_id("in")
+        for payload in (VadSpeechStarted(0), TranscriptPartial("what is the"),
+                        TranscriptPartial("what is the capitol"),
+                        TranscriptPartial("what is the capitol of")):
+            await session._enqueue_output(StageOutput(fence, rid, "asr", payload))
+        while vllm_stage.active_requests == 0:  # the stable words reached the LLM
+            await asyncio.sleep(0.01)
+        for payload in (TranscriptPartial("what was the capital of"),
+                        TranscriptPartial("what was the capital of france"),
+                        VadSpeechStopped(1500), TranscriptFinal("what is the capital of france")):
+            await session._enqueue_output(StageOutput(fence, rid, "asr", payload))
+        text = ""
+        async with asyncio.timeout(120):
+            while True:
+                env = await session.outbound.get()
+                if env.event.type == "response.output_audio_transcript.delta":
+                    text += env.event.delta
+                if env.event.type == "response.done":
+                    break
+        assert session.fence.incarnation >= 1
+        assert engine.metrics.incarnation_bumps.get() >= 1
+        assert "Paris" in text
+    finally:
+        await engine.end_session(session, "test")
+        await engine.stop()
