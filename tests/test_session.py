@@ -224,7 +224,7 @@ def test_engine_rejects_unknown_stage_type():
         DuplexEngine(bad)
 
 
-def test_gate_keeps_listening_outputs_across_an_epoch_bump():
+def test_gate_keeps_listening_outputs_across_fence_bumps():
     from vllm_duplex.stages.base import VadSpeechStarted
     from vllm_duplex.stages.gate import FenceGate
 
@@ -234,8 +234,8 @@ def test_gate_keeps_listening_outputs_across_an_epoch_bump():
     heard = StageOutput(old, old.request_id("in"), "vad", VadSpeechStarted(0))
     spoken = StageOutput(old, old.request_id("llm"), "llm", TextDelta("r", "x"))
     assert gate.admit(heard) and not gate.admit(spoken)
-    gate.advance(gate.fence.next_incarnation())  # rebuilt model state: everything old is stale
-    assert not gate.admit(heard)
+    gate.advance(gate.fence.next_incarnation())  # a rollback rebuilt the model context
+    assert gate.admit(heard) and not gate.admit(spoken)  # the user's words still stand
     assert gate.dropped == 2
 
 

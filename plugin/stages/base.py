@@ -92,9 +92,10 @@ class EndOfText:
 
 class InputObservation:
     """Marker for outputs that describe the user's input (VAD, ASR), not a
-    reply. An interruption (epoch bump) voids what was going to be *said*,
-    never what was *heard*: the fence gate keeps these across epoch bumps and
-    drops them only when the incarnation (model state) moved on."""
+    reply. Fence bumps void what was going to be *said*, never what was
+    *heard*: an interruption (epoch) or a rebuilt model context (incarnation,
+    e.g. a rollback because the ASR revised a word) leaves the user's words
+    standing, so the fence gate never drops these."""
 
     __slots__ = ()
 

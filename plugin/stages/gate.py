@@ -54,5 +54,5 @@ class FenceGate:
     def _is_stale(self, output: StageOutput) -> bool:
         fence, current = output.fence, self._fence
         if isinstance(output.payload, InputObservation):  # heard, not said: see its docstring
-            return fence.session_id != current.session_id or fence.incarnation < current.incarnation
+            return fence.session_id != current.session_id
         return fence.is_stale_against(current)
