@@ -134,6 +134,7 @@ def utterance(text: str) -> Utterance:
 
 
 SILENCE = bytes(2 * int(RATE * CHUNK_S))
+SEND_LAG: list[float] = []  # how late each chunk went out, this phase (reset per phase)
 
 
 def vad_floor_s(utt: Utterance, kind: str) -> float:
@@ -234,10 +235,8 @@ class Conn:
 
     def __init__(self, rt: RealtimeClient) -> None:
         self.rt = rt
-        self.changed = asyncio.Event()
         self.closed = False
         self.next_slot = time.monotonic()
-        self.late: list[float] = []  # how late each chunk went out
         self.reader = asyncio.create_task(self._read(), name="bench-reader")
 
     @classmethod
@@ -252,10 +251,8 @@ class Conn:
         try:
             while True:
                 await self.rt.recv()
-                self.changed.set()
         except (ConnectionClosed, asyncio.CancelledError):
             self.closed = True
-            self.changed.set()
 
     async def close(self) -> None:
         self.reader.cancel()
@@ -270,7 +267,7 @@ class Conn:
         elif now - self.next_slot > 0.2:  # fell far behind (a stall): restart the schedule
             self.next_slot = now
         t = time.monotonic()
-        self.late.append(t - self.next_slot)
+        SEND_LAG.append(t - self.next_slot)
         await self.rt.append_audio(chunk)
         self.next_slot += CHUNK_S
         return t
@@ -294,9 +291,6 @@ class Conn:
             if e.get("type") == etype and all(_get(e, k) == v for k, v in match.items()):
                 return e
         return None
-
-    def index(self, event: dict[str, Any]) -> int:
-        return next(i for i, e in enumerate(self.events) if e is event)
 
 
 def _get(event: dict[str, Any], key: str) -> Any:
@@ -668,6 +662,7 @@ async def run_phase(name: str, config: DeployConfig, args: argparse.Namespace,
         llm = _find_llm(engine)
         c0 = {k: getattr(llm, k) for k in ("fast_paths", "rebuilds", "fresh_prefills")} if llm else {}
         print(f"[{name}] {args.turns} spoken turns ...", flush=True)
+        SEND_LAG.clear()
         win = LoadWindow()
         turns = await run_turns(server.ws_url, utts["turns"], turn_session)
         for t in turns:
@@ -688,6 +683,8 @@ async def run_phase(name: str, config: DeployConfig, args: argparse.Namespace,
             barges.append(b)
         result["barges"] = barges
         result["load_a"] = win.close()
+        result["send_lag_max_s"] = max(SEND_LAG, default=math.nan)
+        result["send_lag_p99_s"] = (float(np.percentile(SEND_LAG, 99)) if SEND_LAG else math.nan)
         if llm is not None and not args.no_part_b:
             print(f"[{name}] Part B: LLM TTFT, {args.reps} repetitions ...", flush=True)
             win = LoadWindow()
@@ -817,6 +814,9 @@ def notes(phases: list[dict[str, Any]], info: dict[str, Any]) -> list[str]:
     out = []
     for ph in phases:
         tag = f"[{ph['name']}]"
+        if ph["send_lag_p99_s"] > CHUNK_S:
+            out.append(f"{tag} client send lag p99 {ph['send_lag_p99_s'] * 1e3:.1f} ms > 20 ms: "
+                       "the input was not streamed at real time")
         bad = [t for t in ph["turns"] if t.status not in TIMED]
         if bad:
             out.append(f"{tag} {len(bad)} turn(s) not timed: {[t.status for t in bad]}")
@@ -890,9 +890,11 @@ def main(argv: list[str] | None = None) -> int:
         for key, label in (("load_a", "Part A"), ("load_b", "Part B")):
             if key in ph:
                 ld = ph[key]
+                lag = (f", client send lag p99 / max {ph['send_lag_p99_s'] * 1e3:.1f} / "
+                       f"{ph['send_lag_max_s'] * 1e3:.1f} ms" if key == "load_a" else "")
                 print(f"[{ph['name']}] {label}: bench process tree {ld['bench_cores']:.2f} cores, "
                       f"machine {ld['machine_cores']:.2f}, other processes {ld['other_cores']:.2f} "
-                      f"over {ld['wall_s']:.0f} s")
+                      f"over {ld['wall_s']:.0f} s{lag}")
     if "turn_counters" in cas:
         print(f"[cascade] LLM stage during the spoken turns: {cas['turn_counters']}")
     print()
