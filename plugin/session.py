@@ -461,7 +461,8 @@ class DuplexSession:
         self._emit_all(active.start_events())
         sampling = self.policy.configure_sampling_params(self, options)
         request = GenerateRequest(response_id=active.id, context=context, sampling=sampling,
-                                  tools=self._config.tools)
+                                  tools=self._config.tools,
+                                  tool_choice=self._config.tool_choice)
         active.request_id = await self.pipeline.submit(self._stage_for_generate, self.fence,
                                                        "llm", request)
 

@@ -7,6 +7,7 @@ PocketSphinx listens to the answer.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import numpy as np
@@ -146,3 +147,39 @@ async def test_an_asr_revision_rolls_back_and_the_answer_is_still_right(vllm_sta
     finally:
         await engine.end_session(session, "test")
         await engine.stop()
+
+
+async def test_session_tools_become_function_calls_and_the_result_is_used(server):
+    """CONFORMANCE 19 with the real model: tool_choice "required" makes vLLM's
+    structured outputs write a schema-valid call; the client's function_call_output
+    then feeds the next response."""
+    weather = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"]}}
+    async with await RealtimeClient.connect(server.ws_url) as client:
+        await client.update_session({"output_modalities": ["text"], "tools": [weather],
+                                     "tool_choice": "required",
+                                     "audio": {"input": {"turn_detection": None}}})
+        await client.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "What is the weather in Paris?"}]}})
+        await client.create_response()
+        call = await client.wait_for("response.function_call_arguments.done", timeout=120)
+        first = await client.wait_for("response.done", timeout=60)
+        assert first["response"]["status"] == "completed"
+        assert call["name"] == "get_weather"
+        arguments = json.loads(call["arguments"])
+        assert isinstance(arguments.get("city"), str) and arguments["city"]
+        await client.send({"type": "conversation.item.create", "item": {
+            "type": "function_call_output", "call_id": call["call_id"],
+            "output": json.dumps({"city": arguments["city"], "sky": "sunny", "celsius": 18})}})
+        # "required" would demand another call; "none" asks for words about the result.
+        await client.update_session({"tool_choice": "none"})
+        await client.create_response()
+        created = await client.wait_for("response.created", timeout=60)
+        done = await client.wait_for("response.done", timeout=120)
+    rid = created["response"]["id"]
+    text = "".join(e["delta"] for e in client.events
+                   if e["type"] == "response.output_text.delta" and e["response_id"] == rid)
+    assert done["response"]["id"] == rid and done["response"]["status"] == "completed"
+    assert text.strip() and [i["type"] for i in done["response"]["output"]] == ["message"]

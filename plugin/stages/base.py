@@ -51,6 +51,23 @@ class GenerateRequest:
     context: tuple[ContextMessage, ...]
     sampling: SamplingConfig
     tools: tuple[dict[str, Any], ...] = ()
+    # OpenAI semantics: "auto" (the model may call), "none" (it may not),
+    # "required" (it must call one), {"type": "function", "name": N} (must call N).
+    tool_choice: str | dict[str, Any] = "auto"
+
+    def callable_tools(self) -> tuple[dict[str, Any], ...]:
+        """The tools the model may call under ``tool_choice``."""
+        if self.tool_choice == "none":
+            return ()
+        if isinstance(self.tool_choice, dict):
+            name = self.tool_choice.get("name") or (self.tool_choice.get("function") or {}).get("name")
+            return tuple(t for t in self.tools
+                         if (t.get("name") or (t.get("function") or {}).get("name")) == name)
+        return self.tools
+
+    @property
+    def must_call(self) -> bool:
+        return self.tool_choice == "required" or isinstance(self.tool_choice, dict)
 
 
 @dataclass(frozen=True)

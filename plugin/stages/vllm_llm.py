@@ -466,11 +466,15 @@ class VllmLlmPort:
 
     def _generate(self, item: StageInput, req: GenerateRequest) -> None:
         stage = self._stage
-        prompt = stage.render(req.context, True, req.tools)
+        tools = req.callable_tools()
+        prompt = stage.render(req.context, True, tools)
         gen = Reply(item, req, "", 0)
-        if (req.tools and stage.constrain_tools and req.context
+        # A small model cannot be trusted to write a valid call: when one must
+        # be made (tool_choice "required" or a named function, or the stage
+        # always constrains), the grammar of vLLM's structured outputs writes it.
+        if (tools and (req.must_call or stage.constrain_tools) and req.context
                 and req.context[-1].role == "user"):
-            params = self._sampling(req, StructuredOutputsParams(json=tool_call_schema(req.tools)))
+            params = self._sampling(req, StructuredOutputsParams(json=tool_call_schema(tools)))
             gen.tool_hold = True
             stage.fresh_prefills += 1
             self._append(self._start(item, streaming=False), item, prompt, gen, params)

@@ -149,7 +149,7 @@ class Reply:
     def send(self, text: str, *, final: bool) -> TextDelta | ToolCall | None:
         """The output due for ``text`` (``final``: the whole reply), if any."""
         req = self.request
-        if req.tools and self.sent == 0 and not final:
+        if req.callable_tools() and self.sent == 0 and not final:
             head = text.lstrip()
             # A reply that may be a tool call is buffered until it ends.
             if not head or head.startswith(_TOOL_STARTS) or any(s.startswith(head) for s in _TOOL_STARTS):
@@ -159,7 +159,7 @@ class Reply:
         if self.tool_hold and not final:
             return None
         if self.tool_hold and final:
-            call = parse_tool_call(text, req.tools)
+            call = parse_tool_call(text, req.callable_tools())
             if call is not None:
                 self.sent = len(text)
                 return ToolCall(req.response_id, f"call_{uuid.uuid4().hex[:24]}", *call)
