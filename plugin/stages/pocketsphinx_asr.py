@@ -79,7 +79,11 @@ class DecoderPool:
     demand (one decoder per concurrent utterance), keeps at most ``max_idle``."""
 
     def __init__(self, options: dict[str, Any] | None = None, *, max_idle: int = 4) -> None:
-        self.options = {"loglevel": "FATAL", **(options or {})}
+        # fwdflat off: the second search pass made end_utt cost 60-130 ms per
+        # utterance (measured, same hypotheses on our test phrases without it:
+        # 5-25 ms). PocketSphinx holds the GIL while it decodes, so that time
+        # stalled every session's event loop, not just this one's thread.
+        self.options = {"loglevel": "FATAL", "fwdflat": False, **(options or {})}
         self.max_idle = max_idle
         self.created = 0
         self._idle: list[Any] = []
