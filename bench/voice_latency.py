@@ -36,6 +36,10 @@ Baselines (house rule: figures next to a baseline from the same process, as rati
 Part A's is the model-free ``scripted`` pipeline (energy VAD -> scripted LLM -> tone TTS)
 through the same server code and client, i.e. the control-plane floor; Part B's is the
 full prefill. Targets are reported PASS/MISS, never asserted. See bench/README.md.
+
+This file is the entry point: arguments, the machine/load checks, the phases and the
+printed report. Part A's audio and scenarios are in ``voice_scenarios.py``, Part B's
+driver in ``voice_llm_ttft.py`` (siblings, imported from this directory).
 """
 
 from __future__ import annotations
@@ -48,7 +52,6 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the figures reada
 # ruff: noqa: E402
 import argparse
 import asyncio
-import base64
 import datetime as dt
 import json
 import math
@@ -57,8 +60,6 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,105 +68,32 @@ import psutil
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))  # speech_fixtures: Flite speech, PocketSphinx
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below
 
-from speech_fixtures import chunks as pcm_chunks  # noqa: E402
-from speech_fixtures import speak  # noqa: E402
-from websockets.exceptions import ConnectionClosed  # noqa: E402
-
-from vllm_duplex.contracts import SamplingConfig  # noqa: E402
-from vllm_duplex.deploy import DeployConfig, load_config, resolve_config_path  # noqa: E402
-from vllm_duplex.engine import DuplexEngine  # noqa: E402
-from vllm_duplex.fence import Fence  # noqa: E402
-from vllm_duplex.realtime.client import RealtimeClient  # noqa: E402
-from vllm_duplex.realtime.serving import BackgroundServer  # noqa: E402
-from vllm_duplex.stages.base import (  # noqa: E402
-    ContextMessage,
-    GenerateRequest,
-    GenerationDone,
-    ResetContext,
-    StageFailed,
-    StageInput,
-    TextDelta,
-    TextIn,
+from voice_llm_ttft import END_OF_TURN_SILENCE_S, WORD_INTERVAL_S, run_part_b  # noqa: E402
+from voice_scenarios import (  # noqa: E402
+    CHUNK_S,
+    INTERRUPTION,
+    QUESTIONS,
+    SEND_LAG,
+    STORY,
+    TIMED,
+    Barge,
+    Turn,
+    run_barge,
+    run_turns,
+    utterance,
+    vad_floor_s,
 )
 
-RATE = 24000
-CHUNK_S = 0.020
-ONSET_DBFS = -40.0  # a 20 ms chunk "holds speech" when its RMS is above this
+from vllm_duplex.deploy import DeployConfig, load_config, resolve_config_path  # noqa: E402
+from vllm_duplex.engine import DuplexEngine  # noqa: E402
+from vllm_duplex.realtime.serving import BackgroundServer  # noqa: E402
+
 TTFA_TARGET_S = 0.300
 BARGE_TARGET_S = 0.150
 TTFT_RATIO_TARGET = 0.5
-WORD_INTERVAL_S = 0.30  # Part B: one word every 300 ms (~200 words/min)
-END_OF_TURN_SILENCE_S = 0.5  # Part B: the VAD's default silence_duration_ms before the reply
-
-QUESTIONS = (  # PocketSphinx hears these right when Flite (slt) says them
-    "What is the capital of France?",
-    "What is the largest ocean?",
-    "What is the capital of Italy?",
-    "Where is the Eiffel Tower?",
-    "How are you today?",
-    "What is the capital of Spain?",
-    "Tell me a joke.",
-)
-STORY = "Tell me a long story about a dragon."
-INTERRUPTION = "Stop, wait a moment please."
 SCRIPTED_REPLY = " ".join(["Hello from the scripted duplex engine."] * 40)
-
-AUDIO_DELTA = "response.output_audio.delta"
-TIMED = ("completed", "incomplete")  # incomplete: the reply reached max_output_tokens
-
-
-# ---- audio we send ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Utterance:
-    text: str
-    chunks: tuple[bytes, ...]
-    onset: int  # index of the first chunk holding speech
-    end: int  # index of the last chunk holding speech
-
-    @property
-    def seconds(self) -> float:
-        return len(self.chunks) * CHUNK_S
-
-
-def utterance(text: str) -> Utterance:
-    pcm = speak(text, rate=RATE)  # 0.3 s silence, speech, 1.2 s silence
-    cs = tuple(pcm_chunks(pcm, rate=RATE))
-    floor = 32768.0 * 10 ** (ONSET_DBFS / 20)
-    loud = [i for i, c in enumerate(cs)
-            if math.sqrt(np.mean(np.frombuffer(c, "<i2").astype(np.float64) ** 2)) > floor]
-    return Utterance(text, cs, loud[0], loud[-1])
-
-
-SILENCE = bytes(2 * int(RATE * CHUNK_S))
-SEND_LAG: list[float] = []  # how late each chunk went out, this phase (reset per phase)
-
-
-def vad_floor_s(utt: Utterance, kind: str) -> float:
-    """Offline, no clock: how much audio after the onset chunk the VAD needs before it
-    reports speech -- the algorithmic part of the barge-in figure. The utterance's 20 ms
-    chunks go through the product's streaming resampler (24 -> 16 kHz, its filter lag
-    included) into the VAD, as in a session; online the VAD's window grid has another
-    phase, so this is good to about one window (20 ms energy, 32 ms Silero)."""
-    from vllm_duplex.audio import Resampler
-    from vllm_duplex.stages.base import INTERNAL_RATE, VadSpeechStarted
-    from vllm_duplex.stages.scripted import EnergyVad
-    from vllm_duplex.stages.silero_vad import SileroVad, load_model
-
-    vad = (SileroVad(load_model("onnx"), min_speech_ms=64) if kind == "silero"
-           else EnergyVad(rate=INTERNAL_RATE, frame_ms=20, min_speech_ms=60))
-    resampler = Resampler(RATE, INTERNAL_RATE)
-    fed = 0
-    for k, chunk in enumerate(utt.chunks):
-        pcm = resampler.process(np.frombuffer(chunk, "<i2"))
-        events = vad.feed(pcm, fed * 1000 // INTERNAL_RATE) if len(pcm) else []
-        fed += len(pcm)
-        if any(isinstance(e, VadSpeechStarted) for e in events):
-            return (k - utt.onset) * CHUNK_S
-    return math.nan
 
 
 # ---- machine and load -----------------------------------------------------------------------
@@ -231,426 +159,6 @@ class LoadWindow:
         machine_busy = (busy(s1) - busy(self.sys0)) / wall
         return {"wall_s": wall, "bench_cores": own, "machine_cores": machine_busy,
                 "other_cores": max(0.0, machine_busy - own)}
-
-
-# ---- one realtime connection ------------------------------------------------------------------
-
-
-class Conn:
-    """A ``RealtimeClient`` with a reader task (events are stamped on arrival, ``_recv_t``)
-    and a real-time sender: one 20 ms chunk per slot on an absolute schedule."""
-
-    def __init__(self, rt: RealtimeClient) -> None:
-        self.rt = rt
-        self.closed = False
-        self.next_slot = time.monotonic()
-        self.sent: list[float] = []  # slot of every chunk sent: chunk k is audio [20k, 20k+20) ms
-        self.reader = asyncio.create_task(self._read(), name="bench-reader")
-
-    @classmethod
-    async def open(cls, url: str) -> Conn:
-        return cls(await RealtimeClient.connect(url, open_timeout=60))
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        return self.rt.events
-
-    async def _read(self) -> None:
-        try:
-            while True:
-                await self.rt.recv()
-        except (ConnectionClosed, asyncio.CancelledError):
-            self.closed = True
-
-    async def close(self) -> None:
-        self.reader.cancel()
-        await asyncio.gather(self.reader, return_exceptions=True)
-        await self.rt.close()
-
-    async def send_chunk(self, chunk: bytes) -> float:
-        """Wait for the chunk's slot, send it, and return the slot: the wall time at which
-        a live microphone would have delivered it. Figures are measured from slots, so a
-        chunk that went out late (a stalled event loop) counts against the server, as a
-        late delivery would."""
-        now = time.monotonic()
-        if self.next_slot - now > 0:
-            await asyncio.sleep(self.next_slot - now)
-        elif now - self.next_slot > 0.2:  # fell far behind (a stall): restart the schedule
-            self.next_slot = now
-        slot = self.next_slot
-        SEND_LAG.append(time.monotonic() - slot)
-        self.sent.append(slot)
-        await self.rt.append_audio(chunk)
-        self.next_slot += CHUNK_S
-        return slot
-
-    async def send(self, chunks: tuple[bytes, ...]) -> list[float]:
-        self.next_slot = max(self.next_slot, time.monotonic())
-        return [await self.send_chunk(c) for c in chunks]
-
-    async def silence_until(self, done: Any, timeout: float) -> bool:
-        """Stream silence until ``done()`` is true; False on timeout or a closed socket."""
-        self.next_slot = max(self.next_slot, time.monotonic())
-        deadline = time.monotonic() + timeout
-        while not done():
-            if self.closed or time.monotonic() > deadline:
-                return False
-            await self.send_chunk(SILENCE)
-        return True
-
-    def find(self, start: int, etype: str, **match: Any) -> dict[str, Any] | None:
-        for e in self.events[start:]:
-            if e.get("type") == etype and all(_get(e, k) == v for k, v in match.items()):
-                return e
-        return None
-
-
-def _get(event: dict[str, Any], key: str) -> Any:
-    if key == "rid":
-        return event.get("response_id") or (event.get("response") or {}).get("id")
-    if key == "status":
-        return (event.get("response") or {}).get("status")
-    return event.get(key)
-
-
-def audio_seconds(deltas: list[dict[str, Any]], rate: int) -> float:
-    return sum(len(base64.b64decode(e.get("delta", ""))) for e in deltas) / 2 / rate
-
-
-def output_rate(rt: RealtimeClient) -> int:
-    fmt = ((rt.session.get("audio") or {}).get("output") or {}).get("format") or {}
-    return int(fmt.get("rate") or RATE)
-
-
-# ---- Part A: turns -----------------------------------------------------------------------------
-
-
-@dataclass
-class Turn:
-    question: str
-    heard: str = ""
-    reply: str = ""
-    ttfa_s: float = math.nan
-    done_s: float = math.nan
-    eos_to_audio_s: float = math.nan  # end of speech sent -> first audio (user-perceived)
-    ttfa_due_s: float = math.nan  # first audio - when speech_stopped was due (audio position)
-    stopped_late_s: float = math.nan  # speech_stopped seen - when it was due
-    asr_s: float = math.nan  # speech_stopped -> input transcription completed (ASR final)
-    created_s: float = math.nan  # speech_stopped -> response.created
-    audio_s: float = math.nan
-    rtf: float = math.nan
-    status: str = "no reply"
-
-
-async def run_turns(url: str, utts: list[Utterance], session: dict[str, Any]) -> list[Turn]:
-    conn = await Conn.open(url)
-    out: list[Turn] = []
-    try:
-        if session:
-            await conn.rt.send({"type": "session.update", "session": {"type": "realtime", **session}})
-            await conn.silence_until(lambda: conn.find(0, "session.updated") is not None, 10)
-        rate = output_rate(conn.rt)
-        td = ((conn.rt.session.get("audio") or {}).get("input") or {}).get("turn_detection") or {}
-        silence_ms = int(td.get("silence_duration_ms") or 500)
-        for utt in utts:
-            turn = Turn(utt.text)
-            out.append(turn)
-            i0 = len(conn.events)
-            sent = await conn.send(utt.chunks)
-
-            def created() -> dict[str, Any] | None:
-                return conn.find(i0, "response.created")
-
-            def finished() -> bool:
-                c = created()
-                return c is not None and conn.find(i0, "response.done", rid=_get(c, "rid")) is not None
-
-            await conn.silence_until(finished, 90)
-            await conn.silence_until(lambda: False, 0.3)  # a gap before the next question
-            stopped = conn.find(i0, "input_audio_buffer.speech_stopped")
-            heard = conn.find(i0, "conversation.item.input_audio_transcription.completed")
-            turn.heard = (heard or {}).get("transcript", "")
-            c = created()
-            if stopped is None or c is None:
-                turn.status = "no speech_stopped" if stopped is None else "no response"
-                continue
-            rid = _get(c, "rid")
-            done = conn.find(i0, "response.done", rid=rid)
-            if done is None:
-                turn.status = "timeout"
-                continue
-            deltas = [e for e in conn.events[i0:]
-                      if e.get("type") == AUDIO_DELTA and e.get("response_id") == rid]
-            tx = conn.find(i0, "response.output_audio_transcript.done", rid=rid)
-            turn.reply = (tx or {}).get("transcript", "")
-            turn.status = _get(done, "status")
-            ts = stopped["_recv_t"]
-            turn.created_s = c["_recv_t"] - ts
-            # When speech_stopped was due: the wall time at which the chunk holding audio
-            # position (end of speech + silence_duration_ms) was sent. The session's audio
-            # timeline counts every sample appended, so position p ms is chunk p // 20.
-            k = int((stopped.get("audio_end_ms", -10**9) + silence_ms) // (CHUNK_S * 1e3))
-            t_due = conn.sent[k] if 0 <= k < len(conn.sent) else math.nan
-            turn.stopped_late_s = ts - t_due
-            if heard is not None:
-                turn.asr_s = heard["_recv_t"] - ts
-            turn.done_s = done["_recv_t"] - ts
-            if deltas:
-                turn.ttfa_s = deltas[0]["_recv_t"] - ts
-                turn.eos_to_audio_s = deltas[0]["_recv_t"] - sent[utt.end]
-                turn.ttfa_due_s = deltas[0]["_recv_t"] - t_due
-                turn.audio_s = audio_seconds(deltas, rate)
-                turn.rtf = turn.done_s / turn.audio_s if turn.audio_s > 0 else math.nan
-    finally:
-        await conn.close()
-    return out
-
-
-# ---- Part A: barge-in ------------------------------------------------------------------------
-
-
-@dataclass
-class Barge:
-    to_done_s: float = math.nan  # speech onset sent -> response.done(cancelled)
-    to_last_audio_s: float = math.nan  # speech onset sent -> last audio delta (0: none after onset)
-    to_speech_started_s: float = math.nan  # speech onset sent -> speech_started (VAD onset)
-    deltas_after_onset: int = 0
-    deltas_after_done: int = 0
-    played_s: float = math.nan  # reply audio played (wall) before the onset
-    status: str = "not run"
-
-
-async def run_barge(url: str, story: Utterance, stop: Utterance, max_tokens: int,
-                    barge_after_s: float) -> Barge:
-    b = Barge()
-    conn = await Conn.open(url)
-    try:
-        await conn.rt.send({"type": "session.update",
-                            "session": {"type": "realtime", "max_output_tokens": max_tokens}})
-        await conn.silence_until(lambda: conn.find(0, "session.updated") is not None, 10)
-        i0 = len(conn.events)
-        await conn.send(story.chunks)
-
-        def first_audio() -> dict[str, Any] | None:
-            return conn.find(i0, AUDIO_DELTA)
-
-        if not await conn.silence_until(lambda: first_audio() is not None, 90):
-            b.status = "no reply audio"
-            return b
-        first = first_audio()
-        assert first is not None
-        rid = first["response_id"]
-        play_until = first["_recv_t"] + barge_after_s
-        await conn.silence_until(lambda: time.monotonic() >= play_until, barge_after_s + 5)
-        if conn.find(i0, "response.done", rid=rid) is not None:
-            b.status = "reply ended before the interruption"
-            return b
-        i1 = len(conn.events)
-        sent = await conn.send(stop.chunks)
-        t_on = sent[stop.onset]
-        b.played_s = t_on - first["_recv_t"]
-
-        def done() -> dict[str, Any] | None:
-            return conn.find(i0, "response.done", rid=rid)
-
-        await conn.silence_until(lambda: done() is not None, 30)
-        d = done()
-        if d is None:
-            b.status = "no response.done"
-            return b
-        settle = time.monotonic() + 1.0  # stragglers of the interrupted reply would show here
-        await conn.silence_until(lambda: time.monotonic() >= settle, 3)
-        b.status = _get(d, "status")
-        b.to_done_s = d["_recv_t"] - t_on
-        deltas = [e for e in conn.events[i0:]
-                  if e.get("type") == AUDIO_DELTA and e.get("response_id") == rid]
-        b.to_last_audio_s = max(0.0, deltas[-1]["_recv_t"] - t_on)
-        b.deltas_after_onset = sum(e["_recv_t"] > t_on for e in deltas)
-        b.deltas_after_done = sum(e["_recv_t"] > d["_recv_t"] for e in deltas)
-        started = conn.find(i1, "input_audio_buffer.speech_started")
-        if started is not None:
-            b.to_speech_started_s = started["_recv_t"] - t_on
-    finally:
-        await conn.close()
-    return b
-
-
-# ---- Part B: LLM TTFT ------------------------------------------------------------------------
-
-SYSTEM = (
-    "You are a helpful voice assistant for a travel company. You speak with customers on the "
-    "phone, so every answer is read aloud by a speech synthesizer: answer in one or two short "
-    "sentences, never use lists, tables, markdown, emoji or URLs, and spell out numbers the way "
-    "a person would say them. Be warm and polite but brief. If the customer asks about a booking, "
-    "ask for the booking reference, which is six letters and digits, before anything else. If "
-    "the customer is upset, acknowledge the problem first and then offer one concrete next step. "
-    "Never promise refunds; say that a colleague will review the case within two working days. "
-    "You know the following facts. Flights can be changed up to twenty four hours before "
-    "departure for a fee of forty euros. Hotel bookings can be cancelled free of charge until "
-    "six in the evening on the day before arrival. Car rentals require a credit card in the name "
-    "of the main driver and a driving licence held for at least one year. Travel insurance covers "
-    "cancellations for illness with a doctor's note, but not for a change of mind. Our office "
-    "hours are from eight in the morning to eight in the evening, Monday to Saturday. Baggage "
-    "allowance is one cabin bag of eight kilograms and one checked bag of twenty three kilograms "
-    "on most routes. Children under two travel on a parent's lap and pay ten percent of the adult "
-    "fare. Pets up to eight kilograms may travel in the cabin in an approved carrier. If you do "
-    "not know an answer, say so and offer to transfer the call to a colleague."
-)
-HISTORY = (
-    ("user", "Hi, I would like to change my flight to Lisbon next week."),
-    ("assistant", "Of course. Could you tell me your booking reference, please?"),
-    ("user", "It is K7 P2 Q9. I want to leave on Thursday instead of Tuesday."),
-    ("assistant", "Thank you. Changing to Thursday is possible for a fee of forty euros."),
-    ("user", "That is fine. Can I also bring my small dog in the cabin?"),
-    ("assistant", "Yes, pets up to eight kilograms may travel in the cabin in an approved carrier."),
-    ("user", "Great. And how much checked baggage can I take on that route?"),
-    ("assistant", "You can take one checked bag of twenty three kilograms and one cabin bag."),
-)
-TURN = "Could you also book me a hotel near the old town for three nights starting on Thursday"
-
-
-def part_b_context(nonce: str, target_tokens: int, count: Any) -> tuple[ContextMessage, ...]:
-    """System prompt (nonce first) + history, trimmed/padded to about ``target_tokens``
-    tokens before the new user turn."""
-    history = [ContextMessage(r, t) for r, t in HISTORY]
-    system = f"Call {nonce}. {SYSTEM}"
-    ctx = (ContextMessage("system", system), *history)
-    # Pad with more history (repeat) or trim the system prompt to hit the target size.
-    while count(ctx) < target_tokens - 40:
-        history = history + [ContextMessage(r, t) for r, t in HISTORY[:2]]
-        ctx = (ContextMessage("system", system), *history)
-    words = system.split()
-    while count(ctx) > target_tokens and len(words) > 10:
-        words = words[:-5]
-        ctx = (ContextMessage("system", " ".join(words)), *history)
-    return ctx
-
-
-@dataclass
-class PortRun:
-    ttft_s: float = math.nan
-    decode_s: float = math.nan  # per token after the first
-    input_tokens: int = 0
-    status: str = "not run"
-    reply: str = ""
-    words_ready: bool | None = None  # streaming: every pushed word prefilled at end of turn
-
-
-class PortReader:
-    def __init__(self, port: Any) -> None:
-        self.port = port
-        self.first_delta_t: float | None = None
-        self.text = ""
-        self.done: GenerationDone | None = None
-        self.done_t: float | None = None
-        self.failed: StageFailed | None = None
-        self.ended = asyncio.Event()
-        self.task = asyncio.create_task(self._read(), name="bench-port-reader")
-
-    async def _read(self) -> None:
-        async for out in self.port.outputs():
-            p = out.payload
-            if isinstance(p, TextDelta):
-                if self.first_delta_t is None:
-                    self.first_delta_t = time.monotonic()
-                self.text += p.text
-            elif isinstance(p, GenerationDone):
-                self.done, self.done_t = p, time.monotonic()
-                self.ended.set()
-            elif isinstance(p, StageFailed):
-                self.failed = p
-                self.ended.set()
-
-
-def _prefilled(port: Any) -> bool | None:
-    """Whether every chunk appended to the port's live request has been computed.
-    Reads the port's private state (read only); None when it is not there."""
-    live = getattr(port, "_live", None)
-    pending = getattr(live, "pending", None)
-    return None if pending is None else len(pending) == 0
-
-
-async def _wait_prefilled(port: Any, timeout: float) -> bool | None:
-    deadline = time.monotonic() + timeout
-    while (ready := _prefilled(port)) is False and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    return ready
-
-
-async def port_run(stage: Any, ctx: tuple[ContextMessage, ...], *, streaming: bool,
-                   max_tokens: int) -> PortRun:
-    r = PortRun()
-    sid = f"bench-{'stream' if streaming else 'full'}-{uuid.uuid4().hex[:8]}"
-    fence = Fence(sid)
-    port = stage.port(sid)
-    await port.open(fence)
-    reader = PortReader(port)
-    sampling = SamplingConfig(temperature=0.0, max_tokens=max_tokens)
-    turn_ctx = (*ctx, ContextMessage("user", TURN))
-    try:
-        if streaming:
-            # Before the turn: the live request holds the history (in the product, from the
-            # previous turns). Then the words arrive while the user speaks.
-            await port.submit(StageInput(fence, fence.request_id("llm"), ResetContext(ctx)))
-            await _wait_prefilled(port, 60)
-            for word in TURN.split():
-                await port.submit(StageInput(fence, fence.request_id("llm"), TextIn(word)))
-                await asyncio.sleep(WORD_INTERVAL_S)
-            await asyncio.sleep(END_OF_TURN_SILENCE_S - WORD_INTERVAL_S)
-            r.words_ready = _prefilled(port)
-        t0 = time.monotonic()
-        await port.submit(StageInput(fence, fence.request_id("resp"),
-                                     GenerateRequest(f"resp_{sid}", turn_ctx, sampling)))
-        await asyncio.wait_for(reader.ended.wait(), 120)
-        if reader.failed is not None:
-            r.status = f"failed: {reader.failed.error}"
-        elif reader.done is not None and reader.first_delta_t is not None:
-            r.ttft_s = reader.first_delta_t - t0
-            if reader.done.output_tokens > 1 and reader.done_t is not None:
-                r.decode_s = (reader.done_t - reader.first_delta_t) / (reader.done.output_tokens - 1)
-            r.input_tokens = reader.done.input_tokens
-            r.status = reader.done.finish_reason
-            r.reply = reader.text
-        else:
-            r.status = "no text"
-    except TimeoutError:
-        r.status = "timeout"
-    finally:
-        await port.close()
-        await asyncio.gather(reader.task, return_exceptions=True)
-    return r
-
-
-async def run_part_b(stage: Any, reps: int, target_tokens: int) -> dict[str, Any]:
-    tok = stage.engine.get_tokenizer()
-    tok = await tok if asyncio.iscoroutine(tok) else tok
-
-    def count(ctx: tuple[ContextMessage, ...]) -> int:
-        return len(tok.encode(stage.render(ctx, False), add_special_tokens=False))
-
-    before = {k: getattr(stage, k) for k in ("fast_paths", "rebuilds", "fresh_prefills")}
-    full: list[PortRun] = []
-    stream: list[PortRun] = []
-    hit: list[PortRun] = []
-    for rep in range(reps):
-        # A fresh nonce for EVERY run (streaming and full included): the first tokens differ,
-        # so no block of the prompt can be found in the prefix cache.
-        ctx_full = part_b_context(uuid.uuid4().hex[:12], target_tokens, count)
-        ctx_stream = part_b_context(uuid.uuid4().hex[:12], target_tokens, count)
-        order = ("full", "stream") if rep % 2 == 0 else ("stream", "full")
-        for mode in order:
-            if mode == "full":
-                full.append(await port_run(stage, ctx_full, streaming=False, max_tokens=16))
-            else:
-                stream.append(await port_run(stage, ctx_stream, streaming=True, max_tokens=16))
-        # For reference only: the same full prompt again is a prefix-cache hit.
-        hit.append(await port_run(stage, ctx_full, streaming=False, max_tokens=16))
-        print(f"  rep {rep + 1}/{reps}: full {full[-1].ttft_s * 1e3:.1f} ms, streaming "
-              f"{stream[-1].ttft_s * 1e3:.1f} ms, cached full {hit[-1].ttft_s * 1e3:.1f} ms "
-              f"({full[-1].input_tokens} prompt tokens)", flush=True)
-    after = {k: getattr(stage, k) for k in before}
-    return {"full": full, "stream": stream, "hit": hit,
-            "counters": {k: after[k] - before[k] for k in before}}
 
 
 # ---- phases -----------------------------------------------------------------------------------
