@@ -23,40 +23,30 @@ since the VAD's onset says where speech really began).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import re
 import threading
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from ..clock import Clock
-from ..errors import DuplexError
-from ..fence import Fence
 from .base import (
     INTERNAL_RATE,
     AudioIn,
-    StageFailed,
-    StageInput,
     StagePort,
     TranscriptFinal,
     TranscriptPartial,
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from .scripted import ScriptedPort, ScriptedStage
+from .listening import ListeningPort, ListeningStage
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 SPMS = INTERNAL_RATE // 1000  # samples per ms
-INBOX_SIZE = 64  # chunks queued per session before submit() waits (backpressure)
 # Fillers and noise tokens PocketSphinx may put in a hypothesis, and the
 # alternate-pronunciation suffix of dictionary words ("the(2)").
 _FILLER = re.compile(r"^(<.*>|\[.*\]|\+\+.*\+\+)$")
@@ -248,7 +238,7 @@ class Recognizer:
             self.pool.release(decoder)
 
 
-class PocketSphinxAsrStage(ScriptedStage):
+class PocketSphinxAsrStage(ListeningStage):
     """``AudioIn`` / ``EndOfUtterance`` / ``VadSpeechStarted`` /
     ``VadSpeechStopped`` in; ``TranscriptPartial`` / ``TranscriptFinal`` out.
 
@@ -271,38 +261,21 @@ class PocketSphinxAsrStage(ScriptedStage):
         workers: int | None = None,
         decoder_options: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(name, clock)
         if partial_interval_ms <= 0 or prebuffer_ms < 0:
             raise ValueError("partial_interval_ms must be > 0 and prebuffer_ms >= 0")
+        super().__init__(name, clock, workers=workers)
         self.partial_interval_ms = partial_interval_ms
         self.prebuffer_ms = prebuffer_ms
         self.vad_gated = vad_gated
         self.pool = DecoderPool(decoder_options, max_idle=max_idle_decoders)
-        self._executor = ThreadPoolExecutor(
-            max_workers=workers or min(4, os.cpu_count() or 1), thread_name_prefix=f"duplex-{name}"
-        )
         if prewarm > 0:
-            self._executor.submit(self.pool.prewarm, prewarm)
+            self.run_later(lambda: self.pool.prewarm(prewarm))
 
     def port(self, session_id: str) -> StagePort:
         return _AsrPort(self, session_id)
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def run_later(self, fn: Callable[[], object]) -> None:
-        """Fire and forget on the workers; dropped if the stage is closed."""
-        try:
-            self._executor.submit(fn)
-        except RuntimeError:
-            pass
-
-    def close(self) -> None:
-        """Stop the worker threads (idempotent; ports must be closed first)."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-class _AsrPort(ScriptedPort):
+class _AsrPort(ListeningPort):
     _stage: PocketSphinxAsrStage
 
     def __init__(self, stage: PocketSphinxAsrStage, session_id: str) -> None:
@@ -311,15 +284,8 @@ class _AsrPort(ScriptedPort):
             stage.pool, partial_interval_ms=stage.partial_interval_ms,
             prebuffer_ms=stage.prebuffer_ms, vad_gated=stage.vad_gated,
         )
-        self._inbox: asyncio.Queue[StageInput] = asyncio.Queue(maxsize=INBOX_SIZE)
-        self._worker: asyncio.Task[None] | None = None
 
-    async def _handle(self, item: StageInput) -> None:
-        if self._worker is None:
-            self._worker = self._spawn(item, self._drain)
-        await self._inbox.put(item)
-
-    def _step(self, payload: Any) -> list[Any]:
+    def _work(self, payload: Any) -> list[Any]:
         rec = self.recognizer
         with rec.lock:  # close() may hand the decoder back from another thread
             if isinstance(payload, AudioIn):
@@ -334,40 +300,8 @@ class _AsrPort(ScriptedPort):
         with self.recognizer.lock:
             self.recognizer.close()
 
-    async def _drain(self) -> None:
-        """The session's one worker: items in submission order, decoding in a thread."""
-        while True:
-            item = await self._inbox.get()
-            try:
-                await self._process(item)
-            finally:
-                self._inbox.task_done()
-
-    async def _process(self, item: StageInput) -> None:
-        try:
-            outputs = await self._stage.run(self._step, item.payload)
-        except Exception as exc:  # a failed chunk must not end the session's ASR
-            log.exception("stage %s failed on %s", self.name, item.request_id)
-            self._stage.failed_requests += 1
-            error = DuplexError("stage_failed", f"stage {self.name!r} failed: {exc!r}")
-            await self._emit(item.fence, item.request_id, StageFailed(error))
-            return
-        for out in outputs:
-            if isinstance(out, TranscriptFinal):
-                self._stage.completed_requests += 1
-            await self._emit(item.fence, item.request_id, out)
-
-    async def drained(self) -> None:
-        """Wait until everything submitted so far has been decoded and its
-        outputs queued (for tests and benchmarks; not part of ``StagePort``)."""
-        await self._inbox.join()
-
-    async def cancel(self, fence: Fence) -> None:
-        """Nothing to abort: what the user said stays said whatever happens
-        to the reply (barge-in speech must be transcribed!), and transcripts
-        are ``InputObservation``s that the fence gate judges by incarnation."""
-        if fence.session_id != self.session_id:
-            raise ValueError(f"port of session {self.session_id!r} cancelled with {fence}")
+    def _completed(self, payload: Any, outputs: list[Any]) -> int:
+        return sum(isinstance(out, TranscriptFinal) for out in outputs)  # utterances
 
     async def close(self) -> None:
         await super().close()

@@ -19,41 +19,32 @@ a clock, so they do not depend on chunking or arrival speed.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import logging
-import os
 import threading
 import warnings
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from ..clock import Clock
-from ..errors import DuplexError
-from ..fence import Fence
 from .base import (
     INTERNAL_RATE,
     AudioIn,
-    StageFailed,
-    StageInput,
     StagePort,
     VadConfig,
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from .scripted import EnergyVad, ScriptedPort, ScriptedStage
+from .listening import ListeningPort, ListeningStage
+from .scripted import EnergyVad
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 WINDOW = 512  # samples per Silero window at 16 kHz (32 ms); the model accepts nothing else
 CONTEXT = 64  # trailing samples of the previous window the model expects in front
 HYSTERESIS = 0.15  # Silero's own recipe: leave speech below threshold - 0.15
-INBOX_SIZE = 64  # chunks queued per session before submit() waits (backpressure)
 
 Backend = Literal["onnx", "jit"]
 
@@ -206,7 +197,7 @@ class SileroVad(EnergyVad):
         self._x[0, -CONTEXT:] = 0.0
 
 
-class SileroVadStage(ScriptedStage):
+class SileroVadStage(ListeningStage):
     """``AudioIn`` / ``VadConfig`` in; ``VadSpeechStarted`` /
     ``VadSpeechStopped`` out. Audio is not forwarded: the policy routes it.
 
@@ -227,78 +218,31 @@ class SileroVadStage(ScriptedStage):
         backend: Backend = "onnx",
         workers: int | None = None,
     ) -> None:
-        super().__init__(name, clock)
         if min_speech_ms < 0:
             raise ValueError("min_speech_ms must be >= 0")
+        super().__init__(name, clock, workers=workers)
         self.min_speech_ms = min_speech_ms
         self.backend = backend
         self.model = load_model(backend)
-        self._executor = ThreadPoolExecutor(
-            max_workers=workers or min(4, os.cpu_count() or 1), thread_name_prefix=f"duplex-{name}"
-        )
 
     def port(self, session_id: str) -> StagePort:
         return _SileroPort(self, session_id)
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def close(self) -> None:
-        """Stop the worker threads (idempotent; ports must be closed first)."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-class _SileroPort(ScriptedPort):
+class _SileroPort(ListeningPort):
     _stage: SileroVadStage
 
     def __init__(self, stage: SileroVadStage, session_id: str) -> None:
         super().__init__(stage, session_id)
         self.vad = SileroVad(stage.model, min_speech_ms=stage.min_speech_ms)
-        self._inbox: asyncio.Queue[StageInput] = asyncio.Queue(maxsize=INBOX_SIZE)
-        self._worker: asyncio.Task[None] | None = None
 
-    async def _handle(self, item: StageInput) -> None:
-        if self._worker is None:
-            self._worker = self._spawn(item, self._drain)
-        await self._inbox.put(item)
-
-    async def _drain(self) -> None:
-        """The session's one worker: items in submission order, model work in a thread."""
-        while True:
-            item = await self._inbox.get()
-            try:
-                await self._process(item)
-            finally:
-                self._inbox.task_done()
-
-    async def _process(self, item: StageInput) -> None:
-        payload = item.payload
+    def _work(self, payload: Any) -> list[Any]:
         if isinstance(payload, VadConfig):
             # Through the queue, not at submit: it applies from the next
             # chunk on, in order with the audio.
             self.vad.configure(payload)
-            return
-        try:
-            events = await self._stage.run(self.vad.feed, payload.pcm, payload.start_ms)
-        except Exception as exc:  # one bad chunk must not stop turn detection
-            log.exception("stage %s failed on %s", self.name, item.request_id)
-            self._stage.failed_requests += 1
-            error = DuplexError("stage_failed", f"stage {self.name!r} failed: {exc!r}")
-            await self._emit(item.fence, item.request_id, StageFailed(error))
-            return
-        self._stage.completed_requests += 1
-        for event in events:
-            await self._emit(item.fence, item.request_id, event)
+            return []
+        return self.vad.feed(payload.pcm, payload.start_ms)
 
-    async def drained(self) -> None:
-        """Wait until everything submitted so far has been analysed and its
-        events queued (for tests and benchmarks; not part of ``StagePort``)."""
-        await self._inbox.join()
-
-    async def cancel(self, fence: Fence) -> None:
-        """Nothing to abort: the audio was heard whatever the reply does, and
-        its events are ``InputObservation``s that the fence gate judges by
-        incarnation. Dropping queued audio would break the recurrent state
-        and the timeline, so every chunk is analysed."""
-        if fence.session_id != self.session_id:
-            raise ValueError(f"port of session {self.session_id!r} cancelled with {fence}")
+    def _completed(self, payload: Any, outputs: list[Any]) -> int:
+        return 0 if isinstance(payload, VadConfig) else 1  # every analysed chunk
