@@ -5,17 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from task_leaks import fail_on_leaked_tasks
 
 
 @pytest.fixture(autouse=True)
 async def no_leaked_tasks():
     before = set(asyncio.all_tasks())
     yield
-    # Give cancelled tasks a moment to finish unwinding before we judge.
-    for _ in range(20):
-        leaked = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
-        if not leaked:
-            return
-        await asyncio.sleep(0.01)
-    names = ", ".join(sorted(t.get_name() + ":" + repr(t.get_coro()) for t in leaked))
-    pytest.fail(f"test leaked {len(leaked)} asyncio task(s): {names}")
+    await fail_on_leaked_tasks(before, tries=20)

@@ -22,8 +22,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
-import pytest
 import pytest_asyncio
+from task_leaks import fail_on_leaked_tasks
 
 from vllm_duplex.deploy import DeployConfig, StageSpec, load_config
 from vllm_duplex.engine import DuplexEngine
@@ -54,15 +54,7 @@ ERROR_SHAPES: dict[str, tuple[str, bool]] = {
 async def no_leaked_tasks():
     before = set(asyncio.all_tasks())
     yield
-    leaked: list[asyncio.Task[Any]] = []
-    for _ in range(100):
-        leaked = [t for t in asyncio.all_tasks() - before
-                  if not t.done() and t is not asyncio.current_task()]
-        if not leaked:
-            return
-        await asyncio.sleep(0.01)
-    names = ", ".join(sorted(t.get_name() for t in leaked))
-    pytest.fail(f"test leaked {len(leaked)} asyncio task(s): {names}")
+    await fail_on_leaked_tasks(before, tries=100)
 
 
 # ---- servers ------------------------------------------------------------------

@@ -18,8 +18,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 import pytest_asyncio
+from task_leaks import fail_on_leaked_tasks
 
 from vllm_duplex.contracts import SamplingConfig
 from vllm_duplex.fence import Fence
@@ -50,15 +50,7 @@ async def vllm_stage() -> AsyncIterator[VllmLlmStage]:
 async def no_leaked_tasks():
     before = set(asyncio.all_tasks())
     yield
-    leaked: list[asyncio.Task[Any]] = []
-    for _ in range(100):
-        leaked = [t for t in asyncio.all_tasks() - before
-                  if not t.done() and t is not asyncio.current_task()]
-        if not leaked:
-            return
-        await asyncio.sleep(0.01)
-    names = ", ".join(sorted(t.get_name() for t in leaked))
-    pytest.fail(f"test leaked {len(leaked)} asyncio task(s): {names}")
+    await fail_on_leaked_tasks(before, tries=100)
 
 
 async def open_port(stage: VllmLlmStage, session_id: str) -> tuple[VllmLlmPort, Fence]:
