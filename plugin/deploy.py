@@ -33,6 +33,19 @@ class Limits:
     session_ttl_s: float = 60.0
     mailbox_capacity: int = 1024
     outbound_capacity: int = 8192
+    # HTTP text surfaces (application sessions, generate, resumable streams)
+    max_request_bytes: int = 1 << 20  # larger HTTP bodies get `payload_too_large`
+    max_output_tokens: int = 1024  # cap of a generation's max_tokens (also bounded by the context)
+    max_app_sessions: int = 256
+    max_session_ttl_s: float = 3600.0
+    max_resident_sessions: int = 32  # app sessions keeping a live vLLM request (KV) between turns
+    max_streams: int = 1024
+    stream_max_events: int = 4096
+    stream_max_bytes: int = 1 << 20
+    streams_max_total_bytes: int = 64 << 20
+    stream_ttl_s: float = 300.0  # retention after a stream completed
+    max_input_chunk_bytes: int = 64 << 10  # one streaming-input chunk
+    max_input_bytes: int = 1 << 20  # all input of one streaming-input generation
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,14 @@ class DuplexEngine:
             defaults["output_modalities"] = tuple(defaults["output_modalities"])
         self.session_defaults = SessionConfig(model=config.model, policy=config.policy, **defaults)
         self.metrics.gauge("duplex_sessions_live", "Live sessions", lambda: len(self.manager))
+        # The HTTP text surfaces need a vLLM text stage (a scripted pipeline has none).
+        self.text: Any = None
+        llm = next((s for s in self.stages if getattr(s, "serves_text", False)), None)
+        if llm is not None:
+            from .text_service import TextService  # imports vLLM: only when a stage uses it
+
+            self.text = TextService(llm, model=config.model, instance_id=self.manager.instance_id,
+                                    limits=limits, clock=self.clock, metrics=self.metrics)
         for stage in self.stages:
             for counter in ("aborted_requests", "active_requests"):
                 if hasattr(stage, counter):
@@ -134,8 +142,12 @@ class DuplexEngine:
                 if inspect.isawaitable(result):
                     await result
         await self.manager.start()
+        if self.text is not None:
+            await self.text.start()
 
     async def stop(self) -> None:
+        if self.text is not None:
+            await self.text.stop()
         await self.manager.stop()
         for stage in self._owned:  # their resources: worker threads, the vLLM engine
             close = getattr(stage, "close", None)
@@ -184,4 +196,5 @@ class DuplexEngine:
             },
             "audio_formats": ["audio/pcm", "audio/pcmu", "audio/pcma"],
             "realtime": {"path": "/v1/realtime", "dialects": ["ga", "beta"]},
+            "text": self.text.capabilities() if self.text is not None else None,
         }

@@ -37,6 +37,7 @@ ERRORS: dict[str, ErrorSpec] = {
         ErrorSpec("invalid_event", _INVALID, False, 400),
         ErrorSpec("unknown_event", _INVALID, False, 400),
         ErrorSpec("event_too_large", _INVALID, False, 413),
+        ErrorSpec("payload_too_large", _INVALID, False, 413),
         ErrorSpec("invalid_audio", _INVALID, False, 400),
         # configuration
         ErrorSpec("invalid_value", _INVALID, False, 400),
@@ -59,6 +60,15 @@ ERRORS: dict[str, ErrorSpec] = {
         ErrorSpec("invalid_resume_token", _INVALID, False, 401),
         ErrorSpec("lease_conflict", _INVALID, True, 409),
         ErrorSpec("model_not_found", _INVALID, False, 404),
+        ErrorSpec("model_mismatch", _INVALID, False, 409),
+        ErrorSpec("wrong_instance", _INVALID, True, 421),
+        ErrorSpec("stream_not_found", _INVALID, False, 404),
+        ErrorSpec("stream_expired", _INVALID, False, 410),
+        ErrorSpec("resync_required", _INVALID, False, 410),
+        ErrorSpec("unsupported_option", _INVALID, False, 400),
+        ErrorSpec("request_not_found", _INVALID, False, 404),
+        ErrorSpec("generation_finished", _INVALID, False, 409),
+        ErrorSpec("deadline_exceeded", _SERVER, True, 504),
         ErrorSpec("resource_exhausted", _SERVER, True, 429),
         # engine
         ErrorSpec("stage_failed", _SERVER, True, 500, terminal=False),
@@ -78,6 +88,7 @@ class DuplexError(Exception):
         *,
         param: str | None = None,
         event_id: str | None = None,
+        details: dict[str, Any] | None = None,
     ) -> None:
         if code not in ERRORS:
             raise KeyError(f"unknown error code {code!r}; add it to ERRORS")
@@ -86,6 +97,7 @@ class DuplexError(Exception):
         self.message = message
         self.param = param
         self.event_id = event_id
+        self.details = dict(details or {})  # extra wire fields, e.g. owner_instance_id
 
     @property
     def spec(self) -> ErrorSpec:
@@ -105,6 +117,7 @@ class DuplexError(Exception):
             "param": self.param,
             "event_id": self.event_id,
             "retryable": self.spec.retryable,
+            **self.details,
         }
 
     def __repr__(self) -> str:

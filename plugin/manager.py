@@ -128,6 +128,10 @@ class SessionManager(Generic[S]):
 
     # -- helpers -----------------------------------------------------------------
 
+    def key_id(self, api_key: str | None) -> str | None:
+        """The HMAC an API key is stored as (what other registries key on)."""
+        return self._key_id(api_key)
+
     def _key_id(self, api_key: str | None) -> str | None:
         if api_key is None:
             return None
@@ -276,6 +280,11 @@ class SessionManager(Generic[S]):
         """The live session; ``session_closed`` for a closing or closed one."""
         entry = self._open_entry(session_id, api_key)
         return entry.session, entry.info
+
+    def peek(self, session_id: str) -> S | None:
+        """The session object while it is open (no key check: callers checked ``info``)."""
+        entry = self._live.get(session_id)
+        return entry.session if entry is not None and entry.closing is None else None
 
     def info(self, session_id: str, api_key: str | None) -> SessionInfo:
         """Also answers for tombstones (CLOSED/EXPIRED) and lapsed-not-yet-reaped sessions."""

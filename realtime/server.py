@@ -5,6 +5,7 @@ Routes:
 - ``GET /v1/models``     what this server serves
 - ``GET /v1/capabilities``
 - ``GET /health``, ``GET /metrics`` (Prometheus text)
+- the text surfaces: ``realtime/text_http.py`` (HTTP) and ``WS /v1/generate/stream``
 
 Each socket has two tasks: the reader parses frames and enqueues commands;
 the writer drains the session's ``outbound`` queue. Framing errors (bad JSON,
@@ -27,7 +28,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ..engine import DuplexEngine
 from ..errors import DuplexError
 from ..session import DuplexSession
+from .generate_ws import GenerateStream
 from .protocol import Dialect, RealtimeCodec
+from .text_http import text_routes
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,24 @@ def create_app(engine: DuplexEngine) -> Starlette:
     async def realtime(ws: WebSocket):
         await RealtimeConnection(engine, ws).serve()
 
+    def authorize(request: Request) -> str | None:
+        key = bearer_key(request.headers)
+        check_key(engine, key)
+        return key
+
+    async def generate_stream(ws: WebSocket):
+        await ws.accept()
+        key = bearer_key(ws.headers, list(ws.scope.get("subprotocols") or []))
+        try:
+            check_key(engine, key)
+            if engine.text is None:
+                raise DuplexError("capability_unsupported", "this deployment has no vLLM text stage")
+        except DuplexError as err:
+            await ws.send_json({"type": "error", "error": err.to_wire(), "terminal": True})
+            await ws.close(code=1008, reason=err.code)
+            return
+        await GenerateStream(engine.text, ws, key).serve()
+
     return Starlette(
         routes=[
             Route("/health", health),
@@ -108,6 +129,8 @@ def create_app(engine: DuplexEngine) -> Starlette:
             Route("/v1/models", models),
             Route("/v1/capabilities", capabilities),
             WebSocketRoute("/v1/realtime", realtime),
+            *text_routes(lambda: engine.text, authorize),
+            WebSocketRoute("/v1/generate/stream", generate_stream),
         ],
         lifespan=lifespan,
     )

@@ -99,6 +99,7 @@ class VllmLlmStage(ChatTemplate):
     """
 
     accepted: ClassVar[tuple[type, ...]] = (TextIn, GenerateRequest, ResetContext)
+    serves_text: ClassVar[bool] = True  # the engine's HTTP text surfaces run on this stage
 
     def __init__(
         self,
@@ -311,6 +312,21 @@ class VllmLlmPort:
         await self._abort(stale)
         await self._drain()  # input of the new fence that waited for the aborted reply
 
+    @property
+    def resident(self) -> bool:
+        """Whether a live request (and so KV cache) is held for this session."""
+        return self._live is not None
+
+    async def release(self) -> bool:
+        """Free the live request and its KV between turns (eviction); the
+        next turn prefills again (from the prefix cache when it survived).
+        False when a reply is running or input waits."""
+        live = self._live
+        if live is None or live.generation is not None or self._deferred:
+            return False
+        await self._abort([live])
+        return True
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -477,7 +493,9 @@ class VllmLlmPort:
             params = self._sampling(req, StructuredOutputsParams(json=tool_call_schema(tools)))
             gen.tool_hold = True
             stage.fresh_prefills += 1
-            self._append(self._start(item, streaming=False), item, prompt, gen, params)
+            # A one-shot request: the model may see the tools described.
+            self._append(self._start(item, streaming=False), item,
+                         stage.render_with_tools(req.context, tools), gen, params)
             return
         live = self._live
         if live is not None and len(prompt) > len(live.held_text) and prompt.startswith(live.held_text):

@@ -43,12 +43,32 @@ class ChatTemplate:
         tok = engine.get_tokenizer()
         self._tokenizer = await tok if inspect.isawaitable(tok) else tok
 
+    _renders_tools: bool | None = None  # does the template show tools to the model?
+
     def render(self, messages: Sequence[ContextMessage], generation_prompt: bool,
                tools: Sequence[dict[str, Any]] = ()) -> str:
         kwargs: dict[str, Any] = {"tools": list(tools)} if tools else {}
         return self._tokenizer.apply_chat_template(
             [{"role": m.role, "content": m.text} for m in messages], tokenize=False,
             add_generation_prompt=generation_prompt, **kwargs)
+
+    def render_with_tools(self, messages: Sequence[ContextMessage],
+                          tools: Sequence[dict[str, Any]]) -> str:
+        """A generation prompt in which the model sees ``tools``: a template
+        that drops them (SmolLM2's) gets them described in the system message.
+        Not for the live request of a session, whose held text is rendered
+        without tools (describing them would change its prefix every turn)."""
+        if tools and not self._template_renders_tools():
+            return self.render(with_tool_prompt(messages, tools), True)
+        return self.render(messages, True, tools)
+
+    def _template_renders_tools(self) -> bool:
+        if self._renders_tools is None:
+            probe = [{"role": "user", "content": "hi"}]
+            tool = {"type": "function", "function": {"name": SENTINEL.lower(), "parameters": {}}}
+            text = self._tokenizer.apply_chat_template(probe, tokenize=False, tools=[tool])
+            self._renders_tools = SENTINEL.lower() in text
+        return self._renders_tools
 
     def _prefill_ids(self, text: str) -> list[int]:
         # The chat template already spells out BOS/special tokens as text.
@@ -92,6 +112,23 @@ def parse_tool_call(text: str, tools: Sequence[dict[str, Any]]) -> tuple[str, st
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     return obj["name"], args if isinstance(args, str) else json.dumps(args)
+
+
+def with_tool_prompt(messages: Sequence[ContextMessage],
+                     tools: Sequence[dict[str, Any]]) -> tuple[ContextMessage, ...]:
+    """``messages`` with the tools described in the system message (for chat
+    templates that do not render tools)."""
+    lines = ["You can call these tools. To call one, answer with only a JSON object "
+             '{"name": <tool name>, "arguments": {...}}.', "Tools:"]
+    for t in tools:
+        fn = _function(t)
+        desc = f": {fn['description']}" if fn.get("description") else ""
+        lines.append(f"- {fn['name']}{desc} Parameters (JSON schema): "
+                     f"{json.dumps(fn.get('parameters') or {'type': 'object'})}")
+    prompt = "\n".join(lines)
+    if messages and messages[0].role == "system":
+        return (ContextMessage("system", f"{messages[0].text}\n\n{prompt}"), *messages[1:])
+    return (ContextMessage("system", prompt), *messages)
 
 
 def tool_call_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
