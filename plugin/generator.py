@@ -235,9 +235,12 @@ class Generation:
                             break
                         continue
                     for changes, fut in control.take():
-                        ev = GenEvent("control", {"applied": changes, "output_tokens": generated},
-                                      waiters=(fut,))
-                        yield ev
+                        yield GenEvent("control", {"applied": changes, "output_tokens": generated},
+                                       waiters=(fut,))
+                    if generated >= control.max_tokens:  # lowered below what is out already
+                        finish_reason = "length"
+                        await self._abort()
+                        break
                     comp = out.outputs[0]
                     for tok in comp.token_ids:
                         out_ids.append(tok)
