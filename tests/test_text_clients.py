@@ -28,7 +28,7 @@ def client(server, key: str = KEYS[0]) -> DuplexHttpClient:
     return DuplexHttpClient(server.http_url, key)
 
 
-async def test_generate_streamed_and_once(text_server):
+async def test_generate_streamed_and_once(text_server):  # noqa: F811
     async with client(text_server) as c:
         events = c.generate(model=MODEL, messages=FRANCE, options=SHORT)
         reply = await events.collect()
@@ -40,7 +40,7 @@ async def test_generate_streamed_and_once(text_server):
         assert answer["usage"]["completion_tokens"] == reply.finish["usage"]["completion_tokens"]
 
 
-async def test_session_two_turns_then_close(text_server):
+async def test_session_two_turns_then_close(text_server):  # noqa: F811
     async with client(text_server) as c:
         session = await c.open_session(MODEL, instructions="Answer in one short sentence.")
         assert session.owner_instance_id and session.wire["state"] == "active"
@@ -64,7 +64,7 @@ async def test_session_two_turns_then_close(text_server):
         assert (err.value.code, err.value.status) == ("session_closed", 409)
 
 
-async def test_streaming_input_answers_the_streamed_question(text_server):
+async def test_streaming_input_answers_the_streamed_question(text_server):  # noqa: F811
     async with await GenerateStreamClient.connect(text_server.http_url, api_key=KEYS[0],
                                                   model=MODEL, options={"max_tokens": 24}) as gen:
         assert gen.started["type"] == "started" and gen.request_id
@@ -83,7 +83,7 @@ async def test_streaming_input_answers_the_streamed_question(text_server):
     assert gen.finished is not None and gen.finished["type"] == "finish"
 
 
-async def test_follow_stream_resumes_without_gaps_or_duplicates(text_server):
+async def test_follow_stream_resumes_without_gaps_or_duplicates(text_server):  # noqa: F811
     stream_id = f"clients-{uuid.uuid4().hex[:8]}"
     async with client(text_server) as c:
         events = c.generate(model=MODEL, messages=COUNT, stream_id=stream_id,
@@ -115,7 +115,7 @@ async def test_follow_stream_resumes_without_gaps_or_duplicates(text_server):
         assert (err.value.code, err.value.status) == ("stream_not_found", 404)
 
 
-async def test_errors_carry_the_wire_error(text_server):
+async def test_errors_carry_the_wire_error(text_server):  # noqa: F811
     async with client(text_server) as alice, client(text_server, KEYS[1]) as bob:
         session = await alice.open_session(MODEL)
         try:
@@ -142,7 +142,7 @@ async def test_errors_carry_the_wire_error(text_server):
         assert (err.value.status, err.value.code) == (401, "unauthorized")
 
 
-async def test_docs_python_examples_run(text_server):
+async def test_docs_python_examples_run(text_server):  # noqa: F811
     """Every Python block of docs/api.md, pointed at the test server."""
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
     assert len(blocks) >= 5
