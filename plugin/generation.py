@@ -162,7 +162,7 @@ def parse_messages(raw: Any, param: str = "messages", *, allow_empty: bool = Fal
     for i, m in enumerate(raw):
         p = f"{param}[{i}]"
         m = _object(m, p)
-        _only(m, ("role", "content", "tool_calls", "tool_call_id", "name"), p)
+        _only(m, ("role", "content", "tool_calls", "tool_call_id"), p)
         role = m.get("role")
         if role == "developer":
             role = "system"
@@ -290,6 +290,14 @@ class GenerationControl:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.pending.append((changes, fut))
         return fut
+
+    def withdraw(self, fut: asyncio.Future[int]) -> bool:
+        """Drop a change not applied yet; False when it was already taken."""
+        kept = [(c, f) for c, f in self.pending if f is not fut]
+        withdrawn, self.pending = len(kept) != len(self.pending), kept
+        if withdrawn:
+            fut.cancel()
+        return withdrawn
 
     def take(self) -> list[tuple[dict[str, Any], asyncio.Future[int]]]:
         pending, self.pending = self.pending, []

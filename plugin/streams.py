@@ -89,7 +89,7 @@ def _gone(stream_id: str, status: StreamStatus | None = None) -> DuplexError:
 
 def _resync(seq: int, first: int) -> DuplexError:
     msg = f"seq {seq} was trimmed; oldest retained seq is {first}"
-    return DuplexError("resync_required", msg, param="from")
+    return DuplexError("resync_required", msg, param="from", details={"first_seq": first})
 
 
 class ResumableStream:

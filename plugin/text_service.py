@@ -184,7 +184,14 @@ class TextService:
         if control is None:
             raise DuplexError("capability_unsupported", "this generation has no mutable fields "
                               "(only stateless generations take /control)", param="stream_id")
-        return await asyncio.wait_for(control.request(changes), timeout_s)
+        fut = control.request(changes)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except TimeoutError:
+            if not control.withdraw(fut):  # applied just now after all
+                return fut.result()
+            raise DuplexError("deadline_exceeded", f"no event boundary within {timeout_s:.0f} s "
+                              "(the generation is still prefilling); nothing was applied") from None
 
     def capabilities(self) -> dict[str, Any]:
         limits = self.limits

@@ -166,7 +166,10 @@ class GenerateStream:
         final = (Message("user", turn.pushed),) if turn.pushed.strip() else ()
         try:
             async for ev in turn.events(final):
-                await self.send({"type": ev.event, **ev.data})
+                frame = {"type": ev.event, **ev.data}
+                if ev.event == "error":  # a reply's error ends the generation: terminal
+                    frame["terminal"] = True
+                await self.send(frame)
         except Exception:  # the socket went away; finish() cleans up
             log.debug("generate stream send failed", exc_info=True)
         if self.terminal_sent:

@@ -233,7 +233,7 @@ class AppSession:
         return (await self.generate(messages, **request).collect()).text
 
     async def info(self, messages: bool = False) -> dict[str, Any]:
-        """The session object; ``messages=True`` includes the history."""
+        """The session object; ``messages=True`` adds the history as ``history``."""
         params = {"messages": "true"} if messages else None
         self.wire = await self.client._json("GET", self._path, headers=self._headers, params=params)
         return self.wire

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..app_sessions import AppSession, TurnRequest
-from ..errors import DuplexError
+from ..errors import ERRORS, DuplexError
 from ..generation import (
     GenEvent,
     Message,
@@ -49,6 +49,14 @@ class Caller:
 
 def error_response(err: DuplexError) -> JSONResponse:
     return JSONResponse({"error": err.to_wire()}, status_code=err.spec.http_status)
+
+
+def answer(body: dict[str, Any]) -> JSONResponse:
+    """A ``stream: false`` answer; a step that ended in an error has that
+    error's status (what came out before it is in ``output``)."""
+    error = body.get("error")
+    status = ERRORS[error["code"]].http_status if error and error.get("code") in ERRORS else 200
+    return JSONResponse(body, status_code=status)
 
 
 async def read_json(request: Request, limit: int) -> Any:
@@ -136,7 +144,7 @@ def text_routes(service_of: Callable[[], TextService | None],
         service.reserve(caller.key_id, spec.request_id)
         events = service.run(caller.key_id, spec.request_id, run, run.events(), spec.deadline_ms)
         if not stream:
-            return JSONResponse(await collect(events))
+            return answer(await collect(events))
         return EventStreamResponse(frames(events), {"x-request-id": spec.request_id})
 
     def follow(target: Any, from_seq: int, stream: bool = True) -> Response:
@@ -157,9 +165,9 @@ def text_routes(service_of: Callable[[], TextService | None],
                 async for ev in events:
                     yield GenEvent(ev.event, ev.data)
 
-            async def answer() -> Response:
-                return JSONResponse({"stream_id": target.stream_id, **await collect(as_events())})
-            return _Deferred(answer)
+            async def whole() -> Response:
+                return answer({"stream_id": target.stream_id, **await collect(as_events())})
+            return _Deferred(whole)
         return EventStreamResponse(replay(), {"x-stream-id": target.stream_id})
 
     # ---- application sessions ------------------------------------------------
@@ -202,7 +210,7 @@ def text_routes(service_of: Callable[[], TextService | None],
         session = sessions.manager.peek(sid) if info.state.value in ("active", "detached") else None
         body = sessions.wire(session, info)
         if session is not None and request.query_params.get("messages") == "true":
-            body["messages"] = session.wire_messages()
+            body["history"] = session.wire_messages()
         return JSONResponse(body)
 
     async def renew_session(request: Request, caller: Caller) -> Response:
@@ -235,6 +243,8 @@ def text_routes(service_of: Callable[[], TextService | None],
         if not isinstance(raw, dict):
             raise DuplexError("invalid_value", "the body must be a JSON object", param="body")
         stream = raw.pop("stream", True)
+        if not isinstance(stream, bool):
+            raise DuplexError("invalid_value", "stream must be a boolean", param="stream")
         mode = raw.pop("mode", "append")
         replace_from = raw.pop("replace_from", None)
         session, _ = service.sessions.get(sid, caller.api_key, owner(request))
@@ -288,7 +298,7 @@ def text_routes(service_of: Callable[[], TextService | None],
             raise
         events = _after(service.run(caller.key_id, rid, turn, turn.events(), deadline_ms), done)
         if stream is False:
-            return JSONResponse({"session_id": session.session_id, **await collect(events)})
+            return answer({"session_id": session.session_id, **await collect(events)})
         return EventStreamResponse(frames(events), {"x-request-id": rid}, on_close=done)
 
     # ---- streams and requests --------------------------------------------------

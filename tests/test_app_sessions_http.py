@@ -126,7 +126,7 @@ async def test_continuation_keeps_the_conversation_in_the_live_request(text_serv
                                                   "options": {"max_tokens": 24}})
         assert r.json()["output"]["text"] == second["output"]["text"]
         info = (await http.get(f"/v1/sessions/{sid}", params={"messages": "true"})).json()
-        assert info["turns"] == 2 and [m["role"] for m in info["messages"]] == [
+        assert info["turns"] == 2 and [m["role"] for m in info["history"]] == [
             "user", "assistant", "user", "assistant"]
         assert info["resident"] is True and info["state"] == "detached"
         await http.delete(f"/v1/sessions/{sid}")
@@ -151,8 +151,8 @@ async def test_continuation_modes_and_model_checks(text_server):
         out = await turn(http, sid, GERMANY, mode="replace", replace_from=0)
         assert "Berlin" in out["output"]["text"]
         info = (await http.get(f"/v1/sessions/{sid}", params={"messages": "true"})).json()
-        assert [m["content"] for m in info["messages"]][0] == GERMANY[0]["content"]
-        assert len(info["messages"]) == 2
+        assert [m["content"] for m in info["history"]][0] == GERMANY[0]["content"]
+        assert len(info["history"]) == 2 and info["messages"] == 2
         await http.delete(f"/v1/sessions/{sid}")
 
 

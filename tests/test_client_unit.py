@@ -168,7 +168,7 @@ async def test_wait_for_skips_and_records() -> None:
 async def test_update_session_returns_session_or_raises() -> None:
     async def script(peer: Peer) -> None:
         await peer.hello()
-        first = await peer.recv()
+        await peer.recv()  # the first update
         await peer.send("session.updated", session={**SESSION, "instructions": "hi"})
         second = await peer.recv()
         await peer.send("error", error={"type": "invalid_request_error", "code": "invalid_value",

@@ -185,7 +185,7 @@ async def test_a_bound_session_continues_and_survives_cancel(text_server):
             frames = await rest(ws)
         assert "Paris" in "".join(f.get("delta", "") for f in frames)
         info = (await http.get(f"/v1/sessions/{sid}", params={"messages": "true"})).json()
-        assert [m["content"] for m in info["messages"]][0] == "What is the capital of France?"
+        assert [m["content"] for m in info["history"]][0] == "What is the capital of France?"
         assert info["turns"] == 1 and info["generating"] is None
 
         # another key cannot bind it; a cancelled stream leaves it open (unless asked)
@@ -206,3 +206,18 @@ async def test_a_bound_session_continues_and_survives_cancel(text_server):
             await send(ws, type="cancel", close_session=True)
             await rest(ws)
         assert (await http.get(f"/v1/sessions/{sid}")).json()["state"] == "closed"
+
+
+async def test_a_reply_that_fails_after_end_is_terminal_and_closes(text_server):
+    async with await connect(text_server) as ws:
+        await send(ws, type="start", model=MODEL, deadline_ms=1500, options={"max_tokens": 400})
+        await recv(ws)
+        await send(ws, type="input", seq=1, text="Tell me a long story about a dragon.")
+        await recv(ws)
+        await send(ws, type="end")
+        frames = await rest(ws)
+        assert ws.close_code == 1000
+    kinds = [f["type"] for f in frames]
+    assert "text-delta" in kinds and kinds[-1] == "error" and "finish" not in kinds
+    assert frames[-1]["terminal"] is True and frames[-1]["error"]["code"] == "deadline_exceeded"
+    assert await engine_idle(text_server)

@@ -49,9 +49,9 @@ async def test_session_two_turns_then_close(text_server):  # noqa: F811
         assert first and second
         info = await session.info(messages=True)
         assert info["turns"] == 2
-        assert [m["role"] for m in info["messages"]] == ["system", "user", "assistant", "user",
+        assert [m["role"] for m in info["history"]] == ["system", "user", "assistant", "user",
                                                          "assistant"]
-        assert info["messages"][2]["content"] == first
+        assert info["history"][2]["content"] == first
         renewed = await session.renew(ttl_s=120, generation=info["lease"]["generation"])
         assert renewed["lease"]["generation"] == info["lease"]["generation"] + 1
         with pytest.raises(DuplexAPIError) as stale:

@@ -214,3 +214,8 @@ async def test_abort_by_request_id_and_deadline(text_server):
     assert events[-1][0] == "error" and events[-1][1]["error"]["code"] == "deadline_exceeded"
     assert [e for e, _ in events].count("error") == 1
     assert await engine_idle(text_server)
+    # without streaming, the answer has the error's status
+    r = await post(text_server, "/v1/generate", {**body, "request_id": "story-3", "deadline_ms": 800,
+                                                 "stream": False})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded"
+    assert await engine_idle(text_server)

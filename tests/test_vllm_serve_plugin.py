@@ -248,3 +248,15 @@ async def test_realtime_exchange_inside_vllm_serve(vllm_serve: SimpleNamespace) 
         result = await rt.collect_response(timeout=60)
     assert result.status == "completed", (result.done, result.errors)
     assert "Paris" in result.text, (result.text, vllm_serve.log_tail())
+
+
+async def test_text_surfaces_inside_vllm_serve(vllm_serve: SimpleNamespace) -> None:
+    """The HTTP text surfaces run on the served engine too (one model step)."""
+    async with httpx.AsyncClient(base_url=vllm_serve.base, timeout=60) as http:
+        r = await http.post("/duplex/v1/generate", json={
+            "model": vllm_serve.model, "stream": False, "options": {"max_tokens": 16},
+            "messages": [{"role": "user", "content": FRANCE}]})
+        assert r.status_code == 200, r.text
+        assert "Paris" in r.json()["output"]["text"] and r.json()["finish_reason"] == "stop"
+        caps = (await http.get("/duplex/v1/capabilities")).json()
+        assert caps["text"]["generate"]["path"] == "/v1/generate"
