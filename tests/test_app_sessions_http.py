@@ -229,3 +229,21 @@ async def test_another_instance_refuses_with_the_owner_id(text_server, vllm_stag
         assert (await a.get("/v1/sessions/chosen-1", headers={"duplex-owner-instance": owner})).status_code == 200
         await a.delete(f"/v1/sessions/{s['id']}")
         await a.delete("/v1/sessions/chosen-1")
+
+
+async def test_capabilities_advertise_the_text_surfaces(text_server):
+    async with client(text_server) as http:
+        caps = (await http.get("/v1/capabilities")).json()["text"]
+    limits = text_server.engine.config.limits
+    sessions = caps["application_sessions"]
+    assert sessions["continuation_modes"] == {"append": True, "replace": True, "branch": False}
+    assert sessions["lease"]["max_ttl_s"] == limits.max_session_ttl_s
+    assert sessions["max_sessions"] == limits.max_app_sessions
+    assert caps["streaming_input"]["modalities"]["text"] is True
+    assert caps["streaming_input"]["early_output"] is False
+    assert caps["streaming_input"]["max_chunk_bytes"] == limits.max_input_chunk_bytes
+    assert caps["streams"]["mutable_fields"] == ["max_tokens", "reasoning_budget"]
+    assert caps["streams"]["ttl_s"] == limits.stream_ttl_s
+    assert caps["owner_affinity"] == {"required": True, "header": "Duplex-Owner-Instance",
+                                      "instance_id": text_server.engine.manager.instance_id}
+    assert "tool-call-delta" in caps["generate"]["events"]
