@@ -150,8 +150,9 @@ class Generation:
             log.debug("abort of %s failed", vid, exc_info=True)
 
     async def events(self) -> AsyncIterator[GenEvent]:
+        run = self._run()
         try:
-            async for ev in self._run():
+            async for ev in run:
                 yield ev
         except DuplexError as err:
             yield GenEvent("error", {"error": err.to_wire()})
@@ -161,6 +162,7 @@ class Generation:
             log.exception("generation %s failed", self.request_id)
             yield GenEvent("error", {"error": DuplexError("internal_error", repr(exc)).to_wire()})
         finally:
+            await run.aclose()  # its engine request's cleanup, now rather than at GC
             self.finished = True
             self.control.abandon(DuplexError("generation_finished", "the generation ended first"))
             if self._vllm_id is not None:
@@ -226,7 +228,10 @@ class Generation:
                                     output_kind=RequestOutputKind.DELTA, **options)
             self._vllm_id = vid = gen.vllm_id(self.request_id)
             gen.active_requests += 1
-            switch: str | None = None  # why this request ends early: "think" (close forced/closed)
+            # Why this request ends early to continue in another: "force" (the
+            # reasoning budget is spent: close the tag) or "closed" (the model
+            # closed it and the answer needs the tool-call grammar).
+            switch: str | None = None
             outputs = stage.engine.generate(tokens_input(prompt_ids + out_ids), params, vid)
             try:
                 async for out in outputs:
