@@ -110,3 +110,25 @@ class SessionClose(Command):
 
     reason: str = "client"
     lane: ClassVar[Lane] = Lane.CONTROL
+
+
+@dataclass(frozen=True)
+class SessionResume(Command):
+    """Extension ``session.resume``: attach this socket to a detached (or
+    another socket's) session and replay what came after ``last_seq``. The
+    transport handles it; it never reaches a session's mailbox."""
+
+    session_id: str
+    resume_token: str
+    last_seq: int
+    generation: int | None = None  # lease generation: compare-and-swap when given
+    lane: ClassVar[Lane] = Lane.CONTROL
+
+
+@dataclass(frozen=True)
+class EventAck(Command):
+    """Extension ``session.event_ack``: the client has every event up to ``seq``;
+    the journal may forget them."""
+
+    seq: int
+    lane: ClassVar[Lane] = Lane.CONTROL

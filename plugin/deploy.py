@@ -32,7 +32,15 @@ class Limits:
     max_frame_bytes: int = 16 << 20  # larger frames are refused by the WebSocket layer (close 1009)
     session_ttl_s: float = 60.0
     mailbox_capacity: int = 1024
-    outbound_capacity: int = 8192
+    outbound_capacity: int = 8192  # events queued for one socket; beyond: cut off (4008)
+    outbound_bytes: int = 16 << 20
+    # Resume: a dropped socket's session waits this long for `session.resume`
+    # (0: it closes with its socket). Its journal is bounded per session and in total.
+    resume_grace_s: float = 30.0
+    journal_events: int = 4096
+    journal_bytes: int = 8 << 20
+    journal_age_s: float = 300.0
+    journal_total_bytes: int = 256 << 20
     # HTTP text surfaces (application sessions, generate, resumable streams)
     max_request_bytes: int = 1 << 20  # larger HTTP bodies get `payload_too_large`
     max_output_tokens: int = 1024  # cap of a generation's max_tokens (also bounded by the context)

@@ -12,9 +12,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .clock import Clock, MonotonicClock
+from .commands import SessionResume
 from .deploy import DeployConfig, StageSpec
+from .errors import DuplexError
+from .journal import JournalBudget, Replay
 from .manager import SessionManager
 from .metrics import Metrics
+from .outbox import Attachment
 from .policy import ModelPolicy, load_policy
 from .session import DuplexSession, SessionLimits
 from .session_config import SessionConfig
@@ -61,6 +65,13 @@ def build_stage(spec: StageSpec, clock: Clock) -> Stage:
     return factory(spec, clock)
 
 
+# Stage counters /metrics shows (per stage, for the stages that have them).
+_STAGE_GAUGES = {
+    "aborted_requests": "Stage requests (aborted), by stage",
+    "active_requests": "Stage requests (active), by stage",
+    "engine_restarts": "Engines rebuilt after they died, by stage",
+}
+
 _SESSION_DEFAULT_KEYS = ("instructions", "output_modalities", "voice", "temperature",
                          "max_output_tokens")
 
@@ -94,8 +105,14 @@ class DuplexEngine:
             clock=self.clock,
             instance_id=instance_id or os.environ.get("VLLM_DUPLEX_INSTANCE_ID"),
         )
-        self.session_limits = SessionLimits(mailbox_capacity=limits.mailbox_capacity,
-                                            outbound_capacity=limits.outbound_capacity)
+        self.session_limits = SessionLimits(
+            mailbox_capacity=limits.mailbox_capacity, outbound_capacity=limits.outbound_capacity,
+            outbound_bytes=limits.outbound_bytes, journal_events=limits.journal_events,
+            journal_bytes=limits.journal_bytes, journal_age_s=limits.journal_age_s,
+            survives_disconnect=limits.resume_grace_s > 0)
+        self.journal_budget = JournalBudget(limits.journal_total_bytes)
+        self.metrics.gauge("duplex_journal_bytes", "Bytes of events journaled for resume, all sessions",
+                           lambda: self.journal_budget.used)
         unknown = set(config.session) - set(_SESSION_DEFAULT_KEYS)
         if unknown:
             raise ValueError(f"unknown session defaults: {sorted(unknown)}")
@@ -113,10 +130,9 @@ class DuplexEngine:
             self.text = TextService(llm, model=config.model, instance_id=self.manager.instance_id,
                                     limits=limits, clock=self.clock, metrics=self.metrics)
         for stage in self.stages:
-            for counter in ("aborted_requests", "active_requests"):
+            for counter, help in _STAGE_GAUGES.items():
                 if hasattr(stage, counter):
-                    self.metrics.gauge(f"duplex_stage_{counter}",
-                                       f"Stage requests ({counter.split('_')[0]}), by stage",
+                    self.metrics.gauge(f"duplex_stage_{counter}", help,
                                        lambda s=stage, c=counter: float(getattr(s, c)),
                                        stage=stage.name)
 
@@ -163,10 +179,13 @@ class DuplexEngine:
         def factory(session_id: str) -> DuplexSession:
             return DuplexSession(session_id, config=self.session_defaults, policy=self.policy,
                                  stages=self.stages, clock=self.clock, metrics=self.metrics,
-                                 limits=self.session_limits,
+                                 limits=self.session_limits, journal_budget=self.journal_budget,
                                  extra_wire={"owner_instance_id": self.manager.instance_id})
 
-        session, _ = self.manager.admit(factory, api_key=api_key, pinned=True)
+        grace = self.config.limits.resume_grace_s
+        session, _ = self.manager.admit(factory, api_key=api_key, pinned=True,
+                                        ttl_s=grace if grace > 0 else None)
+        session.attach()  # the opening socket
         try:
             await session.start()
         except BaseException:
@@ -178,6 +197,37 @@ class DuplexEngine:
     async def end_session(self, session: DuplexSession, reason: str) -> None:
         await session.close(reason)
         await self.manager.release(session.session_id, reason)
+
+    def resume_realtime_session(self, api_key: str | None, c: SessionResume
+                                ) -> tuple[DuplexSession, Attachment, Replay, dict[str, Any]]:
+        """Attach a reconnecting socket to its session (CONFORMANCE 25-28):
+        another key's session is ``session_not_found``, a lapsed one
+        ``session_expired``; the token is checked in constant time and rotates;
+        ``generation``, when given, is a compare-and-swap on the lease."""
+        try:
+            session, info = self.manager.get(c.session_id, api_key)
+            generation = info.lease.generation
+            if c.generation is not None:
+                generation = self.manager.renew(c.session_id, api_key,
+                                                generation=c.generation).generation
+            att, replay, resumed = session.resume(c.resume_token, c.last_seq)
+        except DuplexError as err:
+            self.metrics.resumes.inc(outcome=err.code)
+            raise
+        self.manager.pin(c.session_id)
+        self.metrics.resumes.inc(outcome="resync" if replay.resync else "ok")
+        return session, att, replay, {**resumed, "generation": generation}
+
+    async def release_socket(self, session: DuplexSession, att: Attachment) -> None:
+        """A socket of ``session`` ended. Without resume (grace 0) its session
+        ends with it; otherwise the session waits, detached, for a resume."""
+        current = session.detach(att)
+        if session.close_reason is not None:
+            await self.end_session(session, session.close_reason)
+        elif current and not self.session_limits.survives_disconnect:
+            await self.end_session(session, "disconnect")
+        else:
+            self.manager.unpin(session.session_id)
 
     def capabilities(self) -> dict[str, Any]:
         limits = self.config.limits

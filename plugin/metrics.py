@@ -70,6 +70,9 @@ class Metrics:
         self.sessions_opened = c("duplex_sessions_opened_total", "Realtime sessions opened")
         self.sessions_closed = c("duplex_sessions_closed_total", "Realtime sessions closed, by reason")
         self.errors = c("duplex_errors_total", "Error events sent, by code")
+        self.slow_consumers = c("duplex_slow_consumers_total",
+                                "Sockets cut off for not reading their events")
+        self.resumes = c("duplex_resumes_total", "Realtime sessions resumed, by outcome")
         self.stale_dropped = c("duplex_stale_outputs_dropped_total", "Stage outputs dropped by the fence gate")
         self.interrupts = c("duplex_interrupts_total", "Responses interrupted, by reason")
         self.epoch_bumps = c("duplex_epoch_bumps_total", "Epoch increments")

@@ -4,7 +4,8 @@ Client commands and stage outputs both arrive through the session's
 ``Mailbox``; its control lane overtakes queued audio, so a cancel or a close
 never waits behind audio decoding. The runner task is the only writer of the
 session's state (fence, conversation, input buffer, active response); the
-transport only enqueues commands and drains ``outbound``.
+transport only enqueues commands and drains the ``Attachment`` of its socket
+(``plugin/outbox.py``: the journal and the socket attached now).
 
 Stale outputs are dropped in one place: ``_on_stage_output`` asks the
 session's ``FenceGate`` before anything else.
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import hmac
 import secrets
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +44,10 @@ from .conversation import (
 from .errors import DuplexError
 from .fence import Fence
 from .input_buffer import InputBuffer
+from .journal import Journal, JournalBudget, Replay
 from .mailbox import Mailbox, MailboxClosed, MailboxFull
 from .metrics import Metrics
+from .outbox import Attachment, Outbox, OutboxLimits
 from .policy import ModelPolicy
 from .responses import ActiveResponse
 from .session_config import SessionConfig, session_wire
@@ -81,7 +84,11 @@ def new_id(prefix: str) -> str:
 class SessionLimits:
     mailbox_capacity: int = 1024  # queued client data commands
     outbound_capacity: int = 8192  # events waiting for a slow socket
+    outbound_bytes: int = 16 << 20
     journal_events: int = 4096  # recent events kept for replay
+    journal_bytes: int = 8 << 20
+    journal_age_s: float = 300.0
+    survives_disconnect: bool = False  # detach (and await a resume) instead of closing
     max_items: int = 4096  # conversation items
     max_buffer_ms: int = 10 * 60 * 1000  # uncommitted input audio
 
@@ -98,6 +105,7 @@ class DuplexSession:
         metrics: Metrics,
         limits: SessionLimits = SessionLimits(),
         extra_wire: dict[str, Any] | None = None,
+        journal_budget: JournalBudget | None = None,
     ) -> None:
         self.session_id = session_id
         self._config = config
@@ -109,8 +117,10 @@ class DuplexSession:
         self.extra_wire = extra_wire or {}
         self.gate = FenceGate(Fence(session_id))
         self.mailbox = Mailbox(data_capacity=limits.mailbox_capacity)
-        self.outbound: asyncio.Queue[ev.Envelope | None] = asyncio.Queue(limits.outbound_capacity)
-        self.journal: deque[ev.Envelope] = deque(maxlen=limits.journal_events)
+        self.outbox = Outbox(
+            Journal(max_events=limits.journal_events, max_bytes=limits.journal_bytes,
+                    max_age_s=limits.journal_age_s, budget=journal_budget),
+            OutboxLimits(max_events=limits.outbound_capacity, max_bytes=limits.outbound_bytes))
         self.resume_token = secrets.token_urlsafe(24)
         self.pipeline = Pipeline([s.port(session_id) for s in stages], self._enqueue_output)
         self._stage_for_generate = next(
@@ -155,7 +165,46 @@ class DuplexSession:
     def policy_state(self) -> dict[str, Any]:
         return self._policy_state
 
+    @property
+    def journal(self) -> Journal:
+        return self.outbox.journal
+
+    @property
+    def attachment(self) -> Attachment | None:
+        """The queue of the socket attached now (None while detached)."""
+        return self.outbox.attachment
+
     # ---- lifecycle (called by the transport / manager) --------------------
+
+    def attach(self) -> Attachment:
+        """The first socket (before ``start``, so it sees ``session.created``)."""
+        att, _ = self.outbox.attach()
+        return att
+
+    def resume(self, token: str, last_seq: int) -> tuple[Attachment, Replay, dict[str, Any]]:
+        """Attach a reconnecting socket: check the token (constant time), replay
+        after ``last_seq`` (or resync), rotate the token. Returns the new
+        attachment, the replay verdict, and the ``session.resumed`` fields."""
+        if self.close_reason is not None:
+            raise DuplexError("session_closed", "the session is closed", param="session_id")
+        if not hmac.compare_digest(token.encode(), self.resume_token.encode()):
+            raise DuplexError("invalid_resume_token", "the resume token does not match "
+                              "(tokens rotate on every resume)", param="resume_token")
+        self.journal.expire(self.clock.now())
+        att, replay = self.outbox.attach(last_seq)
+        assert replay is not None
+        self.resume_token = secrets.token_urlsafe(24)
+        resumed = {"session_id": self.session_id, "resume_token": self.resume_token,
+                   "last_seq": last_seq, "head_seq": replay.head_seq}
+        return att, replay, resumed
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a client that must resync starts again from."""
+        return {"session": self.session_object(), "items": [i.wire() for i in self._items],
+                "active_response_id": self.active_response_id}
+
+    def detach(self, att: Attachment) -> bool:
+        return self.outbox.detach(att)
 
     async def start(self) -> None:
         await self.pipeline.open(self.fence)
@@ -188,12 +237,7 @@ class DuplexSession:
             await asyncio.gather(self._task, return_exceptions=True)
         await self.pipeline.close()
         self.metrics.sessions_closed.inc(reason=reason)
-        if self.outbound.full():
-            # Only a consumer that stopped reading fills it; what it never
-            # read is moot now, and the writer must see the end marker.
-            while not self.outbound.empty():
-                self.outbound.get_nowait()
-        self.outbound.put_nowait(None)
+        self.outbox.close()
         self.closed.set()
 
     def session_object(self) -> dict[str, Any]:
@@ -232,14 +276,13 @@ class DuplexSession:
     def _emit(self, event: ev.ServerEvent) -> None:
         self._seq += 1
         env = ev.Envelope(self._seq, self.fence, event)
-        self.journal.append(env)
-        try:
-            self.outbound.put_nowait(env)
-        except asyncio.QueueFull:
-            # Slow consumer: its memory must stay bounded; end the session.
-            if self.close_reason is None and self._closer is None:
-                self._closer = asyncio.get_running_loop().create_task(
-                    self.close("slow_consumer"), name=f"duplex-close-{self.session_id}")
+        if self.outbox.publish(env, self.clock.now()):
+            return
+        # A socket that stopped reading was cut off (its memory stays bounded).
+        self.metrics.slow_consumers.inc()
+        if not self.limits.survives_disconnect and self.close_reason is None and self._closer is None:
+            self._closer = asyncio.get_running_loop().create_task(
+                self.close("slow_consumer"), name=f"duplex-close-{self.session_id}")
 
     def _emit_all(self, events: Sequence[ev.ServerEvent]) -> None:
         for event in events:
@@ -285,6 +328,8 @@ class DuplexSession:
             self._truncate(c)
         elif isinstance(c, cmd.DuplexInput):
             await self._duplex_input(c, received_at)
+        elif isinstance(c, cmd.EventAck):
+            self.journal.ack(c.seq)
         elif isinstance(c, cmd.SessionClose):
             self._emit(ev.SessionClosed(reason=c.reason))
             await self.close(c.reason)  # nothing queued behind the close may run

@@ -85,6 +85,9 @@ class RealtimeClient:
         self.session: Event = {}
         self.session_id: str = ""
         self.resume_token: str | None = None
+        self.last_seq = 0  # the newest journaled event received (for session.resume)
+        self.url = ""
+        self.api_key: str | None = None
         self.events: list[Event] = []
         # Index into ``events`` after the last response collect_response returned, so a
         # response whose first events were read earlier (e.g. while streaming input) is
@@ -110,12 +113,61 @@ class RealtimeClient:
         ws = await connect(_with_model(url, model), additional_headers=headers,
                            max_size=max_size, open_timeout=open_timeout)
         client = cls(ws)
+        client.url, client.api_key = url, api_key
         try:
             await client.wait_for("session.created", timeout=open_timeout, raise_on_error=True)
         except BaseException:
             await ws.close()
             raise
         return client
+
+    @classmethod
+    async def resume(
+        cls,
+        url: str,
+        session_id: str,
+        resume_token: str,
+        last_seq: int,
+        *,
+        api_key: str | None = None,
+        generation: int | None = None,
+        max_size: int = 32 << 20,
+        open_timeout: float = 10,
+    ) -> RealtimeClient:
+        """Reattach to a session after a disconnect: ``session.resumed`` comes
+        first (the token rotates), then every event after ``last_seq`` (or
+        ``session.resync_required`` with a snapshot), then live events."""
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        parts = urlsplit(url)
+        query = [(k, v) for k, v in parse_qsl(parts.query) if k != "resume"] + [("resume", "1")]
+        ws = await connect(urlunsplit(parts._replace(query=urlencode(query))),
+                           additional_headers=headers, max_size=max_size, open_timeout=open_timeout)
+        client = cls(ws)
+        client.url, client.api_key = url, api_key
+        client.session_id, client.last_seq = session_id, last_seq
+        event: Event = {"type": "session.resume", "session_id": session_id,
+                        "resume_token": resume_token, "last_seq": last_seq}
+        if generation is not None:
+            event["generation"] = generation
+        try:
+            await client.send(event)
+            await client.wait_for("session.resumed", timeout=open_timeout, raise_on_error=True)
+        except BaseException:
+            await ws.close()
+            raise
+        return client
+
+    async def reconnect(self, **kwargs: Any) -> RealtimeClient:
+        """``resume`` this client's session from the last event it received."""
+        if self.resume_token is None:
+            raise RuntimeError("no resume token: the session was never opened")
+        return await RealtimeClient.resume(self.url, self.session_id, self.resume_token,
+                                           self.last_seq, api_key=self.api_key, **kwargs)
+
+    async def ack(self, seq: int | None = None) -> str:
+        """``session.event_ack``: the server may forget events up to ``seq``."""
+        return await self.send({"type": "session.event_ack",
+                                "seq": self.last_seq if seq is None else seq})
 
     async def __aenter__(self) -> RealtimeClient:
         return self
@@ -124,7 +176,14 @@ class RealtimeClient:
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
 
-    async def close(self) -> None:
+    async def close(self, *, end_session: bool = True) -> None:
+        """Close the socket; ``end_session`` also closes the session (otherwise
+        the server keeps it for ``resume`` during its grace window)."""
+        if end_session:
+            try:
+                await self.send({"type": "session.close"})
+            except Exception:  # the socket is gone already
+                pass
         await self.ws.close()
 
     # -- raw events ---------------------------------------------------------------------
@@ -144,11 +203,18 @@ class RealtimeClient:
         event["_recv_t"] = time.monotonic()
         self.events.append(event)
         etype = event.get("type")
+        if isinstance(event.get("seq"), int):
+            self.last_seq = max(self.last_seq, event["seq"])
         if etype in ("session.created", "session.updated"):
             self.session = event.get("session") or {}
             self.session_id = self.session.get("id", self.session_id)
             if etype == "session.created":
                 self.resume_token = event.get("resume_token")
+        elif etype == "session.resumed":
+            self.resume_token = event.get("resume_token")
+        elif etype == "session.resync_required":
+            self.session = event.get("session") or self.session
+            self.last_seq = event.get("head_seq", self.last_seq)
         return event
 
     async def wait_for(self, *types: str, timeout: float = 30.0,

@@ -40,6 +40,7 @@ from vllm_duplex.commands import (
     AudioCommit,
     Command,
     DuplexInput,
+    EventAck,
     ItemCreate,
     ItemDelete,
     ItemRetrieve,
@@ -48,6 +49,7 @@ from vllm_duplex.commands import (
     ResponseCreate,
     ResponseOptions,
     SessionClose,
+    SessionResume,
     SessionUpdate,
 )
 from vllm_duplex.contracts import InputMode
@@ -110,6 +112,18 @@ def _on_append(o: dict[str, Any], eid: str | None) -> Command:
     audio = _b64(o["audio"], "audio")
     seq = _int(o.get("seq"), "seq")
     return AudioAppend(audio=audio, seq=None if seq is _MISSING else seq, event_id=eid)
+
+
+def _seq(o: dict[str, Any], name: str) -> int:
+    return _req_int(o, name, name)  # an integer >= 0
+
+
+def _on_resume(o: dict[str, Any], eid: str | None) -> Command:
+    generation = _int(o.get("generation"), "generation")
+    return SessionResume(session_id=_req_str(o, "session_id", "session_id"),
+                         resume_token=_req_str(o, "resume_token", "resume_token"),
+                         last_seq=_seq(o, "last_seq"),
+                         generation=None if generation is _MISSING else generation, event_id=eid)
 
 
 def _on_item_create(o: dict[str, Any], eid: str | None) -> Command:
@@ -197,6 +211,8 @@ _HANDLERS: dict[str, Callable[[dict[str, Any], str | None], Command]] = {
     ),
     "duplex.input": _on_duplex_input,
     "session.close": lambda o, eid: SessionClose(reason="client", event_id=eid),
+    "session.resume": _on_resume,
+    "session.event_ack": lambda o, eid: EventAck(seq=_seq(o, "seq"), event_id=eid),
 }
 CLIENT_EVENT_TYPES: frozenset[str] = frozenset(_HANDLERS)
 
@@ -348,6 +364,14 @@ class RealtimeCodec:
                 out[name] = convert(out[name])  # copies: the journaled snapshot is untouched
         out["seq"] = env.seq
         out["metadata"] = {"fence": env.fence.wire()}
+        return _encode(out)
+
+    def render_notice(self, kind: str, fence: Fence | None = None, **fields: Any) -> str:
+        """An unjournaled connection event (``session.resumed``, ``session.replaced``,
+        ``session.resync_required``): no seq, it is about this socket."""
+        out: dict[str, Any] = {"type": kind, "event_id": self.next_event_id(), **fields}
+        if fence is not None:
+            out["metadata"] = {"fence": fence.wire()}
         return _encode(out)
 
     def render_error(self, err: DuplexError, fence: Fence | None = None) -> str:

@@ -62,7 +62,10 @@ async def no_leaked_tasks():
 
 def scripted_config(*, reply: str | None = None, api_keys: tuple[str, ...] = (),
                     **limits: Any) -> DeployConfig:
-    """``configs/scripted.yaml``, optionally with another LLM reply, API keys or limits."""
+    """``configs/scripted.yaml``, optionally with another LLM reply, API keys or limits.
+    A dropped socket ends its session (``resume_grace_s=0``) unless a test asks for
+    resume: a detached session would outlive its test (and fail its leak check)."""
+    limits = {"resume_grace_s": 0.0, **limits}
     config = load_config("scripted")
     if reply is not None:
         stages = tuple(StageSpec(s.type, {**s.options, "reply": reply})

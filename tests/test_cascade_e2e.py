@@ -7,6 +7,7 @@ PocketSphinx listens to the answer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -33,7 +34,9 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 def cascade_engine(vllm_stage) -> DuplexEngine:  # noqa: F811
-    return DuplexEngine(load_config("cascade-cpu"), shared_stages={"vllm": vllm_stage})
+    config = load_config("cascade-cpu")
+    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, resume_grace_s=0))
+    return DuplexEngine(config, shared_stages={"vllm": vllm_stage})
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -136,7 +139,7 @@ async def test_an_asr_revision_rolls_back_and_the_answer_is_still_right(vllm_sta
         text = ""
         async with asyncio.timeout(120):
             while True:
-                env = await session.outbound.get()
+                env = await session.attachment.get()
                 if env.event.type == "response.output_audio_transcript.delta":
                     text += env.event.delta
                 if env.event.type == "response.done":

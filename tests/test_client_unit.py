@@ -138,7 +138,8 @@ async def test_send_fills_event_id() -> None:
                 await asyncio.sleep(0.01)
     assert minted.startswith("evt_") and kept == "mine"
     got = peers[0].received
-    assert [e["event_id"] for e in got] == [minted, "mine", appended]
+    assert got[-1]["type"] == "session.close"  # leaving the block ends the session
+    assert [e["event_id"] for e in got[:-1]] == [minted, "mine", appended]
     assert got[2] == {"type": "input_audio_buffer.append", "audio": b64(b"\x01\x02"),
                       "seq": 7, "event_id": appended}
 
@@ -183,7 +184,7 @@ async def test_update_session_returns_session_or_raises() -> None:
                 await rt.update_session({"audio": {"input": {"format": {"rate": 1}}}})
             assert info.value.code == "invalid_value"
             assert rt.session["instructions"] == "hi"  # unchanged by the failure
-    assert [e["type"] for e in peers[0].received] == ["session.update"] * 2
+    assert [e["type"] for e in peers[0].received] == ["session.update"] * 2 + ["session.close"]
 
 
 async def test_collect_response_concatenates_audio_and_transcript() -> None:
@@ -267,7 +268,7 @@ async def test_talk_commits_manually_when_vad_is_off(tmp_path: Path,
                                   no_realtime=True, timeout=5.0, out=str(tmp_path / "out.wav"))
         assert await talk._talk(args, samples, rate) == 0
     sent = [e["type"] for e in peers[0].received]
-    assert sent[-2:] == ["input_audio_buffer.commit", "response.create"]
+    assert sent[-3:] == ["input_audio_buffer.commit", "response.create", "session.close"]
     appended = sum(len(base64.b64decode(e["audio"])) for e in peers[0].received
                    if e["type"] == "input_audio_buffer.append")
     assert appended == 2 * (12000 + 12 * 2400)  # 0.5 s of input + 1.2 s of silence at 24 kHz
@@ -298,7 +299,7 @@ async def test_talk_leaves_the_turn_to_server_vad(tmp_path: Path,
                                   no_realtime=False, timeout=5.0, out=str(tmp_path / "out.wav"))
         assert await talk._talk(args, samples, rate) == 0
     sent = {e["type"] for e in peers[0].received}
-    assert sent == {"input_audio_buffer.append"}  # no manual commit or response.create
+    assert sent == {"input_audio_buffer.append", "session.close"}  # no commit or response.create
     out = capsys.readouterr().out
     assert "assistant: ok" in out and "TTFA (speech_stopped -> first audio)" in out
 

@@ -19,6 +19,7 @@ from vllm_duplex import commands as cmd
 from vllm_duplex import events as ev
 from vllm_duplex.deploy import load_config
 from vllm_duplex.engine import DuplexEngine
+from vllm_duplex.outbox import Notice
 from vllm_duplex.fence import Fence
 from vllm_duplex.session_config import SessionPatch
 from vllm_duplex.stages.base import GenerateRequest, StageInput, StageOutput, TextDelta
@@ -32,8 +33,8 @@ def pcm16(seconds: float, *, amplitude: float = 0.0, rate: int = 24000) -> bytes
 async def next_event(session, *types: str, timeout: float = 5.0) -> ev.Envelope:
     async with asyncio.timeout(timeout):
         while True:
-            env = await session.outbound.get()
-            assert env is not None, "session ended"
+            env = await session.attachment.get()
+            assert isinstance(env, ev.Envelope), f"session ended ({env})"
             if not types or env.event.type in types:
                 return env
 
@@ -157,8 +158,8 @@ async def test_fence_gate_is_the_one_place_stale_outputs_die(engine):
     await asyncio.sleep(0.05)  # the deaf stage keeps talking for the old fence
     assert session.gate.dropped > 0
     assert engine.metrics.stale_dropped.get(stage="llm") == session.gate.dropped
-    while not session.outbound.empty():
-        env = session.outbound.get_nowait()
+    while not session.attachment.empty():
+        env = session.attachment.get_nowait()
         assert env.event.type != "response.output_text.delta", "a stale delta reached the client"
     assert first.fence.epoch < session.fence.epoch
     await engine.end_session(session, "test")
@@ -240,14 +241,34 @@ def test_gate_keeps_listening_outputs_across_fence_bumps():
 
 
 async def test_a_consumer_that_stops_reading_ends_its_session_with_bounded_memory(engine):
-    engine.session_limits = dataclasses.replace(engine.session_limits, outbound_capacity=8)
+    """Without resume (grace 0), a socket that stops reading ends its session."""
+    engine.session_limits = dataclasses.replace(engine.session_limits, outbound_capacity=8,
+                                                survives_disconnect=False)
     session = await manual_session(engine)  # reads session.created/updated only
+    att = session.attachment
     session.deliver(cmd.ResponseCreate())  # ~60 events, nobody reads them
     await asyncio.wait_for(session.closed.wait(), 5)
     assert session.close_reason == "slow_consumer"
-    assert session.outbound.qsize() == 1 and session.outbound.get_nowait() is None
+    assert att.qsize() == 1 and att.get_nowait() is Notice.SLOW_CONSUMER  # backlog dropped
     await engine.end_session(session, "test")
     assert engine.metrics.sessions_closed.get(reason="slow_consumer") == 1
+
+
+async def test_with_resume_a_slow_consumer_loses_its_socket_not_its_session(engine):
+    engine.session_limits = dataclasses.replace(engine.session_limits, outbound_capacity=8,
+                                                survives_disconnect=True)
+    session = await manual_session(engine)
+    att = session.attachment
+    session.deliver(cmd.ResponseCreate())
+    while session.attachment is att:
+        await asyncio.sleep(0.01)
+    assert att.get_nowait() is Notice.SLOW_CONSUMER and att.pending_bytes == 0
+    assert session.close_reason is None and engine.metrics.slow_consumers.get() == 1
+    # the journal kept everything: a resume from the last seq read replays it all
+    new, replay, resumed = session.resume(session.resume_token, 2)
+    assert not replay.resync and [e.seq for e in replay.events] == list(range(3, replay.head_seq + 1))
+    assert resumed["resume_token"] == session.resume_token
+    await engine.end_session(session, "test")
 
 
 async def test_silence_under_server_vad_does_not_grow_the_buffer(engine):

@@ -34,6 +34,7 @@ WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Curre
 def text_engine(vllm_stage: Any, **limits: Any) -> DuplexEngine:
     """The default deployment (cascade-cpu) with API keys, on the shared engine."""
     config = load_config("cascade-cpu")
+    limits = {"resume_grace_s": 0.0, **limits}  # dropped realtime sockets end their sessions
     config = dataclasses.replace(config, api_keys=KEYS,
                                  limits=dataclasses.replace(config.limits, **limits))
     return DuplexEngine(config, shared_stages={"vllm": vllm_stage})
