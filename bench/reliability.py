@@ -28,6 +28,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import statistics
 import sys
 import time
@@ -35,7 +36,9 @@ from pathlib import Path
 
 import httpx
 import psutil
-import websockets
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.uri import parse_uri
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from churn import churn, rss_bytes, settle  # noqa: E402
@@ -141,19 +144,48 @@ async def latency_of_neighbours(url: str, n: int = 8) -> float:
     return statistics.quantiles(gaps, n=100)[98]
 
 
+class NonReadingClient:
+    """A WebSocket client that reads its handshake and first event, then never
+    reads again (a stalled phone): a small receive buffer, no keepalive. Built
+    on websockets' sans-I/O protocol over a raw non-blocking socket."""
+
+    def __init__(self, sock: socket.socket, protocol: ClientProtocol, session_id: str) -> None:
+        self.sock, self.protocol, self.session_id = sock, protocol, session_id
+
+    @classmethod
+    async def connect(cls, host: str, port: int) -> NonReadingClient:
+        loop = asyncio.get_running_loop()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (host, port))
+        protocol = ClientProtocol(parse_uri(f"ws://{host}:{port}/v1/realtime"))
+        protocol.send_request(protocol.connect())
+        await loop.sock_sendall(sock, b"".join(protocol.data_to_send()))
+        while True:  # until session.created
+            protocol.receive_data(await loop.sock_recv(sock, 1 << 16))
+            for frame in protocol.events_received():
+                if isinstance(frame, Frame) and frame.opcode is Opcode.TEXT:
+                    return cls(sock, protocol, json.loads(frame.data)["session"]["id"])
+
+    async def send(self, event: dict) -> None:
+        self.protocol.send_text(json.dumps(event).encode())
+        await asyncio.get_running_loop().sock_sendall(self.sock, b"".join(self.protocol.data_to_send()))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 async def bench_slow_consumer() -> None:
     reply = " ".join(f"Sentence {i} of a long scripted reply." for i in range(40))
     config = scripted(reply, 0.005, resume_grace_s=10, outbound_capacity=8192,
                       outbound_bytes=1 << 20)
     async with BackgroundServer(DuplexEngine(config)) as server:
         alone = await latency_of_neighbours(server.ws_url)
-        # A client that never reads (and sends no keepalive pings that would
-        # notice): its audio replies back up towards the server.
-        slow = await websockets.connect(server.ws_url, ping_interval=None, max_queue=1)
-        created = json.loads(await slow.recv())
-        await slow.send(json.dumps({"type": "session.update",
-                                    "session": {"audio": {"input": {"turn_detection": None}}}}))
-        session, _ = server.engine.manager.get(created["session"]["id"], None)
+        slow = await NonReadingClient.connect(server.host, server.port)
+        await slow.send({"type": "session.update",
+                         "session": {"audio": {"input": {"turn_detection": None}}}})
+        session, _ = server.engine.manager.get(slow.session_id, None)
         peak = 0
         metrics = server.engine.metrics
 
@@ -161,8 +193,8 @@ async def bench_slow_consumer() -> None:
             for _ in range(30):
                 if metrics.slow_consumers.get() > 0:
                     return
-                await slow.send(json.dumps(USER))
-                await slow.send(json.dumps({"type": "response.create"}))
+                await slow.send(USER)
+                await slow.send({"type": "response.create"})
                 while session.active_response_id is None and metrics.slow_consumers.get() == 0:
                     await asyncio.sleep(0.01)
                 while session.active_response_id is not None:
@@ -184,7 +216,7 @@ async def bench_slow_consumer() -> None:
         rss1 = rss_bytes()
         cut = metrics.slow_consumers.get() > 0
         journal = session.journal.bytes
-        await slow.close()
+        slow.close()
         await server.engine.end_session(session, "bench")
     print(f"slow consumer: cut off: {cut} (close 4008); queued for it at most {peak / 2**20:.2f} MiB "
           f"(bound {config.limits.outbound_bytes / 2**20:.0f} MiB), journal {journal / 2**20:.1f} MiB "

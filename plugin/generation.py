@@ -36,13 +36,13 @@ _OPTIONS: dict[str, tuple[type, float | None, float | None]] = {
     "max_tokens": (int, 1, None),
     "temperature": (float, 0.0, 2.0),
     "top_p": (float, 0.0, 1.0),
-    "top_k": (int, -1, None),
+    "top_k": (int, -1, 1 << 20),
     "min_p": (float, 0.0, 1.0),
-    "seed": (int, None, None),
+    "seed": (int, 0, (1 << 63) - 1),
     "presence_penalty": (float, -2.0, 2.0),
     "frequency_penalty": (float, -2.0, 2.0),
-    "repetition_penalty": (float, 0.0, None),
-    "min_tokens": (int, 0, None),
+    "repetition_penalty": (float, 0.0, 100.0),
+    "min_tokens": (int, 0, 1 << 20),
 }
 OPTION_NAMES = tuple(_OPTIONS)
 MUTABLE_FIELDS = ("max_tokens", "reasoning_budget")  # changeable mid-generation by /control
@@ -60,8 +60,8 @@ def check_id(value: Any, param: str) -> str:
 
 def _number(value: Any, kind: type, lo: float | None, hi: float | None, param: str) -> Any:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int:
-        ok = ok and float(value).is_integer()
+    if kind is int:  # 2.0 is an integer; a huge int is refused by the bounds below
+        ok = ok and (isinstance(value, int) or (math.isfinite(value) and value.is_integer()))
     if not ok or (isinstance(value, float) and not math.isfinite(value)):
         raise _fail(param, f"{param} must be {'an integer' if kind is int else 'a number'}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
@@ -239,6 +239,8 @@ def parse_options(raw: Any, max_tokens_cap: int) -> tuple[SamplingConfig, dict[s
             isinstance(s, str) and s for s in stop):
         raise _fail("options.stop", "stop must be a string or a list of up to 8 non-empty strings")
     max_tokens = min(values.pop("max_tokens", max_tokens_cap), max_tokens_cap)
+    if values.get("min_tokens", 0) > max_tokens:
+        raise _fail("options.min_tokens", f"min_tokens must be <= max_tokens ({max_tokens})")
     sampling = SamplingConfig(temperature=values.pop("temperature", 0.0), max_tokens=max_tokens,
                               stop=tuple(stop), seed=values.pop("seed", None), extra=values)
     return sampling, {"max_tokens": max_tokens}

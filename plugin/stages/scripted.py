@@ -356,7 +356,11 @@ def split_tokens(text: str) -> list[str]:
 
 
 class ScriptedLlmStage(ScriptedStage):
-    """``GenerateRequest`` in; the same reply, word by word, out."""
+    """``GenerateRequest`` in; the same reply, word by word, out.
+
+    ``fail_on`` injects a fault: a request whose last user message contains
+    it raises after the reply's first word (the port reports ``stage_failed``).
+    """
 
     accepted = (GenerateRequest,)
 
@@ -367,10 +371,12 @@ class ScriptedLlmStage(ScriptedStage):
         clock: Clock,
         reply: str = DEFAULT_REPLY,
         token_interval_s: float = 0.02,
+        fail_on: str | None = None,
     ) -> None:
         super().__init__(name, clock)
         self.reply = reply
         self.token_interval_s = token_interval_s
+        self.fail_on = fail_on
 
     def port(self, session_id: str) -> StagePort:
         return _LlmPort(self, session_id)
@@ -389,8 +395,12 @@ class _LlmPort(ScriptedPort):
         finish = "stop"
         if limit is not None and limit < len(tokens):
             tokens, finish = tokens[: max(0, limit)], "length"
+        said = next((m.text for m in reversed(req.context) if m.role == "user"), "")
+        fail = self._stage.fail_on is not None and self._stage.fail_on in said
         for i, token in enumerate(tokens):
             if i:
+                if fail:
+                    raise RuntimeError(f"scripted fault on {self._stage.fail_on!r}")
                 await self._clock.sleep(self._stage.token_interval_s)
             await self._emit(item.fence, item.request_id, TextDelta(req.response_id, token))
         words_in = sum(len(m.text.split()) for m in req.context)

@@ -72,6 +72,7 @@ from .base import (
 )
 from .vllm_text import ChatTemplate, Reply, sampling_options, tool_call_schema
 from .vllm_text import parse_tool_call as parse_tool_call  # re-exported: tests import it from here
+from .vllm_supervisor import EngineSupervisor, build_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,12 @@ class VllmLlmStage(ChatTemplate):
     """Owns (or borrows) the engine; ``port(session_id)`` gives a session's port.
 
     ``engine`` may be an already running engine client (e.g. the one ``vllm
-    serve`` built), which the stage then never shuts down. Otherwise ``start``
-    builds an ``AsyncLLM`` from ``model`` (default: the prepared SmolLM2).
+    serve`` built), which the stage then never shuts down nor restarts (its
+    owner does). Otherwise ``start`` builds an ``AsyncLLM`` from ``model``
+    (default: the prepared SmolLM2), and with ``restart_on_failure`` a
+    supervisor rebuilds it when it dies (``restart_backoff_s`` between failed
+    attempts, doubling); requests running on the dead engine fail
+    (``engine_dead``) and ports prefill afresh on the new one.
     """
 
     accepted: ClassVar[tuple[type, ...]] = (TextIn, GenerateRequest, ResetContext)
@@ -115,6 +120,8 @@ class VllmLlmStage(ChatTemplate):
         constrain_tools: bool = False,
         clock: Clock | None = None,
         engine_kwargs: dict[str, Any] | None = None,
+        restart_on_failure: bool = True,
+        restart_backoff_s: float = 1.0,
     ) -> None:
         self.name = name
         self.clock = clock or MonotonicClock()
@@ -142,6 +149,14 @@ class VllmLlmStage(ChatTemplate):
         self.fast_paths = 0  # GenerateRequests that appended to the live request
         self.rebuilds = 0  # ... that had to abort a diverged live request
         self.fresh_prefills = 0  # ... that found no live request
+        self.restart_on_failure = restart_on_failure and self._owns_engine
+        self.supervisor = EngineSupervisor(
+            f"stage {name}", is_dead=lambda: self._engine is not None and self._engine.errored,
+            restart=self._restart, clock=self.clock, backoff_s=restart_backoff_s)
+
+    @property
+    def engine_restarts(self) -> int:  # /metrics
+        return self.supervisor.restarts
 
     # ---- engine lifecycle ------------------------------------------------
 
@@ -153,7 +168,8 @@ class VllmLlmStage(ChatTemplate):
 
     @property
     def healthy(self) -> bool:
-        """For ``/health``: False once the engine died (or before it started)."""
+        """For ``/health``: False once the engine died (until a restart
+        replaced it) or before it started."""
         return self._engine is not None and not self._engine.errored
 
     async def start(self) -> None:
@@ -164,16 +180,39 @@ class VllmLlmStage(ChatTemplate):
                 return
             started = time.monotonic()
             if self._engine is None:
-                self._engine = await asyncio.to_thread(self._build_engine)
+                self._engine = await build_in_thread(self._build_engine, lambda e: e.shutdown())
             await self._load_tokenizer(self._engine)
-            # One token through the engine: starts its output handler on this
-            # loop (it must exist before sessions) and proves the engine works.
-            warm = self._prefill_ids(self.render((ContextMessage("user", "Hi"),), True))
-            async for _ in self._engine.generate(tokens_input(warm), _prefill_params(),
-                                                 f"duplex-warmup.{uuid.uuid4().hex}"):
-                pass
+            await self._warm_up(self._engine)
             self.engine_start_s = time.monotonic() - started
             log.info("stage %s: engine ready in %.1f s", self.name, self.engine_start_s)
+            if self.restart_on_failure:
+                self.supervisor.start()
+
+    async def _warm_up(self, engine: EngineClient) -> None:
+        # One token through the engine: starts its output handler on this
+        # loop (it must exist before sessions) and proves the engine works.
+        warm = self._prefill_ids(self.render((ContextMessage("user", "Hi"),), True))
+        async for _ in engine.generate(tokens_input(warm), _prefill_params(),
+                                       f"duplex-warmup.{uuid.uuid4().hex}"):
+            pass
+
+    async def _restart(self) -> None:
+        """The supervisor's: replace the dead engine with a new, warm one. The
+        dead one stays ``_engine`` (unhealthy; new work fails at once with
+        ``engine_dead``) until the swap."""
+        started = time.monotonic()
+        log.warning("stage %s: the vLLM engine died; restarting it", self.name)
+        if self._engine is not None:
+            self._engine.shutdown()  # its process is gone: frees the client side
+        engine = await build_in_thread(self._build_engine, lambda e: e.shutdown())
+        try:
+            await self._warm_up(engine)
+        except BaseException:
+            engine.shutdown()
+            raise
+        self._engine = engine
+        self.engine_start_s = time.monotonic() - started
+        log.warning("stage %s: engine restarted in %.1f s", self.name, self.engine_start_s)
 
     def _build_engine(self) -> EngineClient:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -202,6 +241,7 @@ class VllmLlmStage(ChatTemplate):
         """Stop the engine if the stage built it. Synchronous on purpose: from
         a worker thread the output handler would see the engine die first and
         log a spurious EngineDeadError; this runs once, at process end."""
+        await self.supervisor.close()  # first: no restart after this
         if self._owns_engine and self._engine is not None:
             engine, self._engine = self._engine, None
             engine.shutdown()
