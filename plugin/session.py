@@ -44,6 +44,7 @@ from .conversation import (
 from .errors import DuplexError
 from .fence import Fence
 from .input_buffer import InputBuffer
+from .input_sequence import Accepted, InputSequence
 from .journal import Journal, JournalBudget, Replay
 from .mailbox import Mailbox, MailboxClosed, MailboxFull
 from .metrics import Metrics
@@ -127,6 +128,7 @@ class DuplexSession:
             (p.name for p in self.pipeline.ports if p.accepts(_PROBE_REQUEST)), None
         )
         self._seq = 0
+        self._input_seq = InputSequence(max_chunk_bytes=1 << 62, max_total_bytes=1 << 62)
         self._items: list[ConversationItem] = []
         self._input = InputBuffer(config.input_format, max_ms=limits.max_buffer_ms)
         self._pending_user_item: str | None = None  # id minted at speech onset
@@ -195,7 +197,8 @@ class DuplexSession:
         assert replay is not None
         self.resume_token = secrets.token_urlsafe(24)
         resumed = {"session_id": self.session_id, "resume_token": self.resume_token,
-                   "last_seq": last_seq, "head_seq": replay.head_seq}
+                   "last_seq": last_seq, "head_seq": replay.head_seq,
+                   "last_input_seq": self._input_seq.next_seq - 1}  # resend numbered input after it
         return att, replay, resumed
 
     def snapshot(self) -> dict[str, Any]:
@@ -296,7 +299,10 @@ class DuplexSession:
 
     async def _on_command(self, c: cmd.Command, received_at: float) -> None:
         if isinstance(c, cmd.AudioAppend):
-            await self._append_audio(c.audio, received_at)
+            # Numbered chunks (CONFORMANCE 23): a duplicate (a resend after a
+            # resume) is ignored, a gap is refused naming the expected seq.
+            if c.seq is None or self._input_seq.accept(c.seq, 0) is Accepted.NEW:
+                await self._append_audio(c.audio, received_at)
         elif isinstance(c, cmd.AudioCommit):
             if self._input.samples == 0:
                 raise DuplexError("input_audio_buffer_empty",

@@ -266,3 +266,25 @@ async def test_resume_needs_the_resume_socket(server):
         assert json.loads(await ws.recv())["error"]["code"] == "invalid_event"
         await ws.send("{not json")
         assert json.loads(await ws.recv())["error"]["code"] == "invalid_json"
+
+
+async def test_numbered_input_chunks_survive_a_resume(server):
+    """CONFORMANCE 23 on the realtime socket: numbered appends; a duplicate is
+    ignored, a gap refused with the expected seq; a resume says what arrived."""
+    rt = await open_client(server)
+    await rt.update_session(TEXT)
+    chunk = b"\x00\x00" * 480
+    for seq in (1, 2, 2):
+        await rt.append_audio(chunk, seq=seq)
+    gap = await rt.append_audio(chunk, seq=5)
+    err = await rt.wait_for("error")
+    assert err["error"]["code"] == "sequence_gap" and err["error"]["expected_seq"] == 3
+    assert err["error"]["event_id"] == gap
+    await drop(rt)
+    back = await rt.reconnect()
+    assert back.events[0]["last_input_seq"] == 2
+    await back.append_audio(chunk, seq=3)
+    await back.commit()
+    committed = await back.wait_for("input_audio_buffer.committed")
+    assert committed["item_id"]
+    await back.close()
