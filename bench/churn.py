@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from vllm_duplex.realtime.client import RealtimeClient
+from vllm_duplex.realtime.client import RealtimeClient, RealtimeError
 
 FATES = ("graceful", "cancelled", "abrupt", "abandoned", "resumed")
 TEXT_TURN = {"output_modalities": ["text"], "audio": {"input": {"turn_detection": None}},
@@ -33,6 +33,7 @@ class ChurnResult:
     fates: Counter[str]
     errors: list[str]
     seconds: float
+    retries: Counter[str]
 
 
 async def _turn(rt: RealtimeClient) -> None:
@@ -43,9 +44,24 @@ async def _turn(rt: RealtimeClient) -> None:
     await rt.send({"type": "response.create"})
 
 
-async def one_session(url: str, index: int, api_key: str | None) -> str:
+async def connect(url: str, api_key: str | None, retries: Counter[str]) -> RealtimeClient:
+    """Admission is bounded (dropped sessions hold a slot through their grace
+    window): ``resource_exhausted`` is retryable, so retry it, as a client should."""
+    for _ in range(200):
+        try:
+            return await RealtimeClient.connect(url, api_key=api_key)
+        except RealtimeError as err:
+            if err.code != "resource_exhausted":
+                raise
+            retries["resource_exhausted"] += 1
+            await asyncio.sleep(0.05)
+    raise RuntimeError("admission refused for 10 s")
+
+
+async def one_session(url: str, index: int, api_key: str | None,
+                      retries: Counter[str] | None = None) -> str:
     fate = FATES[index % len(FATES)]
-    rt = await RealtimeClient.connect(url, api_key=api_key)
+    rt = await connect(url, api_key, retries if retries is not None else Counter())
     if fate == "abandoned":
         await rt.close(end_session=False)
         return fate
@@ -76,17 +92,18 @@ async def churn(url: str, sessions: int, *, api_key: str | None = None,
     started = loop.time()
     gate = asyncio.Semaphore(concurrency)
     fates: Counter[str] = Counter()
+    retries: Counter[str] = Counter()
     errors: list[str] = []
 
     async def run(i: int) -> None:
         async with gate:
             try:
-                fates[await one_session(url, i, api_key)] += 1
+                fates[await one_session(url, i, api_key, retries)] += 1
             except Exception as exc:  # counted, not raised: the caller decides
                 errors.append(f"session {i}: {exc!r}")
 
     await asyncio.gather(*(run(i) for i in range(sessions)))
-    return ChurnResult(fates, errors, loop.time() - started)
+    return ChurnResult(fates, errors, loop.time() - started, retries)
 
 
 async def settle(engine, timeout: float = 60.0) -> bool:

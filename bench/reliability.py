@@ -113,7 +113,7 @@ async def bench_resume() -> None:
 async def bench_churn(sessions: int) -> None:
     config = load_config("cascade-cpu")
     config = dataclasses.replace(config, limits=dataclasses.replace(
-        config.limits, max_sessions=64, resume_grace_s=0.3))
+        config.limits, max_sessions=64, resume_grace_s=1.0))
     async with BackgroundServer(DuplexEngine(config)) as server:
         await churn(server.ws_url, 20)
         await settle(server.engine)
@@ -123,7 +123,8 @@ async def bench_churn(sessions: int) -> None:
         after = rss_bytes()
         llm = next(s for s in server.engine.stages if getattr(s, "serves_text", False))
         print(f"churn: {sessions} sessions {dict(result.fates)} in {result.seconds:.0f} s, "
-              f"{len(result.errors)} errors; settled: {settled}; left: "
+              f"{len(result.errors)} errors {result.errors[:2]}, {sum(result.retries.values())} "
+              f"retried admissions; settled: {settled}; left: "
               f"{len(server.engine.manager)} sessions, {llm.engine.get_num_unfinished_requests()} vLLM "
               f"requests, {server.engine.journal_budget.used} journal bytes; RSS "
               f"{before / 2**20:.0f} -> {after / 2**20:.0f} MiB ({after / before:.3f}x)")

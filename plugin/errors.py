@@ -39,6 +39,8 @@ ERRORS: dict[str, ErrorSpec] = {
         ErrorSpec("event_too_large", _INVALID, False, 413),
         ErrorSpec("payload_too_large", _INVALID, False, 413),
         ErrorSpec("invalid_audio", _INVALID, False, 400),
+        ErrorSpec("invalid_image", _INVALID, False, 400),
+        ErrorSpec("rate_limited", _INVALID, True, 429),
         # configuration
         ErrorSpec("invalid_value", _INVALID, False, 400),
         ErrorSpec("immutable_field", _INVALID, False, 400),

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 def churn_engine(vllm_stage) -> DuplexEngine:  # noqa: F811
     config = load_config("cascade-cpu")
-    limits = dataclasses.replace(config.limits, max_sessions=64, resume_grace_s=0.3)
+    limits = dataclasses.replace(config.limits, max_sessions=64, resume_grace_s=1.0)
     return DuplexEngine(dataclasses.replace(config, limits=limits), shared_stages={"vllm": vllm_stage})
 
 

@@ -104,6 +104,18 @@ class EndOfText:
     response_id: str
 
 
+@dataclass(frozen=True, eq=False)
+class VideoFrame:
+    """One decoded camera frame: RGB ``uint8`` ``(height, width, 3)`` at
+    ``timestamp_ms`` on the session's video clock (``source``: ``frame`` — an
+    image event, ``chunk`` — decoded from a WebM/MP4 fragment, ``image`` — an
+    ``input_image`` content part)."""
+
+    rgb: np.ndarray
+    timestamp_ms: int
+    source: str = "frame"
+
+
 # ---- payloads out of stages ------------------------------------------------
 
 
@@ -143,6 +155,18 @@ class TranscriptPartial(InputObservation):
 @dataclass(frozen=True)
 class TranscriptFinal(InputObservation):
     text: str
+
+
+@dataclass(frozen=True)
+class SceneDescription(InputObservation):
+    """What a vision stage sees in the newest frame, as context for the model:
+    ``text`` is the sentence the model gets (e.g. ``visible text: OPEN 24
+    HOURS; 1 face``). A newer one replaces the older (``replace_latest_chunk``)."""
+
+    text: str
+    timestamp_ms: int
+    texts: tuple[str, ...] = ()
+    faces: int = 0
 
 
 @dataclass(frozen=True)
