@@ -52,6 +52,18 @@ def _fail(param: str, message: str, code: str = "invalid_value") -> DuplexError:
     return DuplexError(code, message, param=param)
 
 
+def check_text(value: Any, param: str) -> str:
+    """A string that is valid Unicode text (JSON can carry lone surrogates,
+    which no tokenizer takes)."""
+    if not isinstance(value, str):
+        raise _fail(param, f"{param} must be a string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _fail(param, f"{param} is not valid Unicode text (a lone surrogate)") from None
+    return value
+
+
 def check_id(value: Any, param: str) -> str:
     if not isinstance(value, str) or not _ID.fullmatch(value):
         raise _fail(param, f"{param} must be 1-128 characters of [A-Za-z0-9._:-]")
@@ -124,7 +136,7 @@ def _content(value: Any, param: str) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
-        return value
+        return check_text(value, param)
     if isinstance(value, list):  # text parts: [{"type": "text"|"input_text"|"output_text", "text": ...}]
         texts = []
         for i, part in enumerate(value):
@@ -133,7 +145,7 @@ def _content(value: Any, param: str) -> str:
                     part.get("text"), str):
                 raise _fail(f"{param}[{i}]", "only text content parts are supported here",
                             "unsupported_option")
-            texts.append(part["text"])
+            texts.append(check_text(part["text"], f"{param}[{i}].text"))
         return "".join(texts)
     raise _fail(param, f"{param} must be a string or a list of text parts")
 
@@ -149,7 +161,7 @@ def _tool_call(raw: Any, param: str) -> ToolCallRecord:
     try:
         if not isinstance(json.loads(args), dict):
             raise ValueError
-    except ValueError:
+    except (ValueError, RecursionError):
         raise _fail(f"{param}.function.arguments", "tool call arguments must be a JSON object") from None
     call_id = raw.get("id") or f"call_{secrets.token_hex(8)}"
     return ToolCallRecord(str(call_id), name, args)
@@ -168,7 +180,10 @@ def parse_messages(raw: Any, param: str = "messages", *, allow_empty: bool = Fal
             role = "system"
         if role not in ROLES:
             raise _fail(f"{p}.role", f"role must be one of {', '.join(ROLES)}")
-        calls = tuple(_tool_call(c, f"{p}.tool_calls[{j}]") for j, c in enumerate(m.get("tool_calls") or ()))
+        raw_calls = m.get("tool_calls") or []
+        if not isinstance(raw_calls, list):
+            raise _fail(f"{p}.tool_calls", "tool_calls must be a list")
+        calls = tuple(_tool_call(c, f"{p}.tool_calls[{j}]") for j, c in enumerate(raw_calls))
         if calls and role != "assistant":
             raise _fail(f"{p}.tool_calls", "only assistant messages carry tool_calls")
         call_id = m.get("tool_call_id")
@@ -216,8 +231,9 @@ def parse_tool_choice(raw: Any, tools: Sequence[Mapping[str, Any]]) -> str | dic
             raise _fail("tool_choice", "tool_choice 'required' needs tools")
         return raw
     if isinstance(raw, Mapping):
-        name = tool_name(raw)
-        if name not in {tool_name(t) for t in tools}:
+        fn = raw.get("function")
+        name = tool_name(raw) if not isinstance(fn, Mapping) else fn.get("name")
+        if not isinstance(name, str) or name not in {tool_name(t) for t in tools}:
             raise _fail("tool_choice", f"tool_choice names no declared tool ({name!r})")
         return {"type": "function", "name": name}
     raise _fail("tool_choice", "tool_choice must be auto, none, required or {type: function, name}")
@@ -394,8 +410,7 @@ def parse_generate(body: Any, *, served_model: str, max_tokens_cap: int,
                               allow_empty=not messages_required)
     instructions = body.get("instructions")
     if instructions is not None:
-        if not isinstance(instructions, str):
-            raise _fail("instructions", "instructions must be a string")
+        check_text(instructions, "instructions")
         messages = (Message("system", instructions), *messages)
     tools = parse_tools(body.get("tools"))
     choice = parse_tool_choice(body.get("tool_choice"), tools)

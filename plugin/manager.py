@@ -146,6 +146,10 @@ class SessionManager(Generic[S]):
     def _ttl(self, ttl_s: float | None, current: float | None = None) -> float:
         if ttl_s is None:
             return current if current is not None else self.default_ttl_s
+        try:
+            ttl_s = float(ttl_s)
+        except OverflowError:  # an integer too large for a float: "as long as allowed"
+            ttl_s = math.inf
         if math.isnan(ttl_s) or ttl_s < 0:
             raise DuplexError("invalid_value", "ttl_s must be >= 0 (0 = server default)", param="ttl_s")
         return self.default_ttl_s if ttl_s == 0 else min(ttl_s, self.max_ttl_s)

@@ -33,7 +33,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..app_sessions import AppSession, Turn, TurnRequest
 from ..errors import DuplexError
-from ..generation import Message, parse_generate
+from ..generation import Message, check_id, check_text, parse_generate
 from ..input_sequence import Accepted, InputSequence
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class GenerateStream:
     async def handle(self, raw: str | bytes) -> None:
         try:
             frame = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise DuplexError("invalid_json", "the frame is not JSON") from None
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             raise DuplexError("invalid_event", "a frame is a JSON object with a string type")
@@ -100,9 +100,7 @@ class GenerateStream:
         elif self.turn is None:
             raise DuplexError("invalid_event", "the first frame must be start", param="type")
         elif kind == "input":
-            text = frame.get("text")
-            if not isinstance(text, str):
-                raise DuplexError("invalid_value", "input.text must be a string", param="text")
+            text = check_text(frame.get("text"), "text")
             seq = frame.get("seq")
             got = self.sequence.accept(seq, len(text.encode()))
             if got is Accepted.NEW:
@@ -123,6 +121,7 @@ class GenerateStream:
         service = self.service
         sid = frame.get("session_id")
         if sid is not None:
+            check_id(sid, "session_id")
             session, _ = service.sessions.get(sid, self.api_key,
                                               self.ws.headers.get("duplex-owner-instance"))
             if frame.get("model") is not None and frame["model"] != session.model:

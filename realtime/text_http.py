@@ -72,7 +72,7 @@ async def read_json(request: Request, limit: int) -> Any:
         return {}
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise DuplexError("invalid_json", "the body is not JSON") from None
 
 
@@ -247,6 +247,11 @@ def text_routes(service_of: Callable[[], TextService | None],
             raise DuplexError("invalid_value", "stream must be a boolean", param="stream")
         mode = raw.pop("mode", "append")
         replace_from = raw.pop("replace_from", None)
+        if not isinstance(mode, str):
+            raise DuplexError("invalid_value", "mode must be a string", param="mode")
+        if replace_from is not None and (isinstance(replace_from, bool)
+                                         or not isinstance(replace_from, int)):
+            raise DuplexError("invalid_value", "replace_from must be an integer", param="replace_from")
         session, _ = service.sessions.get(sid, caller.api_key, owner(request))
         if raw.get("model") is not None and raw["model"] != session.model:
             raise DuplexError("model_mismatch", f"session {sid!r} is bound to model "
