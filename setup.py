@@ -17,6 +17,7 @@ setup(
         "vllm_duplex.models",
         "vllm_duplex.models.scripted",
         "vllm_duplex.models.cascade",
+        "vllm_duplex.models.omni",
         "vllm_duplex.realtime",
     ],
     package_dir={
@@ -25,6 +26,7 @@ setup(
         "vllm_duplex.models": "models",
         "vllm_duplex.models.scripted": "models/scripted",
         "vllm_duplex.models.cascade": "models/cascade",
+        "vllm_duplex.models.omni": "models/omni",
         "vllm_duplex.realtime": "realtime",
     },
     install_requires=[
@@ -51,7 +53,24 @@ setup(
             "accelerate>=0.30",
             "tqdm>=4",
         ],
+        # Camera input and the CPU vision stage. rapidocr-onnxruntime (which
+        # ships its PP-OCR models in the wheel) is installed by
+        # scripts/setup.sh with --no-deps: it requires opencv-python, the GUI
+        # build, which would fight the headless build over the `cv2` package;
+        # its other requirements are here. OpenCV stays below 5: the 5.0
+        # wheels ship no Haar cascades.
+        "video": [
+            "av>=14",
+            "opencv-python-headless>=4.13,<5",
+            "pillow>=10",
+            "onnxruntime>=1.16",
+            "pyclipper>=1.2",
+            "shapely>=1.7.1,!=2.0.4",
+            "six>=1.15",
+            "tqdm>=4",
+        ],
         "test": [
+            "scikit-image>=0.21",  # its bundled astronaut portrait: a real face
             "pytest>=8",
             "pytest-asyncio>=0.23",
             "hypothesis>=6",
@@ -65,6 +84,7 @@ setup(
         "vllm_duplex.models": [
             "scripted=vllm_duplex.models.scripted:ScriptedPolicy",
             "cascade=vllm_duplex.models.cascade:CascadePolicy",
+            "omni=vllm_duplex.models.omni:OmniPolicy",
         ],
         # `VLLM_PLUGINS=vllm_duplex vllm serve ...` (see plugin/vllm_plugin.py)
         "vllm.endpoint_plugins": [

@@ -132,3 +132,25 @@ class EventAck(Command):
 
     seq: int
     lane: ClassVar[Lane] = Lane.CONTROL
+
+
+@dataclass(frozen=True)
+class VideoFrameIn(Command):
+    """Extension ``duplex.video.frame``: one encoded camera frame (JPEG/PNG)."""
+
+    image: bytes
+    timestamp_ms: int | None = None  # the client's camera clock; default: arrival time
+
+
+@dataclass(frozen=True)
+class VideoChunkIn(Command):
+    """Extension ``duplex.video.chunk``: a WebM/MP4 fragment (the first one
+    carries the header); frames come out as they decode."""
+
+    data: bytes
+    container: str  # "webm" | "mp4"
+
+
+@dataclass(frozen=True)
+class VideoDecoded(Command):
+    """Internal (never on the wire): the session's video decoder has frames."""

@@ -38,12 +38,14 @@ class SpokenSegment:
 
 @dataclass
 class ContentPart:
-    """``type`` is one of input_text, input_audio, output_text, output_audio."""
+    """``type`` is one of input_text, input_audio, input_image, output_text,
+    output_audio. An ``input_image`` keeps its ``data:`` URL (echoed as given)."""
 
     type: str
     text: str | None = None
     transcript: str | None = None
     audio_ms: int = 0  # duration of audio that belongs to this part
+    image_url: str | None = None
     spoken: list[SpokenSegment] = field(default_factory=list)
 
     def heard_text(self, audio_end_ms: int) -> str:
@@ -64,6 +66,8 @@ class ContentPart:
         out: dict[str, Any] = {"type": self.type}
         if self.type in ("input_text", "output_text"):
             out["text"] = self.text or ""
+        elif self.type == "input_image":
+            out["image_url"] = self.image_url
         else:
             out["transcript"] = self.transcript
         return out

@@ -41,6 +41,11 @@ class Limits:
     journal_bytes: int = 8 << 20
     journal_age_s: float = 300.0
     journal_total_bytes: int = 256 << 20
+    # Video: frames are sampled to `video_fps` for the vision stage; beyond the
+    # hard limits (per session, over 1 s) a frame or chunk gets `rate_limited`.
+    video_fps: float = 2.0
+    video_max_fps: float = 30.0
+    video_max_bytes_per_s: int = 8 << 20
     # HTTP text surfaces (application sessions, generate, resumable streams)
     max_request_bytes: int = 1 << 20  # larger HTTP bodies get `payload_too_large`
     max_output_tokens: int = 1024  # cap of a generation's max_tokens (also bounded by the context)

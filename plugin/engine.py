@@ -21,6 +21,7 @@ from .metrics import Metrics
 from .outbox import Attachment
 from .policy import ModelPolicy, load_policy
 from .session import DuplexSession, SessionLimits
+from .video_input import VideoLimits
 from .session_config import SessionConfig
 from .stages.base import Stage
 
@@ -49,6 +50,9 @@ STAGE_FACTORIES: dict[str, StageFactory] = {
     "vllm": _lazy("vllm_duplex.stages.vllm_llm:VllmLlmStage"),
     "flite": _lazy("vllm_duplex.stages.tts:FliteTtsStage"),
     "espeak": _lazy("vllm_duplex.stages.tts:EspeakTtsStage"),
+    "scripted_omni": _lazy("vllm_duplex.stages.omni:ScriptedOmniStage"),
+    "vllm_omni": _lazy("vllm_duplex.stages.omni_vllm:VllmOmniStage"),
+    "vision": _lazy("vllm_duplex.stages.vision:VisionStage"),
 }
 
 
@@ -109,7 +113,9 @@ class DuplexEngine:
             mailbox_capacity=limits.mailbox_capacity, outbound_capacity=limits.outbound_capacity,
             outbound_bytes=limits.outbound_bytes, journal_events=limits.journal_events,
             journal_bytes=limits.journal_bytes, journal_age_s=limits.journal_age_s,
-            survives_disconnect=limits.resume_grace_s > 0)
+            survives_disconnect=limits.resume_grace_s > 0,
+            video=VideoLimits(fps=limits.video_fps, max_fps=limits.video_max_fps,
+                              max_bytes_per_s=limits.video_max_bytes_per_s))
         self.journal_budget = JournalBudget(limits.journal_total_bytes)
         self.metrics.gauge("duplex_journal_bytes", "Bytes of events journaled for resume, all sessions",
                            lambda: self.journal_budget.used)

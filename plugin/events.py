@@ -221,6 +221,17 @@ class FunctionCallArgumentsDone(ServerEvent):
 
 
 @dataclass(frozen=True)
+class VideoSceneUpdated(ServerEvent):
+    """Extension: what the vision stage sees now (the model's camera context)."""
+
+    type: ClassVar[str] = "duplex.video.scene"
+    text: str
+    timestamp_ms: int
+    texts: list[str]
+    faces: int
+
+
+@dataclass(frozen=True)
 class SessionClosed(ServerEvent):
     """Extension: the session ended (client close, expiry, engine failure)."""
 

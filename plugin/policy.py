@@ -64,6 +64,10 @@ class ModelPolicy(Protocol):
 
     def decide_output(self, view: SessionView, output: StageOutput) -> OutputDecision: ...
 
+    # Optional: ``shape_context(view, messages) -> messages`` adjusts the
+    # context of a response (e.g. adds the newest camera scene); without it
+    # the model gets the conversation as it is.
+
 
 _REGISTRY: dict[str, type] = {}
 _LOADED = False

@@ -45,6 +45,7 @@ from .errors import DuplexError
 from .fence import Fence
 from .input_buffer import InputBuffer
 from .input_sequence import Accepted, InputSequence
+from .video_input import VideoIntake, VideoLimits, data_url_bytes
 from .journal import Journal, JournalBudget, Replay
 from .mailbox import Mailbox, MailboxClosed, MailboxFull
 from .metrics import Metrics
@@ -58,6 +59,7 @@ from .stages.base import (
     ContextMessage,
     GenerateRequest,
     GenerationDone,
+    SceneDescription,
     SpeechDone,
     Stage,
     StageFailed,
@@ -70,6 +72,7 @@ from .stages.base import (
     VadConfig,
     VadSpeechStarted,
     VadSpeechStopped,
+    VideoFrame,
 )
 from .stages.gate import FenceGate
 from .stages.pipeline import Pipeline
@@ -90,6 +93,7 @@ class SessionLimits:
     journal_bytes: int = 8 << 20
     journal_age_s: float = 300.0
     survives_disconnect: bool = False  # detach (and await a resume) instead of closing
+    video: VideoLimits = VideoLimits()
     max_items: int = 4096  # conversation items
     max_buffer_ms: int = 10 * 60 * 1000  # uncommitted input audio
 
@@ -131,6 +135,8 @@ class DuplexSession:
         self._input_seq = InputSequence(max_chunk_bytes=1 << 62, max_total_bytes=1 << 62)
         self._items: list[ConversationItem] = []
         self._input = InputBuffer(config.input_format, max_ms=limits.max_buffer_ms)
+        self._video = VideoIntake(limits.video, clock, self._video_decoded)
+        self._video_wake_pending = False
         self._pending_user_item: str | None = None  # id minted at speech onset
         self._user_speaking = False
         self._response: ActiveResponse | None = None
@@ -239,6 +245,7 @@ class DuplexSession:
         if self._task is not None and self._task is not asyncio.current_task():
             await asyncio.gather(self._task, return_exceptions=True)
         await self.pipeline.close()
+        await self._video.close()
         self.metrics.sessions_closed.inc(reason=reason)
         self.outbox.close()
         self.closed.set()
@@ -334,6 +341,8 @@ class DuplexSession:
             self._truncate(c)
         elif isinstance(c, cmd.DuplexInput):
             await self._duplex_input(c, received_at)
+        elif isinstance(c, cmd.VideoFrameIn | cmd.VideoChunkIn | cmd.VideoDecoded):
+            await self._on_video(c)
         elif isinstance(c, cmd.EventAck):
             self.journal.ack(c.seq)
         elif isinstance(c, cmd.SessionClose):
@@ -409,6 +418,40 @@ class DuplexSession:
         self._emit(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
         if item.type is ItemType.MESSAGE and item.role is Role.USER and item.text():
             await self._execute(self.policy.plan_append(self, TextIn(item.text())), None)
+        for part in item.content if item.role is Role.USER else ():
+            if part.type == "input_image" and part.image_url:
+                self._need_video()
+                await self._see(await self._video.image(data_url_bytes(part.image_url)))
+
+    # ---- video ----------------------------------------------------------------
+
+    def _need_video(self) -> None:
+        if "video" not in self.caps.input_modalities:
+            raise DuplexError("capability_unsupported", f"policy {self.policy.name!r} takes no "
+                              "video or images", param="type")
+
+    async def _on_video(self, c: cmd.Command) -> None:
+        if isinstance(c, cmd.VideoDecoded):
+            self._video_wake_pending = False
+            frames = self._video.take()
+        else:
+            self._need_video()
+            if isinstance(c, cmd.VideoChunkIn):
+                self._video.chunk(c.data, c.container)
+                return
+            frame = await self._video.frame(c.image, c.timestamp_ms)  # type: ignore[attr-defined]
+            frames = [frame] if frame is not None else []
+        for frame in frames:
+            await self._see(frame)
+
+    async def _see(self, frame: VideoFrame) -> None:
+        await self._execute(self.policy.plan_append(self, frame), None)
+
+    def _video_decoded(self) -> None:
+        """On the loop, from the decoder thread's wake-up: one marker at a time."""
+        if not self._video_wake_pending and self.close_reason is None:
+            self._video_wake_pending = True
+            self.mailbox.put_nowait((self.clock.now(), cmd.VideoDecoded()), cmd.Lane.DATA)
 
     def _append_item(self, item: ConversationItem, after: str | None = None) -> str | None:
         """Insert into the conversation; returns the id of the item before it."""
@@ -521,7 +564,9 @@ class DuplexSession:
         return AudioEncoder(self._config.output_format, in_rate=rate)
 
     def _context(self, options: cmd.ResponseOptions) -> tuple[ContextMessage, ...]:
-        return context_messages(self._items, options.instructions or self._config.instructions)
+        messages = context_messages(self._items, options.instructions or self._config.instructions)
+        shape = getattr(self.policy, "shape_context", None)  # optional policy hook
+        return shape(self, messages) if shape is not None else messages
 
     async def _interrupt(self, reason: InterruptReason, received_at: float | None) -> None:
         """Barge-in or cancel: one epoch bump, one response.done(cancelled),
@@ -631,6 +676,9 @@ class DuplexSession:
                 self._response = None
                 self._emit_all(active.finish(ResponseStatus.FAILED,
                                              {"type": "failed", "error": payload.error.to_wire()}))
+        elif isinstance(payload, SceneDescription):
+            self._emit(ev.VideoSceneUpdated(text=payload.text, timestamp_ms=payload.timestamp_ms,
+                                            texts=list(payload.texts), faces=payload.faces))
         elif isinstance(payload, SpeechDone):
             pass  # completion is the policy's call (finish_response)
 

@@ -21,6 +21,7 @@ from vllm_duplex.realtime.aliases import (
     SESSION_BETA_TO_GA,
     _dig,
 )
+from vllm_duplex.video_input import data_url_bytes
 from vllm_duplex.session_config import (
     AudioEncoding,
     AudioFormat,
@@ -51,6 +52,10 @@ def _str(v: Any, p: str) -> Any:
         return _MISSING
     if not isinstance(v, str):
         raise _bad(p, f"{p} must be a string")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: JSON carries it, no tokenizer takes it
+        raise _bad(p, f"{p} is not valid Unicode text") from None
     return v
 
 
@@ -293,7 +298,7 @@ def _session_patch(raw: Any) -> SessionPatch:
 
 # Content part types each role may send, mapped to the stored (GA) type.
 _PART_TYPES: dict[Role, dict[str, str]] = {
-    Role.USER: {"input_text": "input_text", "input_audio": "input_audio"},
+    Role.USER: {"input_text": "input_text", "input_audio": "input_audio", "input_image": "input_image"},
     Role.SYSTEM: {"input_text": "input_text"},
     Role.ASSISTANT: {
         "output_text": "output_text",
@@ -312,6 +317,10 @@ def _content_part(raw: Any, role: Role, p: str) -> ContentPart:
     if kind in ("input_text", "output_text"):
         text = _str(part.get("text"), f"{p}.text")
         return ContentPart(kind, text="" if text is _MISSING else text)
+    if kind == "input_image":
+        url = _str(part.get("image_url"), f"{p}.image_url")
+        data_url_bytes(url, f"{p}.image_url")  # validated here; decoded by the session
+        return ContentPart(kind, image_url=url)
     if part.get("audio") is not None:
         _b64(part["audio"], f"{p}.audio")  # validated; the session keeps transcripts
     return ContentPart(kind, transcript=_opt_str(part.get("transcript"), f"{p}.transcript"))

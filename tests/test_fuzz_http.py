@@ -50,8 +50,8 @@ from test_fuzz_frames import (
     plausible,
     weighted,
 )
-from text_fixtures import FRANCE, KEYS, MODEL, auth, text_server  # noqa: F401
-from vllm_fixtures import no_leaked_tasks, vllm_stage  # noqa: F401
+from text_fixtures import FRANCE, KEYS, MODEL, auth  # noqa: F401
+from vllm_fixtures import no_leaked_tasks  # noqa: F401
 from websockets.exceptions import ConnectionClosed
 
 from vllm_duplex.errors import ERRORS, DuplexError

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 import websockets
-from text_fixtures import KEYS, MODEL, auth, text_server  # noqa: F401
-from vllm_fixtures import no_leaked_tasks, vllm_stage  # noqa: F401
+from text_fixtures import KEYS, MODEL, auth  # noqa: F401
+from vllm_fixtures import no_leaked_tasks  # noqa: F401
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from vllm_fixtures import no_leaked_tasks, vllm_stage  # noqa: F401
+from vllm_fixtures import no_leaked_tasks  # noqa: F401
 
 from vllm_duplex.deploy import load_config
 from vllm_duplex.engine import DuplexEngine

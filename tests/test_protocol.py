@@ -359,6 +359,9 @@ INVALID_VALUE_CASES = [
       "item": {"role": "system", "content": [{"type": "input_audio"}]}}, "item.content[0].type"),
     ({"type": "conversation.item.create", "event_id": "e",
       "item": {"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}},
+     "item.content[0].image_url"),  # a data: URL only (the server fetches nothing)
+    ({"type": "conversation.item.create", "event_id": "e",
+      "item": {"role": "assistant", "content": [{"type": "input_image", "image_url": "x"}]}},
      "item.content[0].type"),
     ({"type": "conversation.item.create", "event_id": "e",
       "item": {"role": "user", "content": [{"type": "input_text", "text": 1}]}}, "item.content[0].text"),

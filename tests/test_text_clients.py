@@ -11,8 +11,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from text_fixtures import FRANCE, KEYS, MODEL, text_server  # noqa: F401
-from vllm_fixtures import no_leaked_tasks, vllm_stage  # noqa: F401
+from text_fixtures import FRANCE, KEYS, MODEL  # noqa: F401
+from vllm_fixtures import no_leaked_tasks  # noqa: F401
 
 from vllm_duplex.realtime.generate_stream_client import GenerateStreamClient
 from vllm_duplex.realtime.http_client import DuplexAPIError, DuplexHttpClient

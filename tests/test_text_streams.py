@@ -9,8 +9,8 @@ import asyncio
 
 import httpx
 import pytest
-from text_fixtures import FRANCE, KEYS, MODEL, auth, sse_events, text_server  # noqa: F401
-from vllm_fixtures import no_leaked_tasks, vllm_stage  # noqa: F401
+from text_fixtures import FRANCE, KEYS, MODEL, auth, sse_events  # noqa: F401
+from vllm_fixtures import no_leaked_tasks  # noqa: F401
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

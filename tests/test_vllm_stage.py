@@ -23,7 +23,6 @@ from vllm_fixtures import (  # noqa: F401  (no_leaked_tasks overrides the confte
     open_port,
     speak,
     user,
-    vllm_stage,
 )
 
 from vllm_duplex import prepare

@@ -5,8 +5,8 @@ One server per test session, on the session-scoped vLLM engine
 (``vllm_fixtures.vllm_stage``); tests run in the session loop::
 
     pytestmark = pytest.mark.asyncio(loop_scope="session")
-    from text_fixtures import text_server  # noqa: F401
-    from vllm_fixtures import no_leaked_tasks, vllm_stage  # noqa: F401
+    from vllm_fixtures import no_leaked_tasks  # noqa: F401
+    # text_server and vllm_stage are fixtures of tests/conftest.py
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import pytest_asyncio
 
 from vllm_duplex.deploy import load_config
 from vllm_duplex.engine import DuplexEngine
-from vllm_duplex.realtime.serving import BackgroundServer
 
 MODEL = "smollm2-135m-instruct"
 KEYS = ("key-alice", "key-bob")
@@ -38,12 +36,6 @@ def text_engine(vllm_stage: Any, **limits: Any) -> DuplexEngine:
     config = dataclasses.replace(config, api_keys=KEYS,
                                  limits=dataclasses.replace(config.limits, **limits))
     return DuplexEngine(config, shared_stages={"vllm": vllm_stage})
-
-
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def text_server(vllm_stage) -> AsyncIterator[BackgroundServer]:
-    async with BackgroundServer(text_engine(vllm_stage, stream_ttl_s=2.0)) as server:
-        yield server
 
 
 def auth(key: str = KEYS[0]) -> dict[str, str]:

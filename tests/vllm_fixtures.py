@@ -4,7 +4,7 @@ Tests that use ``vllm_stage`` run in the session event loop (the engine's
 output handler lives there)::
 
     pytestmark = pytest.mark.asyncio(loop_scope="session")
-    from vllm_fixtures import no_leaked_tasks, vllm_stage  # noqa: F401
+    from vllm_fixtures import no_leaked_tasks  # noqa: F401  (vllm_stage: tests/conftest.py)
 
 ``no_leaked_tasks`` overrides the conftest fixture of the same name (that one
 runs in a per-function loop and would not see this loop's tasks). The engine's
@@ -15,7 +15,6 @@ only tasks a test caused are counted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest_asyncio
@@ -36,14 +35,6 @@ from vllm_duplex.stages.base import (
 from vllm_duplex.stages.vllm_llm import VllmLlmPort, VllmLlmStage
 
 GREEDY = SamplingConfig(temperature=0.0, max_tokens=48)
-
-
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def vllm_stage() -> AsyncIterator[VllmLlmStage]:
-    stage = VllmLlmStage()  # the prepared SmolLM2, float32 + eager on CPU
-    await stage.start()
-    yield stage
-    await stage.shutdown()
 
 
 @pytest_asyncio.fixture(loop_scope="session", autouse=True)

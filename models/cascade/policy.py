@@ -11,11 +11,15 @@ a new incarnation, the model context rebuilt from the conversation as it was
 at the start of the turn, and the stable words pushed again. Sentences stream
 into TTS as the LLM writes them; speech onset during a reply interrupts it.
 
-Stage names: ``vad``, ``asr``, ``llm``, ``tts`` (configs/cascade-cpu.yaml).
+Stage names: ``vad``, ``asr``, ``llm``, ``tts`` (configs/cascade-cpu.yaml), and
+``vision`` with ``policy_options: {vision: true}`` (configs/cascade-video-cpu.yaml):
+camera frames go to it, and its newest scene description is the model's
+camera context.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from vllm_duplex.commands import DuplexInput, ResponseOptions
@@ -37,8 +41,10 @@ from vllm_duplex.policy import SessionView
 from vllm_duplex.stages.base import (
     AudioIn,
     AudioOut,
+    ContextMessage,
     GenerationDone,
     ResetContext,
+    SceneDescription,
     SpeechDone,
     StageFailed,
     StageOutput,
@@ -51,11 +57,13 @@ from vllm_duplex.stages.base import (
     VadConfig,
     VadSpeechStarted,
     VadSpeechStopped,
+    VideoFrame,
 )
 
 from .transcript import Utterance, words
 
-VAD, ASR, LLM = "vad", "asr", "llm"
+VAD, ASR, LLM, VISION = "vad", "asr", "llm", "vision"
+_SCENE = "scene"  # the newest scene description (camera context)
 _UTTERANCE = "utterance"
 _TURN_OPEN = "turn_open"  # the live LLM request holds the start of a user turn
 _AWAITING_FINAL = "awaiting_final"  # committed by VAD; respond when the transcript lands
@@ -82,11 +90,27 @@ DEFAULT_MAX_TOKENS = 96
 class CascadePolicy:
     name = "cascade"
 
-    def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS, **_: Any) -> None:
+    def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS, vision: bool = False, **_: Any) -> None:
         self.max_tokens = max_tokens
+        # With a ``vision`` stage in the pipeline: camera frames and images are
+        # described by it, and the newest description rides along as context.
+        self.vision = vision
+        self._caps = _CAPABILITIES if not vision else replace(
+            _CAPABILITIES, input_modes=_CAPABILITIES.input_modes | {InputMode.REPLACE_LATEST_CHUNK},
+            input_modalities=_CAPABILITIES.input_modalities | {"video", "image"})
 
     def capabilities(self) -> Capabilities:
-        return _CAPABILITIES
+        return self._caps
+
+    def shape_context(self, view: SessionView,
+                      messages: tuple[ContextMessage, ...]) -> tuple[ContextMessage, ...]:
+        """The model sees the newest scene after the conversation: appended
+        last, it never changes the prefix the live request already holds, and
+        an older scene never reaches the model (``replace_latest_chunk``)."""
+        scene = view.policy_state.get(_SCENE)
+        if not scene:
+            return messages
+        return (*messages, ContextMessage("system", f"The user's camera shows: {scene}."))
 
     def configure_sampling_params(self, view: SessionView, options: ResponseOptions) -> SamplingConfig:
         limit = options.max_output_tokens or view.config.max_output_tokens or self.max_tokens
@@ -102,6 +126,13 @@ class CascadePolicy:
                               tuple(StageSubmission(t, payload, "in") for t in targets))
         if isinstance(payload, VadConfig):
             return AppendPlan(InputMode.APPEND_AUDIO_CHUNK, (StageSubmission(VAD, payload, "in"),))
+        if isinstance(payload, VideoFrame):
+            if not self.vision:
+                raise DuplexError("capability_unsupported", "this deployment takes no video "
+                                  "(no vision stage)", param="type")
+            # Only the newest frame matters: the vision stage replaces any
+            # frame still waiting with it.
+            return AppendPlan(InputMode.REPLACE_LATEST_CHUNK, (StageSubmission(VISION, payload, "in"),))
         if isinstance(payload, TextIn):
             # A typed user message: it is already an item, so the next
             # GenerateRequest carries it; nothing to stream ahead.
@@ -143,6 +174,9 @@ class CascadePolicy:
             # Commit now (OpenAI order: speech_stopped, committed); the reply
             # waits for the final transcript, which the ASR sends next.
             return OutputDecision(forward=True, commit_turn=True)
+        if isinstance(p, SceneDescription):
+            state[_SCENE] = p.text
+            return OutputDecision(forward=False)
         if isinstance(p, TranscriptPartial):
             return self._on_partial(view, p)
         if isinstance(p, TranscriptFinal):
