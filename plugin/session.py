@@ -450,8 +450,11 @@ class DuplexSession:
     def _video_decoded(self) -> None:
         """On the loop, from the decoder thread's wake-up: one marker at a time."""
         if not self._video_wake_pending and self.close_reason is None:
+            try:
+                self.mailbox.put_nowait((self.clock.now(), cmd.VideoDecoded()), cmd.Lane.DATA)
+            except MailboxFull:
+                return  # the decoder's next frame wakes us again; frames wait in it
             self._video_wake_pending = True
-            self.mailbox.put_nowait((self.clock.now(), cmd.VideoDecoded()), cmd.Lane.DATA)
 
     def _append_item(self, item: ConversationItem, after: str | None = None) -> str | None:
         """Insert into the conversation; returns the id of the item before it."""
