@@ -44,6 +44,11 @@ class SessionView(Protocol):
     def user_speaking(self) -> bool: ...
 
     @property
+    def output_modalities(self) -> tuple[str, ...]:
+        """The active response's output modalities (the session's when none)."""
+        ...
+
+    @property
     def policy_state(self) -> dict[str, Any]:
         """Per-session scratch space owned by the policy (e.g. which words were
         already pushed to the LLM). Policies are shared by all sessions, so

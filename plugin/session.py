@@ -170,6 +170,13 @@ class DuplexSession:
         return self._user_speaking
 
     @property
+    def output_modalities(self) -> tuple[str, ...]:
+        """What the reply in progress produces: a ``response.create`` may ask
+        for other modalities than the session's."""
+        active = self._response
+        return active.response.output_modalities if active else tuple(self._config.output_modalities)
+
+    @property
     def policy_state(self) -> dict[str, Any]:
         return self._policy_state
 

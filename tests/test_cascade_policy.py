@@ -44,6 +44,10 @@ class View:
     policy_state: dict[str, Any] = field(default_factory=dict)
     fence: Fence = Fence("s")
 
+    @property
+    def output_modalities(self) -> tuple[str, ...]:
+        return tuple(self.config.output_modalities)
+
 
 def out(payload: Any, stage: str = "asr") -> StageOutput:
     return StageOutput(Fence("s"), Fence("s").request_id("in"), stage, payload)

@@ -46,6 +46,10 @@ class View:
     policy_state: dict[str, Any] = field(default_factory=dict)
     fence: Fence = field(default_factory=lambda: Fence("s"))
 
+    @property
+    def output_modalities(self) -> tuple[str, ...]:
+        return tuple(self.config.output_modalities)
+
 
 def manual_view(**kw: Any) -> View:
     v = View(**kw)

@@ -261,3 +261,20 @@ async def test_no_barge_in_when_interrupt_response_is_false(rt):
     result = await rt.collect_response()
     assert result.status == "completed"  # the user's speech did not interrupt it
     assert result.transcript == LONG_REPLY
+
+
+async def test_a_response_may_ask_for_other_modalities_than_the_session():
+    """``response.create {output_modalities}`` decides what that reply speaks:
+    audio for a text session, text only for an audio one."""
+    async with serve() as srv, await RealtimeClient.connect(srv.ws_url) as rt:
+        await rt.update_session({"output_modalities": ["text"],
+                                 "audio": {"input": {"turn_detection": None}}})
+        await rt.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}})
+        await rt.create_response({"output_modalities": ["audio"]})
+        spoken = await rt.collect_response(timeout=30)
+        await rt.update_session({"output_modalities": ["audio"]})
+        await rt.create_response({"output_modalities": ["text"]})
+        written = await rt.collect_response(timeout=30)
+    assert spoken.status == "completed" and spoken.audio and spoken.transcript
+    assert written.status == "completed" and written.text and not written.audio

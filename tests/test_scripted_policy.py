@@ -54,6 +54,10 @@ class View:
     fence: Fence = F
     items: Sequence[ConversationItem] = ()
 
+    @property
+    def output_modalities(self) -> tuple[str, ...]:
+        return tuple(self.config.output_modalities)
+
 
 def out(payload: object) -> StageOutput:
     return StageOutput(F, F.request_id("x"), "stage", payload)

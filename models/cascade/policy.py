@@ -196,7 +196,7 @@ class CascadePolicy:
 
     @staticmethod
     def _speaks(view: SessionView) -> bool:
-        return "audio" in view.config.output_modalities
+        return "audio" in view.output_modalities
 
     def _utterance(self, view: SessionView) -> Utterance:
         return view.policy_state.setdefault(_UTTERANCE, Utterance())

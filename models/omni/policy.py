@@ -260,7 +260,7 @@ class OmniPolicy:
     def decide_output(self, view: SessionView, output: StageOutput) -> OutputDecision:
         p = output.payload
         td = view.config.turn_detection
-        speaks = "audio" in view.config.output_modalities
+        speaks = "audio" in view.output_modalities
         if isinstance(p, VadSpeechStarted):
             if td is None:
                 return DROP  # turn detection was switched off: a leftover event

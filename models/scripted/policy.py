@@ -96,7 +96,7 @@ class ScriptedPolicy:
 
     def decide_output(self, view: SessionView, output: StageOutput) -> OutputDecision:
         payload = output.payload
-        speaks = "audio" in view.config.output_modalities
+        speaks = "audio" in view.output_modalities
         td = view.config.turn_detection
         if isinstance(payload, VadSpeechStarted):
             if td is None:
