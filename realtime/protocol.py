@@ -120,13 +120,18 @@ def _seq(o: dict[str, Any], name: str) -> int:
     return _req_int(o, name, name)  # an integer >= 0
 
 
-def _on_video_frame(o: dict[str, Any], eid: str | None) -> Command:
-    if o.get("image") is None:
-        raise _bad("image", "missing required field image (base64 JPEG or PNG)")
+def _video_bytes(o: dict[str, Any], name: str, what: str) -> bytes:
+    """A required base64 field of a video event; bad base64 is ``invalid_image``."""
+    if o.get(name) is None:
+        raise _bad(name, f"missing required field {name} ({what})")
     try:
-        image = _b64(o["image"], "image")
+        return _b64(o[name], name)
     except DuplexError as err:
-        raise DuplexError("invalid_image", err.message, param="image") from None
+        raise DuplexError("invalid_image", err.message, param=name) from None
+
+
+def _on_video_frame(o: dict[str, Any], eid: str | None) -> Command:
+    image = _video_bytes(o, "image", "base64 JPEG or PNG")
     ts = _int(o.get("timestamp_ms"), "timestamp_ms")
     return VideoFrameIn(image=image, timestamp_ms=None if ts is _MISSING else ts, event_id=eid)
 
@@ -135,12 +140,7 @@ def _on_video_chunk(o: dict[str, Any], eid: str | None) -> Command:
     container = o.get("container")
     if container not in ("webm", "mp4"):
         raise _bad("container", 'container must be "webm" or "mp4"')
-    if o.get("data") is None:
-        raise _bad("data", "missing required field data (base64 WebM/MP4 bytes)")
-    try:
-        data = _b64(o["data"], "data")
-    except DuplexError as err:
-        raise DuplexError("invalid_image", err.message, param="data") from None
+    data = _video_bytes(o, "data", "base64 WebM/MP4 bytes")
     return VideoChunkIn(data=data, container=container, event_id=eid)
 
 
