@@ -4,29 +4,27 @@ The three source folders are mapped into one import namespace so that nothing
 called ``plugin`` or ``models`` ever lands at the top of site-packages.
 """
 
-from setuptools import setup
+from setuptools import find_packages, setup
+
+_ROOTS = {"vllm_duplex": "plugin", "vllm_duplex.models": "models",
+          "vllm_duplex.realtime": "realtime"}
+
+
+def _packages() -> list[str]:
+    return [name for root, folder in _ROOTS.items()
+            for name in (root, *(f"{root}.{p}" for p in find_packages(folder)))]
 
 setup(
     name="vllm-duplex",
     version="0.1.0",
     description="Full-duplex realtime speech/video engine plugin for vLLM",
     python_requires=">=3.10",
-    packages=[
-        "vllm_duplex",
-        "vllm_duplex.stages",
-        "vllm_duplex.models",
-        "vllm_duplex.models.scripted",
-        "vllm_duplex.models.cascade",
-        "vllm_duplex.models.omni",
-        "vllm_duplex.realtime",
-    ],
+    # Sub-packages are found, not listed: the three source folders are the
+    # roots, everything below them follows its folder.
+    packages=_packages(),
     package_dir={
         "vllm_duplex": "plugin",
-        "vllm_duplex.stages": "plugin/stages",
         "vllm_duplex.models": "models",
-        "vllm_duplex.models.scripted": "models/scripted",
-        "vllm_duplex.models.cascade": "models/cascade",
-        "vllm_duplex.models.omni": "models/omni",
         "vllm_duplex.realtime": "realtime",
     },
     install_requires=[
@@ -77,18 +75,35 @@ setup(
             "openai>=1.100",
             "psutil>=5",
             "httpx>=0.27",
+            "import-linter>=2.1",  # the layering contract (.importlinter)
         ],
     },
     entry_points={
-        "console_scripts": ["vllm-duplex=vllm_duplex.realtime.cli:main"],
+        "console_scripts": ["vllm-duplex=vllm_duplex.realtime.client.cli:main"],
         "vllm_duplex.models": [
             "scripted=vllm_duplex.models.scripted:ScriptedPolicy",
             "cascade=vllm_duplex.models.cascade:CascadePolicy",
             "omni=vllm_duplex.models.omni:OmniPolicy",
         ],
-        # `VLLM_PLUGINS=vllm_duplex vllm serve ...` (see plugin/vllm_plugin.py)
+        # Stage types a deployment config names (plugin/host/stage_types.py);
+        # the scripted ones live in the testing package (control-plane tests,
+        # benchmarks and the model-free demo).
+        "vllm_duplex.stages": [
+            "energy_vad=vllm_duplex.stages.listening.energy_vad:EnergyVadStage",
+            "silero_vad=vllm_duplex.stages.listening.silero_vad:SileroVadStage",
+            "pocketsphinx=vllm_duplex.stages.listening.pocketsphinx:PocketSphinxAsrStage",
+            "vllm=vllm_duplex.stages.vllm.llm:VllmLlmStage",
+            "flite=vllm_duplex.stages.speech.subprocess_tts:FliteTtsStage",
+            "espeak=vllm_duplex.stages.speech.subprocess_tts:EspeakTtsStage",
+            "vllm_omni=vllm_duplex.stages.omni.vllm_omni:VllmOmniStage",
+            "vision=vllm_duplex.stages.vision.scene:VisionStage",
+            "scripted_llm=vllm_duplex.testing.stages:ScriptedLlmStage",
+            "tone_tts=vllm_duplex.testing.stages:ToneTtsStage",
+            "scripted_omni=vllm_duplex.testing.omni:ScriptedOmniStage",
+        ],
+        # `VLLM_PLUGINS=vllm_duplex vllm serve ...` (see realtime/server/vllm_plugin.py)
         "vllm.endpoint_plugins": [
-            "vllm_duplex=vllm_duplex.vllm_plugin:DuplexEndpointPlugin",
+            "vllm_duplex=vllm_duplex.realtime.server.vllm_plugin:DuplexEndpointPlugin",
         ],
     },
 )

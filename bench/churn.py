@@ -20,8 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import psutil
-
-from vllm_duplex.realtime.client import RealtimeClient, RealtimeError
+from vllm_duplex.realtime.client.realtime import RealtimeClient, RealtimeError
 
 FATES = ("graceful", "cancelled", "abrupt", "abandoned", "resumed")
 TEXT_TURN = {"output_modalities": ["text"], "audio": {"input": {"turn_detection": None}},

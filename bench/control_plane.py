@@ -57,7 +57,7 @@ RATE = 24000
 INGEST_TARGET_S = 0.002
 CANCEL_TARGET_S = 0.005
 CONNECT_CONCURRENCY = 32
-SUMMARY_WINDOW = 100_000  # samples a server Summary keeps (plugin/metrics.py)
+SUMMARY_WINDOW = 100_000  # samples a server Summary keeps (vllm_duplex.core.metrics)
 WAIT_TIMEOUT_S = 5.0  # for the first audio delta and for response.done
 MiB = 1 << 20
 
@@ -149,7 +149,7 @@ class ServerProcess:
                                           delete=False)
         self._tmp.append(log.name)
         self.log_path = log.name
-        cmd = [sys.executable, "-m", "vllm_duplex.realtime.cli", "serve", "--config", cfg,
+        cmd = [sys.executable, "-m", "vllm_duplex.realtime.client.cli", "serve", "--config", cfg,
                "--host", "127.0.0.1", "--port", str(self.port)]
         # Own process group: a terminal Ctrl-C reaches only the bench, which stops the server.
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,

@@ -34,9 +34,9 @@ from typing import Any
 import atheris
 
 with atheris.instrument_imports(include=["vllm_duplex"]):
-    from vllm_duplex.errors import ERRORS, DuplexError
-    from vllm_duplex.generation import parse_control, parse_generate
-    from vllm_duplex.realtime.protocol import CLIENT_EVENT_TYPES, RealtimeCodec
+    from vllm_duplex.core.errors import ERRORS, DuplexError
+    from vllm_duplex.realtime.wire.codec import CLIENT_EVENT_TYPES, RealtimeCodec
+    from vllm_duplex.text.requests import parse_control, parse_generate
 
 MODEL = "m"
 EVENT_TYPES = sorted(CLIENT_EVENT_TYPES) + ["bogus"]

@@ -42,11 +42,10 @@ from websockets.uri import parse_uri
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from churn import churn, rss_bytes, settle  # noqa: E402
-
-from vllm_duplex.deploy import StageSpec, load_config  # noqa: E402
-from vllm_duplex.engine import DuplexEngine  # noqa: E402
-from vllm_duplex.realtime.client import RealtimeClient  # noqa: E402
-from vllm_duplex.realtime.serving import BackgroundServer  # noqa: E402
+from vllm_duplex.host.deploy import StageSpec, load_config  # noqa: E402
+from vllm_duplex.host.runtime import Runtime  # noqa: E402
+from vllm_duplex.realtime.client.realtime import RealtimeClient  # noqa: E402
+from vllm_duplex.realtime.server.serving import BackgroundServer  # noqa: E402
 
 TEXT = {"output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
 USER = {"type": "conversation.item.create", "item": {
@@ -81,7 +80,7 @@ async def until_done(rt: RealtimeClient) -> list[dict]:
 
 async def bench_resume() -> None:
     config = scripted("One two three four five six seven eight nine ten.", 0.002, resume_grace_s=10)
-    async with BackgroundServer(DuplexEngine(config)) as server:
+    async with BackgroundServer(Runtime(config)) as server:
         rt = await RealtimeClient.connect(server.ws_url)
         await turn(rt)
         reference = [(e["seq"], e["type"]) for e in await until_done(rt)]
@@ -114,7 +113,7 @@ async def bench_churn(sessions: int) -> None:
     config = load_config("cascade-cpu")
     config = dataclasses.replace(config, limits=dataclasses.replace(
         config.limits, max_sessions=64, resume_grace_s=1.0))
-    async with BackgroundServer(DuplexEngine(config)) as server:
+    async with BackgroundServer(Runtime(config)) as server:
         await churn(server.ws_url, 20)
         await settle(server.engine)
         before = rss_bytes()
@@ -181,7 +180,7 @@ async def bench_slow_consumer() -> None:
     reply = " ".join(f"Sentence {i} of a long scripted reply." for i in range(40))
     config = scripted(reply, 0.005, resume_grace_s=10, outbound_capacity=8192,
                       outbound_bytes=1 << 20)
-    async with BackgroundServer(DuplexEngine(config)) as server:
+    async with BackgroundServer(Runtime(config)) as server:
         alone = await latency_of_neighbours(server.ws_url)
         slow = await NonReadingClient.connect(server.host, server.port)
         await slow.send({"type": "session.update",
@@ -240,7 +239,7 @@ async def bench_engine_kill() -> None:
     config = load_config("cascade-cpu")
     config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, resume_grace_s=0))
     started = time.perf_counter()
-    engine = DuplexEngine(config)
+    engine = Runtime(config)
     async with BackgroundServer(engine) as server, httpx.AsyncClient(base_url=server.http_url) as http:
         boot = time.perf_counter() - started
         clients = [await RealtimeClient.connect(server.ws_url) for _ in range(4)]

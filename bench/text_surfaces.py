@@ -28,12 +28,10 @@ import uuid
 
 import httpx
 import websockets
-
-from vllm_duplex.deploy import load_config
-from vllm_duplex.engine import DuplexEngine
-from vllm_duplex.realtime.serving import BackgroundServer
-from vllm_duplex.stages.base import ContextMessage
-
+from vllm_duplex.core.payloads import ContextMessage
+from vllm_duplex.host.deploy import load_config
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.realtime.server.serving import BackgroundServer
 from voice_llm_ttft import HISTORY, SYSTEM  # noqa: E402  (same long context as the voice bench)
 
 QUESTION = "And how much does it cost to take a second checked bag on that flight?"
@@ -85,7 +83,7 @@ async def streamed(base_ws: str, sid: str) -> float:
 
 
 async def main(reps: int) -> None:
-    engine = DuplexEngine(load_config("cascade-cpu"))
+    engine = Runtime(load_config("cascade-cpu"))
     async with BackgroundServer(engine) as server:
         model = engine.model
         base_ws = server.http_url.replace("http", "ws", 1)

@@ -31,14 +31,13 @@ import time
 import av
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-
-from vllm_duplex.deploy import DeployConfig, StageSpec, load_config
-from vllm_duplex.engine import DuplexEngine
-from vllm_duplex.realtime.client import RealtimeClient
-from vllm_duplex.realtime.serving import BackgroundServer
-from vllm_duplex.stages.base import VideoFrame
-from vllm_duplex.stages.vision import SceneAnalyzer
-from vllm_duplex.video import decode_image
+from vllm_duplex.core.payloads import VideoFrame
+from vllm_duplex.host.deploy import DeployConfig, StageSpec, load_config
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.media.video import decode_image
+from vllm_duplex.realtime.client.realtime import RealtimeClient
+from vllm_duplex.realtime.server.serving import BackgroundServer
+from vllm_duplex.stages.vision.scene import SceneAnalyzer
 
 
 def camera(sign: str) -> np.ndarray:
@@ -84,7 +83,7 @@ async def ingest(frames: int) -> None:
     for _ in range(frames):
         decode_image(data)
     alone = frames / (time.perf_counter() - started)
-    async with BackgroundServer(DuplexEngine(vision_only(fps=10_000.0))) as server:
+    async with BackgroundServer(Runtime(vision_only(fps=10_000.0))) as server:
         async with await RealtimeClient.connect(server.ws_url) as rt:
             frame = base64.b64encode(data).decode()
             started = time.perf_counter()
@@ -110,7 +109,7 @@ async def stream_decode(seconds: float) -> None:
     with av.open(io.BytesIO(video)) as container:
         decoded = sum(1 for f in container.decode(video=0) if f.to_ndarray(format="rgb24").size)
     alone = decoded / (time.perf_counter() - started)
-    async with BackgroundServer(DuplexEngine(vision_only(fps=float(fps)))) as server:
+    async with BackgroundServer(Runtime(vision_only(fps=float(fps)))) as server:
         async with await RealtimeClient.connect(server.ws_url) as rt:
             session, _ = server.engine.manager.get(rt.session_id, None)
             started = time.perf_counter()
@@ -136,7 +135,7 @@ async def context_latency(samples: int) -> None:
         started = time.perf_counter()
         analyzer.analyze(frame)
         direct.append(time.perf_counter() - started)
-    async with BackgroundServer(DuplexEngine(vision_only(fps=100.0))) as server:
+    async with BackgroundServer(Runtime(vision_only(fps=100.0))) as server:
         async with await RealtimeClient.connect(server.ws_url) as rt:
             lat = []
             for i, sign in enumerate(signs):

@@ -70,6 +70,9 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below
 
+from vllm_duplex.host.deploy import DeployConfig, load_config, resolve_config_path  # noqa: E402
+from vllm_duplex.host.runtime import Runtime  # noqa: E402
+from vllm_duplex.realtime.server.serving import BackgroundServer  # noqa: E402
 from voice_llm_ttft import END_OF_TURN_SILENCE_S, WORD_INTERVAL_S, run_part_b  # noqa: E402
 from voice_scenarios import (  # noqa: E402
     CHUNK_S,
@@ -85,10 +88,6 @@ from voice_scenarios import (  # noqa: E402
     utterance,
     vad_floor_s,
 )
-
-from vllm_duplex.deploy import DeployConfig, load_config, resolve_config_path  # noqa: E402
-from vllm_duplex.engine import DuplexEngine  # noqa: E402
-from vllm_duplex.realtime.serving import BackgroundServer  # noqa: E402
 
 TTFA_TARGET_S = 0.300
 BARGE_TARGET_S = 0.150
@@ -172,7 +171,7 @@ def scripted_config() -> DeployConfig:
     return DeployConfig.from_dict(raw)
 
 
-def _find_llm(engine: DuplexEngine) -> Any:
+def _find_llm(engine: Runtime) -> Any:
     for stage in engine.stages:
         if hasattr(stage, "fast_paths") and hasattr(stage, "port"):
             return stage
@@ -183,7 +182,7 @@ async def run_phase(name: str, config: DeployConfig, args: argparse.Namespace,
                     utts: dict[str, Any], turn_session: dict[str, Any]) -> dict[str, Any]:
     print(f"[{name}] starting the server ({config.name}) ...", flush=True)
     t_start = time.monotonic()
-    engine = DuplexEngine(config)
+    engine = Runtime(config)
     result: dict[str, Any] = {"name": name, "config": config.name, "loadavg_before": loadavg()}
     vad = next((sp.type for sp in config.stages if sp.type in ("silero_vad", "energy_vad")), None)
     if vad is not None:

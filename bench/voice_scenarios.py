@@ -25,9 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from speech_fixtures import chunks as pcm_chunks  # noqa: E402
 from speech_fixtures import speak  # noqa: E402
+from vllm_duplex.realtime.client.realtime import RealtimeClient  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
-
-from vllm_duplex.realtime.client import RealtimeClient  # noqa: E402
 
 RATE = 24000
 CHUNK_S = 0.020
@@ -83,10 +82,10 @@ def vad_floor_s(utt: Utterance, kind: str) -> float:
     chunks go through the product's streaming resampler (24 -> 16 kHz, its filter lag
     included) into the VAD, as in a session; online the VAD's window grid has another
     phase, so this is good to about one window (20 ms energy, 32 ms Silero)."""
-    from vllm_duplex.audio import Resampler
-    from vllm_duplex.stages.base import INTERNAL_RATE, VadSpeechStarted
-    from vllm_duplex.stages.scripted import EnergyVad
-    from vllm_duplex.stages.silero_vad import SileroVad, load_model
+    from vllm_duplex.core.payloads import INTERNAL_RATE, VadSpeechStarted
+    from vllm_duplex.media.audio import Resampler
+    from vllm_duplex.stages.listening.energy_vad import EnergyVad
+    from vllm_duplex.stages.listening.silero_vad import SileroVad, load_model
 
     vad = (SileroVad(load_model("onnx"), min_speech_ms=64) if kind == "silero"
            else EnergyVad(rate=INTERNAL_RATE, frame_ms=20, min_speech_ms=60))

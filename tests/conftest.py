@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 import pytest_asyncio
-from task_leaks import fail_on_leaked_tasks
+from support.task_leaks import fail_on_leaked_tasks
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +25,7 @@ async def no_leaked_tasks():
 async def vllm_stage():
     """ONE vLLM engine for the test session (the prepared SmolLM2, float32 +
     eager on CPU); vLLM is imported only by sessions that use it."""
-    from vllm_duplex.stages.vllm_llm import VllmLlmStage
+    from vllm_duplex.stages.vllm.llm import VllmLlmStage
 
     stage = VllmLlmStage()
     await stage.start()
@@ -36,9 +36,8 @@ async def vllm_stage():
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def text_server(vllm_stage):
     """A server on that engine for the text-surface tests (see text_fixtures)."""
-    from text_fixtures import text_engine
-
-    from vllm_duplex.realtime.serving import BackgroundServer
+    from support.text_fixtures import text_engine
+    from vllm_duplex.realtime.server.serving import BackgroundServer
 
     async with BackgroundServer(text_engine(vllm_stage, stream_ttl_s=2.0)) as server:
         yield server

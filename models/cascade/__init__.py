@@ -1,5 +1,5 @@
 """The cascade policy: VAD -> ASR -> LLM (vLLM, streaming input) -> TTS."""
 
-from .policy import CascadePolicy
+from vllm_duplex.models.cascade.policy import CascadePolicy
 
 __all__ = ["CascadePolicy"]

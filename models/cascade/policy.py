@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vllm_duplex.commands import DuplexInput, ResponseOptions
-from vllm_duplex.contracts import (
+from vllm_duplex.core.commands import DuplexInput, ResponseOptions
+from vllm_duplex.core.contracts import (
     DROP,
     AppendPlan,
     Capabilities,
@@ -35,10 +35,9 @@ from vllm_duplex.contracts import (
     StageSubmission,
     TurnCommitted,
 )
-from vllm_duplex.conversation import context_messages
-from vllm_duplex.errors import DuplexError
-from vllm_duplex.policy import SessionView
-from vllm_duplex.stages.base import (
+from vllm_duplex.core.conversation import context_messages
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.payloads import (
     AudioIn,
     AudioOut,
     ContextMessage,
@@ -59,8 +58,8 @@ from vllm_duplex.stages.base import (
     VadSpeechStopped,
     VideoFrame,
 )
-
-from .transcript import Utterance, words
+from vllm_duplex.models.cascade.transcript import Utterance, words
+from vllm_duplex.policy import SessionView
 
 VAD, ASR, LLM, VISION = "vad", "asr", "llm", "vision"
 _SCENE = "scene"  # the newest scene description (camera context)

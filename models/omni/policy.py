@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from vllm_duplex.commands import ResponseOptions
-from vllm_duplex.contracts import (
+from vllm_duplex.core.commands import ResponseOptions
+from vllm_duplex.core.contracts import (
     DROP,
     AppendPlan,
     Capabilities,
@@ -52,10 +52,10 @@ from vllm_duplex.contracts import (
     StageSubmission,
     TurnCommitted,
 )
-from vllm_duplex.errors import DuplexError
-from vllm_duplex.input_buffer import IDLE_SLACK_MS
-from vllm_duplex.policy import SessionView
-from vllm_duplex.stages.base import (
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.omni import OmniInstructions, OmniUnit
+from vllm_duplex.core.payloads import (
+    IDLE_SLACK_MS,
     AudioIn,
     AudioOut,
     GenerationDone,
@@ -72,9 +72,8 @@ from vllm_duplex.stages.base import (
     VadSpeechStopped,
     VideoFrame,
 )
-from vllm_duplex.stages.omni import OmniInstructions, OmniUnit
-
-from .units import SAMPLES_PER_MS, UnitBuilder, units_of_turn
+from vllm_duplex.models.omni.units import SAMPLES_PER_MS, UnitBuilder, units_of_turn
+from vllm_duplex.policy import SessionView
 
 VAD, OMNI = "vad", "omni"
 _STATE = "omni"

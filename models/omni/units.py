@@ -15,10 +15,33 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from vllm_duplex.stages.base import INTERNAL_RATE, VideoFrame
-from vllm_duplex.stages.omni import OmniUnit
+from vllm_duplex.core.omni import OmniUnit
+from vllm_duplex.core.payloads import INTERNAL_RATE, VideoFrame
 
 SAMPLES_PER_MS = INTERNAL_RATE // 1000
+
+
+def tile(frames: Sequence[np.ndarray], cols: int, cell: tuple[int, int]) -> np.ndarray:
+    """Frames in a ``cols``-wide grid (row-major), one image for models that
+    take one image per unit. ``cell`` is ``(width, height)``; each frame is
+    scaled to fit its cell keeping its aspect ratio, centred on black."""
+    import cv2  # OpenCV, imported on first use
+
+    cw, ch = cell
+    if not frames or cols < 1 or cw < 1 or ch < 1:
+        raise ValueError("tile needs frames, cols >= 1 and a positive cell size")
+    rows = math.ceil(len(frames) / cols)
+    out = np.zeros((rows * ch, min(cols, len(frames)) * cw, 3), dtype=np.uint8)
+    for i, frame in enumerate(frames):
+        h, w = frame.shape[:2]
+        scale = min(cw / w, ch / h)
+        sw, sh = max(1, round(w * scale)), max(1, round(h * scale))
+        interp = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
+        small = cv2.resize(frame, (sw, sh), interpolation=interp)
+        y = (i // cols) * ch + (ch - sh) // 2
+        x = (i % cols) * cw + (cw - sw) // 2
+        out[y : y + sh, x : x + sw] = small
+    return out
 
 
 def tile_frames(frames: Sequence[np.ndarray], cell: tuple[int, int] | None = None) -> np.ndarray:
@@ -27,7 +50,6 @@ def tile_frames(frames: Sequence[np.ndarray], cell: tuple[int, int] | None = Non
     frame's size). One frame is returned as it is."""
     if len(frames) == 1 and cell is None:
         return frames[0]
-    from vllm_duplex.video import tile  # OpenCV, imported on first use
 
     h, w = frames[0].shape[:2]
     return tile(frames, math.ceil(math.sqrt(len(frames))), cell or (w, h))

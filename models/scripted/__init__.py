@@ -2,6 +2,6 @@
 (energy VAD -> scripted LLM -> tone TTS), used by control-plane tests and
 benchmarks. Registered as entry point ``scripted`` of ``vllm_duplex.models``."""
 
-from .policy import ScriptedPolicy
+from vllm_duplex.models.scripted.policy import ScriptedPolicy
 
 __all__ = ["ScriptedPolicy"]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_duplex.commands import ResponseOptions
-from vllm_duplex.contracts import (
+from vllm_duplex.core.commands import ResponseOptions
+from vllm_duplex.core.contracts import (
     DROP,
     AppendPlan,
     Capabilities,
@@ -20,9 +20,8 @@ from vllm_duplex.contracts import (
     StageSubmission,
     TurnCommitted,
 )
-from vllm_duplex.errors import DuplexError
-from vllm_duplex.policy import SessionView
-from vllm_duplex.stages.base import (
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.payloads import (
     AudioIn,
     AudioOut,
     GenerationDone,
@@ -37,6 +36,7 @@ from vllm_duplex.stages.base import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
+from vllm_duplex.policy import SessionView
 
 VAD_STAGE = "vad"
 

@@ -16,10 +16,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..clock import Clock
-from ..errors import DuplexError
-from ..fence import Fence
-from .base import StageFailed, StageInput, StageOutput, StagePort
+from vllm_duplex.core.clock import Clock
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.payloads import StageFailed, StageInput, StageOutput
+from vllm_duplex.stages.port import StagePort
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,169 @@
+"""Conversation items and responses, as the session keeps them.
+
+Shapes follow OpenAI Realtime GA (``realtime.item`` / ``realtime.response``);
+``wire()`` renders them. Audio is kept as internal PCM so that truncation can
+measure what the user actually heard.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_duplex.core.payloads import ContextMessage
+
+
+class ItemType(str, enum.Enum):
+    MESSAGE = "message"
+    FUNCTION_CALL = "function_call"
+    FUNCTION_CALL_OUTPUT = "function_call_output"
+
+
+class Role(str, enum.Enum):
+    USER = "user"
+    ASSISTANT = "assistant"
+    SYSTEM = "system"
+
+
+@dataclass(frozen=True)
+class SpokenSegment:
+    """A stretch of output audio and the words it speaks (for truncation)."""
+
+    start_ms: int
+    end_ms: int
+    text: str
+
+
+@dataclass
+class ContentPart:
+    """``type`` is one of input_text, input_audio, input_image, output_text,
+    output_audio. An ``input_image`` keeps its ``data:`` URL (echoed as given)."""
+
+    type: str
+    text: str | None = None
+    transcript: str | None = None
+    audio_ms: int = 0  # duration of audio that belongs to this part
+    image_url: str | None = None
+    spoken: list[SpokenSegment] = field(default_factory=list)
+
+    def heard_text(self, audio_end_ms: int) -> str:
+        """The words a listener heard when playback stopped at ``audio_end_ms``:
+        whole segments before it, and a proportional share of the words of
+        the segment it cuts through."""
+        words: list[str] = []
+        for seg in self.spoken:
+            seg_words = seg.text.split()
+            if seg.end_ms <= audio_end_ms:
+                words += seg_words
+            elif seg.start_ms < audio_end_ms:
+                share = (audio_end_ms - seg.start_ms) / max(1, seg.end_ms - seg.start_ms)
+                words += seg_words[: int(len(seg_words) * share)]
+        return " ".join(words)
+
+    def wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
+        if self.type in ("input_text", "output_text"):
+            out["text"] = self.text or ""
+        elif self.type == "input_image":
+            out["image_url"] = self.image_url
+        else:
+            out["transcript"] = self.transcript
+        return out
+
+
+@dataclass
+class ConversationItem:
+    id: str
+    type: ItemType
+    role: Role | None = None
+    status: str = "completed"
+    content: list[ContentPart] = field(default_factory=list)
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+    def text(self) -> str:
+        """The words of this item as the model should see them."""
+        if self.type is ItemType.FUNCTION_CALL:
+            return f"{self.name}({self.arguments})"
+        if self.type is ItemType.FUNCTION_CALL_OUTPUT:
+            return self.output or ""
+        return " ".join(
+            (p.text if p.text is not None else p.transcript) or "" for p in self.content
+        ).strip()
+
+    def wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "object": "realtime.item", "type": self.type.value}
+        if self.type is ItemType.MESSAGE:
+            out["role"] = self.role.value if self.role else None
+            out["status"] = self.status
+            out["content"] = [p.wire() for p in self.content]
+        elif self.type is ItemType.FUNCTION_CALL:
+            out.update(status=self.status, call_id=self.call_id, name=self.name,
+                       arguments=self.arguments or "")
+        else:
+            out.update(call_id=self.call_id, output=self.output or "")
+        return out
+
+
+class ResponseStatus(str, enum.Enum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    INCOMPLETE = "incomplete"
+    FAILED = "failed"
+
+
+@dataclass
+class Response:
+    id: str
+    conversation_id: str | None
+    output_modalities: tuple[str, ...]
+    output_format: dict[str, Any]
+    voice: str
+    max_output_tokens: int | None = None
+    metadata: dict[str, Any] | None = None
+    status: ResponseStatus = ResponseStatus.IN_PROGRESS
+    status_details: dict[str, Any] | None = None
+    output: list[ConversationItem] = field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "realtime.response",
+            "status": self.status.value,
+            "status_details": self.status_details,
+            "conversation_id": self.conversation_id,
+            "output": [i.wire() for i in self.output],
+            "output_modalities": list(self.output_modalities),
+            "audio": {"output": {"format": self.output_format, "voice": self.voice}},
+            "max_output_tokens": "inf" if self.max_output_tokens is None else self.max_output_tokens,
+            "metadata": self.metadata,
+            "usage": {
+                "total_tokens": self.input_tokens + self.output_tokens,
+                "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens,
+            },
+        }
+
+
+def context_messages(items: Iterable[ConversationItem], instructions: str = "") -> tuple[ContextMessage, ...]:
+    """The conversation as the model sees it: instructions, then every item
+    with words (truncated items hold only what the user heard)."""
+    messages = [ContextMessage("system", instructions)] if instructions else []
+    for item in items:
+        text = item.text()
+        if not text:
+            continue
+        if item.type is ItemType.FUNCTION_CALL_OUTPUT:
+            messages.append(ContextMessage("tool", text))
+        elif item.type is ItemType.FUNCTION_CALL:
+            messages.append(ContextMessage("assistant", text))
+        else:
+            messages.append(ContextMessage(item.role.value if item.role else "user", text))
+    return tuple(messages)

@@ -1,0 +1,249 @@
+"""Typed server events: what a session produces and the wire codec renders.
+
+Field names are the wire names of OpenAI Realtime GA; ``type`` is the GA event
+name (beta aliases are a rendering concern of ``vllm_duplex.realtime.wire``).
+Documents (items, responses, the session object) are snapshotted as wire dicts
+at the moment the event is made, so later mutation never changes history.
+``bytes`` fields are base64-encoded by the codec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.fence import Fence
+
+
+@dataclass(frozen=True)
+class ServerEvent:
+    type: ClassVar[str]
+
+
+@dataclass(frozen=True)
+class SessionCreated(ServerEvent):
+    type: ClassVar[str] = "session.created"
+    session: dict[str, Any]
+    resume_token: str
+
+
+@dataclass(frozen=True)
+class SessionUpdated(ServerEvent):
+    type: ClassVar[str] = "session.updated"
+    session: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ErrorEvent(ServerEvent):
+    type: ClassVar[str] = "error"
+    error: DuplexError
+
+
+@dataclass(frozen=True)
+class InputAudioBufferCommitted(ServerEvent):
+    type: ClassVar[str] = "input_audio_buffer.committed"
+    item_id: str
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True)
+class InputAudioBufferCleared(ServerEvent):
+    type: ClassVar[str] = "input_audio_buffer.cleared"
+
+
+@dataclass(frozen=True)
+class SpeechStarted(ServerEvent):
+    type: ClassVar[str] = "input_audio_buffer.speech_started"
+    audio_start_ms: int
+    item_id: str
+
+
+@dataclass(frozen=True)
+class SpeechStopped(ServerEvent):
+    type: ClassVar[str] = "input_audio_buffer.speech_stopped"
+    audio_end_ms: int
+    item_id: str
+
+
+@dataclass(frozen=True)
+class ConversationItemAdded(ServerEvent):
+    type: ClassVar[str] = "conversation.item.added"
+    item: dict[str, Any]
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True)
+class ConversationItemDone(ServerEvent):
+    type: ClassVar[str] = "conversation.item.done"
+    item: dict[str, Any]
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True)
+class ConversationItemRetrieved(ServerEvent):
+    type: ClassVar[str] = "conversation.item.retrieved"
+    item: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ConversationItemDeleted(ServerEvent):
+    type: ClassVar[str] = "conversation.item.deleted"
+    item_id: str
+
+
+@dataclass(frozen=True)
+class ConversationItemTruncated(ServerEvent):
+    type: ClassVar[str] = "conversation.item.truncated"
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class InputTranscriptionDelta(ServerEvent):
+    type: ClassVar[str] = "conversation.item.input_audio_transcription.delta"
+    item_id: str
+    content_index: int
+    delta: str
+
+
+@dataclass(frozen=True)
+class InputTranscriptionCompleted(ServerEvent):
+    type: ClassVar[str] = "conversation.item.input_audio_transcription.completed"
+    item_id: str
+    content_index: int
+    transcript: str
+
+
+@dataclass(frozen=True)
+class ResponseCreated(ServerEvent):
+    type: ClassVar[str] = "response.created"
+    response: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ResponseDone(ServerEvent):
+    type: ClassVar[str] = "response.done"
+    response: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OutputItemAdded(ServerEvent):
+    type: ClassVar[str] = "response.output_item.added"
+    response_id: str
+    output_index: int
+    item: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OutputItemDone(ServerEvent):
+    type: ClassVar[str] = "response.output_item.done"
+    response_id: str
+    output_index: int
+    item: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _PartEvent(ServerEvent):
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+
+
+@dataclass(frozen=True)
+class ContentPartAdded(_PartEvent):
+    type: ClassVar[str] = "response.content_part.added"
+    part: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ContentPartDone(_PartEvent):
+    type: ClassVar[str] = "response.content_part.done"
+    part: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OutputAudioDelta(_PartEvent):
+    type: ClassVar[str] = "response.output_audio.delta"
+    delta: bytes = b""  # encoded in the session's output format
+
+
+@dataclass(frozen=True)
+class OutputAudioDone(_PartEvent):
+    type: ClassVar[str] = "response.output_audio.done"
+
+
+@dataclass(frozen=True)
+class OutputAudioTranscriptDelta(_PartEvent):
+    type: ClassVar[str] = "response.output_audio_transcript.delta"
+    delta: str = ""
+
+
+@dataclass(frozen=True)
+class OutputAudioTranscriptDone(_PartEvent):
+    type: ClassVar[str] = "response.output_audio_transcript.done"
+    transcript: str = ""
+
+
+@dataclass(frozen=True)
+class OutputTextDelta(_PartEvent):
+    type: ClassVar[str] = "response.output_text.delta"
+    delta: str = ""
+
+
+@dataclass(frozen=True)
+class OutputTextDone(_PartEvent):
+    type: ClassVar[str] = "response.output_text.done"
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class FunctionCallArgumentsDelta(ServerEvent):
+    type: ClassVar[str] = "response.function_call_arguments.delta"
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    delta: str
+
+
+@dataclass(frozen=True)
+class FunctionCallArgumentsDone(ServerEvent):
+    type: ClassVar[str] = "response.function_call_arguments.done"
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class VideoSceneUpdated(ServerEvent):
+    """Extension: what the vision stage sees now (the model's camera context)."""
+
+    type: ClassVar[str] = "duplex.video.scene"
+    text: str
+    timestamp_ms: int
+    texts: list[str]
+    faces: int
+
+
+@dataclass(frozen=True)
+class SessionClosed(ServerEvent):
+    """Extension: the session ended (client close, expiry, engine failure)."""
+
+    type: ClassVar[str] = "session.closed"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A journaled event: ``seq`` is strictly +1 per session; ``fence`` is the
+    session's fence when the event was made (rendered as metadata.fence)."""
+
+    seq: int
+    fence: Fence
+    event: ServerEvent

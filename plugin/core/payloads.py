@@ -1,0 +1,236 @@
+"""The typed payloads that flow into and out of stages, and their envelopes.
+
+Policies, sessions and stages all speak these types, so they live in the
+core: a policy can plan a submission without importing any stage. Every
+submission and every output carries the session ``Fence`` it was made under;
+stages never decide staleness (the session's fence gate does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from vllm_duplex.core.contracts import SamplingConfig
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.fence import Fence
+
+INTERNAL_RATE = 16000  # Hz, mono int16: what VAD/ASR consume and TTS produce
+# Idle input audio kept beyond a turn's prefix padding while nobody speaks: the
+# VAD still needs it to detect an onset (the input buffer and the omni policy trim to it).
+IDLE_SLACK_MS = 1000
+
+
+# ---- payloads into stages --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AudioIn:
+    """Input PCM (int16, mono, INTERNAL_RATE); ``start_ms`` is its offset in
+    the session's input audio stream."""
+
+    pcm: np.ndarray
+    start_ms: int
+
+
+@dataclass(frozen=True)
+class TextIn:
+    """Words appended to the live model context (``append_tokens``)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ContextMessage:
+    role: str  # system | user | assistant | tool
+    text: str
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    response_id: str
+    context: tuple[ContextMessage, ...]
+    sampling: SamplingConfig
+    tools: tuple[dict[str, Any], ...] = ()
+    # OpenAI semantics: "auto" (the model may call), "none" (it may not),
+    # "required" (it must call one), {"type": "function", "name": N} (must call N).
+    tool_choice: str | dict[str, Any] = "auto"
+
+    def callable_tools(self) -> tuple[dict[str, Any], ...]:
+        """The tools the model may call under ``tool_choice``."""
+        if self.tool_choice == "none":
+            return ()
+        if isinstance(self.tool_choice, dict):
+            name = self.tool_choice.get("name") or (self.tool_choice.get("function") or {}).get("name")
+            return tuple(t for t in self.tools
+                         if (t.get("name") or (t.get("function") or {}).get("name")) == name)
+        return self.tools
+
+    @property
+    def must_call(self) -> bool:
+        return self.tool_choice == "required" or isinstance(self.tool_choice, dict)
+
+
+@dataclass(frozen=True)
+class VadConfig:
+    """Turn-detection tuning for a VAD stage (what ``session.update`` sets).
+
+    ``threshold`` is 0..1, higher meaning "needs more evidence of speech";
+    each VAD documents how it maps the number onto its own detector.
+    """
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must be within 0..1, got {self.threshold}")
+        if self.prefix_padding_ms < 0 or self.silence_duration_ms < 0:
+            raise ValueError("prefix_padding_ms and silence_duration_ms must be >= 0")
+
+
+@dataclass(frozen=True)
+class ResetContext:
+    """Rebuild the model state from canonical history (rollback / re-encode):
+    abort the live request and prefill ``context``; generate nothing yet."""
+
+    context: tuple[ContextMessage, ...]
+
+
+@dataclass(frozen=True)
+class EndOfText:
+    """No more text for this response: TTS flushes its last sentence."""
+
+    response_id: str
+
+
+@dataclass(frozen=True, eq=False)
+class VideoFrame:
+    """One decoded camera frame: RGB ``uint8`` ``(height, width, 3)`` at
+    ``timestamp_ms`` on the session's video clock (``source``: ``frame`` — an
+    image event, ``chunk`` — decoded from a WebM/MP4 fragment, ``image`` — an
+    ``input_image`` content part)."""
+
+    rgb: np.ndarray
+    timestamp_ms: int
+    source: str = "frame"
+
+
+# ---- payloads out of stages ------------------------------------------------
+
+
+class InputObservation:
+    """Marker for outputs that describe the user's input (VAD, ASR), not a
+    reply. Fence bumps void what was going to be *said*, never what was
+    *heard*: an interruption (epoch) or a rebuilt model context (incarnation,
+    e.g. a rollback because the ASR revised a word) leaves the user's words
+    standing, so the fence gate never drops these."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class VadSpeechStarted(InputObservation):
+    audio_ms: int
+
+
+@dataclass(frozen=True)
+class VadSpeechStopped(InputObservation):
+    audio_ms: int
+
+
+@dataclass(frozen=True)
+class TranscriptDelta(InputObservation):
+    text: str
+
+
+@dataclass(frozen=True)
+class TranscriptPartial(InputObservation):
+    """The ASR's whole current hypothesis for the ongoing utterance; a later
+    partial may revise earlier words."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class TranscriptFinal(InputObservation):
+    text: str
+
+
+@dataclass(frozen=True)
+class SceneDescription(InputObservation):
+    """What a vision stage sees in the newest frame, as context for the model:
+    ``text`` is the sentence the model gets (e.g. ``visible text: OPEN 24
+    HOURS; 1 face``). A newer one replaces the older (``replace_latest_chunk``)."""
+
+    text: str
+    timestamp_ms: int
+    texts: tuple[str, ...] = ()
+    faces: int = 0
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    response_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class GenerationDone:
+    response_id: str
+    finish_reason: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete function call the model made (arguments are JSON text)."""
+
+    response_id: str
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class AudioOut:
+    """Synthesized PCM (int16, mono, ``rate`` Hz) for a response."""
+
+    response_id: str
+    pcm: np.ndarray
+    rate: int = INTERNAL_RATE
+    text: str = ""  # the words this audio speaks (for transcript deltas)
+
+
+@dataclass(frozen=True)
+class SpeechDone:
+    """TTS has spoken everything it was given for this response."""
+
+    response_id: str
+
+
+@dataclass(frozen=True)
+class StageFailed:
+    error: DuplexError
+
+
+# ---- envelopes -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageInput:
+    fence: Fence
+    request_id: str
+    payload: Any
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    fence: Fence
+    request_id: str
+    stage: str
+    payload: Any
+    created_at: float = field(default=0.0, compare=False)

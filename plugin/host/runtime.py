@@ -1,0 +1,214 @@
+"""``Runtime``: everything one server process shares — the deployment
+config, the stages (one engine for all sessions), the policy, the session
+manager, the clock and the metrics. Transports open sessions through it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from vllm_duplex.core.clock import Clock, MonotonicClock
+from vllm_duplex.core.commands import SessionResume
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.host.deploy import DeployConfig
+from vllm_duplex.host.stage_types import build_stage
+from vllm_duplex.leases.manager import SessionManager
+from vllm_duplex.policy import ModelPolicy, load_policy
+from vllm_duplex.replay.journal import JournalBudget, Replay
+from vllm_duplex.replay.outbox import Attachment
+from vllm_duplex.session.runner import DuplexSession, SessionLimits
+from vllm_duplex.session.video_input import VideoLimits
+from vllm_duplex.stages.port import Stage
+
+# Stage counters /metrics shows (per stage, for the stages that have them).
+_STAGE_GAUGES = {
+    "aborted_requests": "Stage requests (aborted), by stage",
+    "active_requests": "Stage requests (active), by stage",
+    "engine_restarts": "Engines rebuilt after they died, by stage",
+}
+
+_SESSION_DEFAULT_KEYS = ("instructions", "output_modalities", "voice", "temperature",
+                         "max_output_tokens")
+
+
+class Runtime:
+    def __init__(
+        self,
+        config: DeployConfig,
+        *,
+        clock: Clock | None = None,
+        metrics: Metrics | None = None,
+        instance_id: str | None = None,
+        shared_stages: Mapping[str, Stage] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock or MonotonicClock()
+        self.metrics = metrics or Metrics()
+        self.policy: ModelPolicy = load_policy(config.policy, **config.policy_options)
+        # Stages passed in by type (e.g. one vLLM engine shared by a test
+        # session, or the engine of `vllm serve`) are used, not built, and
+        # not closed by this engine.
+        shared = dict(shared_stages or {})
+        self.stages = [shared.get(spec.type) or build_stage(spec, self.clock)
+                       for spec in config.stages]
+        self._owned = [s for s in self.stages if all(s is not x for x in shared.values())]
+        limits = config.limits
+        self.manager: SessionManager[DuplexSession] = SessionManager(
+            max_sessions=limits.max_sessions,
+            max_sessions_per_key=limits.max_sessions_per_key,
+            default_ttl_s=limits.session_ttl_s,
+            clock=self.clock,
+            instance_id=instance_id or os.environ.get("VLLM_DUPLEX_INSTANCE_ID"),
+        )
+        self.session_limits = SessionLimits(
+            mailbox_capacity=limits.mailbox_capacity, outbound_capacity=limits.outbound_capacity,
+            outbound_bytes=limits.outbound_bytes, journal_events=limits.journal_events,
+            journal_bytes=limits.journal_bytes, journal_age_s=limits.journal_age_s,
+            survives_disconnect=limits.resume_grace_s > 0,
+            video=VideoLimits(fps=limits.video_fps, max_fps=limits.video_max_fps,
+                              max_bytes_per_s=limits.video_max_bytes_per_s))
+        self.journal_budget = JournalBudget(limits.journal_total_bytes)
+        self.metrics.gauge("duplex_journal_bytes", "Bytes of events journaled for resume, all sessions",
+                           lambda: self.journal_budget.used)
+        unknown = set(config.session) - set(_SESSION_DEFAULT_KEYS)
+        if unknown:
+            raise ValueError(f"unknown session defaults: {sorted(unknown)}")
+        defaults = dict(config.session)
+        if "output_modalities" in defaults:
+            defaults["output_modalities"] = tuple(defaults["output_modalities"])
+        self.session_defaults = SessionConfig(model=config.model, policy=config.policy, **defaults)
+        self.metrics.gauge("duplex_sessions_live", "Live sessions", lambda: len(self.manager))
+        # The HTTP text surfaces need a vLLM text stage (a scripted pipeline has none).
+        self.text: Any = None
+        llm = next((s for s in self.stages if getattr(s, "serves_text", False)), None)
+        if llm is not None:
+            from vllm_duplex.text.service import (
+                TextService,  # imports vLLM: only when a stage uses it
+            )
+
+            self.text = TextService(llm, model=config.model, instance_id=self.manager.instance_id,
+                                    limits=limits, clock=self.clock, metrics=self.metrics)
+        for stage in self.stages:
+            for counter, help in _STAGE_GAUGES.items():
+                if hasattr(stage, counter):
+                    self.metrics.gauge(f"duplex_stage_{counter}", help,
+                                       lambda s=stage, c=counter: float(getattr(s, c)),
+                                       stage=stage.name)
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    def stage_health(self) -> dict[str, bool]:
+        """Per stage: can it serve? (a dead vLLM engine says no)."""
+        return {s.name: bool(getattr(s, "healthy", True)) for s in self.stages}
+
+    @property
+    def healthy(self) -> bool:
+        return all(self.stage_health().values())
+
+    async def start(self) -> None:
+        """Start shared stage engines (e.g. vLLM, ~20 s on a 2-core CPU) before
+        the first session, so no caller waits for them."""
+        for stage in self.stages:
+            start = getattr(stage, "start", None)
+            if start is not None:
+                result = start()
+                if inspect.isawaitable(result):
+                    await result
+        await self.manager.start()
+        if self.text is not None:
+            await self.text.start()
+
+    async def stop(self) -> None:
+        if self.text is not None:
+            await self.text.stop()
+        await self.manager.stop()
+        for stage in self._owned:  # their resources: worker threads, the vLLM engine
+            close = getattr(stage, "close", None)
+            if close is not None:
+                result = close()
+                if inspect.isawaitable(result):
+                    await result
+
+    async def open_realtime_session(self, api_key: str | None) -> DuplexSession:
+        """Admit (may raise ``resource_exhausted``) and start a session; it is
+        pinned while its socket is attached."""
+
+        def factory(session_id: str) -> DuplexSession:
+            return DuplexSession(session_id, config=self.session_defaults, policy=self.policy,
+                                 stages=self.stages, clock=self.clock, metrics=self.metrics,
+                                 limits=self.session_limits, journal_budget=self.journal_budget,
+                                 extra_wire={"owner_instance_id": self.manager.instance_id})
+
+        grace = self.config.limits.resume_grace_s
+        session, _ = self.manager.admit(factory, api_key=api_key, pinned=True,
+                                        ttl_s=grace if grace > 0 else None)
+        session.attach()  # the opening socket
+        try:
+            await session.start()
+        except BaseException:
+            await self.manager.release(session.session_id, "start_failed")
+            await session.close("start_failed")
+            raise
+        return session
+
+    async def end_session(self, session: DuplexSession, reason: str) -> None:
+        await session.close(reason)
+        await self.manager.release(session.session_id, reason)
+
+    def resume_realtime_session(self, api_key: str | None, c: SessionResume
+                                ) -> tuple[DuplexSession, Attachment, Replay, dict[str, Any]]:
+        """Attach a reconnecting socket to its session (CONFORMANCE 25-28):
+        another key's session is ``session_not_found``, a lapsed one
+        ``session_expired``; the token is checked in constant time and rotates;
+        ``generation``, when given, is a compare-and-swap on the lease."""
+        try:
+            session, info = self.manager.get(c.session_id, api_key)
+            generation = info.lease.generation
+            if c.generation is not None:
+                generation = self.manager.renew(c.session_id, api_key,
+                                                generation=c.generation).generation
+            att, replay, resumed = session.resume(c.resume_token, c.last_seq)
+        except DuplexError as err:
+            self.metrics.resumes.inc(outcome=err.code)
+            raise
+        self.manager.pin(c.session_id)
+        self.metrics.resumes.inc(outcome="resync" if replay.resync else "ok")
+        return session, att, replay, {**resumed, "generation": generation}
+
+    async def release_socket(self, session: DuplexSession, att: Attachment) -> None:
+        """A socket of ``session`` ended. Without resume (grace 0) its session
+        ends with it; otherwise the session waits, detached, for a resume."""
+        current = session.detach(att)
+        if session.close_reason is not None:
+            await self.end_session(session, session.close_reason)
+        elif current and not self.session_limits.survives_disconnect:
+            await self.end_session(session, "disconnect")
+        else:
+            self.manager.unpin(session.session_id)
+
+    def capabilities(self) -> dict[str, Any]:
+        limits = self.config.limits
+        return {
+            "object": "duplex.capabilities",
+            "instance_id": self.manager.instance_id,
+            "model": self.config.model,
+            "policies": {self.policy.name: self.policy.capabilities().wire()},
+            "stages": [s.name for s in self.stages],
+            "limits": {
+                "max_sessions": limits.max_sessions,
+                "max_sessions_per_key": limits.max_sessions_per_key,
+                "max_event_bytes": limits.max_event_bytes,
+                "max_frame_bytes": limits.max_frame_bytes,
+                "session_ttl_s": limits.session_ttl_s,
+            },
+            "audio_formats": ["audio/pcm", "audio/pcmu", "audio/pcma"],
+            "realtime": {"path": "/v1/realtime", "dialects": ["ga", "beta"]},
+            "text": self.text.capabilities() if self.text is not None else None,
+        }

@@ -1,0 +1,17 @@
+"""Model policies: the protocol a model author implements, and the registry
+that finds installed policies through entry points.
+
+``from vllm_duplex.policy import ModelPolicy, SessionView`` is all a policy
+needs besides the core types (``vllm_duplex.core``).
+"""
+
+from vllm_duplex.policy.protocol import ModelPolicy, SessionView
+from vllm_duplex.policy.registry import (
+    ENTRY_POINT_GROUP,
+    available_policies,
+    load_policy,
+    register,
+)
+
+__all__ = ["ENTRY_POINT_GROUP", "ModelPolicy", "SessionView", "available_policies",
+           "load_policy", "register"]

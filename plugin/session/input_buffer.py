@@ -1,0 +1,82 @@
+"""The session's input audio buffer (sans-I/O).
+
+Decodes wire audio into internal PCM, keeps the uncommitted turn, stamps each
+chunk with its place on the session's audio timeline, and bounds memory: under
+server VAD, silence between turns is trimmed to what a turn can still claim;
+in all modes the buffer has a hard cap.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.payloads import IDLE_SLACK_MS, INTERNAL_RATE, AudioIn
+from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.media.audio import AudioDecoder
+
+# Audio kept before a speech onset beyond prefix_padding_ms, for VAD latency.
+
+
+class InputBuffer:
+    def __init__(self, fmt: AudioFormat, *, max_ms: int) -> None:
+        self._fmt = fmt
+        self._decoder = AudioDecoder(fmt)
+        self._max_samples = max_ms * INTERNAL_RATE // 1000
+        self.max_ms = max_ms
+        self._chunks: deque[np.ndarray] = deque()
+        self.samples = 0  # uncommitted
+        self._timeline = 0  # every sample ever appended: VAD timestamps come from here
+
+    def set_format(self, fmt: AudioFormat) -> None:
+        if fmt != self._fmt:
+            self._fmt = fmt
+            self._decoder = AudioDecoder(fmt)
+
+    def append(self, data: bytes) -> AudioIn | None:
+        """Decode and keep ``data``; None when it yields no sample yet."""
+        pcm = self._decoder.decode(data)
+        if pcm.size == 0:
+            return None
+        if self.samples + pcm.size > self._max_samples:
+            raise DuplexError("resource_exhausted",
+                              f"the input audio buffer is full ({self.max_ms} ms); "
+                              "commit or clear it", param="audio")
+        return self._keep(pcm)
+
+    def _keep(self, pcm: np.ndarray) -> AudioIn:
+        self._chunks.append(pcm)
+        self.samples += pcm.size
+        # Derived from a sample count, not summed per chunk: rounding must not drift.
+        chunk = AudioIn(pcm=pcm, start_ms=self._timeline * 1000 // INTERNAL_RATE)
+        self._timeline += pcm.size
+        return chunk
+
+    def trim_idle(self, prefix_padding_ms: int) -> None:
+        """Between turns, keep only prefix padding plus slack: silence must not
+        grow memory."""
+        keep = (prefix_padding_ms + IDLE_SLACK_MS) * INTERNAL_RATE // 1000
+        while self._chunks and self.samples - self._chunks[0].size >= keep:
+            self.samples -= self._chunks.popleft().size
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self.samples = 0
+
+    def commit(self) -> tuple[np.ndarray, list[DuplexError]]:
+        """Take the turn's audio (the resampler's tail included) and start a
+        new one. Errors found on the way (an odd PCM16 byte count) are
+        returned, not raised: the turn is still good."""
+        errors = []
+        try:
+            tail = self._decoder.flush()
+        except DuplexError as err:
+            errors.append(err)
+            tail = self._decoder.flush()
+        if tail.size:
+            self._keep(tail)
+        self._decoder = AudioDecoder(self._fmt)
+        audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
+        self.clear()
+        return audio, errors

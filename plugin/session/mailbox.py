@@ -1,0 +1,161 @@
+"""The session mailbox: one bounded, multi-lane queue feeding a session's single writer.
+
+Lanes (``Lane``) are served strictly by priority, CONTROL > STAGE > DATA, and
+FIFO within a lane, so a ``response.cancel`` never waits behind queued audio. Only the
+DATA lane is bounded (it carries client audio, the one thing a client can flood);
+CONTROL and STAGE are unbounded unless ``priority_capacity`` is given.
+
+Close semantics: ``close()`` discards every pending item at once and every current and
+later ``get()``/``put()`` raises ``MailboxClosed``; a closing session stops processing
+instead of draining queued audio.
+
+Waiting uses futures (like ``asyncio.Queue``), never polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+from collections import deque
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Lane(enum.IntEnum):
+    """Mailbox lanes, highest priority first."""
+
+    CONTROL = 0  # urgent client commands (cancel, close, ack)
+    STAGE = 1  # stage outputs
+    DATA = 2  # everything else a client sends (audio, items, updates)
+
+
+def lane_of(command: Any) -> Lane:
+    """The lane a client command rides: urgent ones overtake queued data."""
+    return Lane.CONTROL if getattr(command, "urgent", False) else Lane.DATA
+
+_LANES = tuple(sorted(Lane))  # highest priority (lowest value) first
+
+
+class MailboxFull(Exception):
+    """A bounded lane is full; the caller maps it to ``resource_exhausted``."""
+
+    def __init__(self, lane: Lane, capacity: int) -> None:
+        super().__init__(f"mailbox lane {lane.name} is full ({capacity} items)")
+        self.lane = lane
+        self.capacity = capacity
+
+
+class MailboxClosed(Exception):
+    """The mailbox was closed; no more items will be delivered or accepted."""
+
+
+class Mailbox(Generic[T]):
+    def __init__(self, data_capacity: int = 1024, *, priority_capacity: int | None = None) -> None:
+        if data_capacity < 1:
+            raise ValueError("data_capacity must be >= 1")
+        self.data_capacity = data_capacity
+        self.priority_capacity = priority_capacity
+        # Items carry a global arrival number so delivery can tell whether it overtook
+        # older DATA items (the "control lane overtakes data lane" metric).
+        self._lanes: dict[Lane, deque[tuple[int, T]]] = {lane: deque() for lane in _LANES}
+        self._arrival = itertools.count()
+        self._getters: deque[asyncio.Future[None]] = deque()
+        self._putters: dict[Lane, deque[asyncio.Future[None]]] = {lane: deque() for lane in _LANES}
+        self._closed = False
+        self.enqueued = 0  # items accepted, all lanes
+        self.overtaken = 0  # CONTROL/STAGE deliveries that passed older waiting DATA items
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def qsize(self, lane: Lane | None = None) -> int:
+        if lane is None:
+            return sum(len(q) for q in self._lanes.values())
+        return len(self._lanes[lane])
+
+    def _capacity(self, lane: Lane) -> int | None:
+        return self.data_capacity if lane is Lane.DATA else self.priority_capacity
+
+    def _full(self, lane: Lane) -> bool:
+        cap = self._capacity(lane)
+        return cap is not None and len(self._lanes[lane]) >= cap
+
+    @staticmethod
+    def _wake_one(waiters: deque[asyncio.Future[None]]) -> None:
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def put_nowait(self, item: T, lane: Lane) -> None:
+        if self._closed:
+            raise MailboxClosed("mailbox is closed")
+        if self._full(lane):
+            raise MailboxFull(lane, self._capacity(lane) or 0)
+        self._lanes[lane].append((next(self._arrival), item))
+        self.enqueued += 1
+        self._wake_one(self._getters)
+
+    async def put(self, item: T, lane: Lane) -> None:
+        """Like ``put_nowait`` but waits for room in a bounded lane (backpressure)."""
+        while self._full(lane) and not self._closed:
+            await self._wait(self._putters[lane])
+        self.put_nowait(item, lane)
+
+    async def get(self) -> tuple[Lane, T]:
+        """The oldest item of the highest-priority non-empty lane."""
+        while True:
+            if self._closed:
+                raise MailboxClosed("mailbox is closed")
+            for lane in _LANES:
+                q = self._lanes[lane]
+                if q:
+                    arrival, item = q.popleft()
+                    data = self._lanes[Lane.DATA]
+                    if lane is not Lane.DATA and data and data[0][0] < arrival:
+                        self.overtaken += 1
+                    self._wake_one(self._putters[lane])
+                    return lane, item
+            await self._wait(self._getters)
+
+    async def _wait(self, waiters: deque[asyncio.Future[None]]) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters.append(fut)
+        try:
+            await fut
+        except BaseException:
+            fut.cancel()
+            # If we were woken and cancelled in the same tick, pass the wake-up on so
+            # no item or free slot is left without a waiter.
+            if fut in waiters:
+                waiters.remove(fut)
+            elif not self._closed:
+                self._wake_one(waiters)
+            raise
+
+    def close(self) -> int:
+        """Close now: discard pending items, wake every waiter. Returns the number of
+        items discarded. Idempotent."""
+        if self._closed:
+            return 0
+        self._closed = True
+        dropped = self.qsize()
+        for q in self._lanes.values():
+            q.clear()
+        for waiters in (self._getters, *self._putters.values()):
+            while waiters:
+                fut = waiters.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+        return dropped
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "enqueued": self.enqueued,
+            "overtaken": self.overtaken,
+            **{f"qsize_{lane.name.lower()}": len(q) for lane, q in self._lanes.items()},
+        }

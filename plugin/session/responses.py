@@ -1,0 +1,167 @@
+"""The bookkeeping of one in-flight response: which events to send, in which
+order, and what the assistant item ends up holding.
+
+Pure (no awaits): the session feeds it stage payloads and sends what it
+returns. Event order follows OpenAI Realtime: response.created,
+output_item.added, conversation.item.added, content_part.added, deltas,
+the matching .done events, output_item.done, exactly one response.done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vllm_duplex.core import events as ev
+from vllm_duplex.core.conversation import (
+    ContentPart,
+    ConversationItem,
+    ItemType,
+    Response,
+    ResponseStatus,
+    Role,
+    SpokenSegment,
+)
+from vllm_duplex.core.payloads import AudioOut, GenerationDone, ToolCall
+from vllm_duplex.media.audio import AudioEncoder
+
+# Makes an encoder for PCM at a given rate into the session's output format.
+EncoderFactory = Callable[[int], AudioEncoder]
+
+
+class ActiveResponse:
+    def __init__(
+        self,
+        response: Response,
+        item_id: str,
+        *,
+        in_conversation: bool,
+        previous_item_id: str | None,
+        encoder_factory: EncoderFactory,
+    ) -> None:
+        self.response = response
+        self.audio = "audio" in response.output_modalities
+        self.in_conversation = in_conversation
+        self.previous_item_id = previous_item_id
+        self.part = ContentPart(type="output_audio" if self.audio else "output_text",
+                                transcript="" if self.audio else None,
+                                text=None if self.audio else "")
+        self.item = ConversationItem(id=item_id, type=ItemType.MESSAGE, role=Role.ASSISTANT,
+                                     status="in_progress", content=[self.part])
+        self._encoder_factory = encoder_factory
+        self._encoders: dict[int, AudioEncoder] = {}
+        self.request_id: str | None = None
+        self.finish_reason: str | None = None
+        self.first_audio_at: float | None = None  # when the client got the first audio
+        self.text = ""
+
+    @property
+    def id(self) -> str:
+        return self.response.id
+
+    def _ids(self) -> dict[str, object]:
+        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0,
+                "content_index": 0}
+
+    def _part_event_wire(self) -> dict:
+        """content_part events name the part "audio"/"text" (GA schema), while
+        the item itself keeps "output_audio"/"output_text"."""
+        wire = self.part.wire()
+        wire["type"] = "audio" if self.audio else "text"
+        return wire
+
+    def start_events(self) -> list[ev.ServerEvent]:
+        self.response.output.append(self.item)
+        out: list[ev.ServerEvent] = [
+            ev.ResponseCreated(response=self.response.wire()),
+            ev.OutputItemAdded(response_id=self.id, output_index=0, item=self.item.wire()),
+        ]
+        if self.in_conversation:
+            out.append(ev.ConversationItemAdded(item=self.item.wire(),
+                                                previous_item_id=self.previous_item_id))
+        out.append(ev.ContentPartAdded(**self._ids(), part=self._part_event_wire()))
+        return out
+
+    def on_text(self, text: str) -> list[ev.ServerEvent]:
+        if not text:
+            return []
+        self.text += text
+        self.response.output_tokens += 1
+        if self.audio:
+            self.part.transcript = self.text
+            return [ev.OutputAudioTranscriptDelta(**self._ids(), delta=text)]
+        self.part.text = self.text
+        return [ev.OutputTextDelta(**self._ids(), delta=text)]
+
+    def on_audio(self, out: AudioOut) -> list[ev.ServerEvent]:
+        if not self.audio or out.pcm.size == 0:
+            return []
+        encoder = self._encoders.get(out.rate)
+        if encoder is None:
+            encoder = self._encoders[out.rate] = self._encoder_factory(out.rate)
+        start = self.part.audio_ms
+        self.part.audio_ms = start + int(round(out.pcm.size * 1000 / out.rate))
+        if out.text or not self.part.spoken:
+            self.part.spoken.append(SpokenSegment(start, self.part.audio_ms, out.text))
+        else:
+            last = self.part.spoken[-1]
+            self.part.spoken[-1] = SpokenSegment(last.start_ms, self.part.audio_ms, last.text)
+        data = encoder.encode(out.pcm)
+        return [ev.OutputAudioDelta(**self._ids(), delta=data)] if data else []
+
+    def on_tool_call(self, call: ToolCall) -> tuple[ConversationItem, list[ev.ServerEvent]]:
+        """A complete function call: its own output item, with the arguments
+        as one delta (the LLM stage only reports calls once they parse)."""
+        item = ConversationItem(id=f"{self.item.id}_call{len(self.response.output)}",
+                                type=ItemType.FUNCTION_CALL, status="completed",
+                                call_id=call.call_id, name=call.name, arguments=call.arguments)
+        index = len(self.response.output)
+        self.response.output.append(item)
+        base = {"response_id": self.id, "item_id": item.id, "output_index": index,
+                "call_id": call.call_id}
+        in_progress = {**item.wire(), "status": "in_progress", "arguments": ""}
+        out: list[ev.ServerEvent] = [
+            ev.OutputItemAdded(response_id=self.id, output_index=index, item=in_progress)]
+        if self.in_conversation:
+            out.append(ev.ConversationItemAdded(item=in_progress, previous_item_id=self.item.id))
+        out += [
+            ev.FunctionCallArgumentsDelta(**base, delta=call.arguments),
+            ev.FunctionCallArgumentsDone(**base, name=call.name, arguments=call.arguments),
+            ev.OutputItemDone(response_id=self.id, output_index=index, item=item.wire()),
+        ]
+        if self.in_conversation:
+            out.append(ev.ConversationItemDone(item=item.wire(), previous_item_id=self.item.id))
+        return item, out
+
+    def on_generation_done(self, done: GenerationDone) -> None:
+        self.finish_reason = done.finish_reason
+        self.response.input_tokens = done.input_tokens
+        self.response.output_tokens = max(self.response.output_tokens, done.output_tokens)
+
+    def finish(self, status: ResponseStatus, details: dict | None = None) -> list[ev.ServerEvent]:
+        """Close every open part; exactly one response.done."""
+        if status is ResponseStatus.COMPLETED and self.finish_reason == "length":
+            status = ResponseStatus.INCOMPLETE
+            details = {"type": "incomplete", "reason": "max_output_tokens"}
+        self.response.status = status
+        self.response.status_details = details
+        self.item.status = "completed" if status is ResponseStatus.COMPLETED else "incomplete"
+        out: list[ev.ServerEvent] = []
+        if status is ResponseStatus.COMPLETED:
+            # The resampler holds the last few ms of the reply: send them too.
+            for encoder in self._encoders.values():
+                if tail := encoder.flush():
+                    out.append(ev.OutputAudioDelta(**self._ids(), delta=tail))
+        if self.audio:
+            out += [ev.OutputAudioDone(**self._ids()),
+                    ev.OutputAudioTranscriptDone(**self._ids(), transcript=self.text)]
+        else:
+            out.append(ev.OutputTextDone(**self._ids(), text=self.text))
+        out += [
+            ev.ContentPartDone(**self._ids(), part=self._part_event_wire()),
+            ev.OutputItemDone(response_id=self.id, output_index=0, item=self.item.wire()),
+        ]
+        if self.in_conversation:
+            out.append(ev.ConversationItemDone(item=self.item.wire(),
+                                               previous_item_id=self.previous_item_id))
+        out.append(ev.ResponseDone(response=self.response.wire()))
+        return out

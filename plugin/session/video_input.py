@@ -1,0 +1,124 @@
+"""A session's camera: the per-session limits, decoding off the event loop,
+and sampling to the rate the vision stage wants.
+
+Three ways in, one way out (``VideoFrame``): still frames
+(``duplex.video.frame``: JPEG/PNG with the client's timestamp), WebM/MP4
+fragments (``duplex.video.chunk``: decoded by a ``ChunkDecoder`` thread as
+they arrive), and ``input_image`` parts of conversation items. Every frame
+counts against ``video_max_fps`` and every byte against
+``video_max_bytes_per_s`` (``rate_limited`` beyond); frames over
+``video_fps`` are dropped before they are decoded (they would be analysed for
+nothing). A stream that does not decode is ``invalid_image``; the next chunk
+starts a new stream (it must carry a header again), and the session goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vllm_duplex.core.clock import Clock
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.payloads import VideoFrame
+from vllm_duplex.media.video import (
+    ChunkDecoder,
+    FrameSampler,
+    RateLimiter,
+    decode_image,
+)
+
+
+def data_url_bytes(url: str, param: str = "image_url") -> bytes:
+    """The bytes of a ``data:image/...;base64,`` URL. Remote URLs are refused
+    (``invalid_value``): the server fetches nothing on a client's behalf."""
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise DuplexError("invalid_value", f"{param} must be a data:image/...;base64 URL "
+                          "(remote URLs are not fetched)", param=param)
+    head, _, data = url.partition(",")
+    if not head.endswith(";base64"):
+        raise DuplexError("invalid_image", f"{param} must be base64 encoded", param=param)
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise DuplexError("invalid_image", f"{param} is not valid base64", param=param) from None
+
+
+@dataclass(frozen=True)
+class VideoLimits:
+    fps: float = 2.0  # frames the vision stage gets, at most
+    max_fps: float = 30.0  # frames a client may send (per second, sliding)
+    max_bytes_per_s: int = 8 << 20
+
+
+class VideoIntake:
+    def __init__(self, limits: VideoLimits, clock: Clock, wake: Callable[[], None]) -> None:
+        self.limits = limits
+        self.clock = clock
+        self._wake = wake  # the decoder has frames: (thread-safely) schedule ``take``
+        self._started = clock.now()
+        self.rate = RateLimiter(limits.max_fps, limits.max_bytes_per_s)
+        self.sampler = FrameSampler(limits.fps)
+        self.decoder: ChunkDecoder | None = None
+        self.sampled_out = 0  # frames dropped by the sampler (not errors)
+
+    def _now_ms(self) -> int:
+        return int((self.clock.now() - self._started) * 1000)
+
+    async def frame(self, image: bytes, timestamp_ms: int | None) -> VideoFrame | None:
+        """One still frame; None when the sampler skips it."""
+        self.rate.admit(self.clock.now(), frames=1, nbytes=len(image))
+        ts = self._now_ms() if timestamp_ms is None else timestamp_ms
+        if not self.sampler.keep(ts):
+            self.sampled_out += 1
+            return None
+        rgb = await asyncio.to_thread(decode_image, image)
+        return VideoFrame(rgb, ts, "frame")
+
+    async def image(self, data: bytes) -> VideoFrame:
+        """An ``input_image`` part: always seen (it was sent on purpose)."""
+        self.rate.admit(self.clock.now(), frames=1, nbytes=len(data))
+        rgb = await asyncio.to_thread(decode_image, data)
+        return VideoFrame(rgb, self._now_ms(), "image")
+
+    def chunk(self, data: bytes, container: str) -> None:
+        """A fragment of the session's video stream; its frames arrive later
+        through ``wake`` → ``take``."""
+        self.rate.admit(self.clock.now(), nbytes=len(data))
+        decoder = self.decoder
+        if decoder is not None and decoder.container != container:
+            raise DuplexError("invalid_value", f"the video stream is {decoder.container}; "
+                              f"a {container} chunk cannot continue it", param="container")
+        if decoder is None:
+            loop = asyncio.get_running_loop()
+            decoder = self.decoder = ChunkDecoder(
+                container, fps=self.limits.fps, notify=lambda: loop.call_soon_threadsafe(self._wake))
+        try:
+            decoder.feed(data)
+        except DuplexError as err:
+            if err.code == "invalid_image":
+                self._reset()
+            raise
+
+    def take(self) -> list[VideoFrame]:
+        """The frames decoded since the last call (the decoder samples them)."""
+        if self.decoder is None:
+            return []
+        try:
+            frames = self.decoder.poll()
+        except DuplexError:
+            self._reset()
+            raise
+        return [VideoFrame(f.rgb, f.pts_ms, "chunk") for f in frames]
+
+    def _reset(self) -> None:
+        decoder, self.decoder = self.decoder, None
+        if decoder is not None:
+            decoder.close()  # its thread already ended on the error: a quick join
+
+    async def close(self) -> None:
+        decoder, self.decoder = self.decoder, None
+        if decoder is not None:
+            await asyncio.to_thread(decoder.close)

@@ -1,0 +1,105 @@
+"""Shared shape of the listening stages (VAD, ASR): model work on worker
+threads, one serial worker per session so chunks stay in order.
+
+A ``ListeningStage`` owns a small thread pool; each ``ListeningPort`` queues
+its inputs and runs ``_work(payload)`` (synchronous, on a worker thread) for
+one item at a time. Its outputs describe what the user said, so ``cancel``
+aborts nothing: they are ``InputObservation``s that the fence gate never
+drops, and skipping queued audio would break recurrent state and the timeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from vllm_duplex.core.clock import Clock
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.payloads import StageFailed, StageInput
+from vllm_duplex.stages.port import FencedPort, StageBase
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+INBOX_SIZE = 64  # chunks queued per session before submit() waits (backpressure)
+
+
+class ListeningStage(StageBase):
+    def __init__(self, name: str, clock: Clock, *, workers: int | None = None) -> None:
+        super().__init__(name, clock)
+        self._executor = ThreadPoolExecutor(
+            max_workers=workers or min(4, os.cpu_count() or 1), thread_name_prefix=f"duplex-{name}"
+        )
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def run_later(self, fn: Callable[[], object]) -> None:
+        """Fire and forget on the workers; dropped if the stage is closed."""
+        try:
+            self._executor.submit(fn)
+        except RuntimeError:
+            pass
+
+    def close(self) -> None:
+        """Stop the worker threads (idempotent; ports must be closed first)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class ListeningPort(FencedPort):
+    _stage: ListeningStage
+
+    def __init__(self, stage: ListeningStage, session_id: str) -> None:
+        super().__init__(stage, session_id)
+        self._inbox: asyncio.Queue[StageInput] = asyncio.Queue(maxsize=INBOX_SIZE)
+        self._worker: asyncio.Task[None] | None = None
+
+    def _work(self, payload: Any) -> list[Any]:
+        """One input -> its outputs; runs on a worker thread."""
+        raise NotImplementedError
+
+    def _completed(self, payload: Any, outputs: list[Any]) -> int:
+        """How many requests ``payload`` completed (for the stage's counters)."""
+        return 1
+
+    async def _handle(self, item: StageInput) -> None:
+        if self._worker is None:
+            self._worker = self._spawn(item, self._drain)
+        await self._inbox.put(item)
+
+    async def _drain(self) -> None:
+        """The session's one worker: items in submission order, model work in a thread."""
+        while True:
+            item = await self._inbox.get()
+            try:
+                await self._process(item)
+            finally:
+                self._inbox.task_done()
+
+    async def _process(self, item: StageInput) -> None:
+        try:
+            outputs = await self._stage.run(self._work, item.payload)
+        except Exception as exc:  # one bad chunk must not stop listening
+            log.exception("stage %s failed on %s", self.name, item.request_id)
+            self._stage.failed_requests += 1
+            error = DuplexError("stage_failed", f"stage {self.name!r} failed: {exc!r}")
+            await self._emit(item.fence, item.request_id, StageFailed(error))
+            return
+        self._stage.completed_requests += self._completed(item.payload, outputs)
+        for out in outputs:
+            await self._emit(item.fence, item.request_id, out)
+
+    async def drained(self) -> None:
+        """Wait until everything submitted so far has been processed and its
+        outputs queued (for tests and benchmarks; not part of ``StagePort``)."""
+        await self._inbox.join()
+
+    async def cancel(self, fence: Fence) -> None:
+        """Nothing to abort (see the module docstring)."""
+        if fence.session_id != self.session_id:
+            raise ValueError(f"port of session {self.session_id!r} cancelled with {fence}")

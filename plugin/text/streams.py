@@ -1,0 +1,429 @@
+"""Resumable streams: bounded, seq-numbered event buffers a client can replay and follow.
+
+A generation opted in with a ``stream_id`` appends its SSE events to a ``ResumableStream``;
+a client that lost its connection calls ``GET /v1/streams/{id}?from=<seq>`` and gets every
+retained event with ``seq >= from``, then the live tail: no gap, no duplicate::
+
+    create ─▶ ACTIVE ─complete/stop─▶ COMPLETED ─ttl/evicted─▶ EXPIRED  (tombstone)
+                └──────── delete ─────────┴──────────────────▶ DELETED  (tombstone)
+
+* One writer per stream: only the generation calls ``append``/``complete``; both are sync
+  and never wait for readers, so a slow client cannot stall the engine. Followers keep
+  their own cursor and sleep on a per-stream ``asyncio.Event`` that every change sets and
+  replaces (no polling, any number of followers).
+* Memory is bounded by trimming the oldest events, never by blocking the writer: per
+  stream (event count and bytes) and across streams (``max_total_bytes``: completed
+  streams lose history first, then the stream holding the oldest event). The event just
+  appended is never trimmed, so the worst case is the bounds plus one event per stream.
+  A cursor or follower behind the retained window gets ``resync_required``, never a gap.
+* Errors come early: ``follow`` is a plain method that validates the cursor *before* it
+  returns the async generator, so the HTTP layer can answer 4xx before starting a 200.
+* Ownership as in ``vllm_duplex.leases.manager``: ``key_id`` is the caller's HMAC of the API key; a stream
+  or tombstone of another owner looks exactly like an unknown id (no existence leak).
+* Tombstones (bounded LRU of owner + final status) answer for deleted/expired ids and keep
+  the id from being reused while they remain.
+* TTL applies to COMPLETED streams only (an active one belongs to its generation). Every
+  accessor runs ``collect`` first, so a stream past its TTL is expired on access even
+  before the reaper's next pass: answers never depend on reaper timing.
+
+Not thread-safe: call everything on the event loop (``append`` sets an ``asyncio.Event``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import hmac
+import itertools
+import json
+import logging
+import re
+from collections import Counter, OrderedDict, deque
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from vllm_duplex.core.clock import Clock, MonotonicClock
+from vllm_duplex.core.errors import DuplexError
+
+log = logging.getLogger(__name__)
+
+_STREAM_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# Process-wide append order, so "the oldest retained event" compares across streams.
+_stamps = itertools.count()
+
+
+class StreamStatus(str, Enum):
+    ACTIVE = "active"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    DELETED = "deleted"
+    UNKNOWN = "unknown"  # only in ``lookup`` answers
+
+
+_GONE = (StreamStatus.EXPIRED, StreamStatus.DELETED)
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    seq: int  # 1, 2, 3 ... per stream, strictly +1
+    event: str  # SSE event name: "text-delta", "finish", "error", "control", ...
+    data: dict[str, Any]  # JSON object; the writer must not mutate it after append
+    size: int  # len(json.dumps(data)) + len(event): what the byte bounds count
+
+
+def _owned(owner: str | None, key_id: str | None) -> bool:
+    if owner is None or key_id is None:
+        return owner is None and key_id is None
+    # bytes, because compare_digest rejects non-ASCII str (key ids come from callers)
+    return hmac.compare_digest(owner.encode(), key_id.encode())
+
+
+def _gone(stream_id: str, status: StreamStatus | None = None) -> DuplexError:
+    """The wire error for an id that is not live: only EXPIRED is told apart."""
+    if status is StreamStatus.EXPIRED:
+        return DuplexError("stream_expired", f"stream {stream_id!r} expired", param="stream_id")
+    return DuplexError("stream_not_found", f"stream {stream_id!r} not found", param="stream_id")
+
+
+def _resync(seq: int, first: int) -> DuplexError:
+    msg = f"seq {seq} was trimmed; oldest retained seq is {first}"
+    return DuplexError("resync_required", msg, param="from", details={"first_seq": first})
+
+
+class ResumableStream:
+    """One generation's events. Created by ``StreamStore.create``, which supplies the
+    clock, the bounds and the cross-stream byte accounting."""
+
+    def __init__(self, stream_id: str, key_id: str | None, store: StreamStore) -> None:
+        self.stream_id = stream_id
+        self.key_id = key_id  # owner: HMAC of the API key, or None
+        self.created_at = store.clock.now()
+        self.on_stop: Callable[[], Awaitable[None]] | None = None  # set by the generation's runner
+        self._store = store
+        # Read-only for callers; written only here and by the store.
+        self.status = StreamStatus.ACTIVE
+        self.completed_at: float | None = None
+        self.head_seq = 0  # last appended seq, 0 before the first
+        self.retained_bytes = 0
+        self._events: deque[tuple[int, StreamEvent]] = deque()  # (append stamp, event), oldest first
+        self._changed = asyncio.Event()
+        self._stopping: asyncio.Task[None] | None = None
+
+    @property
+    def first_seq(self) -> int:
+        """The oldest retained seq; ``head_seq + 1`` when nothing is retained."""
+        return self.head_seq + 1 - len(self._events)
+
+    def append(self, event: str, data: dict[str, Any]) -> StreamEvent:
+        """Add the next event; never blocks. ``RuntimeError`` unless ACTIVE."""
+        if self.status is not StreamStatus.ACTIVE:
+            raise RuntimeError(f"stream {self.stream_id!r} is {self.status.value}, not active")
+        if not event or "\n" in event or "\r" in event:
+            # The name becomes an SSE "event:" line; a newline would forge fields.
+            raise ValueError("event name must be a non-empty single line")
+        size = len(json.dumps(data)) + len(event)  # TypeError for non-JSON data, before any change
+        self.head_seq += 1
+        ev = StreamEvent(self.head_seq, event, data, size)
+        self._events.append((next(_stamps), ev))
+        self.retained_bytes += size
+        store = self._store
+        store._total_bytes += size
+        events = self._events
+        while len(events) > 1 and (
+            len(events) > store.max_events_per_stream or self.retained_bytes > store.max_bytes_per_stream
+        ):
+            self._trim_oldest()
+        store._enforce_total(self)
+        self._wake()
+        return ev
+
+    def complete(self) -> None:
+        """ACTIVE → COMPLETED (idempotent; no-op once deleted/expired). Followers drain and end."""
+        if self.status is StreamStatus.ACTIVE:
+            self.status = StreamStatus.COMPLETED
+            self.completed_at = self._store.clock.now()
+            self._store._completed[self.stream_id] = self  # completion order == expiry order
+            self._wake()
+
+    async def stop(self) -> None:
+        """Stop the generation: ``on_stop`` runs at most once, then ``complete()``.
+
+        It runs in its own shielded task: concurrent callers join it, and a caller that
+        is cancelled (client gone) does not abort it half-way. A stream that is no longer
+        ACTIVE has no generation left to stop, so ``on_stop`` is not called for it."""
+        if self._stopping is None:
+            on_stop = self.on_stop
+            if self.status is not StreamStatus.ACTIVE or on_stop is None:
+                self.complete()
+                return
+            self._stopping = asyncio.create_task(
+                self._run_stop(on_stop), name=f"duplex-stream-stop-{self.stream_id}"
+            )
+        await asyncio.shield(self._stopping)
+
+    async def _run_stop(self, on_stop: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await on_stop()
+        except Exception:
+            # A failing stop must not leave the stream active forever (TTL never starts).
+            log.exception("stream %s on_stop failed", self.stream_id)
+        finally:
+            self.complete()
+
+    def check_cursor(self, from_seq: int) -> None:
+        """Raise the wire error for a cursor ``follow`` cannot serve; see ``follow``."""
+        if self.status in _GONE:  # raced with delete/expiry after ``get``
+            raise _gone(self.stream_id, self.status)
+        last = self.head_seq + 1  # "from" = head + 1 is valid: wait for the next event
+        if isinstance(from_seq, bool) or not isinstance(from_seq, int) or not 1 <= from_seq <= last:
+            raise DuplexError("invalid_value", f"from must be an integer in [1, {last}]", param="from")
+        if from_seq < self.first_seq:
+            raise _resync(from_seq, self.first_seq)
+
+    def follow(self, from_seq: int = 1) -> AsyncGenerator[StreamEvent, None]:
+        """Events with ``seq >= from_seq``: the retained ones, then each new one as it is
+        appended; ends once the stream is no longer ACTIVE and everything up to head was
+        yielded (or at once when it is deleted/expired mid-iteration).
+
+        Validation is eager: this is a plain method, so ``check_cursor``'s
+        ``invalid_value``/``resync_required`` raise *here*, before any await and before
+        the HTTP layer starts a 200 response. Later, a follower that falls behind the
+        bounds gets ``resync_required`` from the iterator itself."""
+        self.check_cursor(from_seq)
+        return self._follow(from_seq)
+
+    async def _follow(self, next_seq: int) -> AsyncGenerator[StreamEvent, None]:
+        # Re-derive the position from (first_seq, head) on every step, because the writer
+        # may trim or append while this consumer is suspended at a ``yield``.
+        while True:
+            if self.status in _GONE:
+                return  # events were freed: the stream is gone, the follower just ends
+            if next_seq <= self.head_seq:
+                first = self.first_seq
+                if next_seq < first:  # this follower fell behind the bounds
+                    raise _resync(next_seq, first)
+                yield self._events[next_seq - first][1]
+                next_seq += 1
+            elif self.status is StreamStatus.ACTIVE:
+                await self._changed.wait()
+            else:
+                return
+
+    # -- internals, driven by the store --------------------------------------------
+
+    def _wake(self) -> None:
+        # Set-and-replace: every waiter of this round wakes once; later waiters wait anew.
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _trim_oldest(self) -> None:
+        _, ev = self._events.popleft()
+        self.retained_bytes -= ev.size
+        self._store._total_bytes -= ev.size
+        self._store._stats["trimmed_events_total"] += 1
+
+    def _free(self, status: StreamStatus) -> None:
+        self.status = status
+        self._store._total_bytes -= self.retained_bytes
+        self.retained_bytes = 0
+        self._events.clear()
+        self._wake()
+
+
+class StreamStore:
+    """All resumable streams of one instance; ids are 1–128 chars of ``[A-Za-z0-9._:-]``."""
+
+    def __init__(
+        self,
+        *,
+        max_streams: int = 1024,
+        max_events_per_stream: int = 4096,
+        max_bytes_per_stream: int = 1 << 20,
+        max_total_bytes: int = 64 << 20,
+        ttl_s: float = 300.0,
+        reap_interval_s: float = 1.0,
+        tombstones: int = 10_000,
+        clock: Clock | None = None,
+    ) -> None:
+        if min(max_streams, max_events_per_stream, max_bytes_per_stream, max_total_bytes) < 1:
+            raise ValueError("stream limits must be >= 1")
+        if not ttl_s >= 0 or not reap_interval_s > 0 or tombstones < 0:
+            raise ValueError("need ttl_s >= 0, reap_interval_s > 0, tombstones >= 0")
+        self.max_streams = max_streams
+        self.max_events_per_stream = max_events_per_stream
+        self.max_bytes_per_stream = max_bytes_per_stream
+        self.max_total_bytes = max_total_bytes
+        self.ttl_s = ttl_s
+        self.reap_interval_s = reap_interval_s
+        self.clock: Clock = clock or MonotonicClock()
+        self._max_tombstones = tombstones
+        self._live: dict[str, ResumableStream] = {}
+        # Completed streams in completion order; one ttl for all makes it expiry order too,
+        # so collect() and eviction only ever look at the front.
+        self._completed: OrderedDict[str, ResumableStream] = OrderedDict()
+        self._tombs: OrderedDict[str, tuple[str | None, StreamStatus]] = OrderedDict()  # id: (owner, status)
+        self._total_bytes = 0
+        self._reaper: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._stats = Counter(created_total=0, trimmed_events_total=0, expired_total=0,
+                              evicted_total=0, deleted_total=0)
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _bury(self, stream: ResumableStream, status: StreamStatus) -> bool:
+        sid = stream.stream_id
+        if self._live.get(sid) is not stream:
+            return False
+        del self._live[sid]
+        self._completed.pop(sid, None)
+        stream._free(status)
+        if self._max_tombstones:
+            self._tombs[sid] = (stream.key_id, status)
+            while len(self._tombs) > self._max_tombstones:
+                self._tombs.popitem(last=False)
+        return True
+
+    def _find(self, stream_id: str, key_id: str | None) -> ResumableStream | StreamStatus | None:
+        """The owned live stream or tombstone status; None for unknown *and* foreign ids."""
+        stream = self._live.get(stream_id)
+        if stream is not None:
+            return stream if _owned(stream.key_id, key_id) else None
+        tomb = self._tombs.get(stream_id)
+        if tomb is None or not _owned(tomb[0], key_id):
+            return None
+        self._tombs.move_to_end(stream_id)  # LRU: recently asked-about tombstones stay
+        return tomb[1]
+
+    def _enforce_total(self, appender: ResumableStream) -> None:
+        """Trim other streams' oldest events while over ``max_total_bytes``: completed
+        streams first, then whichever holds the oldest event; the appender's own older
+        events only as a last resort (its newest is never trimmed)."""
+        if self._total_bytes <= self.max_total_bytes:
+            return
+        # (active?, oldest stamp): False sorts first, so completed streams go first.
+        heap = [
+            (s.status is StreamStatus.ACTIVE, s._events[0][0], s.stream_id, s)
+            for s in self._live.values()
+            if s is not appender and s._events
+        ]
+        heapq.heapify(heap)
+        while self._total_bytes > self.max_total_bytes and heap:
+            active, _, sid, s = heap[0]
+            s._trim_oldest()
+            if s._events:
+                heapq.heapreplace(heap, (active, s._events[0][0], sid, s))
+            else:
+                heapq.heappop(heap)
+        while self._total_bytes > self.max_total_bytes and len(appender._events) > 1:
+            appender._trim_oldest()
+
+    # -- public API --------------------------------------------------------------
+
+    def create(self, stream_id: str, key_id: str | None) -> ResumableStream:
+        if not isinstance(stream_id, str) or not _STREAM_ID.fullmatch(stream_id):
+            msg = "stream_id must be 1-128 chars of [A-Za-z0-9._:-]"
+            raise DuplexError("invalid_value", msg, param="stream_id")
+        self.collect()
+        if stream_id in self._live or stream_id in self._tombs:  # any owner: ids are global
+            raise DuplexError("invalid_value", f"stream_id {stream_id!r} is a duplicate", param="stream_id")
+        if self._stopped:
+            raise DuplexError("resource_exhausted", "stream store is shutting down; retry later")
+        if len(self._live) >= self.max_streams:
+            if not self._completed:
+                raise DuplexError("resource_exhausted", "stream limit reached; retry later")
+            # Make room from finished history, never by cutting off a running generation.
+            self._bury(next(iter(self._completed.values())), StreamStatus.EXPIRED)
+            self._stats["evicted_total"] += 1
+        stream = ResumableStream(stream_id, key_id, self)
+        self._live[stream_id] = stream
+        self._stats["created_total"] += 1
+        return stream
+
+    def get(self, stream_id: str, key_id: str | None) -> ResumableStream:
+        """The live stream; ``stream_expired`` for an expired one, ``stream_not_found`` for
+        unknown, foreign and deleted ids."""
+        self.collect()
+        found = self._find(stream_id, key_id)
+        if isinstance(found, ResumableStream):
+            return found
+        raise _gone(stream_id, found)
+
+    def lookup(self, stream_ids: Sequence[str], key_id: str | None) -> dict[str, StreamStatus]:
+        """Status of each named id (de-duplicated, in request order), and only those."""
+        if isinstance(stream_ids, str):
+            raise TypeError("stream_ids must be a sequence of ids, not one str")
+        self.collect()
+        out: dict[str, StreamStatus] = {}
+        for sid in dict.fromkeys(stream_ids):
+            found = self._find(sid, key_id)
+            out[sid] = found.status if isinstance(found, ResumableStream) else found or StreamStatus.UNKNOWN
+        return out
+
+    async def delete(self, stream_id: str, key_id: str | None) -> StreamStatus:
+        """Stop the generation, free the events, leave a DELETED tombstone. Idempotent:
+        returns the status before the call (a tombstone's own status on repeats)."""
+        self.collect()
+        found = self._find(stream_id, key_id)
+        if found is None:
+            raise _gone(stream_id)
+        if isinstance(found, StreamStatus):
+            return found
+        before = found.status
+        try:
+            await found.stop()
+        finally:
+            # Even if this caller is cancelled mid-stop the stream is deleted; the shielded
+            # on_stop finishes on its own and its complete() is then a no-op.
+            if self._bury(found, StreamStatus.DELETED):
+                self._stats["deleted_total"] += 1
+        return before
+
+    def collect(self) -> int:
+        """One GC pass: expire completed streams past their TTL; returns how many."""
+        now, n = self.clock.now(), 0
+        while self._completed:
+            stream = next(iter(self._completed.values()))
+            assert stream.completed_at is not None
+            if now < stream.completed_at + self.ttl_s:
+                break
+            self._bury(stream, StreamStatus.EXPIRED)
+            n += 1
+        self._stats["expired_total"] += n
+        return n
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await self.clock.sleep(self.reap_interval_s)
+            try:
+                self.collect()
+            except Exception:
+                log.exception("stream reaper pass failed")
+
+    async def start(self) -> None:
+        self._stopped = False
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap_forever(), name="duplex-stream-reaper")
+            await asyncio.sleep(0)  # reach the first clock.sleep: reaping is timed from start()
+
+    async def stop(self) -> None:
+        """Cancel the reaper, refuse new streams, stop every active stream (shutdown).
+        Completed streams stay readable so followers can drain."""
+        self._stopped = True
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.cancel()
+            await asyncio.wait([reaper])  # wait(), not await: our own cancellation still propagates
+        active = [s for s in self._live.values() if s.status is StreamStatus.ACTIVE]
+        if active:
+            await asyncio.gather(*(s.stop() for s in active))
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        live, done = len(self._live), len(self._completed)
+        return {"live_streams": live, "active_streams": live - done, "retained_bytes": self._total_bytes,
+                "tombstones": len(self._tombs), **self._stats}

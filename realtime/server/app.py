@@ -1,0 +1,106 @@
+"""The ASGI app: a thin I/O shell around the sans-I/O codec and sessions.
+
+Routes:
+- ``WS /v1/realtime``    OpenAI Realtime (GA events; beta with ``OpenAI-Beta: realtime=v1``)
+- ``GET /v1/models``     what this server serves
+- ``GET /v1/capabilities``
+- ``GET /health``, ``GET /metrics`` (Prometheus text)
+- the text surfaces: ``text_routes`` (HTTP) and ``WS /v1/generate/stream``
+
+A realtime socket is a ``RealtimeConnection`` (``connection``).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.realtime.server.auth import bearer_key, check_key
+from vllm_duplex.realtime.server.connection import RealtimeConnection
+from vllm_duplex.realtime.server.generate_ws import GenerateStream
+from vllm_duplex.realtime.server.text_routes import text_routes
+
+log = logging.getLogger(__name__)
+
+
+
+def error_response(err: DuplexError) -> JSONResponse:
+    return JSONResponse({"error": err.to_wire()}, status_code=err.spec.http_status)
+
+
+def create_app(engine: Runtime) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app):
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.stop()
+
+    async def health(request: Request):
+        stages = engine.stage_health()
+        healthy = all(stages.values())
+        return JSONResponse({"status": "ok" if healthy else "unhealthy", "stages": stages,
+                             "instance_id": engine.manager.instance_id,
+                             "sessions": len(engine.manager)},
+                            status_code=200 if healthy else 503)
+
+    async def metrics(request: Request):
+        return PlainTextResponse(engine.metrics.render(),
+                                 media_type="text/plain; version=0.0.4")
+
+    async def models(request: Request):
+        try:
+            check_key(engine, bearer_key(request.headers))
+        except DuplexError as err:
+            return error_response(err)
+        return JSONResponse({"object": "list", "data": [
+            {"id": engine.model, "object": "model", "created": 0, "owned_by": "vllm-duplex"}]})
+
+    async def capabilities(request: Request):
+        try:
+            check_key(engine, bearer_key(request.headers))
+        except DuplexError as err:
+            return error_response(err)
+        return JSONResponse(engine.capabilities())
+
+    async def realtime(ws: WebSocket):
+        await RealtimeConnection(engine, ws).serve()
+
+    def authorize(request: Request) -> str | None:
+        key = bearer_key(request.headers)
+        check_key(engine, key)
+        return key
+
+    async def generate_stream(ws: WebSocket):
+        await ws.accept()
+        key = bearer_key(ws.headers, list(ws.scope.get("subprotocols") or []))
+        try:
+            check_key(engine, key)
+            if engine.text is None:
+                raise DuplexError("capability_unsupported", "this deployment has no vLLM text stage")
+        except DuplexError as err:
+            await ws.send_json({"type": "error", "error": err.to_wire(), "terminal": True})
+            await ws.close(code=1008, reason=err.code)
+            return
+        await GenerateStream(engine.text, ws, key).serve()
+
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/metrics", metrics),
+            Route("/v1/models", models),
+            Route("/v1/capabilities", capabilities),
+            WebSocketRoute("/v1/realtime", realtime),
+            *text_routes(lambda: engine.text, authorize),
+            WebSocketRoute("/v1/generate/stream", generate_stream),
+        ],
+        lifespan=lifespan,
+    )

@@ -1,0 +1,31 @@
+"""API keys: where a request carries one, and whether it may pass."""
+
+from __future__ import annotations
+
+import hmac
+
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.host.runtime import Runtime
+
+
+def bearer_key(headers, subprotocols: list[str] = ()) -> str | None:
+    """The API key from ``Authorization: Bearer``, or from the browser-style
+    ``openai-insecure-api-key.<key>`` subprotocol."""
+    auth = headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    for proto in subprotocols:
+        if proto.startswith("openai-insecure-api-key."):
+            return proto.split(".", 1)[1] or None
+    return None
+
+
+def check_key(engine: Runtime, key: str | None) -> None:
+    """With keys configured, a request must present one of them (compared in
+    constant time). Without, every caller is local and keys only scope."""
+    allowed = engine.config.api_keys
+    if not allowed:
+        return
+    given = key.encode("utf-8", "surrogateescape") if key is not None else None
+    if given is None or not any(hmac.compare_digest(given, k.encode()) for k in allowed):
+        raise DuplexError("unauthorized", "missing or invalid API key (Authorization: Bearer ...)")

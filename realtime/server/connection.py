@@ -1,0 +1,167 @@
+"""One realtime WebSocket: a thin I/O loop around a session's attachment.
+
+Each socket has two tasks: the reader parses frames and delivers commands to
+the session; the writer drains the socket's ``Attachment`` (see
+``vllm_duplex.replay.outbox``). Framing errors (bad JSON, oversized events) are
+answered directly and are not journaled.
+
+A socket either opens a new session, or — connected with ``?resume=1`` —
+sends ``session.resume`` first and is attached to an existing one: it gets
+``session.resumed`` (with the rotated token), then exactly the journaled
+events after its ``last_seq``, or ``session.resync_required`` with a snapshot
+when they are no longer all retained, then live events. When a socket ends,
+its session waits detached for the grace window (``limits.resume_grace_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from vllm_duplex.core.commands import SessionResume
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.realtime.server.auth import bearer_key, check_key
+from vllm_duplex.realtime.wire.codec import Dialect, RealtimeCodec
+from vllm_duplex.replay.outbox import Attachment, Notice
+from vllm_duplex.session.runner import DuplexSession
+
+log = logging.getLogger(__name__)
+
+# WebSocket close codes by why a socket ends (4xxx: ours, documented in docs/errors.md).
+CLOSE_CODES = {"client": 1000, "disconnect": 1000, "expired": 1000, "shutdown": 1001,
+               "slow_consumer": 1008, "engine_dead": 1011}
+CLOSE_REPLACED = 4002  # another socket resumed the session
+CLOSE_SLOW_CONSUMER = 4008  # this socket stopped reading; the session lives on: resume
+
+
+class RealtimeConnection:
+    def __init__(self, engine: Runtime, ws: WebSocket) -> None:
+        self.engine = engine
+        self.ws = ws
+        beta = "realtime=v1" in ws.headers.get("openai-beta", "")
+        self.codec = RealtimeCodec(max_event_bytes=engine.config.limits.max_event_bytes,
+                                   dialect=Dialect.BETA if beta else Dialect.GA)
+        self._send_lock = asyncio.Lock()
+        self.session: DuplexSession | None = None
+        self.attachment: Attachment | None = None
+
+    async def _send(self, text: str) -> None:
+        async with self._send_lock:
+            await self.ws.send_text(text)
+
+    async def _refuse(self, err: DuplexError, code: int) -> None:
+        await self._send(self.codec.render_error(err))
+        await self.ws.close(code=code, reason=err.code)
+
+    async def serve(self) -> None:
+        offered = list(self.ws.scope.get("subprotocols") or [])
+        await self.ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+        key = bearer_key(self.ws.headers, offered)
+        try:
+            check_key(self.engine, key)
+            model = self.ws.query_params.get("model")
+            if model and model != self.engine.model:
+                raise DuplexError("model_not_found",
+                                  f"model {model!r} is not served here; this server serves "
+                                  f"{self.engine.model!r}", param="model")
+            if self.ws.query_params.get("resume") in ("1", "true"):
+                if not await self._resume(key):
+                    return
+            else:
+                self.session = await self.engine.open_realtime_session(key)
+                self.attachment = self.session.attachment
+        except DuplexError as err:
+            await self._refuse(err, 1008 if err.code != "resource_exhausted" else 1013)
+            return
+        session, att = self.session, self.attachment
+        assert session is not None and att is not None
+        writer = asyncio.create_task(self._write(session, att),
+                                     name=f"duplex-ws-writer-{session.session_id}")
+        try:
+            await self._read(session)
+        finally:
+            await self.engine.release_socket(session, att)
+            await asyncio.gather(writer, return_exceptions=True)
+
+    async def _resume(self, key: str | None) -> bool:
+        """Wait for ``session.resume`` and attach; False when the socket ended
+        or the resume was refused (answered and closed)."""
+        while True:
+            frame = await self._receive()
+            if frame is None:
+                return False
+            try:
+                command = self.codec.parse(frame)
+                if not isinstance(command, SessionResume):
+                    raise DuplexError("invalid_event", "a ?resume=1 socket starts with "
+                                      "session.resume", param="type", event_id=command.event_id)
+                session, att, replay, resumed = self.engine.resume_realtime_session(key, command)
+            except DuplexError as err:
+                if err.code in ("invalid_json", "invalid_event", "unknown_event", "event_too_large"):
+                    await self._send(self.codec.render_error(err))
+                    continue  # framing: the client may still send its resume
+                await self._refuse(err, 1008)
+                return False
+            break
+        self.session, self.attachment = session, att
+        fence = session.fence
+        await self._send(self.codec.render_notice("session.resumed", fence, **resumed))
+        if replay.resync:
+            await self._send(self.codec.render_notice(
+                "session.resync_required", fence, reason="retention_exceeded",
+                first_seq=replay.first_seq, head_seq=replay.head_seq, **session.snapshot()))
+        return True
+
+    async def _receive(self) -> str | bytes | None:
+        try:
+            message = await self.ws.receive()
+        except (WebSocketDisconnect, RuntimeError):
+            return None
+        if message["type"] == "websocket.disconnect":
+            return None
+        frame = message.get("text")
+        return frame if frame is not None else (message.get("bytes") or b"")
+
+    async def _read(self, session: DuplexSession) -> None:
+        clock = self.engine.clock
+        while (frame := await self._receive()) is not None:
+            received_at = clock.now()
+            try:
+                command = self.codec.parse(frame)
+                if isinstance(command, SessionResume):
+                    raise DuplexError("invalid_event", "session.resume starts a ?resume=1 socket",
+                                      param="type", event_id=command.event_id)
+                session.deliver(command, received_at)
+            except DuplexError as err:
+                self.engine.metrics.errors.inc(code=err.code)
+                try:
+                    await self._send(self.codec.render_error(err, session.fence))
+                except Exception:
+                    return
+                if err.code == "session_closed":
+                    return
+
+    async def _write(self, session: DuplexSession, att: Attachment) -> None:
+        try:
+            while True:
+                item = await att.get()
+                if item is None or isinstance(item, Notice):
+                    break
+                text = self.codec.render(item)
+                if text is not None:
+                    await self._send(text)
+            if item is Notice.REPLACED:
+                await self._send(self.codec.render_notice(
+                    "session.replaced", session.fence, session_id=session.session_id))
+                await self.ws.close(code=CLOSE_REPLACED, reason="replaced")
+            elif item is Notice.SLOW_CONSUMER:  # 4008: resume; 1008: the session ended too
+                resumable = session.limits.survives_disconnect
+                await self.ws.close(code=CLOSE_SLOW_CONSUMER if resumable else CLOSE_CODES["slow_consumer"],
+                                    reason="slow_consumer")
+            else:
+                reason = session.close_reason or "client"
+                await self.ws.close(code=CLOSE_CODES.get(reason, 1000), reason=reason)
+        except Exception:  # the socket went away under us; the reader will notice
+            log.debug("writer for %s stopped", session.session_id, exc_info=True)

@@ -1,0 +1,362 @@
+"""Field validation for client events: the ``session.update`` ->
+``SessionPatch`` parser and conversation item parsing.
+
+Every bad field raises ``DuplexError`` (``invalid_value`` unless noted) with
+``param`` set to the field path; ``_MISSING`` means "not given".
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from typing import Any
+
+from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.session_config import (
+    AudioEncoding,
+    AudioFormat,
+    SessionPatch,
+    Transcription,
+    TurnDetection,
+)
+from vllm_duplex.realtime.wire.aliases import (
+    _MISSING,
+    BETA_AUDIO_FORMATS,
+    CONTENT_GA_TO_BETA,
+    SESSION_BETA_TO_GA,
+    _dig,
+)
+from vllm_duplex.session.video_input import data_url_bytes
+
+# ---- field validation --------------------------------------------------------
+
+_MIN_PCM_RATE, _MAX_PCM_RATE = 8000, 48000
+
+
+def _bad(param: str, message: str, code: str = "invalid_value") -> DuplexError:
+    return DuplexError(code, message, param=param)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _str(v: Any, p: str) -> Any:
+    if v is None:
+        return _MISSING
+    if not isinstance(v, str):
+        raise _bad(p, f"{p} must be a string")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: JSON carries it, no tokenizer takes it
+        raise _bad(p, f"{p} is not valid Unicode text") from None
+    return v
+
+
+def _opt_str(v: Any, p: str) -> str | None:
+    return None if v is None else _str(v, p)
+
+
+def _req_str(obj: dict[str, Any], key: str, p: str) -> str:
+    v = obj.get(key)
+    if v is None:
+        raise _bad(p, f"missing required field {p}")
+    return _str(v, p)
+
+
+def _int(v: Any, p: str, lo: int = 0) -> Any:
+    if v is None:
+        return _MISSING
+    if not _is_int(v) or v < lo:
+        raise _bad(p, f"{p} must be an integer >= {lo}")
+    return v
+
+
+def _req_int(obj: dict[str, Any], key: str, p: str) -> int:
+    v = _int(obj.get(key), p)
+    if v is _MISSING:
+        raise _bad(p, f"missing required field {p}")
+    return v
+
+
+def _ranged(lo: float, hi: float) -> Callable[[Any, str], Any]:
+    def parse(v: Any, p: str) -> Any:
+        if v is None:
+            return _MISSING
+        if not _is_num(v) or not lo <= v <= hi:
+            raise _bad(p, f"{p} must be a number in [{lo}, {hi}]")
+        return float(v)
+
+    return parse
+
+
+def _bool(v: Any, p: str) -> Any:
+    if v is None:
+        return _MISSING
+    if not isinstance(v, bool):
+        raise _bad(p, f"{p} must be a boolean")
+    return v
+
+
+def _obj(v: Any, p: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise _bad(p, f"{p} must be an object")
+    return v
+
+
+def _b64(v: Any, p: str) -> bytes:
+    if not isinstance(v, str):
+        raise _bad(p, f"{p} must be a base64 string")
+    try:
+        return base64.b64decode(v, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _bad(p, f"{p} is not valid base64", "invalid_audio") from exc
+
+
+def _modalities(v: Any, p: str) -> Any:
+    if v is None:
+        return _MISSING
+    if not isinstance(v, list) or not v or any(m not in ("text", "audio") for m in v):
+        raise _bad(p, f'{p} must be a non-empty list of "text" and/or "audio"')
+    return tuple(dict.fromkeys(v))  # de-duplicated, order kept
+
+
+def _max_tokens(v: Any, p: str) -> Any:
+    if v is None:
+        return _MISSING
+    if v == "inf" and isinstance(v, str):
+        return None  # None means "inf" in SessionConfig
+    if not _is_int(v) or v < 1:
+        raise _bad(p, f'{p} must be a positive integer or "inf"')
+    return v
+
+
+def _audio_format(v: Any, p: str) -> Any:
+    if v is None:
+        return _MISSING
+    if isinstance(v, str):  # beta name (accepted in the GA position too)
+        if v not in BETA_AUDIO_FORMATS:
+            raise _bad(p, f"unsupported audio format {v!r}", "unsupported_audio_format")
+        return BETA_AUDIO_FORMATS[v]
+    fmt = _obj(v, p)
+    kind = fmt.get("type", AudioEncoding.PCM16.value)
+    try:
+        enc = AudioEncoding(kind)
+    except (ValueError, TypeError):
+        raise _bad(f"{p}.type", f"unsupported audio format {kind!r}", "unsupported_audio_format") from None
+    default_rate = 24000 if enc is AudioEncoding.PCM16 else 8000
+    rate = fmt.get("rate", default_rate)
+    if rate is None:
+        rate = default_rate
+    if not _is_int(rate):
+        raise _bad(f"{p}.rate", f"{p}.rate must be an integer")
+    ok = _MIN_PCM_RATE <= rate <= _MAX_PCM_RATE if enc is AudioEncoding.PCM16 else rate == 8000
+    if not ok:
+        raise _bad(f"{p}.rate", f"unsupported rate {rate} for {enc.value}", "unsupported_audio_format")
+    return AudioFormat(enc, rate)
+
+
+def _transcription(v: Any, p: str) -> Transcription | None:
+    if v is None:
+        return None
+    t = _obj(v, p)
+    kw: dict[str, Any] = {
+        "language": _opt_str(t.get("language"), f"{p}.language"),
+        "prompt": _opt_str(t.get("prompt"), f"{p}.prompt"),
+    }
+    model = _str(t.get("model"), f"{p}.model")
+    if model is not _MISSING:
+        kw["model"] = model
+    return Transcription(**kw)
+
+
+_TD_FIELDS: dict[str, Callable[[Any, str], Any]] = {
+    "threshold": _ranged(0.0, 1.0),
+    "prefix_padding_ms": _int,
+    "silence_duration_ms": _int,
+    "create_response": _bool,
+    "interrupt_response": _bool,
+}
+
+
+def _turn_detection(v: Any, p: str) -> TurnDetection | None:
+    if v is None:
+        return None  # manual commits
+    td = _obj(v, p)
+    kind = td.get("type", "server_vad")
+    if not isinstance(kind, str):
+        raise _bad(f"{p}.type", f"{p}.type must be a string")
+    if kind != "server_vad":
+        raise _bad(f"{p}.type", f"turn detection {kind!r} is not supported", "unsupported_turn_detection")
+    kw: dict[str, Any] = {}
+    for key, parse in _TD_FIELDS.items():
+        val = parse(td.get(key), f"{p}.{key}")
+        if val is not _MISSING:
+            kw[key] = val
+    if "idle_timeout_ms" in td:  # null is meaningful: no idle timeout
+        val = _int(td["idle_timeout_ms"], f"{p}.idle_timeout_ms")
+        kw["idle_timeout_ms"] = None if val is _MISSING else val
+    return TurnDetection(**kw)
+
+
+def _voice(v: Any, p: str) -> Any:
+    if isinstance(v, dict):  # GA custom voice {"id": ...}
+        return _req_str(v, "id", f"{p}.id")
+    return _str(v, p)
+
+
+def _tools(v: Any, p: str) -> Any:
+    if v is None:
+        return _MISSING
+    if not isinstance(v, list):
+        raise _bad(p, f"{p} must be a list")
+    out: list[dict[str, Any]] = []
+    names: set[str] = set()
+    for i, raw in enumerate(v):
+        tp = f"{p}[{i}]"
+        t = _obj(raw, tp)
+        if t.get("type", "function") != "function":
+            raise _bad(f"{tp}.type", "only function tools are supported")
+        name = _req_str(t, "name", f"{tp}.name")
+        if not name or name in names:
+            raise _bad(f"{tp}.name", f"{tp}.name must be non-empty and unique")
+        names.add(name)
+        tool: dict[str, Any] = {"type": "function", "name": name}
+        desc = _opt_str(t.get("description"), f"{tp}.description")
+        if desc is not None:
+            tool["description"] = desc
+        if t.get("parameters") is not None:
+            tool["parameters"] = _obj(t["parameters"], f"{tp}.parameters")
+        out.append(tool)
+    return tuple(out)
+
+
+def _tool_choice(v: Any, p: str) -> Any:
+    if v is None:
+        return _MISSING
+    if v in ("auto", "none", "required") and isinstance(v, str):
+        return v
+    if isinstance(v, dict) and v.get("type") == "function":
+        return {"type": "function", "name": _req_str(v, "name", f"{p}.name")}
+    raise _bad(p, f'{p} must be "auto", "none", "required" or {{"type":"function","name":...}}')
+
+
+def _ignored(v: Any, p: str) -> Any:
+    return _MISSING
+
+
+# GA session path -> (SessionPatch field or None, value parser).
+_SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], Any]]] = {
+    ("model",): ("model", _str),
+    ("policy",): ("policy", _str),  # duplex extension
+    ("instructions",): ("instructions", _str),
+    ("output_modalities",): ("output_modalities", _modalities),
+    ("audio", "input", "format"): ("input_format", _audio_format),
+    ("audio", "input", "transcription"): ("transcription", _transcription),
+    ("audio", "input", "turn_detection"): ("turn_detection", _turn_detection),
+    ("audio", "input", "noise_reduction"): (None, _ignored),
+    ("audio", "output", "format"): ("output_format", _audio_format),
+    ("audio", "output", "voice"): ("voice", _voice),
+    ("audio", "output", "speed"): ("speed", _ranged(0.25, 1.5)),
+    ("tools",): ("tools", _tools),
+    ("tool_choice",): ("tool_choice", _tool_choice),
+    ("max_output_tokens",): ("max_output_tokens", _max_tokens),
+    ("temperature",): ("temperature", _ranged(0.0, 2.0)),
+}
+
+
+def _session_patch(raw: Any) -> SessionPatch:
+    s = _obj(raw, "session")
+    kind = s.get("type")
+    if kind is not None and kind != "realtime":
+        raise _bad("session.type", 'only "realtime" sessions are supported')
+    found: dict[tuple[str, ...], tuple[Any, str]] = {}
+    # Beta aliases first so that the GA shape wins when a client sends both.
+    for beta_key, path in SESSION_BETA_TO_GA.items():
+        if beta_key in s:
+            found[path] = (s[beta_key], f"session.{beta_key}")
+    for path in _SESSION_FIELDS:
+        v = _dig(s, path, "session")
+        if v is not _MISSING:
+            found[path] = (v, "session." + ".".join(path))
+    patch: dict[str, Any] = {}
+    for path, (value, param) in found.items():
+        name, parse = _SESSION_FIELDS[path]
+        parsed = parse(value, param)
+        if name is not None and parsed is not _MISSING:
+            patch[name] = parsed
+    return SessionPatch(**patch)
+
+
+# ---- conversation items ------------------------------------------------------
+
+# Content part types each role may send, mapped to the stored (GA) type.
+_PART_TYPES: dict[Role, dict[str, str]] = {
+    Role.USER: {"input_text": "input_text", "input_audio": "input_audio", "input_image": "input_image"},
+    Role.SYSTEM: {"input_text": "input_text"},
+    Role.ASSISTANT: {
+        "output_text": "output_text",
+        "output_audio": "output_audio",
+        **{beta: ga for ga, beta in CONTENT_GA_TO_BETA.items()},
+    },
+}
+
+
+def _content_part(raw: Any, role: Role, p: str) -> ContentPart:
+    part = _obj(raw, p)
+    wire_type = part.get("type")
+    kind = _PART_TYPES[role].get(wire_type) if isinstance(wire_type, str) else None
+    if kind is None:
+        raise _bad(f"{p}.type", f"content type {part.get('type')!r} is not valid for role {role.value!r}")
+    if kind in ("input_text", "output_text"):
+        text = _str(part.get("text"), f"{p}.text")
+        return ContentPart(kind, text="" if text is _MISSING else text)
+    if kind == "input_image":
+        url = _str(part.get("image_url"), f"{p}.image_url")
+        data_url_bytes(url, f"{p}.image_url")  # validated here; decoded by the session
+        return ContentPart(kind, image_url=url)
+    if part.get("audio") is not None:
+        _b64(part["audio"], f"{p}.audio")  # validated; the session keeps transcripts
+    return ContentPart(kind, transcript=_opt_str(part.get("transcript"), f"{p}.transcript"))
+
+
+def _item(raw: Any, p: str = "item") -> ConversationItem:
+    item = _obj(raw, p)
+    item_id = _opt_str(item.get("id"), f"{p}.id") or ""
+    try:
+        kind = ItemType(item.get("type", "message"))
+    except (ValueError, TypeError):
+        raise _bad(f"{p}.type", f"unsupported item type {item.get('type')!r}") from None
+    if kind is ItemType.MESSAGE:
+        try:
+            role = Role(item.get("role"))
+        except (ValueError, TypeError):
+            raise _bad(f"{p}.role", 'role must be "user", "assistant" or "system"') from None
+        content = item.get("content")
+        if content is None:
+            content = []
+        if not isinstance(content, list):
+            raise _bad(f"{p}.content", f"{p}.content must be a list")
+        parts = [_content_part(c, role, f"{p}.content[{i}]") for i, c in enumerate(content)]
+        return ConversationItem(id=item_id, type=kind, role=role, content=parts)
+    if kind is ItemType.FUNCTION_CALL:
+        args = _str(item.get("arguments"), f"{p}.arguments")
+        return ConversationItem(
+            id=item_id,
+            type=kind,
+            call_id=_opt_str(item.get("call_id"), f"{p}.call_id"),
+            name=_req_str(item, "name", f"{p}.name"),
+            arguments="" if args is _MISSING else args,
+        )
+    return ConversationItem(
+        id=item_id,
+        type=kind,
+        call_id=_req_str(item, "call_id", f"{p}.call_id"),
+        output=_req_str(item, "output", f"{p}.output"),
+    )

@@ -1,0 +1,438 @@
+"""The real speech stages: Silero VAD, PocketSphinx ASR, Flite / eSpeak NG TTS.
+
+Speech is synthesized here with the installed TTS binaries, so the stages are
+tested on real audio with known boundaries, and no model is downloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from vllm_duplex.core.clock import MonotonicClock
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.payloads import (
+    AudioIn,
+    AudioOut,
+    GenerationDone,
+    SpeechDone,
+    StageInput,
+    TextDelta,
+    TranscriptFinal,
+    TranscriptPartial,
+    VadConfig,
+    VadSpeechStarted,
+    VadSpeechStopped,
+)
+from vllm_duplex.stages.listening.pocketsphinx import (
+    EndOfUtterance,
+    PocketSphinxAsrStage,
+    clean_hypothesis,
+)
+from vllm_duplex.stages.listening.silero_vad import (
+    SileroVad,
+    SileroVadStage,
+    load_model,
+)
+from vllm_duplex.stages.port import StagePort
+from vllm_duplex.stages.speech.subprocess_tts import (
+    EspeakTtsStage,
+    FliteTtsStage,
+    SubprocessTtsStage,
+    next_piece,
+    parse_wav,
+)
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("flite") is None or shutil.which("espeak-ng") is None,
+    reason="needs the flite and espeak-ng binaries")
+
+RATE = 16000
+PHRASE = "what is the capital of france"
+PAD_MS = 500
+SESSION = "s1"
+FENCE = Fence(SESSION)
+
+
+# ---- audio fixtures --------------------------------------------------------
+
+
+def synth(argv: list[str], stdin: bytes | None = None) -> np.ndarray:
+    out = subprocess.run(argv, input=stdin, capture_output=True, check=True, timeout=30).stdout
+    pcm, rate = parse_wav(out)
+    if rate != RATE:
+        import soxr
+
+        pcm = soxr.resample(pcm, rate, RATE)
+    return pcm
+
+
+def speech_bounds_ms(pcm: np.ndarray) -> tuple[int, int]:
+    """First and last 10 ms frame louder than -50 dBFS: the true speech extent."""
+    frames = pcm[: len(pcm) // 160 * 160].reshape(-1, 160).astype(np.float64)
+    loud = np.nonzero(np.sqrt((frames**2).mean(axis=1)) > 32768 * 10 ** (-50 / 20))[0]
+    return int(loud[0]) * 10, int(loud[-1] + 1) * 10
+
+
+def padded(pcm: np.ndarray) -> np.ndarray:
+    """0.5 s of silence before; 1 s after, so the VAD's 500 ms of silence
+    to end a turn fits whatever window grid the speech ends on."""
+    ms = RATE // 1000
+    return np.concatenate([np.zeros(PAD_MS * ms, np.int16), pcm.astype(np.int16),
+                           np.zeros(2 * PAD_MS * ms, np.int16)])
+
+
+@pytest.fixture(scope="module")
+def flite_speech() -> tuple[np.ndarray, tuple[int, int]]:
+    raw = synth(["flite", "-voice", "slt", "-t", PHRASE, "-o", "/dev/stdout"])
+    start, end = speech_bounds_ms(raw)
+    return padded(raw), (start + PAD_MS, end + PAD_MS)
+
+
+@pytest.fixture(scope="module")
+def espeak_speech() -> tuple[np.ndarray, tuple[int, int]]:
+    raw = synth(["espeak-ng", "--stdout", "-v", "en-us"], PHRASE.encode())
+    start, end = speech_bounds_ms(raw)
+    return padded(raw), (start + PAD_MS, end + PAD_MS)
+
+
+def chunks(pcm: np.ndarray, ms: int) -> list[AudioIn]:
+    n = ms * RATE // 1000
+    return [AudioIn(pcm[i : i + n], start_ms=i * 1000 // RATE) for i in range(0, len(pcm), n)]
+
+
+# ---- port helpers ----------------------------------------------------------
+
+
+class Collector:
+    """Reads a port's outputs in the background until the port closes."""
+
+    def __init__(self, port: StagePort) -> None:
+        self.port = port
+        self.items: list[Any] = []
+        self._changed = asyncio.Event()
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        async for out in self.port.outputs():
+            self.items.append(out)
+            self._changed.set()
+
+    @property
+    def payloads(self) -> list[Any]:
+        return [o.payload for o in self.items]
+
+    async def until(self, pred: Callable[[list[Any]], bool], timeout: float = 30.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not pred(self.payloads):
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def close(self) -> None:
+        await self.port.close()
+        await self._task
+
+
+async def opened(stage: Any) -> tuple[Any, Collector]:
+    port = stage.port(SESSION)
+    await port.open(FENCE)
+    return port, Collector(port)
+
+
+def item(payload: Any, fence: Fence = FENCE) -> StageInput:
+    return StageInput(fence, fence.request_id("in"), payload)
+
+
+# ---- Silero VAD ------------------------------------------------------------
+
+
+def vad_events(pcm: np.ndarray, chunk_sizes: list[int], config: VadConfig) -> list[Any]:
+    vad = SileroVad(load_model("onnx"), config=config)
+    events, pos, k = [], 0, 0
+    while pos < len(pcm):
+        n = chunk_sizes[k % len(chunk_sizes)]
+        events += vad.feed(pcm[pos : pos + n], pos // 16)
+        pos, k = pos + n, k + 1
+    return events
+
+
+@pytest.fixture
+async def vad_stage():
+    stage = SileroVadStage(clock=MonotonicClock())
+    yield stage
+    stage.close()
+
+
+async def run_vad(stage: SileroVadStage, pcm: np.ndarray, chunk_ms: int,
+                  config: VadConfig | None = None) -> list[Any]:
+    port, coll = await opened(stage)
+    if config is not None:
+        await port.submit(item(config))
+    for c in chunks(pcm, chunk_ms):
+        await port.submit(item(c))
+    await port.drained()
+    await coll.close()
+    return coll.payloads
+
+
+async def test_silero_finds_the_one_utterance_and_its_boundaries(vad_stage, flite_speech):
+    pcm, (start, end) = flite_speech
+    config = VadConfig(prefix_padding_ms=0, silence_duration_ms=500)
+    events = await run_vad(vad_stage, pcm, 20, config)
+    assert [type(e) for e in events] == [VadSpeechStarted, VadSpeechStopped]
+    assert abs(events[0].audio_ms - start) <= 150
+    assert abs(events[1].audio_ms - end) <= 150
+    assert vad_stage.completed_requests == len(chunks(pcm, 20))
+
+
+async def test_silero_prefix_padding_and_espeak_voice(vad_stage, espeak_speech):
+    pcm, (start, end) = espeak_speech
+    events = await run_vad(vad_stage, pcm, 20)  # defaults: 300 ms padding
+    assert [type(e) for e in events] == [VadSpeechStarted, VadSpeechStopped]
+    assert abs(events[0].audio_ms - (start - 300)) <= 150
+    assert abs(events[1].audio_ms - end) <= 150
+
+
+async def test_silero_ignores_silence_and_white_noise(vad_stage):
+    rng = np.random.default_rng(7)
+    noise = rng.standard_normal(3 * RATE) * 32768 * 10 ** (-30 / 20)  # RMS -30 dBFS
+    assert await run_vad(vad_stage, np.zeros(3 * RATE, np.int16), 20) == []
+    assert await run_vad(vad_stage, np.clip(noise, -32768, 32767).astype(np.int16), 20) == []
+
+
+async def test_silero_events_do_not_depend_on_chunking(vad_stage, flite_speech):
+    pcm, _ = flite_speech
+    small = await run_vad(vad_stage, pcm, 20)
+    assert small == await run_vad(vad_stage, pcm, 100)
+    assert len(small) == 2
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(1, 4000), min_size=1, max_size=8))
+def test_silero_streaming_equals_batch(sizes, flite_speech):
+    pcm, _ = flite_speech
+    config = VadConfig()
+    assert vad_events(pcm, sizes, config) == vad_events(pcm, [len(pcm)], config)
+
+
+async def test_silero_jit_backend_agrees(flite_speech):
+    pytest.importorskip("torch")
+    pcm, _ = flite_speech
+    stage = SileroVadStage(clock=MonotonicClock(), backend="jit")
+    try:
+        assert await run_vad(stage, pcm, 20) == vad_events(pcm, [320], VadConfig())
+    finally:
+        stage.close()
+
+
+async def test_silero_inference_runs_off_the_event_loop(vad_stage, flite_speech):
+    threads: set[str] = set()
+    model = vad_stage.model
+
+    class Spy:
+        def new_state(self) -> np.ndarray:
+            return model.new_state()
+
+        def infer(self, x: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
+            threads.add(threading.current_thread().name)
+            return model.infer(x, state)
+
+    vad_stage.model = Spy()
+    await run_vad(vad_stage, flite_speech[0][:RATE], 20)
+    assert threads and all(name.startswith("duplex-vad") for name in threads)
+
+
+# ---- PocketSphinx ASR ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def asr_stage():
+    stage = PocketSphinxAsrStage(clock=MonotonicClock())
+    yield stage
+    stage.close()
+
+
+async def test_asr_streams_partials_then_the_final(asr_stage, flite_speech):
+    pcm, _ = flite_speech
+    port, coll = await opened(asr_stage)
+    for c in chunks(pcm, 20):
+        await port.submit(item(c))
+    await port.submit(item(EndOfUtterance()))
+    await coll.until(lambda ps: any(isinstance(p, TranscriptFinal) for p in ps))
+    await coll.close()
+    out = coll.payloads
+    assert isinstance(out[-1], TranscriptFinal) and sum(isinstance(p, TranscriptFinal) for p in out) == 1
+    partials = [p.text for p in out if isinstance(p, TranscriptPartial)]
+    assert partials, out
+    assert all(a != b for a, b in zip(partials, partials[1:]))  # only when it changed
+    assert "capital" in out[-1].text and "france" in out[-1].text
+
+
+async def test_asr_after_the_vad_decodes_from_the_onset(asr_stage, vad_stage, flite_speech):
+    """Placed after the VAD: audio goes to both, VAD events are forwarded to
+    the ASR as they appear (later than the audio they describe)."""
+    pcm, _ = flite_speech
+    vad, vad_out = await opened(vad_stage)
+    asr, asr_out = await opened(asr_stage)
+    forwarded = 0
+
+    async def forward() -> None:
+        nonlocal forwarded
+        for out in vad_out.items[forwarded:]:
+            await asr.submit(StageInput(out.fence, out.request_id, out.payload))
+            forwarded += 1
+
+    for c in chunks(pcm, 20):
+        await vad.submit(item(c))
+        await asr.submit(item(c))
+        if c.start_ms % 100 == 0:  # a VAD keeping up with real time, ~100 ms behind
+            await vad.drained()
+        await forward()
+    await vad.drained()
+    await forward()
+    await asr_out.until(lambda ps: any(isinstance(p, TranscriptFinal) for p in ps))
+    await vad_out.close()
+    await asr_out.close()
+    assert forwarded == 2
+    finals = [p for p in asr_out.payloads if isinstance(p, TranscriptFinal)]
+    assert finals == [TranscriptFinal(PHRASE)]  # the prefix before the VAD event is decoded
+
+
+async def test_asr_end_without_audio_gives_an_empty_final_and_reuses_decoders(asr_stage, flite_speech):
+    port, coll = await opened(asr_stage)
+    await port.submit(item(EndOfUtterance()))
+    for _ in range(2):
+        for c in chunks(flite_speech[0][: RATE // 2], 100):
+            await port.submit(item(c))
+        await port.submit(item(EndOfUtterance()))
+    await port.drained()
+    await coll.close()
+    finals = [p for p in coll.payloads if isinstance(p, TranscriptFinal)]
+    assert len(finals) == 3 and finals[0] == TranscriptFinal("")
+    assert asr_stage.pool.created <= 2  # one per concurrent utterance, not per utterance
+
+
+def test_clean_hypothesis_strips_fillers():
+    assert clean_hypothesis("<s> What <sil> [NOISE] the(2) ++UH++ France </s>") == "what the france"
+
+
+# ---- TTS -------------------------------------------------------------------
+
+
+def test_next_piece_cuts_sentences_and_long_clauses():
+    assert next_piece("Hello there. How", 12) == len("Hello there. ")
+    assert next_piece("It costs 3.5 dollars", 12) == 0  # no whitespace after the dot yet
+    assert next_piece("No end yet", 12) == 0 and next_piece("No end yet", 12, final=True) == 10
+    long = "one two three four five, six seven eight nine ten eleven twelve thirteen "
+    assert next_piece(long, 12) == len("one two three four five, ")
+    words = " ".join(["word"] * 24) + " "
+    assert next_piece(words, 12) == len(words)
+
+
+def test_parse_wav_tolerates_pipe_sizes():
+    pcm = np.arange(-5, 5, dtype=np.int16)
+    header = (b"RIFF" + (0x7FFFFFFF).to_bytes(4, "little") + b"WAVEfmt " + (16).to_bytes(4, "little")
+              + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") + (22050).to_bytes(4, "little")
+              + (44100).to_bytes(4, "little") + (2).to_bytes(2, "little") + (16).to_bytes(2, "little")
+              + b"data" + (0x7FFFFFFF).to_bytes(4, "little"))
+    out, rate = parse_wav(header + pcm.tobytes())
+    assert rate == 22050 and np.array_equal(out, pcm)
+
+
+def test_unknown_voices_are_refused():
+    with pytest.raises(ValueError, match="unknown flite voice"):
+        FliteTtsStage(clock=MonotonicClock(), voice="nobody")
+    with pytest.raises(ValueError, match="unknown espeak-ng voice"):
+        EspeakTtsStage(clock=MonotonicClock(), voice="nobody")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: FliteTtsStage(clock=MonotonicClock()),
+    lambda: FliteTtsStage(clock=MonotonicClock(), voice="kal", rate=24000),  # 8 kHz voice, resampled
+    lambda: EspeakTtsStage(clock=MonotonicClock(), wpm=200),  # 22.05 kHz, resampled
+])
+async def test_tts_speaks_the_first_sentence_before_the_reply_ends(make):
+    stage: SubprocessTtsStage = make()
+    port, coll = await opened(stage)
+    deltas = ["Hello there. ", "How are", " you today?"]
+    await port.submit(item(TextDelta("r1", deltas[0])))
+    await coll.until(lambda ps: any(isinstance(p, AudioOut) for p in ps))  # early audio
+    for d in deltas[1:]:
+        await port.submit(item(TextDelta("r1", d)))
+    await port.submit(item(GenerationDone("r1", "stop")))
+    await coll.until(lambda ps: any(isinstance(p, SpeechDone) for p in ps))
+    await coll.close()
+    out = coll.payloads
+    assert isinstance(out[-1], SpeechDone) and out[-1].response_id == "r1"
+    audio = [p for p in out if isinstance(p, AudioOut)]
+    assert "".join(a.text for a in audio) == "".join(deltas)
+    assert all(a.rate == stage.rate and a.response_id == "r1" for a in audio)
+    pcm = np.concatenate([a.pcm for a in audio]).astype(np.float64)
+    assert np.sqrt((pcm**2).mean()) > 300  # speech, not silence
+    assert max(a.pcm.size for a in audio) <= stage.rate // 10  # ~100 ms chunks
+    assert stage.synthesized == 2 and stage.completed_requests == 1
+
+
+class SlowTts(SubprocessTtsStage):
+    """A synthesizer that never finishes: only a kill ends it."""
+
+    binary = "sleep"
+
+    def command(self, text: str, wav_path: str) -> tuple[list[str], bytes | None]:
+        return ["sleep", "30"], None
+
+
+async def test_cancel_kills_the_running_synthesizer():
+    stage = SlowTts("tts", clock=MonotonicClock())
+    port, coll = await opened(stage)
+    await port.submit(item(TextDelta("r1", "This never ends. ")))
+    async with asyncio.timeout(5):
+        while stage.active_requests == 0:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)  # the subprocess is running now
+    async with asyncio.timeout(2):
+        await port.cancel(FENCE.next_epoch())
+    assert stage.killed_processes == 1 and stage.aborted_requests == 1
+    await coll.close()
+    assert coll.payloads == []
+
+
+async def test_cancel_stops_flite_audio_of_the_old_fence():
+    stage = FliteTtsStage(clock=MonotonicClock())
+    port, coll = await opened(stage)
+    text = " ".join(f"Sentence number {i} is here to keep the synthesizer busy." for i in range(20))
+    await port.submit(item(TextDelta("r1", text + " ")))
+    await coll.until(lambda ps: any(isinstance(p, AudioOut) for p in ps))
+    new = FENCE.next_epoch()
+    await port.cancel(new)
+    seen = len(coll.items)
+    await asyncio.sleep(0.5)  # long enough for several more sentences
+    assert len(coll.items) == seen  # nothing of the old fence after cancel returned
+    await port.submit(item(TextDelta("r2", "Fresh start. "), new))
+    await port.submit(item(GenerationDone("r2", "stop"), new))
+    await coll.until(lambda ps: any(isinstance(p, SpeechDone) for p in ps))
+    await coll.close()
+    assert all(o.fence == new for o in coll.items[seen:])
+    assert not any(isinstance(p, SpeechDone) and p.response_id == "r1" for p in coll.payloads)
+
+
+def test_flite_synthesizes_under_uvloop():
+    """The CLI server runs on uvloop, whose child processes get a socket, not a
+    pipe, as stdout: /dev/stdout cannot be opened there (a real bug we had)."""
+    import uvloop
+    from vllm_duplex.core.clock import MonotonicClock
+
+    async def speak() -> np.ndarray:
+        return await FliteTtsStage(clock=MonotonicClock()).synthesize("Hello there.")
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        pcm = runner.run(speak())
+    assert pcm.size > 8000 and np.abs(pcm).max() > 1000

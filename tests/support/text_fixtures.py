@@ -1,0 +1,55 @@
+"""A real server with the real vLLM engine for the text-surface tests (HTTP
+generate, application sessions, streaming input, resumable streams).
+
+One server per test session, on the session-scoped vLLM engine
+(``vllm_fixtures.vllm_stage``); tests run in the session loop::
+
+    pytestmark = pytest.mark.asyncio(loop_scope="session")
+    from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
+    # text_server and vllm_stage are fixtures of tests/conftest.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from vllm_duplex.host.deploy import load_config
+from vllm_duplex.host.runtime import Runtime
+
+MODEL = "smollm2-135m-instruct"
+KEYS = ("key-alice", "key-bob")
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather of a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                               "required": ["city"]}}
+
+
+def text_engine(vllm_stage: Any, **limits: Any) -> Runtime:
+    """The default deployment (cascade-cpu) with API keys, on the shared engine."""
+    config = load_config("cascade-cpu")
+    limits = {"resume_grace_s": 0.0, **limits}  # dropped realtime sockets end their sessions
+    config = dataclasses.replace(config, api_keys=KEYS,
+                                 limits=dataclasses.replace(config.limits, **limits))
+    return Runtime(config, shared_stages={"vllm": vllm_stage})
+
+
+def auth(key: str = KEYS[0]) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[int | None, str, dict[str, Any]]]:
+    """(id, event, data) of each SSE event of a streaming ``httpx`` response."""
+    seq: int | None = None
+    event = "message"
+    async for line in response.aiter_lines():
+        if line.startswith("id:"):
+            seq = int(line[3:].strip())
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            yield seq, event, json.loads(line[5:])
+            seq, event = None, "message"

@@ -1,0 +1,152 @@
+"""The cascade policy is pure: drive it with a fake session view and typed
+stage outputs, and check its plans and decisions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from vllm_duplex.core.commands import DuplexInput, ResponseOptions
+from vllm_duplex.core.contracts import FenceBump, InputMode, InterruptReason
+from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.payloads import (
+    AudioIn,
+    GenerationDone,
+    ResetContext,
+    SpeechDone,
+    StageOutput,
+    TextDelta,
+    TextIn,
+    TranscriptDelta,
+    TranscriptFinal,
+    TranscriptPartial,
+    VadSpeechStarted,
+    VadSpeechStopped,
+)
+from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.models.cascade import CascadePolicy
+from vllm_duplex.models.cascade.transcript import stable_prefix
+from vllm_duplex.policy import load_policy
+
+
+@dataclass
+class View:
+    config: SessionConfig = field(default_factory=lambda: SessionConfig(
+        model="m", policy="cascade", instructions="Be brief."))
+    items: list[ConversationItem] = field(default_factory=list)
+    active_response_id: str | None = None
+    user_speaking: bool = False
+    policy_state: dict[str, Any] = field(default_factory=dict)
+    fence: Fence = Fence("s")
+
+    @property
+    def output_modalities(self) -> tuple[str, ...]:
+        return tuple(self.config.output_modalities)
+
+
+def out(payload: Any, stage: str = "asr") -> StageOutput:
+    return StageOutput(Fence("s"), Fence("s").request_id("in"), stage, payload)
+
+
+def llm_payloads(plan) -> list[Any]:
+    return [s.payload for s in plan.submissions if s.stage == "llm"]
+
+
+policy = CascadePolicy()
+
+
+def test_registered_through_the_entry_point():
+    assert isinstance(load_policy("cascade"), CascadePolicy)
+
+
+def test_audio_goes_to_vad_and_asr_under_server_vad():
+    plan = policy.plan_append(View(), AudioIn(np.zeros(320, np.int16), 0))
+    assert plan.mode is InputMode.APPEND_AUDIO_CHUNK
+    assert [s.stage for s in plan.submissions] == ["vad", "asr"]
+
+
+def test_stable_prefix_excludes_the_word_still_being_heard():
+    assert stable_prefix([], ["what"]) == []
+    assert stable_prefix(["what", "is"], ["what", "is", "the"]) == ["what", "is"]
+    assert stable_prefix(["what", "is", "the"], ["what", "is", "the"]) == ["what", "is"]
+    assert stable_prefix(["what", "was"], ["what", "is", "the"]) == ["what"]
+
+
+def test_stable_words_become_deltas_and_are_pushed_to_the_live_request():
+    view = View(items=[ConversationItem("u0", ItemType.MESSAGE, Role.USER,
+                                        content=[ContentPart("input_text", text="hi")])])
+    policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
+    d1 = policy.decide_output(view, out(TranscriptPartial("what is")))
+    assert not d1.emit and d1.plan is None  # nothing stable yet
+    d2 = policy.decide_output(view, out(TranscriptPartial("what is the")))
+    assert d2.render == TranscriptDelta("what is")
+    reset, words = llm_payloads(d2.plan)
+    assert isinstance(reset, ResetContext)  # the turn starts on exactly the history
+    assert [m.text for m in reset.context] == ["Be brief.", "hi"]
+    assert words == TextIn("what is") and d2.plan.mode is InputMode.APPEND_TOKENS
+    d3 = policy.decide_output(view, out(TranscriptPartial("what is the capital of")))
+    assert d3.render == TranscriptDelta(" the")  # "capital" was not in the last hypothesis
+    assert llm_payloads(d3.plan) == [TextIn("the")]  # no second reset
+
+
+def test_a_revised_pushed_word_rolls_back_to_the_turn_start():
+    view = View()
+    policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
+    policy.decide_output(view, out(TranscriptPartial("what is the")))
+    policy.decide_output(view, out(TranscriptPartial("what is the capitol")))  # pushed: what is the
+    d = policy.decide_output(view, out(TranscriptPartial("what was the capital of")))
+    assert d.plan.mode is InputMode.ROLLBACK_TO_CHECKPOINT
+    assert d.plan.bump is FenceBump.INCARNATION
+    reset, words = llm_payloads(d.plan)
+    assert isinstance(reset, ResetContext) and words == TextIn("what")
+
+
+def test_speech_stopped_commits_and_the_final_transcript_answers():
+    view = View()
+    policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
+    stopped = policy.decide_output(view, out(VadSpeechStopped(900), "vad"))
+    assert stopped.commit_turn and not stopped.create_response and stopped.forward
+    final = policy.decide_output(view, out(TranscriptFinal("what is the capital of france")))
+    assert final.emit and final.create_response
+
+
+@pytest.mark.parametrize("text", ["", "   "])
+def test_noise_without_words_gets_no_reply(text):
+    view = View()
+    policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
+    policy.decide_output(view, out(VadSpeechStopped(300), "vad"))
+    assert not policy.decide_output(view, out(TranscriptFinal(text))).create_response
+
+
+def test_speech_during_a_reply_interrupts_it():
+    view = View(active_response_id="resp_1")
+    d = policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
+    assert d.interrupt is InterruptReason.TURN_DETECTED
+
+
+def test_reply_text_streams_to_tts_and_speech_done_finishes():
+    view = View()
+    assert policy.decide_output(view, out(TextDelta("r", "Paris."), "llm")).forward
+    assert not policy.decide_output(view, out(GenerationDone("r", "stop"), "llm")).finish_response
+    assert policy.decide_output(view, out(SpeechDone("r"), "tts")).finish_response
+    text_only = View(config=SessionConfig(model="m", policy="cascade", output_modalities=("text",)))
+    assert policy.decide_output(text_only, out(GenerationDone("r", "stop"), "llm")).finish_response
+
+
+def test_reencode_rebuilds_the_context_in_a_new_incarnation():
+    plan = policy.plan_append(View(), DuplexInput(mode=InputMode.REENCODE_CONTEXT))
+    assert plan.bump is FenceBump.INCARNATION
+    assert isinstance(llm_payloads(plan)[0], ResetContext)
+    with pytest.raises(DuplexError) as info:
+        policy.plan_append(View(), DuplexInput(mode=InputMode.REPLACE_LATEST_CHUNK))
+    assert info.value.code == "capability_unsupported"
+
+
+def test_sampling_caps_spoken_replies():
+    sampling = policy.configure_sampling_params(View(), ResponseOptions())
+    assert sampling.max_tokens == 96
+    assert policy.configure_sampling_params(View(), ResponseOptions(max_output_tokens=5)).max_tokens == 5

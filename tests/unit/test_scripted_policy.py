@@ -1,0 +1,295 @@
+"""The scripted policy's decisions, its registration, and the energy VAD."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from vllm_duplex.core.commands import ResponseOptions
+from vllm_duplex.core.contracts import (
+    DROP,
+    InputMode,
+    InterruptReason,
+    OutputDecision,
+    StageSubmission,
+    TurnCommitted,
+)
+from vllm_duplex.core.conversation import ConversationItem
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.payloads import (
+    AudioIn,
+    AudioOut,
+    GenerationDone,
+    SpeechDone,
+    StageFailed,
+    StageOutput,
+    TextDelta,
+    TextIn,
+    VadConfig,
+    VadSpeechStarted,
+    VadSpeechStopped,
+)
+from vllm_duplex.core.session_config import SessionConfig, TurnDetection
+from vllm_duplex.models.scripted import ScriptedPolicy
+from vllm_duplex.policy import available_policies, load_policy
+from vllm_duplex.stages.listening.energy_vad import EnergyVad, energy_threshold_dbfs
+
+F = Fence("s")
+RATE = 16000
+
+
+@dataclass
+class View:
+    """A read-only ``SessionView`` stand-in."""
+
+    config: SessionConfig = field(default_factory=lambda: SessionConfig("m", "scripted"))
+    active_response_id: str | None = None
+    user_speaking: bool = False
+    fence: Fence = F
+    items: Sequence[ConversationItem] = ()
+
+    @property
+    def output_modalities(self) -> tuple[str, ...]:
+        return tuple(self.config.output_modalities)
+
+
+def out(payload: object) -> StageOutput:
+    return StageOutput(F, F.request_id("x"), "stage", payload)
+
+
+# ---- registration and capabilities -------------------------------------------
+
+
+def test_registered_through_entry_points() -> None:
+    assert "scripted" in available_policies()
+    policy = load_policy("scripted", reply="hi", unknown_option=3)
+    assert isinstance(policy, ScriptedPolicy)
+    assert policy.name == "scripted" and policy.reply == "hi"
+
+
+def test_capabilities() -> None:
+    caps = ScriptedPolicy().capabilities()
+    assert caps.input_modes == {
+        InputMode.APPEND_AUDIO_CHUNK,
+        InputMode.APPEND_TOKENS,
+        InputMode.TURN_COMMIT_ONLY,
+    }
+    assert not caps.supports(InputMode.ROLLBACK_TO_CHECKPOINT)
+    assert caps.turn_detection == {"server_vad"}
+    assert caps.input_modalities == caps.output_modalities == {"audio", "text"}
+    assert caps.early_output and not caps.tools
+
+
+# ---- plan_append ---------------------------------------------------------------
+
+
+def test_plan_append() -> None:
+    policy = ScriptedPolicy()
+    audio = AudioIn(np.zeros(320, np.int16), 0)
+    plan = policy.plan_append(View(), audio)
+    assert plan.mode is InputMode.APPEND_AUDIO_CHUNK
+    assert [(s.stage, s.payload) for s in plan.submissions] == [("vad", audio)]
+    manual = View(config=SessionConfig("m", "scripted", turn_detection=None))
+    plan = policy.plan_append(manual, audio)
+    assert plan.mode is InputMode.APPEND_AUDIO_CHUNK and plan.submissions == ()
+    cfg = VadConfig(0.7, 100, 300)
+    plan = policy.plan_append(View(), cfg)
+    assert plan.submissions == (StageSubmission("vad", cfg, "vad-config"),)
+    assert policy.plan_append(View(), TextIn("hi")).mode is InputMode.APPEND_TOKENS
+    assert policy.plan_append(View(), TextIn("hi")).submissions == ()
+    plan = policy.plan_append(View(), TurnCommitted("item_1"))
+    assert plan.mode is InputMode.TURN_COMMIT_ONLY and plan.submissions == ()
+    with pytest.raises(DuplexError) as err:
+        policy.plan_append(View(), b"raw bytes")
+    assert err.value.code == "capability_unsupported"
+
+
+def test_sampling_params() -> None:
+    policy = ScriptedPolicy()
+    view = View(config=SessionConfig("m", "scripted", temperature=0.6, max_output_tokens=50))
+    assert policy.configure_sampling_params(view, ResponseOptions()).max_tokens == 50
+    sampling = policy.configure_sampling_params(view, ResponseOptions(max_output_tokens=7))
+    assert (sampling.temperature, sampling.max_tokens) == (0.6, 7)
+    assert policy.configure_sampling_params(View(), ResponseOptions()).max_tokens is None
+
+
+# ---- decide_output ---------------------------------------------------------------
+
+AUDIO = ("audio",)
+TEXT = ("text",)
+NO_INTERRUPT = TurnDetection(interrupt_response=False, create_response=False)
+
+
+@pytest.mark.parametrize(
+    ("payload", "modalities", "td", "active", "expected"),
+    [
+        (VadSpeechStarted(0), AUDIO, TurnDetection(), None, OutputDecision(forward=False)),
+        (
+            VadSpeechStarted(0),
+            AUDIO,
+            TurnDetection(),
+            "resp_1",
+            OutputDecision(forward=False, interrupt=InterruptReason.TURN_DETECTED),
+        ),
+        (VadSpeechStarted(0), AUDIO, NO_INTERRUPT, "resp_1", OutputDecision(forward=False)),
+        (VadSpeechStarted(0), AUDIO, None, "resp_1", DROP),
+        (
+            VadSpeechStopped(900),
+            AUDIO,
+            TurnDetection(),
+            None,
+            OutputDecision(forward=False, commit_turn=True, create_response=True),
+        ),
+        (
+            VadSpeechStopped(900),
+            AUDIO,
+            NO_INTERRUPT,
+            None,
+            OutputDecision(forward=False, commit_turn=True, create_response=False),
+        ),
+        (VadSpeechStopped(900), AUDIO, None, None, DROP),
+        (TextDelta("r", "hi "), AUDIO, None, "r", OutputDecision(forward=True)),
+        (TextDelta("r", "hi "), TEXT, None, "r", OutputDecision(forward=False)),
+        (GenerationDone("r", "stop"), AUDIO, None, "r", OutputDecision(forward=True)),
+        (
+            GenerationDone("r", "stop"),
+            TEXT,
+            None,
+            "r",
+            OutputDecision(forward=False, finish_response=True),
+        ),
+        (
+            AudioOut("r", np.zeros(10, np.int16)),
+            AUDIO,
+            None,
+            "r",
+            OutputDecision(forward=False),
+        ),
+        (SpeechDone("r"), AUDIO, None, "r", OutputDecision(forward=False, finish_response=True)),
+        (
+            StageFailed(DuplexError("stage_failed", "x")),
+            AUDIO,
+            None,
+            "r",
+            OutputDecision(forward=False),
+        ),
+        (object(), AUDIO, None, None, DROP),
+    ],
+)
+def test_decide_output(
+    payload: object,
+    modalities: tuple[str, ...],
+    td: TurnDetection | None,
+    active: str | None,
+    expected: OutputDecision,
+) -> None:
+    config = SessionConfig("m", "scripted", output_modalities=modalities, turn_detection=td)
+    view = View(config=config, active_response_id=active)
+    assert ScriptedPolicy().decide_output(view, out(payload)) == expected
+
+
+# ---- energy VAD ------------------------------------------------------------------
+
+
+def sine(ms: int, dbfs: float = -20.0, freq: float = 440.0) -> np.ndarray:
+    t = np.arange(RATE * ms // 1000) / RATE
+    return np.round(32767 * 10 ** (dbfs / 20) * np.sin(2 * np.pi * freq * t)).astype(np.int16)
+
+
+def silence(ms: int) -> np.ndarray:
+    return np.zeros(RATE * ms // 1000, np.int16)
+
+
+def noise(ms: int, dbfs: float = -60.0, seed: int = 0) -> np.ndarray:
+    rms = 32768 * 10 ** (dbfs / 20)
+    x = np.random.default_rng(seed).normal(0.0, rms, RATE * ms // 1000)
+    return np.round(x).astype(np.int16)
+
+
+# Segment edges sit on the 20 ms frame grid, so the expected times are exact.
+SCENE = np.concatenate(
+    [
+        silence(400),  # 0
+        noise(300, seed=1),  # 400
+        sine(400),  # 700: speech
+        silence(400),  # 1100: long enough to end the turn
+        sine(40),  # 1500: a 40 ms click, shorter than min_speech_ms
+        noise(260, seed=2),  # 1540
+        sine(600),  # 1800: speech
+        noise(600, seed=3),  # 2400
+    ]
+)
+SCENE_CONFIG = VadConfig(threshold=0.5, prefix_padding_ms=100, silence_duration_ms=300)
+SCENE_EVENTS = [
+    VadSpeechStarted(600),
+    VadSpeechStopped(1100),
+    VadSpeechStarted(1700),
+    VadSpeechStopped(2400),
+]
+
+
+def run_vad(chunks: Sequence[int], start_ms: int = 0, config: VadConfig = SCENE_CONFIG) -> list[object]:
+    """Feed SCENE in chunks of the given sizes (samples), the way a session
+    does: each chunk stamped with its offset in whole ms."""
+    vad = EnergyVad(config=config)
+    events: list[object] = []
+    pos = 0
+    sizes = list(chunks)
+    while pos < len(SCENE):
+        size = sizes.pop(0) if sizes else len(SCENE) - pos
+        piece = SCENE[pos : pos + size]
+        events += vad.feed(piece, start_ms + pos * 1000 // RATE)
+        pos += len(piece)
+    return events
+
+
+def test_threshold_mapping() -> None:
+    assert energy_threshold_dbfs(0.0) == -70.0
+    assert energy_threshold_dbfs(0.5) == -40.0
+    assert energy_threshold_dbfs(1.0) == -10.0
+
+
+def test_vad_scene_in_one_piece() -> None:
+    assert run_vad([len(SCENE)]) == SCENE_EVENTS
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=5000), max_size=200))
+def test_vad_streaming_equals_batch(sizes: list[int]) -> None:
+    """The Moshi rule: chunking must not change the events."""
+    assert run_vad(sizes) == SCENE_EVENTS
+
+
+def test_vad_timestamps_follow_start_ms() -> None:
+    shifted = run_vad([320] * 1000, start_ms=10_000)
+    assert [e.audio_ms - 10_000 for e in shifted] == [e.audio_ms for e in SCENE_EVENTS]  # type: ignore[attr-defined]
+
+
+def test_vad_prefix_padding_is_clamped_at_zero() -> None:
+    vad = EnergyVad(config=VadConfig(prefix_padding_ms=300, silence_duration_ms=200))
+    events = vad.feed(np.concatenate([silence(40), sine(200), silence(200)]), 0)
+    assert events == [VadSpeechStarted(0), VadSpeechStopped(240)]
+
+
+def test_vad_threshold_changes_what_counts_as_speech() -> None:
+    quiet = np.concatenate([sine(200, dbfs=-45.0), silence(600)])
+    assert EnergyVad(config=VadConfig(threshold=0.5)).feed(quiet, 0) == []
+    sensitive = EnergyVad(config=VadConfig(threshold=0.2, prefix_padding_ms=0))
+    assert sensitive.feed(quiet, 0) == [VadSpeechStarted(0), VadSpeechStopped(200)]
+
+
+def test_vad_gap_counts_as_silence_and_rewind_resets() -> None:
+    vad = EnergyVad(config=VadConfig(prefix_padding_ms=0, silence_duration_ms=500))
+    assert vad.feed(sine(200), 0) == [VadSpeechStarted(0)]
+    # the client skipped 600 ms of audio: the turn has ended in audio time
+    # the client skipped 600 ms of audio: in audio time the turn ended, and
+    # the speech after the gap is a new turn
+    assert vad.feed(sine(100), 800) == [VadSpeechStopped(200), VadSpeechStarted(800)]
+    assert vad.speaking
+    vad.feed(silence(100), 0)  # a rewound timeline is a new stream
+    assert vad.speaking is False

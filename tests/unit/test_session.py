@@ -1,0 +1,340 @@
+"""The session's single-writer core, driven without a socket.
+
+Pins: the control lane overtakes queued audio (a cancel behind 100 appends is
+applied first); stale outputs never reach the client and are dropped in the
+fence gate; listening outputs survive an interruption; fences only grow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+from vllm_duplex.core import commands as cmd
+from vllm_duplex.core import events as ev
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.payloads import (
+    GenerateRequest,
+    StageInput,
+    StageOutput,
+    TextDelta,
+)
+from vllm_duplex.core.session_config import SessionPatch
+from vllm_duplex.host.deploy import load_config
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.replay.outbox import Notice
+
+
+def pcm16(seconds: float, *, amplitude: float = 0.0, rate: int = 24000) -> bytes:
+    t = np.arange(int(rate * seconds)) / rate
+    return (amplitude * 32767 * np.sin(2 * np.pi * 220 * t)).astype("<i2").tobytes()
+
+
+async def next_event(session, *types: str, timeout: float = 5.0) -> ev.Envelope:
+    async with asyncio.timeout(timeout):
+        while True:
+            env = await session.attachment.get()
+            assert isinstance(env, ev.Envelope), f"session ended ({env})"
+            if not types or env.event.type in types:
+                return env
+
+
+@pytest.fixture
+async def engine():
+    engine = Runtime(load_config("scripted"))
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+async def manual_session(engine):
+    session = await engine.open_realtime_session(None)
+    session.deliver(cmd.SessionUpdate(patch=SessionPatch(turn_detection=None)))
+    await next_event(session, "session.updated")
+    return session
+
+
+async def test_cancel_behind_100_appends_is_applied_first(engine):
+    session = await manual_session(engine)
+    session.deliver(cmd.ResponseCreate())
+    await next_event(session, "response.created")
+    # Queue 100 audio appends and a commit, then the cancel, without letting
+    # the session run in between: the cancel must still be handled first.
+    chunk = pcm16(0.02)
+    for _ in range(100):
+        session.deliver(cmd.AudioAppend(audio=chunk))
+    session.deliver(cmd.AudioCommit(event_id="commit-1"))
+    session.deliver(cmd.ResponseCancel(event_id="cancel-1"))
+    order = []
+    while "input_audio_buffer.committed" not in order:
+        env = await next_event(session, "response.done", "input_audio_buffer.committed")
+        order.append(env.event.type)
+        if env.event.type == "response.done":
+            assert env.event.response["status"] == "cancelled"
+            assert env.event.response["status_details"]["reason"] == "client_cancelled"
+    assert order == ["response.done", "input_audio_buffer.committed"]
+    assert session.mailbox.overtaken >= 1
+    assert engine.metrics.control_overtakes.get() >= 1
+    await engine.end_session(session, "test")
+
+
+async def test_interrupt_bumps_epoch_once_and_drops_stale_deltas(engine):
+    session = await manual_session(engine)
+    session.deliver(cmd.ResponseCreate())
+    await next_event(session, "response.output_audio_transcript.delta")
+    before = session.fence
+    session.deliver(cmd.ResponseCancel())
+    done = await next_event(session, "response.done")
+    assert session.fence == before.next_epoch()
+    assert done.fence == session.fence
+    response_id = done.event.response["id"]
+    # Nothing of the cancelled response may follow its response.done.
+    session.deliver(cmd.ItemRetrieve(item_id="nope", event_id="sentinel"))
+    while True:
+        env = await next_event(session)
+        assert getattr(env.event, "response_id", None) != response_id
+        if env.event.type == "error":
+            assert env.event.error.event_id == "sentinel"
+            break
+    await engine.end_session(session, "test")
+
+
+class _DeafLlmStage:
+    """An LLM fake that ignores cancel: it keeps producing for the old fence,
+    which is exactly what the fence gate must stop from reaching the client."""
+
+    name = "llm"
+
+    def port(self, session_id: str):
+        return _DeafPort()
+
+
+class _DeafPort:
+    name = "llm"
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[StageOutput | None] = asyncio.Queue()
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    def accepts(self, payload: Any) -> bool:
+        return isinstance(payload, GenerateRequest)
+
+    async def open(self, fence: Fence) -> None:
+        pass
+
+    async def submit(self, item: StageInput) -> None:
+        async def talk():
+            for i in range(1000):
+                await self.queue.put(StageOutput(item.fence, item.request_id, self.name,
+                                                 TextDelta(item.payload.response_id, f"w{i} ")))
+                await asyncio.sleep(0.001)
+
+        self.tasks.append(asyncio.create_task(talk()))
+
+    async def outputs(self) -> AsyncIterator[StageOutput]:
+        while (out := await self.queue.get()) is not None:
+            yield out
+
+    async def cancel(self, fence: Fence) -> None:
+        pass  # deaf on purpose
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.queue.put(None)
+
+
+async def test_fence_gate_is_the_one_place_stale_outputs_die(engine):
+    engine.stages = [engine.stages[0], _DeafLlmStage()]
+    session = await manual_session(engine)
+    session.deliver(cmd.SessionUpdate(patch=SessionPatch(output_modalities=("text",))))
+    await next_event(session, "session.updated")
+    session.deliver(cmd.ResponseCreate())
+    first = await next_event(session, "response.output_text.delta")
+    session.deliver(cmd.ResponseCancel())
+    done = await next_event(session, "response.done")
+    assert done.event.response["status"] == "cancelled"
+    await asyncio.sleep(0.05)  # the deaf stage keeps talking for the old fence
+    assert session.gate.dropped > 0
+    assert engine.metrics.stale_dropped.get(stage="llm") == session.gate.dropped
+    while not session.attachment.empty():
+        env = session.attachment.get_nowait()
+        assert env.event.type != "response.output_text.delta", "a stale delta reached the client"
+    assert first.fence.epoch < session.fence.epoch
+    await engine.end_session(session, "test")
+
+
+async def test_speech_after_cancel_still_starts_a_turn(engine):
+    """Input-side (VAD) outputs describe the user, not a reply: an epoch bump
+    between the audio and its VAD event must not lose the user's turn."""
+    session = await engine.open_realtime_session(None)
+    session.deliver(cmd.ResponseCreate())
+    await next_event(session, "response.created")
+    session.deliver(cmd.AudioAppend(audio=pcm16(0.3, amplitude=0.3)))
+    session.deliver(cmd.ResponseCancel())  # overtakes the audio, bumps the epoch
+    started = await next_event(session, "input_audio_buffer.speech_started")
+    assert started.event.item_id
+    await engine.end_session(session, "test")
+
+
+async def test_fences_only_grow_and_seq_is_dense(engine):
+    session = await engine.open_realtime_session(None)
+    audio = pcm16(0.1) + pcm16(0.6, amplitude=0.3) + pcm16(1.0)
+    for i in range(0, len(audio), 960):
+        session.deliver(cmd.AudioAppend(audio=audio[i:i + 960]))
+    seen: list[ev.Envelope] = []
+    while True:
+        env = await next_event(session)
+        seen.append(env)
+        if env.event.type == "response.output_audio.delta":
+            session.deliver(cmd.ResponseCancel())
+        if env.event.type == "response.done":
+            break
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
+    fences = [(e.fence.incarnation, e.fence.epoch) for e in seen]
+    assert fences == sorted(fences) and fences[-1][1] == fences[0][1] + 1
+    await engine.end_session(session, "test")
+
+
+async def test_immutable_and_unsupported_updates_are_refused(engine):
+    session = await engine.open_realtime_session(None)
+    session.deliver(cmd.SessionUpdate(patch=SessionPatch(model="other"), event_id="u1"))
+    err = await next_event(session, "error")
+    assert (err.event.error.code, err.event.error.param, err.event.error.event_id) == (
+        "immutable_field", "session.model", "u1")
+    session.deliver(cmd.SessionUpdate(patch=SessionPatch(model=session.config.model)))
+    await next_event(session, "session.updated")  # unchanged immutable value is fine
+    await engine.end_session(session, "test")
+
+
+async def test_close_is_idempotent_and_refuses_later_commands(engine):
+    session = await engine.open_realtime_session(None)
+    await engine.end_session(session, "test")
+    await engine.end_session(session, "test")
+    assert len(engine.manager) == 0
+    with pytest.raises(Exception) as info:
+        session.deliver(cmd.AudioCommit(event_id="late"))
+    assert info.value.code == "session_closed" and info.value.event_id == "late"
+
+
+def test_engine_rejects_unknown_stage_type():
+    config = load_config("scripted")
+    bad = dataclasses.replace(config, stages=(dataclasses.replace(config.stages[0], type="nope"),))
+    with pytest.raises(ValueError, match="unknown stage type 'nope'"):
+        Runtime(bad)
+
+
+def test_gate_keeps_listening_outputs_across_fence_bumps():
+    from vllm_duplex.core.gate import FenceGate
+    from vllm_duplex.core.payloads import VadSpeechStarted
+
+    old = Fence("s", 0, 0)
+    gate = FenceGate(old)
+    gate.advance(old.next_epoch())
+    heard = StageOutput(old, old.request_id("in"), "vad", VadSpeechStarted(0))
+    spoken = StageOutput(old, old.request_id("llm"), "llm", TextDelta("r", "x"))
+    assert gate.admit(heard) and not gate.admit(spoken)
+    gate.advance(gate.fence.next_incarnation())  # a rollback rebuilt the model context
+    assert gate.admit(heard) and not gate.admit(spoken)  # the user's words still stand
+    assert gate.dropped == 2
+
+
+async def test_a_consumer_that_stops_reading_ends_its_session_with_bounded_memory(engine):
+    """Without resume (grace 0), a socket that stops reading ends its session."""
+    engine.session_limits = dataclasses.replace(engine.session_limits, outbound_capacity=8,
+                                                survives_disconnect=False)
+    session = await manual_session(engine)  # reads session.created/updated only
+    att = session.attachment
+    session.deliver(cmd.ResponseCreate())  # ~60 events, nobody reads them
+    await asyncio.wait_for(session.closed.wait(), 5)
+    assert session.close_reason == "slow_consumer"
+    assert att.qsize() == 1 and att.get_nowait() is Notice.SLOW_CONSUMER  # backlog dropped
+    await engine.end_session(session, "test")
+    assert engine.metrics.sessions_closed.get(reason="slow_consumer") == 1
+
+
+async def test_with_resume_a_slow_consumer_loses_its_socket_not_its_session(engine):
+    engine.session_limits = dataclasses.replace(engine.session_limits, outbound_capacity=8,
+                                                survives_disconnect=True)
+    session = await manual_session(engine)
+    att = session.attachment
+    session.deliver(cmd.ResponseCreate())
+    while session.attachment is att:
+        await asyncio.sleep(0.01)
+    assert att.get_nowait() is Notice.SLOW_CONSUMER and att.pending_bytes == 0
+    assert session.close_reason is None and engine.metrics.slow_consumers.get() == 1
+    # the journal kept everything: a resume from the last seq read replays it all
+    new, replay, resumed = session.resume(session.resume_token, 2)
+    assert not replay.resync and [e.seq for e in replay.events] == list(range(3, replay.head_seq + 1))
+    assert resumed["resume_token"] == session.resume_token
+    await engine.end_session(session, "test")
+
+
+async def test_silence_under_server_vad_does_not_grow_the_buffer(engine):
+    session = await engine.open_realtime_session(None)
+    for _ in range(250):  # 5 s of silence
+        session.deliver(cmd.AudioAppend(audio=pcm16(0.02)))
+    session.deliver(cmd.ItemRetrieve(item_id="x"))  # a sentinel behind the audio
+    await next_event(session, "error")
+    td = session.config.turn_detection
+    assert session._input.samples <= (td.prefix_padding_ms + 1000 + 20) * 16
+    await engine.end_session(session, "test")
+
+
+async def test_manual_buffer_is_capped_with_a_typed_error(engine):
+    engine.session_limits = dataclasses.replace(engine.session_limits, max_buffer_ms=100)
+    session = await manual_session(engine)
+    for i in range(6):
+        session.deliver(cmd.AudioAppend(audio=pcm16(0.02), event_id=f"a{i}"))
+    err = await next_event(session, "error")
+    assert (err.event.error.code, err.event.error.event_id) == ("resource_exhausted", "a5")
+    session.deliver(cmd.AudioCommit())
+    committed = await next_event(session, "conversation.item.done")
+    assert committed.event.item["role"] == "user"
+    await engine.end_session(session, "test")
+
+
+async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
+    """Virtual clock: the user barges in exactly 500 ms after the first audio
+    delta; the first sentence is 6 words x 120 ms, so 4 words were heard."""
+    from vllm_duplex.testing.clock import VirtualClock
+
+    clock = VirtualClock()
+    engine = Runtime(load_config("scripted"), clock=clock)
+    await engine.start()
+    session = await engine.open_realtime_session(None)
+    session.deliver(cmd.ResponseCreate())
+    while session._response is None or session._response.first_audio_at is None:
+        await clock.advance(0.01)
+    first_audio_at = session._response.first_audio_at
+    item_id = session._response.item.id
+    await clock.advance(first_audio_at + 0.5 - clock.now())
+    session.deliver(cmd.AudioAppend(audio=pcm16(0.3, amplitude=0.3)))  # the user speaks
+    truncated = await next_event(session, "conversation.item.truncated")
+    assert (truncated.event.item_id, truncated.event.audio_end_ms) == (item_id, 500)
+    heard = session._item(item_id)
+    assert heard.text() == "Hello from the scripted"
+    context = session._context(cmd.ResponseOptions())
+    assert context[-1].role == "assistant" and context[-1].text == "Hello from the scripted"
+    await engine.end_session(session, "test")
+    await engine.stop()
+
+
+async def test_a_terminal_stage_failure_ends_the_session_with_one_error(engine):
+    from vllm_duplex.core.errors import DuplexError
+    from vllm_duplex.core.payloads import StageFailed
+
+    session = await engine.open_realtime_session(None)
+    dead = DuplexError("engine_dead", "the vLLM engine died")
+    fence = session.fence
+    await session._enqueue_output(StageOutput(fence, fence.request_id("llm"), "llm", StageFailed(dead)))
+    err = await next_event(session, "error")
+    assert err.event.error.code == "engine_dead" and err.event.error.to_wire()["retryable"]
+    await asyncio.wait_for(session.closed.wait(), 5)
+    assert session.close_reason == "engine_dead"
+    await engine.end_session(session, "test")
