@@ -1,1 +1,7 @@
-"""OpenAI-Realtime-compatible wire protocol, ASGI server, client and CLI."""
+"""The wire and its ends: the OpenAI-Realtime-compatible protocol (``wire``,
+sans-I/O), the ASGI server with the realtime socket and the HTTP routes
+(``server``), and the clients and CLI (``client``).
+
+The top of the package: it uses the host and everything below it; inside,
+``client`` > ``server`` > ``wire`` (an import-linter contract).
+"""

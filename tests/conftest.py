@@ -7,18 +7,10 @@ modules would be a separate fixture in each, and start one engine per module.
 
 from __future__ import annotations
 
-import asyncio
-
-import pytest
 import pytest_asyncio
-from support.task_leaks import fail_on_leaked_tasks
+from support.task_leaks import leak_check
 
-
-@pytest.fixture(autouse=True)
-async def no_leaked_tasks():
-    before = set(asyncio.all_tasks())
-    yield
-    await fail_on_leaked_tasks(before, tries=20)
+no_leaked_tasks = leak_check(tries=20)  # the per-function loop of most tests
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -5,7 +5,6 @@ manager, the clock and the metrics. Transports open sessions through it.
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -23,14 +22,8 @@ from vllm_duplex.replay.journal import JournalBudget, Replay
 from vllm_duplex.replay.outbox import Attachment
 from vllm_duplex.session.runner import DuplexSession, SessionLimits
 from vllm_duplex.session.video_input import VideoLimits
+from vllm_duplex.stages.lifecycle import Lifecycle, Metered, ServesText, StageCounter
 from vllm_duplex.stages.port import Stage
-
-# Stage counters /metrics shows (per stage, for the stages that have them).
-_STAGE_GAUGES = {
-    "aborted_requests": "Stage requests (aborted), by stage",
-    "active_requests": "Stage requests (active), by stage",
-    "engine_restarts": "Engines rebuilt after they died, by stage",
-}
 
 _SESSION_DEFAULT_KEYS = ("instructions", "output_modalities", "voice", "temperature",
                          "max_output_tokens")
@@ -85,7 +78,7 @@ class Runtime:
         self.metrics.gauge("duplex_sessions_live", "Live sessions", lambda: len(self.manager))
         # The HTTP text surfaces need a vLLM text stage (a scripted pipeline has none).
         self.text: Any = None
-        llm = next((s for s in self.stages if getattr(s, "serves_text", False)), None)
+        llm = next((s for s in self.stages if isinstance(s, ServesText) and s.serves_text), None)
         if llm is not None:
             from vllm_duplex.text.service import (
                 TextService,  # imports vLLM: only when a stage uses it
@@ -93,11 +86,18 @@ class Runtime:
 
             self.text = TextService(llm, model=config.model, instance_id=self.manager.instance_id,
                                     limits=limits, clock=self.clock, metrics=self.metrics)
+        self._publish_stage_counters()
+
+    def _publish_stage_counters(self) -> None:
+        """One gauge per counter a ``Metered`` stage publishes, read at scrape time."""
         for stage in self.stages:
-            for counter, help in _STAGE_GAUGES.items():
-                if hasattr(stage, counter):
-                    self.metrics.gauge(f"duplex_stage_{counter}", help,
-                                       lambda s=stage, c=counter: float(getattr(s, c)),
+            if not isinstance(stage, Metered):
+                continue
+            published = stage.counters()
+            for counter in StageCounter:  # a fixed order: /metrics reads the same every time
+                if counter in published:
+                    self.metrics.gauge(counter.metric, counter.help,
+                                       lambda s=stage, c=counter: float(s.counters()[c]),
                                        stage=stage.name)
 
     @property
@@ -106,7 +106,7 @@ class Runtime:
 
     def stage_health(self) -> dict[str, bool]:
         """Per stage: can it serve? (a dead vLLM engine says no)."""
-        return {s.name: bool(getattr(s, "healthy", True)) for s in self.stages}
+        return {s.name: s.healthy if isinstance(s, Lifecycle) else True for s in self.stages}
 
     @property
     def healthy(self) -> bool:
@@ -116,11 +116,8 @@ class Runtime:
         """Start shared stage engines (e.g. vLLM, ~20 s on a 2-core CPU) before
         the first session, so no caller waits for them."""
         for stage in self.stages:
-            start = getattr(stage, "start", None)
-            if start is not None:
-                result = start()
-                if inspect.isawaitable(result):
-                    await result
+            if isinstance(stage, Lifecycle):
+                await stage.start()
         await self.manager.start()
         if self.text is not None:
             await self.text.start()
@@ -130,11 +127,8 @@ class Runtime:
             await self.text.stop()
         await self.manager.stop()
         for stage in self._owned:  # their resources: worker threads, the vLLM engine
-            close = getattr(stage, "close", None)
-            if close is not None:
-                result = close()
-                if inspect.isawaitable(result):
-                    await result
+            if isinstance(stage, Lifecycle):
+                await stage.close()
 
     async def open_realtime_session(self, api_key: str | None) -> DuplexSession:
         """Admit (may raise ``resource_exhausted``) and start a session; it is

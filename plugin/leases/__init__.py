@@ -1,0 +1,7 @@
+"""Leases: the ``SessionManager`` — admission (per server and per API key),
+leases with TTL, renew and compare-and-swap generations, tombstones that tell
+"expired" from "unknown", the reaper, and the instance id that owns a session.
+
+Generic over what it holds (realtime sessions, application sessions), so it
+sits low, beside replay and media: it imports only the core.
+"""

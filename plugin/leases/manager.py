@@ -35,7 +35,7 @@ from enum import Enum
 from typing import Callable, Generic, Protocol, TypeVar
 
 from vllm_duplex.core.clock import Clock, MonotonicClock
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.errors import DuplexError, Expired
 
 log = logging.getLogger(__name__)
 
@@ -294,9 +294,7 @@ class SessionManager(Generic[S]):
         """Also answers for tombstones (CLOSED/EXPIRED) and lapsed-not-yet-reaped sessions."""
         try:
             found = self._lookup(session_id, api_key)
-        except DuplexError as e:
-            if e.code != "session_expired":
-                raise
+        except Expired:
             entry = self._live.get(session_id)
             return replace(entry.info, state=SessionState.EXPIRED) if entry else self._tombs[session_id]
         return found if isinstance(found, SessionInfo) else found.info
@@ -351,9 +349,9 @@ class SessionManager(Generic[S]):
         """Idempotent: a CLOSED session returns its info; expired → ``session_expired``."""
         try:
             found = self._lookup(session_id, api_key)
-        except DuplexError as e:
+        except Expired:
             entry = self._live.get(session_id)
-            if e.code == "session_expired" and entry is not None:
+            if entry is not None:
                 await self._close_entry(entry, "expired", SessionState.EXPIRED)  # reap it now
             raise
         if isinstance(found, SessionInfo):

@@ -2,7 +2,9 @@
 that finds installed policies through entry points.
 
 ``from vllm_duplex.policy import ModelPolicy, SessionView`` is all a policy
-needs besides the core types (``vllm_duplex.core``).
+needs besides the core types (``vllm_duplex.core``). Just above the core, so
+policies (``vllm_duplex.models``) never see sessions, stages or engines, and
+everything that runs a policy can import the protocol.
 """
 
 from vllm_duplex.policy.protocol import ModelPolicy, SessionView

@@ -1,4 +1,4 @@
-"""The replay journal of a realtime session (sans-I/O).
+"""The replay journal of a realtime session (sans-I/O), on a ``SeqLog``.
 
 Every journaled server event (an ``Envelope`` with ``seq`` +1 each) is kept
 until the client acknowledges it (``session.event_ack``) or a bound drops it:
@@ -16,11 +16,11 @@ bytes count 4/3), computed once per event.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, fields
 
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.events import Envelope
+from vllm_duplex.replay.seqlog import ByteBudget, SeqBounds, SeqLog
 
 _OVERHEAD = 160  # type, ids, seq, fence metadata
 
@@ -42,17 +42,8 @@ def wire_size(env: Envelope) -> int:
     return size
 
 
-class JournalBudget:
-    """Bytes journaled by every session of a process, against one bound."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.used = 0
-        self.trimmed_total = 0
-
-    @property
-    def over(self) -> bool:
-        return self.used > self.max_bytes
+# The shared byte budget of every session's journal in a process.
+JournalBudget = ByteBudget
 
 
 @dataclass(frozen=True)
@@ -66,41 +57,52 @@ class Replay:
 
 
 class Journal:
+    """A session's ``SeqLog`` of envelopes; over the shared budget, it trims
+    its own oldest events."""
+
     def __init__(self, *, max_events: int, max_bytes: int, max_age_s: float,
                  budget: JournalBudget | None = None) -> None:
-        self.max_events = max_events
-        self.max_bytes = max_bytes
-        self.max_age_s = max_age_s
-        self.budget = budget or JournalBudget(max_bytes)
-        self._items: deque[tuple[Envelope, int, float]] = deque()  # (env, size, at)
-        self.bytes = 0
-        self.head_seq = 0
+        self.log: SeqLog[Envelope] = SeqLog(SeqBounds(max_events, max_bytes, max_age_s),
+                                            budget or JournalBudget(max_bytes))
         self.acked_seq = 0
-        self.trimmed = 0  # dropped by a bound, not by an ack
+
+    @property
+    def budget(self) -> JournalBudget:
+        return self.log.budget
+
+    @property
+    def head_seq(self) -> int:
+        return self.log.head_seq
 
     @property
     def first_seq(self) -> int:
-        return self._items[0][0].seq if self._items else self.head_seq + 1
+        return self.log.first_seq
+
+    @property
+    def bytes(self) -> int:
+        return self.log.bytes
+
+    @property
+    def trimmed(self) -> int:
+        """Events dropped by a bound, not by an ack."""
+        return self.log.trimmed
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self.log)
 
-    def append(self, env: Envelope, now: float) -> None:
-        if env.seq != self.head_seq + 1:
-            raise ValueError(f"journal seq {env.seq} after {self.head_seq}")
-        size = wire_size(env)
-        self._items.append((env, size, now))
-        self.head_seq = env.seq
-        self._grow(size)
-        self.expire(now)
-        while len(self._items) > 1 and (len(self._items) > self.max_events or self.bytes > self.max_bytes
-                                        or self.budget.over):
-            self._drop()
+    def append(self, env: Envelope, now: float) -> int:
+        """Journal ``env`` (its seq must follow the head); returns its wire size."""
+        log = self.log
+        if env.seq != log.head_seq + 1:
+            raise ValueError(f"journal seq {env.seq} after {log.head_seq}")
+        size = log.append(env, wire_size(env), now).size
+        while len(log) > 1 and log.budget.over:
+            log.trim_oldest()
+        return size
 
     def expire(self, now: float) -> None:
         """Drop events older than ``max_age_s`` (the newest always stays)."""
-        while len(self._items) > 1 and now - self._items[0][2] > self.max_age_s:
-            self._drop()
+        self.log.expire(now)
 
     def ack(self, seq: int) -> int:
         """The client has everything up to ``seq``: forget it. Returns how many
@@ -109,35 +111,18 @@ class Journal:
             raise DuplexError("invalid_value", f"ack of seq {seq} beyond the last event "
                               f"({self.head_seq})", param="seq")
         self.acked_seq = max(self.acked_seq, seq)
-        released = 0
-        while self._items and self._items[0][0].seq <= seq:
-            _, size, _ = self._items.popleft()
-            self._grow(-size)
-            released += 1
-        return released
+        return self.log.release_through(seq)
 
     def replay(self, last_seq: int) -> Replay:
         """Events with seq > ``last_seq``; ``invalid_value`` for a cursor past the head."""
         if last_seq > self.head_seq or last_seq < 0:
             raise DuplexError("invalid_value", f"last_seq {last_seq} is not within [0, "
                               f"{self.head_seq}]", param="last_seq")
-        first = self.first_seq
-        if last_seq + 1 < first:
-            return Replay((), True, first, self.head_seq)
-        events = tuple(env for env, _, _ in self._items if env.seq > last_seq)
-        return Replay(events, False, first, self.head_seq)
+        entries = self.log.after(last_seq)
+        if entries is None:
+            return Replay((), True, self.first_seq, self.head_seq)
+        return Replay(tuple(e.item for e in entries), False, self.first_seq, self.head_seq)
 
     def clear(self) -> None:
         """Release everything (the session closed)."""
-        self._grow(-self.bytes)
-        self._items.clear()
-
-    def _drop(self) -> None:
-        _, size, _ = self._items.popleft()
-        self._grow(-size)
-        self.trimmed += 1
-        self.budget.trimmed_total += 1
-
-    def _grow(self, delta: int) -> None:
-        self.bytes += delta
-        self.budget.used += delta
+        self.log.clear()

@@ -101,9 +101,9 @@ class Outbox:
     def publish(self, env: Envelope, now: float) -> bool:
         """Journal ``env`` and send it to the socket; False when that socket
         was just cut off for not reading."""
-        self.journal.append(env, now)
+        size = self.journal.append(env, now)
         att = self.attachment
-        if att is None or att.offer(env, wire_size(env)):
+        if att is None or att.offer(env, size):
             return True
         self.slow_consumers += 1
         att.end(Notice.SLOW_CONSUMER)

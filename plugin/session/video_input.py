@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.errors import DuplexError, InvalidMedia
 from vllm_duplex.core.payloads import VideoFrame
 from vllm_duplex.media.video import (
     ChunkDecoder,
@@ -98,7 +98,7 @@ class VideoIntake:
         try:
             decoder.feed(data)
         except DuplexError as err:
-            if err.code == "invalid_image":
+            if isinstance(err, InvalidMedia):
                 self._reset()
             raise
 

@@ -21,6 +21,7 @@ from vllm_duplex.core.payloads import (
     StageInput,
     StageOutput,
 )
+from vllm_duplex.stages.lifecycle import AlwaysReady, Metered, StageCounter
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +66,12 @@ class Stage(Protocol):
 # ---- shared machinery ------------------------------------------------------
 
 
-class StageBase:
-    """Base of the scripted stages: one shared object, one port per session.
+class StageBase(AlwaysReady, Metered):
+    """Base of the task-running stages: one shared object, one port per session.
 
     The counters are shared by all ports of the stage so ``/metrics`` can show
-    them per stage.
+    them per stage. A stage with threads, processes or engines overrides the
+    ``Lifecycle`` methods.
     """
 
     accepted: ClassVar[tuple[type, ...]] = ()
@@ -84,6 +86,10 @@ class StageBase:
 
     def port(self, session_id: str) -> StagePort:
         raise NotImplementedError
+
+    def counters(self) -> dict[StageCounter, float]:
+        return {StageCounter.ABORTED_REQUESTS: self.aborted_requests,
+                StageCounter.ACTIVE_REQUESTS: self.active_requests}
 
 
 class FencedPort:

@@ -11,11 +11,13 @@ retained event with ``seq >= from``, then the live tail: no gap, no duplicate::
   and never wait for readers, so a slow client cannot stall the engine. Followers keep
   their own cursor and sleep on a per-stream ``asyncio.Event`` that every change sets and
   replaces (no polling, any number of followers).
-* Memory is bounded by trimming the oldest events, never by blocking the writer: per
-  stream (event count and bytes) and across streams (``max_total_bytes``: completed
-  streams lose history first, then the stream holding the oldest event). The event just
-  appended is never trimmed, so the worst case is the bounds plus one event per stream.
-  A cursor or follower behind the retained window gets ``resync_required``, never a gap.
+* Memory is bounded by trimming the oldest events, never by blocking the writer: each
+  stream's events are a ``SeqLog`` (``vllm_duplex.replay.seqlog``, the structure under the
+  realtime journal too) bounded in event count and bytes, and all streams share one
+  ``ByteBudget`` (``max_total_bytes``: completed streams lose history first, then the
+  stream holding the oldest event). The event just appended is never trimmed, so the
+  worst case is the bounds plus one event per stream. A cursor or follower behind the
+  retained window gets ``resync_required``, never a gap.
 * Errors come early: ``follow`` is a plain method that validates the cursor *before* it
   returns the async generator, so the HTTP layer can answer 4xx before starting a 200.
 * Ownership as in ``vllm_duplex.leases.manager``: ``key_id`` is the caller's HMAC of the API key; a stream
@@ -34,11 +36,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import hmac
-import itertools
 import json
 import logging
 import re
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -46,12 +47,11 @@ from typing import Any
 
 from vllm_duplex.core.clock import Clock, MonotonicClock
 from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.replay.seqlog import ByteBudget, SeqBounds, SeqLog
 
 log = logging.getLogger(__name__)
 
 _STREAM_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-# Process-wide append order, so "the oldest retained event" compares across streams.
-_stamps = itertools.count()
 
 
 class StreamStatus(str, Enum):
@@ -105,16 +105,24 @@ class ResumableStream:
         # Read-only for callers; written only here and by the store.
         self.status = StreamStatus.ACTIVE
         self.completed_at: float | None = None
-        self.head_seq = 0  # last appended seq, 0 before the first
-        self.retained_bytes = 0
-        self._events: deque[tuple[int, StreamEvent]] = deque()  # (append stamp, event), oldest first
+        self._log: SeqLog[StreamEvent] = SeqLog(
+            SeqBounds(store.max_events_per_stream, store.max_bytes_per_stream), store.budget)
         self._changed = asyncio.Event()
         self._stopping: asyncio.Task[None] | None = None
 
     @property
+    def head_seq(self) -> int:
+        """The last appended seq, 0 before the first."""
+        return self._log.head_seq
+
+    @property
     def first_seq(self) -> int:
         """The oldest retained seq; ``head_seq + 1`` when nothing is retained."""
-        return self.head_seq + 1 - len(self._events)
+        return self._log.first_seq
+
+    @property
+    def retained_bytes(self) -> int:
+        return self._log.bytes
 
     def append(self, event: str, data: dict[str, Any]) -> StreamEvent:
         """Add the next event; never blocks. ``RuntimeError`` unless ACTIVE."""
@@ -124,18 +132,9 @@ class ResumableStream:
             # The name becomes an SSE "event:" line; a newline would forge fields.
             raise ValueError("event name must be a non-empty single line")
         size = len(json.dumps(data)) + len(event)  # TypeError for non-JSON data, before any change
-        self.head_seq += 1
-        ev = StreamEvent(self.head_seq, event, data, size)
-        self._events.append((next(_stamps), ev))
-        self.retained_bytes += size
-        store = self._store
-        store._total_bytes += size
-        events = self._events
-        while len(events) > 1 and (
-            len(events) > store.max_events_per_stream or self.retained_bytes > store.max_bytes_per_stream
-        ):
-            self._trim_oldest()
-        store._enforce_total(self)
+        ev = StreamEvent(self._log.head_seq + 1, event, data, size)
+        self._log.append(ev, size, self._store.clock.now())  # trims to the per-stream bounds
+        self._store._enforce_total(self)
         self._wake()
         return ev
 
@@ -204,7 +203,7 @@ class ResumableStream:
                 first = self.first_seq
                 if next_seq < first:  # this follower fell behind the bounds
                     raise _resync(next_seq, first)
-                yield self._events[next_seq - first][1]
+                yield self._log.entry(next_seq).item
                 next_seq += 1
             elif self.status is StreamStatus.ACTIVE:
                 await self._changed.wait()
@@ -218,17 +217,9 @@ class ResumableStream:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _trim_oldest(self) -> None:
-        _, ev = self._events.popleft()
-        self.retained_bytes -= ev.size
-        self._store._total_bytes -= ev.size
-        self._store._stats["trimmed_events_total"] += 1
-
     def _free(self, status: StreamStatus) -> None:
         self.status = status
-        self._store._total_bytes -= self.retained_bytes
-        self.retained_bytes = 0
-        self._events.clear()
+        self._log.clear()
         self._wake()
 
 
@@ -264,11 +255,10 @@ class StreamStore:
         # so collect() and eviction only ever look at the front.
         self._completed: OrderedDict[str, ResumableStream] = OrderedDict()
         self._tombs: OrderedDict[str, tuple[str | None, StreamStatus]] = OrderedDict()  # id: (owner, status)
-        self._total_bytes = 0
+        self.budget = ByteBudget(max_total_bytes)  # every stream's retained bytes
         self._reaper: asyncio.Task[None] | None = None
         self._stopped = False
-        self._stats = Counter(created_total=0, trimmed_events_total=0, expired_total=0,
-                              evicted_total=0, deleted_total=0)
+        self._stats = Counter(created_total=0, expired_total=0, evicted_total=0, deleted_total=0)
 
     # -- helpers -----------------------------------------------------------------
 
@@ -300,24 +290,25 @@ class StreamStore:
         """Trim other streams' oldest events while over ``max_total_bytes``: completed
         streams first, then whichever holds the oldest event; the appender's own older
         events only as a last resort (its newest is never trimmed)."""
-        if self._total_bytes <= self.max_total_bytes:
+        budget = self.budget
+        if not budget.over:
             return
         # (active?, oldest stamp): False sorts first, so completed streams go first.
         heap = [
-            (s.status is StreamStatus.ACTIVE, s._events[0][0], s.stream_id, s)
+            (s.status is StreamStatus.ACTIVE, oldest.stamp, s.stream_id, s._log)
             for s in self._live.values()
-            if s is not appender and s._events
+            if s is not appender and (oldest := s._log.oldest) is not None
         ]
         heapq.heapify(heap)
-        while self._total_bytes > self.max_total_bytes and heap:
-            active, _, sid, s = heap[0]
-            s._trim_oldest()
-            if s._events:
-                heapq.heapreplace(heap, (active, s._events[0][0], sid, s))
+        while budget.over and heap:
+            active, _, sid, log = heap[0]
+            log.trim_oldest()
+            if (oldest := log.oldest) is not None:
+                heapq.heapreplace(heap, (active, oldest.stamp, sid, log))
             else:
                 heapq.heappop(heap)
-        while self._total_bytes > self.max_total_bytes and len(appender._events) > 1:
-            appender._trim_oldest()
+        while budget.over and len(appender._log) > 1:
+            appender._log.trim_oldest()
 
     # -- public API --------------------------------------------------------------
 
@@ -425,5 +416,8 @@ class StreamStore:
     @property
     def stats(self) -> dict[str, int]:
         live, done = len(self._live), len(self._completed)
-        return {"live_streams": live, "active_streams": live - done, "retained_bytes": self._total_bytes,
-                "tombstones": len(self._tombs), **self._stats}
+        stats = self._stats
+        return {"live_streams": live, "active_streams": live - done, "retained_bytes": self.budget.used,
+                "tombstones": len(self._tombs), "created_total": stats["created_total"],
+                "trimmed_events_total": self.budget.trimmed_total, "expired_total": stats["expired_total"],
+                "evicted_total": stats["evicted_total"], "deleted_total": stats["deleted_total"]}

@@ -20,7 +20,7 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from vllm_duplex.core.commands import SessionResume
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.errors import Capacity, Closed, DuplexError, FramingError
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.auth import bearer_key, check_key
 from vllm_duplex.realtime.wire.codec import Dialect, RealtimeCodec
@@ -73,7 +73,7 @@ class RealtimeConnection:
                 self.session = await self.engine.open_realtime_session(key)
                 self.attachment = self.session.attachment
         except DuplexError as err:
-            await self._refuse(err, 1008 if err.code != "resource_exhausted" else 1013)
+            await self._refuse(err, 1013 if isinstance(err, Capacity) else 1008)
             return
         session, att = self.session, self.attachment
         assert session is not None and att is not None
@@ -99,7 +99,7 @@ class RealtimeConnection:
                                       "session.resume", param="type", event_id=command.event_id)
                 session, att, replay, resumed = self.engine.resume_realtime_session(key, command)
             except DuplexError as err:
-                if err.code in ("invalid_json", "invalid_event", "unknown_event", "event_too_large"):
+                if isinstance(err, FramingError):
                     await self._send(self.codec.render_error(err))
                     continue  # framing: the client may still send its resume
                 await self._refuse(err, 1008)
@@ -140,7 +140,7 @@ class RealtimeConnection:
                     await self._send(self.codec.render_error(err, session.fence))
                 except Exception:
                     return
-                if err.code == "session_closed":
+                if isinstance(err, Closed):
                     return
 
     async def _write(self, session: DuplexSession, att: Attachment) -> None:

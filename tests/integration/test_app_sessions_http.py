@@ -6,27 +6,17 @@ per-instance ownership."""
 from __future__ import annotations
 
 import asyncio
-import re
 
 import httpx
 import pytest
-from support.text_fixtures import FRANCE, KEYS, MODEL, auth, sse_events, text_engine  # noqa: F401
+from support.metrics import metric
+from support.text_fixtures import FRANCE, KEYS, MODEL, auth, client, sse_events, text_engine  # noqa: F401
 from vllm_duplex.realtime.server.serving import BackgroundServer
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 GERMANY = [{"role": "user", "content": "And what is the capital of Germany?"}]
-
-
-def client(server, key=KEYS[0]) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=server.http_url, timeout=120, headers=auth(key))
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    label = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = rf"^{re.escape(name)}{re.escape('{' + label + '}') if label else ''} (\S+)$"
-    return float(re.search(pattern, text, re.M).group(1))
 
 
 async def live_llm_requests(http: httpx.AsyncClient) -> float:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import time
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from support.metrics import metric
 from support.text_fixtures import FRANCE, KEYS, MODEL, auth, sse_events, text_engine
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.realtime.server.serving import BackgroundServer
@@ -50,13 +50,6 @@ def engine_core_pids() -> set[int]:
         except psutil.Error:
             pass
     return found
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    label = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    m = re.search(rf"^{re.escape(name)}{re.escape('{' + label + '}')} (\S+)$", text, re.MULTILINE)
-    assert m is not None, name
-    return float(m.group(1))
 
 
 def user_item(text: str) -> dict[str, Any]:

@@ -51,14 +51,13 @@ from typing import Any
 
 import httpx
 import pytest
-import pytest_asyncio
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks overrides the conftest fixture)
     b64,
+    module_server,
     no_leaked_tasks,
     scripted_config,
-    serve,
     silence,
     tone,
 )
@@ -632,10 +631,7 @@ SERVER_EVENT_TYPES = {cls.type for cls in vars(server_events).values()
 # ---- live: helpers ------------------------------------------------------------------
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server():
-    async with serve(scripted_config(max_event_bytes=MAX_EVENT, max_frame_bytes=MAX_FRAME)) as srv:
-        yield srv
+server = module_server(scripted_config(max_event_bytes=MAX_EVENT, max_frame_bytes=MAX_FRAME))
 
 
 def check_error_shape(event: Event) -> tuple[str, str | None]:

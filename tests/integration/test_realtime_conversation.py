@@ -11,15 +11,15 @@ context it was given, which makes "what the next turn sees" observable.
 from __future__ import annotations
 
 import pytest
-import pytest_asyncio
 from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks overrides the conftest fixture)
     ANY,
     SCRIPTED_REPLY,
     assert_alive,
     b64,
     expect_error,
+    module_server,
     no_leaked_tasks,
-    serve,
+    realtime_client,
     tone,
 )
 from vllm_duplex.realtime.client.realtime import RealtimeClient
@@ -30,18 +30,11 @@ INSTRUCTIONS = "Answer briefly."  # two words of context
 FIRST_SENTENCE = "Hello from the scripted duplex engine."  # 6 words, 6 x 120 ms of tone
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server():
-    async with serve() as srv:
-        yield srv
+server = module_server()
 
 
-@pytest_asyncio.fixture(loop_scope="module")
-async def rt(server):
-    async with await RealtimeClient.connect(server.ws_url) as client:
-        await client.update_session({"instructions": INSTRUCTIONS,
-                                     "audio": {"input": {"turn_detection": None}}})
-        yield client
+rt = realtime_client({"instructions": INSTRUCTIONS,
+                     "audio": {"input": {"turn_detection": None}}})
 
 
 async def _respond(rt: RealtimeClient) -> dict:

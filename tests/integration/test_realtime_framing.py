@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import pytest_asyncio
 from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks overrides the conftest fixture)
     ANY,
     SCRIPTED_REPLY,
@@ -19,9 +18,10 @@ from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks override
     assert_error,
     b64,
     expect_error,
+    module_server,
     no_leaked_tasks,
+    realtime_client,
     scripted_config,
-    serve,
     tone,
 )
 from vllm_duplex.realtime.client.realtime import RealtimeClient
@@ -33,16 +33,10 @@ MAX_EVENT = 64 << 10  # event_too_large above this ...
 MAX_FRAME = 256 << 10  # ... and the WebSocket layer refuses frames above this (close 1009)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server():
-    async with serve(scripted_config(max_event_bytes=MAX_EVENT, max_frame_bytes=MAX_FRAME)) as srv:
-        yield srv
+server = module_server(scripted_config(max_event_bytes=MAX_EVENT, max_frame_bytes=MAX_FRAME))
 
 
-@pytest_asyncio.fixture(loop_scope="module")
-async def rt(server):
-    async with await RealtimeClient.connect(server.ws_url) as client:
-        yield client
+rt = realtime_client()
 
 
 # ---- 1, 24: session.created ---------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest_asyncio
 from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks overrides the conftest fixture)
     assert_alive,
     assert_error,
+    module_server,
     no_leaked_tasks,
     scripted_config,
     serve,
@@ -32,10 +33,7 @@ from websockets.exceptions import ConnectionClosed
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server():
-    async with serve() as srv:
-        yield srv
+server = module_server()
 
 
 @pytest_asyncio.fixture(loop_scope="module")

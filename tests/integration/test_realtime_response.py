@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import httpx
 import pytest
-import pytest_asyncio
 from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks overrides the conftest fixture)
     LONG_REPLY,
     assert_alive,
     expect_error,
+    module_server,
     no_leaked_tasks,
     of_response,
+    realtime_client,
     scripted_config,
     sentinel,
     serve,
@@ -38,16 +39,10 @@ DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delta
           "response.output_text.delta"}
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server():
-    async with serve(scripted_config(reply=LONG_REPLY)) as srv:
-        yield srv
+server = module_server(scripted_config(reply=LONG_REPLY))
 
 
-@pytest_asyncio.fixture(loop_scope="module")
-async def rt(server):
-    async with await RealtimeClient.connect(server.ws_url) as client:
-        yield client
+rt = realtime_client()
 
 
 def _epoch(event: dict) -> int:

@@ -12,9 +12,8 @@ import json
 from typing import Any
 
 import pytest
-import pytest_asyncio
 import websockets
-from support.realtime_fixtures import no_leaked_tasks, scripted_config, serve  # noqa: F401
+from support.realtime_fixtures import module_server, no_leaked_tasks, scripted_config, serve  # noqa: F401
 from vllm_duplex.host.deploy import StageSpec
 from vllm_duplex.realtime.client.realtime import RealtimeClient, RealtimeError
 
@@ -32,10 +31,7 @@ def resumable(**limits: Any):
     return dataclasses.replace(config, stages=fast)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server():
-    async with serve(resumable()) as srv:
-        yield srv
+server = module_server(resumable())
 
 
 async def open_client(server, key: str = KEYS[0]) -> RealtimeClient:

@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager
 
 import pydantic
 import pytest
-import pytest_asyncio
 from openai import AsyncOpenAI
 from openai.types.realtime import (
     InputAudioBufferCommittedEvent,
@@ -38,8 +37,8 @@ from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks override
     SCRIPTED_REPLY,
     b64,
     chunks,
+    module_server,
     no_leaked_tasks,
-    serve,
     tone,
     utterance,
 )
@@ -50,10 +49,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 EXTENSIONS = {"session.closed"}
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server():
-    async with serve() as srv:
-        yield srv
+server = module_server()
 
 
 @asynccontextmanager

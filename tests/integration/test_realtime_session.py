@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import pytest_asyncio
 from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks overrides the conftest fixture)
     assert_alive,
     expect_error,
+    module_server,
     no_leaked_tasks,
+    realtime_client,
     sentinel,
-    serve,
     stream_audio,
     tone,
     types,
@@ -30,16 +30,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 MANUAL = {"audio": {"input": {"turn_detection": None}}}
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server():
-    async with serve() as srv:
-        yield srv
+server = module_server()
 
 
-@pytest_asyncio.fixture(loop_scope="module")
-async def rt(server):
-    async with await RealtimeClient.connect(server.ws_url) as client:
-        yield client
+rt = realtime_client()
 
 
 def _td(**fields) -> dict:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-import pytest_asyncio
 import websockets
-from support.realtime_fixtures import no_leaked_tasks, scripted_config, serve  # noqa: F401
+from support.realtime_fixtures import module_server, no_leaked_tasks, scripted_config # noqa: F401
 from vllm_duplex.realtime.client.realtime import RealtimeClient, RealtimeError
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -18,10 +17,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 KEYS = ("key-a", "key-b")
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server():
-    async with serve(scripted_config(api_keys=KEYS, max_sessions_per_key=2)) as srv:
-        yield srv
+server = module_server(scripted_config(api_keys=KEYS, max_sessions_per_key=2))
 
 
 @pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer nope"},

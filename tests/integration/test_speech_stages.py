@@ -168,7 +168,7 @@ def vad_events(pcm: np.ndarray, chunk_sizes: list[int], config: VadConfig) -> li
 async def vad_stage():
     stage = SileroVadStage(clock=MonotonicClock())
     yield stage
-    stage.close()
+    stage.shutdown_workers()
 
 
 async def run_vad(stage: SileroVadStage, pcm: np.ndarray, chunk_ms: int,
@@ -230,7 +230,7 @@ async def test_silero_jit_backend_agrees(flite_speech):
     try:
         assert await run_vad(stage, pcm, 20) == vad_events(pcm, [320], VadConfig())
     finally:
-        stage.close()
+        stage.shutdown_workers()
 
 
 async def test_silero_inference_runs_off_the_event_loop(vad_stage, flite_speech):
@@ -257,7 +257,7 @@ async def test_silero_inference_runs_off_the_event_loop(vad_stage, flite_speech)
 def asr_stage():
     stage = PocketSphinxAsrStage(clock=MonotonicClock())
     yield stage
-    stage.close()
+    stage.shutdown_workers()
 
 
 async def test_asr_streams_partials_then_the_final(asr_stage, flite_speech):

@@ -9,16 +9,12 @@ import asyncio
 
 import httpx
 import pytest
-from support.text_fixtures import FRANCE, KEYS, MODEL, auth, sse_events  # noqa: F401
+from support.text_fixtures import FRANCE, KEYS, MODEL, auth, client, sse_events  # noqa: F401
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 STORY = [{"role": "user", "content": "Tell me a long story about a dragon who learns to fly."}]
-
-
-def client(server, key=KEYS[0]) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=server.http_url, timeout=120, headers=auth(key))
 
 
 class Reader:

@@ -8,7 +8,6 @@ items, rate limits, corrupt input and policies without video."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import io
 import time
@@ -19,6 +18,7 @@ import pytest
 import pytest_asyncio
 import skimage.data as skimage_data
 from PIL import Image, ImageDraw, ImageFont
+from support.audio import b64
 from support.speech_fixtures import chunks, speak
 from vllm_duplex.host.deploy import load_config
 from vllm_duplex.host.runtime import Runtime
@@ -59,10 +59,6 @@ def png(frame: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(frame).save(buf, "PNG")
     return buf.getvalue()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

@@ -56,7 +56,7 @@ def frames() -> dict[str, np.ndarray]:
 def stage():
     stage = VisionStage(clock=MonotonicClock())
     yield stage
-    stage.close()
+    stage.shutdown_workers()
     stage._executor.shutdown(wait=True)
     assert not [t for t in threading.enumerate() if t.name.startswith("duplex-vision")]
 
@@ -113,8 +113,8 @@ def test_detectors_can_be_switched_off(frames):
         out = text_only.analyzer.analyze(VideoFrame(frames["both"], 0))
         assert out.text.startswith("visible text:") and "face" not in out.text
     finally:
-        faces_only.close()
-        text_only.close()
+        faces_only.shutdown_workers()
+        text_only.shutdown_workers()
     with pytest.raises(ValueError):
         VisionStage(clock=MonotonicClock(), ocr=False, faces=False)
     with pytest.raises(ValueError):
@@ -134,7 +134,7 @@ def test_the_registry_builds_it():
     try:
         assert isinstance(stage, VisionStage) and stage.analyzer.max_side == 320
     finally:
-        stage.close()
+        stage.shutdown_workers()
 
 
 # ---- the port --------------------------------------------------------------

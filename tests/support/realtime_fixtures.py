@@ -1,10 +1,12 @@
-"""Shared helpers for the loopback integration tests (``tests/test_realtime_*.py``).
+"""Shared helpers for the loopback integration tests (``tests/integration/test_realtime_*.py``).
 
 Each integration module runs its tests in one module-scoped event loop so that
 a module can share one real server (``BackgroundServer``)::
 
     pytestmark = pytest.mark.asyncio(loop_scope="module")
     from support.realtime_fixtures import no_leaked_tasks  # noqa: F401  (module-loop leak check)
+    server = module_server(scripted_config(...))  # the module's one server (fixture)
+    rt = realtime_client()  # a connected RealtimeClient per test (fixture)
 
 ``no_leaked_tasks`` here overrides the conftest fixture of the same name: the
 conftest one runs in a per-function loop and would not see this loop's tasks.
@@ -14,16 +16,14 @@ task the test caused (server-side session tasks included) must be gone after it.
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import numpy as np
 import pytest_asyncio
-from support.task_leaks import fail_on_leaked_tasks
+from support.audio import b64, chunks, silence, tone, utterance  # noqa: F401  (re-exported)
+from support.task_leaks import leak_check
 from vllm_duplex.host.deploy import DeployConfig, StageSpec, load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.client.realtime import Event, RealtimeClient
@@ -49,11 +49,7 @@ ERROR_SHAPES: dict[str, tuple[str, bool]] = {
 }
 
 
-@pytest_asyncio.fixture(loop_scope="module", autouse=True)
-async def no_leaked_tasks():
-    before = set(asyncio.all_tasks())
-    yield
-    await fail_on_leaked_tasks(before, tries=100)
+no_leaked_tasks = leak_check(loop_scope="module", tries=100)
 
 
 # ---- servers ------------------------------------------------------------------
@@ -83,37 +79,40 @@ async def serve(config: DeployConfig | None = None) -> AsyncIterator[BackgroundS
         yield server
 
 
+def module_server(config: DeployConfig | None = None) -> Any:
+    """The ``server`` fixture of a module: one server on ``config`` (default
+    ``scripted_config()``) for all its tests, in the module loop."""
+
+    @pytest_asyncio.fixture(scope="module", loop_scope="module", name="server")
+    async def server() -> AsyncIterator[BackgroundServer]:
+        async with serve(config) as srv:
+            yield srv
+
+    return server
+
+
+def realtime_client(session: dict[str, Any] | None = None) -> Any:
+    """The ``rt`` fixture of a module: a ``RealtimeClient`` connected to
+    ``server`` for one test (after a ``session.update`` with ``session``, when
+    given)."""
+
+    @pytest_asyncio.fixture(loop_scope="module", name="rt")
+    async def rt(server: BackgroundServer) -> AsyncIterator[RealtimeClient]:
+        async with await RealtimeClient.connect(server.ws_url) as client:
+            if session is not None:
+                await client.update_session(session)
+            yield client
+
+    return rt
+
+
 # ---- audio --------------------------------------------------------------------
-
-
-def tone(seconds: float, *, rate: int = 24000, freq: float = 220.0, dbfs: float = -10.0) -> bytes:
-    """A speech-like sine, PCM16 little-endian (peak at ``dbfs``)."""
-    t = np.arange(int(rate * seconds)) / rate
-    amp = 32767.0 * 10.0 ** (dbfs / 20.0)
-    return np.round(amp * np.sin(2 * np.pi * freq * t)).astype("<i2").tobytes()
-
-
-def silence(seconds: float, *, rate: int = 24000) -> bytes:
-    return np.zeros(int(rate * seconds), "<i2").tobytes()
-
-
-def utterance(*, rate: int = 24000, speech_s: float = 0.8, silence_s: float = 1.0) -> bytes:
-    return tone(speech_s, rate=rate) + silence(silence_s, rate=rate)
-
-
-def chunks(pcm: bytes, *, rate: int = 24000, ms: int = 20) -> list[bytes]:
-    step = rate * ms // 1000 * 2
-    return [pcm[i:i + step] for i in range(0, len(pcm), step)]
 
 
 async def stream_audio(rt: RealtimeClient, pcm: bytes, *, rate: int = 24000) -> None:
     """Appends ``pcm`` in 20 ms chunks, as fast as the socket takes them."""
     for chunk in chunks(pcm, rate=rate):
         await rt.append_audio(chunk)
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
 
 
 # ---- assertions -----------------------------------------------------------------

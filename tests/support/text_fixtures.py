@@ -41,6 +41,12 @@ def auth(key: str = KEYS[0]) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
 
+def client(server: Any, key: str = KEYS[0]) -> httpx.AsyncClient:
+    """An HTTP client of ``server`` with ``key``'s bearer token (a generation
+    on the CPU engine can take a while: a generous timeout)."""
+    return httpx.AsyncClient(base_url=server.http_url, timeout=120, headers=auth(key))
+
+
 async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[int | None, str, dict[str, Any]]]:
     """(id, event, data) of each SSE event of a streaming ``httpx`` response."""
     seq: int | None = None

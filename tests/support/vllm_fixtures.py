@@ -17,8 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest_asyncio
-from support.task_leaks import fail_on_leaked_tasks
+from support.task_leaks import leak_check
 from vllm_duplex.core.contracts import SamplingConfig
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.payloads import (
@@ -36,11 +35,7 @@ from vllm_duplex.stages.vllm.llm import VllmLlmPort, VllmLlmStage
 GREEDY = SamplingConfig(temperature=0.0, max_tokens=48)
 
 
-@pytest_asyncio.fixture(loop_scope="session", autouse=True)
-async def no_leaked_tasks():
-    before = set(asyncio.all_tasks())
-    yield
-    await fail_on_leaked_tasks(before, tries=100)
+no_leaked_tasks = leak_check(loop_scope="session", tries=100)
 
 
 async def open_port(stage: VllmLlmStage, session_id: str) -> tuple[VllmLlmPort, Fence]:

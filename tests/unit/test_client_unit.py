@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.audio import b64
 from vllm_duplex.realtime.client import talk
 from vllm_duplex.realtime.client.realtime import RealtimeClient, RealtimeError
 from websockets.asyncio.server import ServerConnection, serve
@@ -74,10 +75,6 @@ async def fake_server(script: Script) -> AsyncIterator[tuple[str, list[Peer]]]:
     async with serve(handler, "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
         yield f"ws://127.0.0.1:{port}/v1/realtime", peers
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 async def _response(peer: Peer, rid: str, audio: list[bytes], words: list[str]) -> None:

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.audio import pcm16
+from support.sessions import next_event
 from vllm_duplex.core import commands as cmd
-from vllm_duplex.core import events as ev
 from vllm_duplex.core.clock import MonotonicClock
 from vllm_duplex.core.contracts import SamplingConfig
 from vllm_duplex.core.fence import Fence
@@ -440,20 +441,6 @@ def test_gpu_config_builds_its_omni_stage_without_starting_it():
 
 
 # ---- the scripted deployment, driven without a socket ------------------------------------
-
-
-def pcm16(seconds: float, amplitude: float = 0.0, rate: int = 24000) -> bytes:
-    t = np.arange(int(rate * seconds)) / rate
-    return (amplitude * 32767 * np.sin(2 * np.pi * 220 * t)).astype("<i2").tobytes()
-
-
-async def next_event(session, *types: str, timeout: float = 10.0) -> ev.Envelope:
-    async with asyncio.timeout(timeout):
-        while True:
-            env = await session.attachment.get()
-            assert isinstance(env, ev.Envelope), f"session ended ({env})"
-            if not types or env.event.type in types:
-                return env
 
 
 async def test_omni_scripted_deployment_answers_a_turn():

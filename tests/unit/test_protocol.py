@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.audio import b64
 from vllm_duplex.core.commands import (
     AudioAppend,
     AudioClear,
@@ -80,10 +81,6 @@ def fails(obj: Any, code: str, param: str | None = None, event_id: str | None = 
 
 def fields(patch: SessionPatch) -> dict[str, Any]:
     return patch.fields_set()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 # ---- parse: session.update -------------------------------------------------------

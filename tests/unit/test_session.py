@@ -12,8 +12,9 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
-import numpy as np
 import pytest
+from support.audio import pcm16
+from support.sessions import next_event
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.fence import Fence
@@ -27,20 +28,6 @@ from vllm_duplex.core.session_config import SessionPatch
 from vllm_duplex.host.deploy import load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.replay.outbox import Notice
-
-
-def pcm16(seconds: float, *, amplitude: float = 0.0, rate: int = 24000) -> bytes:
-    t = np.arange(int(rate * seconds)) / rate
-    return (amplitude * 32767 * np.sin(2 * np.pi * 220 * t)).astype("<i2").tobytes()
-
-
-async def next_event(session, *types: str, timeout: float = 5.0) -> ev.Envelope:
-    async with asyncio.timeout(timeout):
-        while True:
-            env = await session.attachment.get()
-            assert isinstance(env, ev.Envelope), f"session ended ({env})"
-            if not types or env.event.type in types:
-                return env
 
 
 @pytest.fixture

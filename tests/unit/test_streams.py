@@ -276,7 +276,7 @@ async def test_memory_stays_bounded_under_random_load() -> None:
         if rng.random() < 0.01:
             s.complete()
         assert store.stats["retained_bytes"] == sum(x.retained_bytes for x in streams) <= 4000
-        assert len(s._events) <= 20 and s.retained_bytes <= max(1500, ev.size)
+        assert len(s._log) <= 20 and s.retained_bytes <= max(1500, ev.size)
 
 
 # -- ownership and lookup -----------------------------------------------------------

@@ -1,9 +1,9 @@
 """Shared shape of the listening stages (VAD, ASR): model work on worker
 threads, one serial worker per session so chunks stay in order.
 
-A ``ListeningStage`` owns a small thread pool; each ``ListeningPort`` queues
-its inputs and runs ``_work(payload)`` (synchronous, on a worker thread) for
-one item at a time. Its outputs describe what the user said, so ``cancel``
+A ``ListeningStage`` owns a small thread pool (its ``Lifecycle``: ``close``
+stops the threads); each ``ListeningPort`` queues its inputs and runs
+``_work(payload)`` (synchronous, on a worker thread) for one item at a time. Its outputs describe what the user said, so ``cancel``
 aborts nothing: they are ``InputObservation``s that the fence gate never
 drops, and skipping queued audio would break recurrent state and the timeline.
 """
@@ -46,9 +46,13 @@ class ListeningStage(StageBase):
         except RuntimeError:
             pass
 
-    def close(self) -> None:
-        """Stop the worker threads (idempotent; ports must be closed first)."""
+    def shutdown_workers(self) -> None:
+        """Stop the worker threads (idempotent; ports must be closed first).
+        Synchronous, for owners outside an event loop."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def close(self) -> None:
+        self.shutdown_workers()
 
 
 class ListeningPort(FencedPort):

@@ -63,6 +63,7 @@ from vllm_duplex.core.payloads import (
     StageOutput,
     TextIn,
 )
+from vllm_duplex.stages.lifecycle import Lifecycle, Metered, StageCounter
 from vllm_duplex.stages.omni.prompt import Chunk, OmniPrompt
 from vllm_duplex.stages.omni.prompt import dialect as get_dialect
 from vllm_duplex.stages.vllm.chat import Reply, sampling_options
@@ -80,7 +81,7 @@ def _prefill_params() -> SamplingParams:
                           output_kind=RequestOutputKind.DELTA)
 
 
-class VllmOmniStage:
+class VllmOmniStage(Lifecycle, Metered):
     """Owns (or borrows, ``engine``) the engine; ``port(session_id)`` gives a
     session's port. ``dialect``: ``qwen_omni`` or ``minicpmo`` (the model's
     placeholders); ``system_prompt``: the default system prompt (else the
@@ -141,6 +142,11 @@ class VllmOmniStage:
     @property
     def engine_restarts(self) -> int:  # /metrics
         return self.supervisor.restarts
+
+    def counters(self) -> dict[StageCounter, float]:  # Metered: /metrics
+        return {StageCounter.ABORTED_REQUESTS: self.aborted_requests,
+                StageCounter.ACTIVE_REQUESTS: self.active_requests,
+                StageCounter.ENGINE_RESTARTS: self.engine_restarts}
 
     # ---- engine lifecycle ------------------------------------------------
 

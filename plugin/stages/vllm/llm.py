@@ -69,6 +69,7 @@ from vllm_duplex.core.payloads import (
     StageOutput,
     TextIn,
 )
+from vllm_duplex.stages.lifecycle import Lifecycle, Metered, StageCounter
 from vllm_duplex.stages.vllm.chat import (
     ChatTemplate,
     Reply,
@@ -97,7 +98,7 @@ def _prefill_params() -> SamplingParams:
 # ---- the shared stage --------------------------------------------------------
 
 
-class VllmLlmStage(ChatTemplate):
+class VllmLlmStage(ChatTemplate, Lifecycle, Metered):
     """Owns (or borrows) the engine; ``port(session_id)`` gives a session's port.
 
     ``engine`` may be an already running engine client (e.g. the one ``vllm
@@ -163,6 +164,11 @@ class VllmLlmStage(ChatTemplate):
     @property
     def engine_restarts(self) -> int:  # /metrics
         return self.supervisor.restarts
+
+    def counters(self) -> dict[StageCounter, float]:  # Metered: /metrics
+        return {StageCounter.ABORTED_REQUESTS: self.aborted_requests,
+                StageCounter.ACTIVE_REQUESTS: self.active_requests,
+                StageCounter.ENGINE_RESTARTS: self.engine_restarts}
 
     # ---- engine lifecycle ------------------------------------------------
 
