@@ -23,8 +23,9 @@ Routing rules (DESIGN.md "Scale-out"), in the order nginx applies them:
   checked by the worker behind it (``max_frame_bytes``, close 1009);
   WebSocket upgrade and SSE pass through unbuffered with long timeouts.
 * A worker that does not answer (dead, restarting) → 503 ``engine_dead``.
-* Responses carry ``Duplex-Owner-Instance: <worker>`` (the worker that
-  served them), so a client can name the owner of an id it chose.
+* Responses carry ``Duplex-Owner-Instance: <worker>`` from the worker that
+  served them (``realtime/server/owner_header.py``), so a client can name
+  the owner of an id it chose; a refusal by the router carries none.
 
 The same generator writes an *edge* config for several machines: the owner
 map then sends ``m2w3`` to machine ``m2``'s router by a regex on the owner.
@@ -56,8 +57,9 @@ from vllm_duplex.core.owner_ids import OWNER_HEADER, ROUTABLE_OWNER
 
 log = logging.getLogger(__name__)
 
-# The shape of a minted id (vllm_duplex.core.owner_ids), as an nginx regex.
-MINTED_ID_REGEX = r"^[a-z]+_[A-Za-z0-9_-]{24}\.(?<duplex_cap>[A-Za-z0-9]{1,32})$"
+# The shape of a minted id (vllm_duplex.core.owner_ids), as an nginx (PCRE) regex;
+# \z, not $: PCRE's $ also matches before a trailing newline.
+MINTED_ID_REGEX = r"^[a-z]+_[A-Za-z0-9_-]{24}\.(?<duplex_cap>[A-Za-z0-9]{1,32})\z"
 POOL = "duplex_pool"
 FLEET = "duplex_fleet"
 
@@ -134,8 +136,6 @@ def nginx_conf(plan: RouterPlan, run_dir: Path, user: str | None = None) -> str:
     run = str(run_dir)
     host, _, port = plan.listen.rpartition(":")
     owner_map = "\n".join(f"        {r.owners} {r.upstream};" for r in plan.routes)
-    served_by = "\n".join(
-        f"        \"~(^|[ ,]){re.escape(r.address)}$\" {r.name};" for r in plan.routes)
     upstreams = "\n".join(
         f"    upstream {r.upstream} {{ server {r.address} max_fails=0; keepalive 16; }}"
         for r in plan.routes)
@@ -214,11 +214,6 @@ http {{
         "" {POOL};
         default $duplex_owner_upstream;
     }}
-    # Who served a response (the worker's address -> its owner id).
-    map $upstream_addr $duplex_served_by {{
-        default "";
-{served_by}
-    }}
 
 {upstreams}
     upstream {POOL} {{
@@ -231,7 +226,6 @@ http {{
 
     server {{
         listen {host}:{port} reuseport;
-        add_header {OWNER_HEADER} $duplex_served_by always;
         error_page 413 = @too_large;
         error_page 502 504 = @unavailable;
         set $duplex_id "";

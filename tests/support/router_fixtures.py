@@ -28,14 +28,14 @@ from vllm_duplex.realtime.server.serving import free_port
 
 
 def get_json(url: str, headers: dict[str, str] | None = None, method: str = "GET",
-             body: bytes | None = None, timeout: float = 10.0) -> tuple[int, dict[str, str], Any]:
-    """(status, headers, JSON body) of one plain HTTP request."""
+             body: bytes | None = None, timeout: float = 10.0) -> tuple[int, Any, Any]:
+    """(status, headers (case-insensitive), JSON body) of one plain HTTP request."""
     req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, head, raw = resp.status, dict(resp.headers), resp.read()
+            status, head, raw = resp.status, resp.headers, resp.read()
     except urllib.error.HTTPError as err:
-        status, head, raw = err.code, dict(err.headers), err.read()
+        status, head, raw = err.code, err.headers, err.read()
     try:
         return status, head, json.loads(raw) if raw else None
     except ValueError:
@@ -57,6 +57,7 @@ class Serve:
         self.ready_timeout_s = ready_timeout_s
         self.log = Path(self.dir.name) / "serve.log"
         self.proc: subprocess.Popen | None = None
+        self.last_output = ""
 
     @property
     def http(self) -> str:
@@ -96,9 +97,13 @@ class Serve:
         return get_json(self.http + "/health")[2]
 
     def output(self) -> str:
+        if self.proc is None and self.last_output:
+            return self.last_output
         return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
 
     def stop(self) -> int | None:
+        """SIGTERM and wait; the exit code (uvicorn re-raises SIGTERM on the way
+        out, so a lone server ends with -15; the supervisor exits 0)."""
         proc, self.proc = self.proc, None
         code = None
         if proc is not None:
@@ -109,6 +114,7 @@ class Serve:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 code = proc.wait()
+        self.last_output = self.output()
         self.dir.cleanup()
         return code
 
