@@ -121,8 +121,8 @@ class Serve:
 
 def scripted_workers(count: int = 2, *, limits: dict[str, Any] | None = None,
                      **workers: Any) -> dict[str, Any]:
-    """``configs/scripted.yaml`` with ``workers: {count, **workers}`` and ``limits``."""
-    raw = yaml.safe_load(resolve_config_path("scripted").read_text())
+    """``configs/scripted-workers.yaml`` with ``workers: {count, **workers}`` and ``limits``."""
+    raw = yaml.safe_load(resolve_config_path("scripted-workers").read_text())
     raw["limits"] = {**raw.get("limits", {}), **(limits or {})}
     raw["workers"] = {"count": count, "restart_backoff_s": 0.2, **workers}
     return raw
