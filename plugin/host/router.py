@@ -225,7 +225,7 @@ http {{
 {fleet}
 
     server {{
-        listen {host}:{port} reuseport;
+        listen {host}:{port};
         error_page 413 = @too_large;
         error_page 502 504 = @unavailable;
         set $duplex_id "";
