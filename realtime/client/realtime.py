@@ -139,7 +139,10 @@ class RealtimeClient:
         ``session.resync_required`` with a snapshot), then live events."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         parts = urlsplit(url)
-        query = [(k, v) for k, v in parse_qsl(parts.query) if k != "resume"] + [("resume", "1")]
+        # The session id in the query too: a router sends the socket to the
+        # session's owner by it (browsers cannot set WebSocket headers).
+        query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("resume", "session_id")]
+        query += [("resume", "1"), ("session_id", session_id)]
         ws = await connect(urlunsplit(parts._replace(query=urlencode(query))),
                            additional_headers=headers, max_size=max_size, open_timeout=open_timeout)
         client = cls(ws)

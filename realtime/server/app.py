@@ -16,6 +16,7 @@ import logging
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
@@ -25,6 +26,7 @@ from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.auth import bearer_key, check_key
 from vllm_duplex.realtime.server.connection import RealtimeConnection
 from vllm_duplex.realtime.server.generate_ws import GenerateStream
+from vllm_duplex.realtime.server.owner_header import OwnerHeader
 from vllm_duplex.realtime.server.text_routes import text_routes
 
 log = logging.getLogger(__name__)
@@ -103,4 +105,5 @@ def create_app(engine: Runtime) -> Starlette:
             WebSocketRoute("/v1/generate/stream", generate_stream),
         ],
         lifespan=lifespan,
+        middleware=[Middleware(OwnerHeader, instance_id=engine.manager.instance_id)],
     )

@@ -21,6 +21,7 @@ import logging
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from vllm_duplex.core.commands import SessionResume
 from vllm_duplex.core.errors import Capacity, Closed, DuplexError, FramingError
+from vllm_duplex.core.owner_ids import check_routed_id
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.auth import bearer_key, check_key
 from vllm_duplex.realtime.wire.codec import Dialect, RealtimeCodec
@@ -97,6 +98,7 @@ class RealtimeConnection:
                 if not isinstance(command, SessionResume):
                     raise DuplexError("invalid_event", "a ?resume=1 socket starts with "
                                       "session.resume", param="type", event_id=command.event_id)
+                check_routed_id(self.ws.query_params.get("session_id"), command.session_id)
                 session, att, replay, resumed = self.engine.resume_realtime_session(key, command)
             except DuplexError as err:
                 if isinstance(err, FramingError):

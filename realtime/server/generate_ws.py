@@ -128,7 +128,8 @@ class GenerateStream:
                                   f"{session.model!r}", param="model")
         spec = parse_generate(frame, served_model=service.model,
                               max_tokens_cap=service.max_tokens_cap, extra_fields=START_FIELDS,
-                              model_required=sid is None, messages_required=False)
+                              model_required=sid is None, messages_required=False,
+                              owner=service.sessions.instance_id)
         if spec.reasoning or spec.parallel_tool_calls or spec.stream_id:
             raise DuplexError("unsupported_option", "reasoning, parallel_tool_calls and stream_id "
                               "are not supported on streaming input", param="type")

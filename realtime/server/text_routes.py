@@ -132,7 +132,8 @@ def text_routes(service_of: Callable[[], TextService | None],
         stream = raw.pop("stream", True) if isinstance(raw, dict) else True
         if not isinstance(stream, bool):
             raise DuplexError("invalid_value", "stream must be a boolean", param="stream")
-        spec = parse_generate(raw, served_model=service.model, max_tokens_cap=service.max_tokens_cap)
+        spec = parse_generate(raw, served_model=service.model, max_tokens_cap=service.max_tokens_cap,
+                              owner=service.sessions.instance_id)
         control = spec.control()
         run = service.generator.start(spec, control)
         if spec.stream_id is not None:
@@ -265,7 +266,8 @@ def text_routes(service_of: Callable[[], TextService | None],
                                   "session continuations (use /v1/generate)", param=unsupported)
             raw.pop(unsupported, None)
         spec = parse_generate(raw, served_model=session.model, max_tokens_cap=service.max_tokens_cap,
-                              model_required=False, messages_required=mode != "replace")
+                              model_required=False, messages_required=mode != "replace",
+                              owner=service.sessions.instance_id)
         turn = session.begin(TurnRequest(spec.request_id, spec.messages, spec.sampling, spec.tools,
                                          spec.tool_choice, mode, replace_from))
         return await start_turn(request, caller, session, turn, spec.stream_id, spec.deadline_ms,

@@ -1,0 +1,382 @@
+"""The router in front of the workers: nginx, with its config generated here.
+
+Routing rules (DESIGN.md "Scale-out"), in the order nginx applies them:
+
+* A request that names an id goes to that id's owner *exactly*: an nginx
+  ``map`` from the owner part of the id (``sess_…​.w2`` → ``w2``; ids a
+  client chose: the ``Duplex-Owner-Instance`` header) to that owner's
+  upstream, which has one server, so nothing is ever retried elsewhere.
+  Where the id travels: ``/v1/sessions/{id}…``, ``/v1/streams/{id}…``,
+  ``/v1/requests/{id}/abort`` (path), the resume socket
+  ``/v1/realtime?resume=1&session_id=<id>`` and ``/v1/generate/stream?
+  session_id=<id>`` (query: browsers cannot set WebSocket headers),
+  ``/v1/streams/lookup`` (header only: its ids are in the body).
+* An id whose owner part is malformed or names no worker here is refused by
+  nginx (404 with the app's error shape: ``session_not_found``,
+  ``stream_not_found``, ``request_not_found``), never routed at random.
+* Everything else — new sessions, ``/v1/generate``, ``/v1/models``,
+  ``/v1/capabilities`` — goes to the least-loaded worker (``least_conn``).
+* ``/health`` and ``/metrics`` go to the supervisor's fleet endpoint, which
+  aggregates every worker's (``vllm_duplex.host.fleet``).
+* Limits as in the app: bodies over ``limits.max_request_bytes`` get 413
+  ``payload_too_large`` from nginx in the app's shape; WebSocket frames are
+  checked by the worker behind it (``max_frame_bytes``, close 1009);
+  WebSocket upgrade and SSE pass through unbuffered with long timeouts.
+* A worker that does not answer (dead, restarting) → 503 ``engine_dead``.
+* Responses carry ``Duplex-Owner-Instance: <worker>`` from the worker that
+  served them (``realtime/server/owner_header.py``), so a client can name
+  the owner of an id it chose; a refusal by the router carries none.
+
+The same generator writes an *edge* config for several machines: the owner
+map then sends ``m2w3`` to machine ``m2``'s router by a regex on the owner.
+
+``RouterPlan`` → ``nginx_conf`` is pure (tested without nginx); ``Nginx`` is
+the thin process shell: a private prefix (config, pid, logs, temp files) in
+a temporary directory, nginx in the foreground (``daemon off``) under our
+supervision, ``reload`` for a changed owner map.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import json
+import logging
+import os
+import pwd
+import re
+import shutil
+import signal
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.owner_ids import OWNER_HEADER, ROUTABLE_OWNER
+
+log = logging.getLogger(__name__)
+
+# The shape of a minted id (vllm_duplex.core.owner_ids), as an nginx (PCRE) regex;
+# \z, not $: PCRE's $ also matches before a trailing newline.
+MINTED_ID_REGEX = r"^[a-z]+_[A-Za-z0-9_-]{24}\.(?<duplex_cap>[A-Za-z0-9]{1,32})\z"
+POOL = "duplex_pool"
+FLEET = "duplex_fleet"
+
+
+@dataclass(frozen=True)
+class OwnerRoute:
+    """Owners ``owners`` (one owner id, or ``~regex`` on it) are served at
+    ``address`` (``host:port``)."""
+
+    name: str  # the owner id, or the machine of an edge route
+    owners: str
+    address: str
+
+    @property
+    def upstream(self) -> str:
+        return f"duplex_{self.name}"
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    listen: str  # host:port the router listens on
+    routes: tuple[OwnerRoute, ...]
+    max_request_bytes: int
+    fleet: str | None = None  # the supervisor's /health + /metrics (None: the pool answers)
+    read_timeout_s: int = 3600
+    worker_processes: int = 1
+
+    @classmethod
+    def for_workers(cls, listen: str, workers: dict[str, str], *, max_request_bytes: int,
+                    fleet: str | None) -> RouterPlan:
+        """One machine: owner ``w1`` → its worker at ``workers["w1"]``."""
+        for owner in workers:
+            if not ROUTABLE_OWNER.fullmatch(owner):
+                raise ValueError(f"owner {owner!r} is not routable")
+        return cls(listen, tuple(OwnerRoute(o, o, a) for o, a in workers.items()),
+                   max_request_bytes, fleet)
+
+    @classmethod
+    def for_edge(cls, listen: str, machines: dict[str, str], *,
+                 max_request_bytes: int) -> RouterPlan:
+        """Several machines: owner ``m2w3`` → machine ``m2``'s router."""
+        for machine in machines:
+            if not re.fullmatch(r"[A-Za-z]{1,8}[0-9]{1,6}", machine):
+                raise ValueError(f"machine {machine!r}: use letters then digits (m2)")
+        return cls(listen, tuple(OwnerRoute(m, f"~^{m}w[0-9]+$", a)
+                                 for m, a in machines.items()), max_request_bytes)
+
+
+def _error_body(code: str, message: str, param: str | None) -> str:
+    """The app's error body, as an nginx single-quoted string."""
+    text = json.dumps({"error": DuplexError(code, message, param=param).to_wire()},
+                      separators=(",", ":"))
+    if "'" in text or "$" in text or "\\" in text:  # nginx would read a variable or an escape
+        raise ValueError(f"error body not expressible in nginx: {text}")
+    return f"'{text}'"
+
+
+_NOT_FOUND = {
+    "session": ("session_not_found", "session_id"),
+    "stream": ("stream_not_found", "stream_id"),
+    "request": ("request_not_found", "request_id"),
+}
+
+
+def _refuse(kind: str) -> str:
+    code, param = _NOT_FOUND[kind]
+    message = (f"no worker of this router owns this {kind}: its id names no known owner "
+               f"(ids this server minted end in .<owner>; for an id you chose, name the owner "
+               f"in the {OWNER_HEADER} header)")
+    return f"return 404 {_error_body(code, message, param)};"
+
+
+def nginx_conf(plan: RouterPlan, run_dir: Path, user: str | None = None) -> str:
+    run = str(run_dir)
+    host, _, port = plan.listen.rpartition(":")
+    owner_map = "\n".join(f"        {r.owners} {r.upstream};" for r in plan.routes)
+    upstreams = "\n".join(
+        f"    upstream {r.upstream} {{ server {r.address} max_fails=0; keepalive 16; }}"
+        for r in plan.routes)
+    pool = "\n".join(f"        server {r.address};" for r in plan.routes)
+    fleet = (f"    upstream {FLEET} {{ server {plan.fleet}; }}" if plan.fleet else "")
+    health = FLEET if plan.fleet else POOL
+    too_large = _error_body("payload_too_large",
+                            f"bodies are at most {plan.max_request_bytes} bytes", None)
+    unavailable = _error_body("engine_dead", "the worker for this request is not answering "
+                              "(it died or is restarting); sessions it held have ended", None)
+    # (proxy_set_header at a level replaces every inherited one: repeat them all)
+    ws = ("proxy_set_header Upgrade $http_upgrade;\n"
+          "            proxy_set_header Connection $duplex_connection;\n"
+          "            proxy_set_header Host $host;\n"
+          "            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;")
+    user_line = f"user {user};" if user else ""
+    return f"""# Generated by vllm_duplex.host.router; do not edit (regenerated at every start).
+{user_line}
+worker_processes {plan.worker_processes};
+daemon off;
+pid {run}/nginx.pid;
+error_log {run}/error.log warn;
+events {{ worker_connections 8192; }}
+
+http {{
+    access_log off;
+    server_tokens off;
+    default_type application/json;
+    client_body_temp_path {run}/client_body;
+    proxy_temp_path {run}/proxy;
+    fastcgi_temp_path {run}/fastcgi;
+    uwsgi_temp_path {run}/uwsgi;
+    scgi_temp_path {run}/scgi;
+
+    # The app's limits: bodies are read whole (in memory) up to max_request_bytes.
+    client_max_body_size {plan.max_request_bytes};
+    client_body_buffer_size {plan.max_request_bytes};
+    # Realtime sockets and SSE streams live long and must flow unbuffered.
+    proxy_http_version 1.1;
+    proxy_buffering off;
+    proxy_read_timeout {plan.read_timeout_s}s;
+    proxy_send_timeout {plan.read_timeout_s}s;
+    proxy_connect_timeout 5s;
+    proxy_set_header Host $host;
+    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+    proxy_set_header Connection "";
+
+    map $http_upgrade $duplex_connection {{ default upgrade; "" ""; }}
+
+    # The owner an id names: <kind>_<24 url-safe chars>.<owner> (core/owner_ids.py) ...
+    map $duplex_id $duplex_id_owner {{
+        "~{MINTED_ID_REGEX}" $duplex_cap;
+        default "";
+    }}
+    # ... or, for an id the client chose, the {OWNER_HEADER} header.
+    map $http_duplex_owner_instance $duplex_header_owner {{
+        "~^[A-Za-z0-9]{{1,32}}$" $http_duplex_owner_instance;
+        default "";
+    }}
+    map $duplex_id_owner $duplex_owner {{
+        "" $duplex_header_owner;
+        default $duplex_id_owner;
+    }}
+    # Owner -> its upstream; "" = no worker of this router (refused, never routed elsewhere).
+    map $duplex_owner $duplex_owner_upstream {{
+        default "";
+{owner_map}
+    }}
+    # The resume socket goes to its owner; a new session to the least-loaded worker.
+    map $arg_resume $duplex_realtime_upstream {{
+        "~^(1|true)$" $duplex_owner_upstream;
+        default {POOL};
+    }}
+    # Streaming input bound to a session goes to its owner.
+    map "$arg_session_id$http_duplex_owner_instance" $duplex_generate_stream_upstream {{
+        "" {POOL};
+        default $duplex_owner_upstream;
+    }}
+
+{upstreams}
+    upstream {POOL} {{
+        zone {POOL} 64k;
+        least_conn;
+{pool}
+        keepalive 32;
+    }}
+{fleet}
+
+    server {{
+        listen {host}:{port};
+        error_page 413 = @too_large;
+        error_page 502 504 = @unavailable;
+        set $duplex_id "";
+
+        location = /v1/realtime {{
+            set $duplex_id $arg_session_id;
+            if ($duplex_realtime_upstream = "") {{ {_refuse("session")} }}
+            {ws}
+            proxy_pass http://$duplex_realtime_upstream;
+        }}
+        location = /v1/generate/stream {{
+            set $duplex_id $arg_session_id;
+            if ($duplex_generate_stream_upstream = "") {{ {_refuse("session")} }}
+            {ws}
+            proxy_pass http://$duplex_generate_stream_upstream;
+        }}
+        location = /v1/sessions {{
+            proxy_pass http://{POOL};
+        }}
+        location ~ ^/v1/sessions/(?<duplex_path_id>[^/]+)(/renew|/generate)?$ {{
+            set $duplex_id $duplex_path_id;
+            if ($duplex_owner_upstream = "") {{ {_refuse("session")} }}
+            proxy_next_upstream off;
+            proxy_pass http://$duplex_owner_upstream;
+        }}
+        location = /v1/streams/lookup {{
+            if ($duplex_owner_upstream = "") {{ {_refuse("stream")} }}
+            proxy_next_upstream off;
+            proxy_pass http://$duplex_owner_upstream;
+        }}
+        location ~ ^/v1/streams/(?<duplex_path_id>[^/]+)(/control)?$ {{
+            set $duplex_id $duplex_path_id;
+            if ($duplex_owner_upstream = "") {{ {_refuse("stream")} }}
+            proxy_next_upstream off;
+            proxy_pass http://$duplex_owner_upstream;
+        }}
+        location ~ ^/v1/requests/(?<duplex_path_id>[^/]+)/abort$ {{
+            set $duplex_id $duplex_path_id;
+            if ($duplex_owner_upstream = "") {{ {_refuse("request")} }}
+            proxy_next_upstream off;
+            proxy_pass http://$duplex_owner_upstream;
+        }}
+        location = /health {{ proxy_pass http://{health}; }}
+        location = /metrics {{ proxy_pass http://{health}; }}
+        location / {{
+            proxy_pass http://{POOL};
+        }}
+        location @too_large {{ return 413 {too_large}; }}
+        location @unavailable {{ return 503 {unavailable}; }}
+    }}
+}}
+"""
+
+
+def nginx_binary() -> str:
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx")
+                                      else None)
+    if found is None:
+        raise FileNotFoundError("nginx is not installed (Debian: apt-get install nginx; "
+                                "scripts/setup.sh installs it)")
+    return found
+
+
+class Nginx:
+    """One nginx master process serving ``plan``, in a private prefix."""
+
+    def __init__(self, plan: RouterPlan) -> None:
+        self.plan = plan
+        self.run_dir = Path(tempfile.mkdtemp(prefix="vllm-duplex-router-"))
+        self.conf_path = self.run_dir / "nginx.conf"
+        self._proc: asyncio.subprocess.Process | None = None
+
+    def _user(self) -> str | None:
+        # As root, nginx's workers drop to "nobody": let them use our temp dirs.
+        if os.geteuid() != 0:
+            return None
+        nobody = pwd.getpwnam("nobody")
+        for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            path = self.run_dir / sub
+            path.mkdir(exist_ok=True)
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        os.chmod(self.run_dir, 0o755)
+        return f"nobody {grp.getgrgid(nobody.pw_gid).gr_name}"
+
+    def write(self, plan: RouterPlan | None = None) -> Path:
+        if plan is not None:
+            self.plan = plan
+        self.conf_path.write_text(nginx_conf(self.plan, self.run_dir, self._user()))
+        return self.conf_path
+
+    def _argv(self, *extra: str) -> list[str]:
+        return [nginx_binary(), "-p", str(self.run_dir), "-c", str(self.conf_path),
+                "-e", str(self.run_dir / "error.log"), *extra]
+
+    async def check(self) -> None:
+        """``nginx -t`` on the written config (raises with nginx's message)."""
+        proc = await asyncio.create_subprocess_exec(
+            *self._argv("-t", "-q"), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"nginx rejected its config: {out.decode(errors='replace')}")
+
+    async def start(self, timeout_s: float = 10.0) -> None:
+        self.write()
+        await self.check()
+        self._proc = await asyncio.create_subprocess_exec(
+            *self._argv(), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        host, _, port = self.plan.listen.rpartition(":")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if self._proc.returncode is not None:
+                err = (await self._proc.stderr.read()).decode(errors="replace")
+                raise RuntimeError(f"nginx exited at start: {err or self.error_log()}")
+            with contextlib.suppress(OSError):
+                _, writer = await asyncio.open_connection(host, int(port))
+                writer.close()
+                await writer.wait_closed()
+                return
+            if loop.time() > deadline:
+                raise TimeoutError(f"nginx did not listen on {self.plan.listen}")
+            await asyncio.sleep(0.05)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def wait(self) -> int:
+        assert self._proc is not None
+        return await self._proc.wait()
+
+    async def reload(self, plan: RouterPlan) -> None:
+        """A new owner map (instances joined or left): nginx starts new
+        worker processes on it; the old ones finish their connections."""
+        self.write(plan)
+        await self.check()
+        if self.running:
+            self._proc.send_signal(signal.SIGHUP)
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            proc.terminate()  # fast shutdown: open sockets close now
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def error_log(self) -> str:
+        path = self.run_dir / "error.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""

@@ -1,0 +1,313 @@
+"""``serve --workers N``: N worker processes behind nginx, one vLLM engine core.
+
+The supervisor (this module, one process) owns everything that outlives a
+worker::
+
+    supervisor ── SharedEngineCore (when the config has a `vllm` stage)
+       │       ── nginx (router.py): least_conn for new sessions, owner map for ids
+       │       ── fleet endpoint (fleet.py): /health and /metrics of all workers
+       └── worker w1 … wN: `vllm-duplex serve --instance-id wI --port P [--engine-slot …]`
+                           each its own Runtime, sessions and CPU stages
+
+Each worker is a subprocess of the ``vllm-duplex`` CLI on a loopback port,
+with a client slot of the shared core passed as inherited descriptors. A
+worker that exits is restarted with the same owner id (so ids that name it
+still route to it) on a fresh slot (``engine_core``: slots are single-use),
+after a backoff that doubles while restarts keep failing quickly; the
+others are untouched. When the slots are spent the worker stays down
+(``failed`` in ``/health``). If the engine core itself dies, every worker's
+client is dead with it: the supervisor stops the workers, starts a new core
+and starts them again.
+
+The supervisor is not in the request path: nginx sends requests straight to
+the workers. SIGINT/SIGTERM stop nginx first (no new connections), then the
+workers (each closes its sessions and aborts their engine requests), then
+the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_duplex.host.deploy import DeployConfig
+from vllm_duplex.host.engine_core import SharedEngineCore, WorkerSlot
+from vllm_duplex.host.fleet import FleetView, WorkerStatus, http_get
+from vllm_duplex.host.router import Nginx, RouterPlan
+from vllm_duplex.host.topology import Workers
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 600.0  # a worker joining a vLLM core imports vLLM and torch (tens of seconds)
+STABLE_S = 30.0  # a worker up this long resets the restart backoff
+STOP_TIMEOUT_S = 15.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Worker:
+    instance_id: str
+    port: int
+    proc: asyncio.subprocess.Process | None = None
+    state: str = "starting"
+    life: int = 0
+    restarts: int = 0
+    slot: WorkerSlot | None = None
+    up_since: float | None = None
+    watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def status(self) -> WorkerStatus:
+        pid = self.proc.pid if self.proc is not None and self.proc.returncode is None else None
+        return WorkerStatus(self.instance_id, self.address, self.state, pid, self.restarts,
+                            self.life)
+
+
+class WorkerFleet:
+    def __init__(self, config: DeployConfig, config_path: Path, workers: Workers, *,
+                 host: str, port: int, log_level: str = "warning") -> None:
+        self.config = config
+        self.config_path = config_path
+        self.topology = workers
+        self.host, self.port = host, port
+        self.log_level = log_level
+        ports = workers.ports or tuple(free_port() for _ in range(workers.count))
+        self.workers = [Worker(i, p) for i, p in zip(workers.instance_ids(), ports)]
+        self.engine_spec = next((s for s in config.stages if s.type == "vllm"), None)
+        self.core: SharedEngineCore | None = None
+        self.nginx: Nginx | None = None
+        self._fleet_server = None
+        self._stopping = asyncio.Event()
+
+    # ---- the parts -------------------------------------------------------
+
+    async def _start_core(self) -> None:
+        if self.engine_spec is None:
+            return
+        core = SharedEngineCore(self.engine_spec.options, workers=len(self.workers),
+                                spare_slots=self.topology.spare_slots)
+        started = time.monotonic()
+        await asyncio.to_thread(core.start)
+        self.core = core
+        log.warning("engine core up in %.1f s (%d client slots)", time.monotonic() - started,
+                    core.slots)
+
+    def _engine_core_state(self) -> dict | None:
+        if self.engine_spec is None:
+            return None
+        core = self.core
+        return {"alive": core is not None and core.alive,
+                "slots_left": core.slots_left if core is not None else 0}
+
+    async def _start_fleet_endpoint(self) -> str:
+        import uvicorn
+
+        port = free_port()
+        view = FleetView(lambda: [w.status() for w in self.workers], self._engine_core_state)
+        server = uvicorn.Server(uvicorn.Config(view.app(), host="127.0.0.1", port=port,
+                                               log_level=self.log_level, lifespan="off"))
+        server.config.setup_event_loop = lambda: None
+        task = asyncio.create_task(server.serve(), name="duplex-fleet-endpoint")
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("the fleet endpoint stopped during start-up")
+            await asyncio.sleep(0.01)
+        self._fleet_server = (server, task)
+        return f"127.0.0.1:{port}"
+
+    def _argv(self, w: Worker) -> list[str]:
+        argv = [sys.executable, "-m", "vllm_duplex.realtime.client.cli", "serve",
+                "--config", str(self.config_path), "--host", "127.0.0.1",
+                "--port", str(w.port), "--workers", "1", "--instance-id", w.instance_id,
+                "--worker-life", str(w.life), "--log-level", self.log_level]
+        if w.slot is not None:
+            argv += ["--engine-slot", w.slot.to_json()]
+        return argv
+
+    async def _spawn(self, w: Worker) -> bool:
+        """Start ``w``'s next life; False when no engine slot is left."""
+        if self.engine_spec is not None:
+            slot = self.core.take_slot() if self.core is not None else None
+            if slot is None:
+                w.state = "failed"
+                log.error("worker %s: no engine-core client slot left (spare_engine_slots); "
+                          "it stays down until the next restart of serve", w.instance_id)
+                return False
+            w.slot = slot
+        w.life += 1
+        w.state = "starting"
+        w.proc = await asyncio.create_subprocess_exec(
+            *self._argv(w), pass_fds=w.slot.pass_fds if w.slot else ())
+        if w.slot is not None and self.core is not None:
+            self.core.release_slot(w.slot)  # the worker holds the listeners now
+        return True
+
+    async def _await_ready(self, w: Worker) -> bool:
+        proc = w.proc
+        assert proc is not None
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while proc.returncode is None and time.monotonic() < deadline:
+            if await http_get(w.address, "/health", timeout_s=1.0) is not None:
+                w.state, w.up_since = "up", time.monotonic()
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def _watch(self, w: Worker) -> None:
+        """Keep ``w`` running: wait for it to exit, then restart it."""
+        backoff = self.topology.restart_backoff_s
+        while not self._stopping.is_set():
+            if w.proc is None or w.proc.returncode is not None:
+                if not await self._spawn(w):
+                    return
+            if not await self._await_ready(w) and w.proc.returncode is None:
+                log.error("worker %s did not become ready in %.0f s; restarting it",
+                          w.instance_id, READY_TIMEOUT_S)
+                w.proc.kill()
+            code = await w.proc.wait()
+            if self._stopping.is_set():
+                break
+            stable = w.up_since is not None and time.monotonic() - w.up_since >= STABLE_S
+            backoff = self.topology.restart_backoff_s if stable else backoff
+            w.state, w.up_since = "restarting", None
+            log.error("worker %s (pid %s) exited with %s; restarting it in %.1f s",
+                      w.instance_id, w.proc.pid, code, backoff)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), backoff)
+                break
+            except TimeoutError:
+                pass
+            backoff = min(max(backoff, 0.5) * 2, 30.0)
+            w.restarts += 1
+        w.state = "stopped"
+
+    async def _watch_core(self) -> None:
+        """Replace a dead engine core, and with it every worker (their
+        clients died with it)."""
+        while not self._stopping.is_set():
+            core = self.core
+            if core is None:
+                return
+            sentinels = core.sentinels
+            await asyncio.to_thread(_wait_any, sentinels, self._stopping)
+            if self._stopping.is_set():
+                return
+            log.error("the shared engine core died; restarting it and every worker")
+            for w in self.workers:
+                if w.watcher is not None:
+                    w.watcher.cancel()
+            await asyncio.gather(*(w.watcher for w in self.workers if w.watcher),
+                                 return_exceptions=True)
+            await self._stop_workers()
+            await asyncio.to_thread(core.shutdown)
+            await self._start_core()
+            for w in self.workers:
+                w.proc, w.restarts = None, w.restarts + 1
+                w.watcher = asyncio.create_task(self._watch(w), name=f"duplex-{w.instance_id}")
+
+    async def _stop_workers(self) -> None:
+        procs = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
+        for proc in procs:
+            proc.terminate()  # uvicorn: close every session, abort engine requests, exit
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+    # ---- the whole -------------------------------------------------------
+
+    def router_plan(self, fleet: str | None) -> RouterPlan:
+        return RouterPlan.for_workers(f"{self.host}:{self.port}",
+                                      {w.instance_id: w.address for w in self.workers},
+                                      max_request_bytes=self.config.limits.max_request_bytes,
+                                      fleet=fleet)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._stopping.set)
+        core_watch = None
+        try:
+            await self._start_core()
+            fleet = await self._start_fleet_endpoint()
+            self.nginx = Nginx(self.router_plan(fleet))
+            await self.nginx.start()
+            for w in self.workers:
+                w.watcher = asyncio.create_task(self._watch(w), name=f"duplex-{w.instance_id}")
+            if self.core is not None:
+                core_watch = asyncio.create_task(self._watch_core(), name="duplex-core-watch")
+            await self._report_ready()
+            nginx_exit = asyncio.create_task(self.nginx.wait())
+            stop = asyncio.create_task(self._stopping.wait())
+            await asyncio.wait([nginx_exit, stop], return_when=asyncio.FIRST_COMPLETED)
+            if nginx_exit.done():
+                log.error("nginx exited: %s", self.nginx.error_log())
+            stop.cancel()
+            nginx_exit.cancel()
+            return 0 if self._stopping.is_set() else 1
+        finally:
+            self._stopping.set()
+            await self._shutdown(core_watch)
+
+    async def _report_ready(self) -> None:
+        while not self._stopping.is_set():
+            if all(w.state in ("up", "failed") for w in self.workers):
+                break
+            await asyncio.sleep(0.1)
+        ids = ", ".join(f"{w.instance_id}={w.address}" for w in self.workers)
+        print(f"vllm-duplex: {len(self.workers)} workers ({ids}) behind nginx on "
+              f"http://{self.host}:{self.port} (ws://{self.host}:{self.port}/v1/realtime)",
+              flush=True)
+
+    async def _shutdown(self, core_watch: asyncio.Task | None) -> None:
+        if self.nginx is not None:
+            await self.nginx.stop()
+        for w in self.workers:
+            if w.watcher is not None:
+                w.watcher.cancel()
+        await asyncio.gather(*(w.watcher for w in self.workers if w.watcher),
+                             return_exceptions=True)
+        await self._stop_workers()
+        if core_watch is not None:
+            core_watch.cancel()
+            await asyncio.gather(core_watch, return_exceptions=True)
+        if self.core is not None:
+            await asyncio.to_thread(self.core.shutdown)
+        if self._fleet_server is not None:
+            server, task = self._fleet_server
+            server.should_exit = True
+            with contextlib.suppress(Exception):
+                await task
+
+
+def _wait_any(sentinels: list[int], stopping: asyncio.Event) -> None:
+    """Block until one of ``sentinels`` (process exit) or a stop (polled)."""
+    from multiprocessing.connection import wait
+
+    while not stopping.is_set():
+        if wait(sentinels, timeout=0.5):
+            return
+
+
+def serve_workers(config: DeployConfig, config_path: Path, workers: Workers, *, host: str,
+                  port: int, log_level: str = "warning") -> int:
+    fleet = WorkerFleet(config, config_path, workers, host=host, port=port, log_level=log_level)
+    return asyncio.run(fleet.run())
