@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
+from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.payloads import (
     GenerateRequest,
@@ -79,7 +80,7 @@ async def test_cancel_behind_100_appends_is_applied_first(engine):
     assert order == ["response.done", "input_audio_buffer.committed"]
     assert session.mailbox.overtaken >= 1
     assert engine.metrics.control_overtakes.get() >= 1
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_interrupt_bumps_epoch_once_and_drops_stale_deltas(engine):
@@ -100,7 +101,7 @@ async def test_interrupt_bumps_epoch_once_and_drops_stale_deltas(engine):
         if env.event.type == "error":
             assert env.event.error.event_id == "sentinel"
             break
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 class _DeafLlmStage:
@@ -166,7 +167,7 @@ async def test_fence_gate_is_the_one_place_stale_outputs_die(engine):
         env = session.attachment.get_nowait()
         assert env.event.type != "response.output_text.delta", "a stale delta reached the client"
     assert first.fence.epoch < session.fence.epoch
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_speech_after_cancel_still_starts_a_turn(engine):
@@ -179,7 +180,7 @@ async def test_speech_after_cancel_still_starts_a_turn(engine):
     session.deliver(cmd.ResponseCancel())  # overtakes the audio, bumps the epoch
     started = await next_event(session, "input_audio_buffer.speech_started")
     assert started.event.item_id
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_fences_only_grow_and_seq_is_dense(engine):
@@ -198,7 +199,7 @@ async def test_fences_only_grow_and_seq_is_dense(engine):
     assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
     fences = [(e.fence.incarnation, e.fence.epoch) for e in seen]
     assert fences == sorted(fences) and fences[-1][1] == fences[0][1] + 1
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_immutable_and_unsupported_updates_are_refused(engine):
@@ -209,13 +210,13 @@ async def test_immutable_and_unsupported_updates_are_refused(engine):
         "immutable_field", "session.model", "u1")
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(model=session.config.model)))
     await next_event(session, "session.updated")  # unchanged immutable value is fine
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_close_is_idempotent_and_refuses_later_commands(engine):
     session = await engine.open_realtime_session(None)
-    await engine.end_session(session, "test")
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
+    await engine.end_session(session, CloseReason.CLIENT)
     assert len(engine.manager) == 0
     with pytest.raises(Exception) as info:
         session.deliver(cmd.AudioCommit(event_id="late"))
@@ -252,9 +253,9 @@ async def test_a_consumer_that_stops_reading_ends_its_session_with_bounded_memor
     att = session.attachment
     session.deliver(cmd.ResponseCreate())  # ~60 events, nobody reads them
     await asyncio.wait_for(session.closed.wait(), 5)
-    assert session.close_reason == "slow_consumer"
+    assert session.close_reason is CloseReason.SLOW_CONSUMER
     assert att.qsize() == 1 and att.get_nowait() is Notice.SLOW_CONSUMER  # backlog dropped
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
     assert engine.metrics.sessions_closed.get(reason="slow_consumer") == 1
 
 
@@ -272,7 +273,7 @@ async def test_with_resume_a_slow_consumer_loses_its_socket_not_its_session(engi
     new, replay, resumed = session.resume(session.resume_token, 2)
     assert not replay.resync and [e.seq for e in replay.events] == list(range(3, replay.head_seq + 1))
     assert resumed["resume_token"] == session.resume_token
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_silence_under_server_vad_does_not_grow_the_buffer(engine):
@@ -282,8 +283,8 @@ async def test_silence_under_server_vad_does_not_grow_the_buffer(engine):
     session.deliver(cmd.ItemRetrieve(item_id="x"))  # a sentinel behind the audio
     await next_event(session, "error")
     td = session.config.turn_detection
-    assert session._input.samples <= (td.prefix_padding_ms + 1000 + 20) * 16
-    await engine.end_session(session, "test")
+    assert session.core.input.samples <= (td.prefix_padding_ms + 1000 + 20) * 16
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_manual_buffer_is_capped_with_a_typed_error(engine):
@@ -296,7 +297,7 @@ async def test_manual_buffer_is_capped_with_a_typed_error(engine):
     session.deliver(cmd.AudioCommit())
     committed = await next_event(session, "conversation.item.done")
     assert committed.event.item["role"] == "user"
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
@@ -309,19 +310,19 @@ async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
     await engine.start()
     session = await engine.open_realtime_session(None)
     session.deliver(cmd.ResponseCreate())
-    while session._response is None or session._response.first_audio_at is None:
+    while session.core.response is None or session.core.response.first_audio_at is None:
         await clock.advance(0.01)
-    first_audio_at = session._response.first_audio_at
-    item_id = session._response.item.id
+    first_audio_at = session.core.response.first_audio_at
+    item_id = session.core.response.item.id
     await clock.advance(first_audio_at + 0.5 - clock.now())
     session.deliver(cmd.AudioAppend(audio=pcm16(0.3, amplitude=0.3)))  # the user speaks
     truncated = await next_event(session, "conversation.item.truncated")
     assert (truncated.event.item_id, truncated.event.audio_end_ms) == (item_id, 500)
-    heard = session._item(item_id)
+    heard = session.core.conversation.get(item_id)
     assert heard.text() == "Hello from the scripted"
-    context = session._context(cmd.ResponseOptions())
+    context = session.core.context(cmd.ResponseOptions())
     assert context[-1].role == "assistant" and context[-1].text == "Hello from the scripted"
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
     await engine.stop()
 
 
@@ -336,5 +337,5 @@ async def test_a_terminal_stage_failure_ends_the_session_with_one_error(engine):
     err = await next_event(session, "error")
     assert err.event.error.code == "engine_dead" and err.event.error.to_wire()["retryable"]
     await asyncio.wait_for(session.closed.wait(), 5)
-    assert session.close_reason == "engine_dead"
-    await engine.end_session(session, "test")
+    assert session.close_reason is CloseReason.ENGINE_DEAD
+    await engine.end_session(session, CloseReason.CLIENT)
