@@ -424,3 +424,11 @@ def test_native_audio_out_keeps_text_from_the_tts():
     done = policy.decide_output(view, out(GenerationDone("r", "stop"), "omni"))
     assert not done.forward and not done.finish_response
     assert policy.decide_output(view, out(SpeechDone("r"), "omni")).finish_response
+
+
+def test_it_declares_its_stages_and_its_state_follows_its_options():
+    policy = OmniPolicy(unit_ms=500, frames_per_unit=2)
+    assert policy.stage_needs().names == ("omni", "vad")  # tts only for spoken replies
+    state = policy.new_state()
+    assert isinstance(state, OmniState) and state is not policy.new_state()
+    assert (state.builder.unit_ms, state.builder.frames_per_unit) == (500, 2)
