@@ -13,7 +13,9 @@ It is the single writer of the session's state -- fence gate, config,
 conversation, input buffer, active response, the policy's per-session
 state -- and it is the ``SessionView`` the policy reads. Stale outputs die
 in one place: ``_on_stage_output`` asks the gate before anything else.
-Messages and stage payloads are dispatched through type tables.
+Messages are dispatched through one table by type: the client's commands
+(``client_commands.py``), stage outputs (rendered by ``rendering.py``) and
+the session-level rest here.
 """
 
 from __future__ import annotations
@@ -26,44 +28,43 @@ from typing import Any
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.contracts import AppendPlan, FenceBump, InputMode, InterruptReason
+from vllm_duplex.core.contracts import AppendPlan, FenceBump, InterruptReason
 from vllm_duplex.core.conversation import (
-    ContentPart,
     ConversationItem,
-    ItemType,
     Response,
     ResponseStatus,
-    Role,
     context_messages,
 )
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.gate import FenceGate
-from vllm_duplex.core.input_sequence import Accepted, InputSequence
+from vllm_duplex.core.input_sequence import InputSequence
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import (
     ContextMessage,
     GenerateRequest,
     StageFailed,
     StageOutput,
-    TextIn,
 )
-from vllm_duplex.core.session_config import SessionConfig, session_wire
+from vllm_duplex.core.session_config import (
+    SessionConfig,
+    check_modalities,
+    session_wire,
+    updated_config,
+)
 from vllm_duplex.media.audio import AudioEncoder
 from vllm_duplex.policy import ModelPolicy
 from vllm_duplex.session import rendering
+from vllm_duplex.session.client_commands import COMMANDS
 from vllm_duplex.session.effects import (
     AckEvents,
     Cancel,
     Close,
-    DecodeImage,
     Effect,
     Emit,
     Failed,
-    FeedVideo,
     Forward,
     FrameDecoded,
-    PollVideo,
     Submit,
 )
 from vllm_duplex.session.input_buffer import InputBuffer
@@ -71,7 +72,7 @@ from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session.responses import ActiveResponse
 from vllm_duplex.session.user_turn import UserTurn
-from vllm_duplex.session.video_input import VideoAdmission, data_url_bytes
+from vllm_duplex.session.video_input import VideoAdmission
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class SessionCore:
         self._generator = policy.stage_needs().generator
         self._policy_state = policy.new_state()
         self._seq = 0
-        self._input_seq = InputSequence(max_chunk_bytes=1 << 62, max_total_bytes=1 << 62)
+        self.input_seq = InputSequence(max_chunk_bytes=1 << 62, max_total_bytes=1 << 62)
         self.conversation = ItemStore(limits.max_items)
         self.input = InputBuffer(config.input_format, max_ms=limits.max_buffer_ms)
         self.user = UserTurn(make_id)
@@ -155,7 +156,7 @@ class SessionCore:
     @property
     def last_input_seq(self) -> int:
         """The last numbered input chunk accepted (a resumed client resends after it)."""
-        return self._input_seq.next_seq - 1
+        return self.input_seq.next_seq - 1
 
     def session_object(self) -> dict[str, Any]:
         extra = {"policy": self.policy.name, "capabilities": self.caps.wire(),
@@ -176,7 +177,7 @@ class SessionCore:
         self._now = self._received_at = now
         self.emit(ev.SessionCreated(session=self.session_object(), resume_token=resume_token))
         if self._config.turn_detection is not None:
-            self._execute(self.policy.plan_append(self, self.user.vad_config(self._config)))
+            self.execute(self.policy.plan_append(self, self.user.vad_config(self._config)))
         return self._take()
 
     def handle(self, message: object, now: float, received_at: float | None = None) -> list[Effect]:
@@ -203,7 +204,10 @@ class SessionCore:
         effects, self._effects = self._effects, []
         return effects
 
-    # ---- for the core's own modules (rendering) ----------------------------
+    def effect(self, effect: Effect) -> None:
+        self._effects.append(effect)
+
+    # ---- for the core's own modules (client_commands, rendering) -----------
 
     @property
     def now(self) -> float:
@@ -222,7 +226,7 @@ class SessionCore:
         self.metrics.errors.inc(code=err.code)
         self.emit(ev.ErrorEvent(error=err))
 
-    def _execute(self, plan: AppendPlan, *, ingest: bool = False) -> None:
+    def execute(self, plan: AppendPlan, *, ingest: bool = False) -> None:
         """Carry out a policy plan: move the fence first, then submit.
         ``ingest``: the plan answers client input (its latency is measured)."""
         if plan.bump is FenceBump.INCARNATION:
@@ -241,30 +245,8 @@ class SessionCore:
         self.metrics.epoch_bumps.inc()
         self._effects.append(Cancel(fence))
 
-    # ---- client commands --------------------------------------------------
-
-    def _on_append(self, c: cmd.AudioAppend) -> None:
-        # Numbered chunks (CONFORMANCE 23): a duplicate (a resend after a
-        # resume) is ignored, a gap is refused naming the expected seq.
-        if c.seq is None or self._input_seq.accept(c.seq, 0) is Accepted.NEW:
-            self._append_audio(c.audio)
-
-    def _append_audio(self, data: bytes) -> None:
-        chunk = self.input.append(data)
-        if chunk is None:
-            return
-        td = self._config.turn_detection
-        if td is not None and not self.user.speaking:
-            self.input.trim_idle(td.prefix_padding_ms)
-        self._execute(self.policy.plan_append(self, chunk), ingest=True)
-
-    def _on_commit(self, c: cmd.AudioCommit) -> None:
-        if self.input.samples == 0:
-            raise DuplexError("input_audio_buffer_empty",
-                              "the input audio buffer is empty: append audio before committing")
-        self._commit_input()
-
-    def _commit_input(self) -> None:
+    def commit_input(self) -> None:
+        """The input buffer becomes a user item (a commit, or server VAD's end of turn)."""
         audio, errors = self.input.commit()
         for err in errors:  # e.g. an odd PCM16 byte count: reported, the turn is kept
             self.error(err)
@@ -273,93 +255,17 @@ class SessionCore:
         self.emit(ev.InputAudioBufferCommitted(item_id=item.id, previous_item_id=previous))
         self.emit(ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous))
         self.emit(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
-        self._execute(self.policy.plan_append(self, committed))
+        self.execute(self.policy.plan_append(self, committed))
 
-    def _on_clear(self, c: cmd.AudioClear) -> None:
-        self.input.clear()
-        self.emit(ev.InputAudioBufferCleared())
+    # ---- session-level messages ---------------------------------------------
 
     def _on_update(self, c: cmd.SessionUpdate) -> None:
-        try:
-            new = self._config.apply(c.patch)
-        except ValueError as exc:
-            name = str(exc)
-            raise DuplexError("immutable_field", f"{name} cannot change after the session opened",
-                              param=f"session.{name}") from None
-        td = new.turn_detection
-        if td is not None and td.type not in self.caps.turn_detection:
-            raise DuplexError("unsupported_turn_detection",
-                              f"turn_detection {td.type!r} is not supported by policy {self.policy.name!r}",
-                              param="session.audio.input.turn_detection.type")
-        unsupported = set(new.output_modalities) - self.caps.output_modalities
-        if unsupported:
-            raise DuplexError("invalid_value", f"output modalities {sorted(unsupported)} unsupported",
-                              param="session.output_modalities")
-        old = self._config
+        old, new = self._config, updated_config(self._config, c.patch, self.caps, self.policy.name)
         self._config = new
         self.input.set_format(new.input_format)
-        if td is not None and td != old.turn_detection:
-            self._execute(self.policy.plan_append(self, self.user.vad_config(new)))
+        if new.turn_detection is not None and new.turn_detection != old.turn_detection:
+            self.execute(self.policy.plan_append(self, self.user.vad_config(new)))
         self.emit(ev.SessionUpdated(session=self.session_object()))
-
-    def _on_response_create(self, c: cmd.ResponseCreate) -> None:
-        self._create_response(c.options)
-
-    def _on_response_cancel(self, c: cmd.ResponseCancel) -> None:
-        active = self.response
-        if active is None or (c.response_id and c.response_id != active.id):
-            raise DuplexError("response_cancel_not_active",
-                              "there is no active response to cancel", param="response_id")
-        self._interrupt(InterruptReason.CLIENT_CANCELLED)
-
-    def _on_item_create(self, c: cmd.ItemCreate) -> None:
-        item = c.item
-        if item.id and self.conversation.has(item.id):
-            raise DuplexError("invalid_value", f"an item with id {item.id!r} already exists",
-                              param="item.id")
-        if not item.id:
-            item.id = self.make_id("item")
-        previous = self.conversation.insert(item, after=c.previous_item_id)
-        self.emit(ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous))
-        self.emit(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
-        if item.type is ItemType.MESSAGE and item.role is Role.USER and item.text():
-            self._execute(self.policy.plan_append(self, TextIn(item.text())))
-        for part in item.content if item.role is Role.USER else ():
-            if part.type == "input_image" and part.image_url:
-                self._need_video()
-                data = data_url_bytes(part.image_url)
-                ts = self.video.image(self._now, len(data))
-                self._effects.append(DecodeImage(data, ts, "image", c.event_id))
-
-    def _on_item_retrieve(self, c: cmd.ItemRetrieve) -> None:
-        self.emit(ev.ConversationItemRetrieved(item=self.conversation.get(c.item_id).wire()))
-
-    def _on_item_delete(self, c: cmd.ItemDelete) -> None:
-        self.conversation.delete(c.item_id)
-        if self.response is not None and self.response.item.id == c.item_id:
-            self.response.in_conversation = False  # no item.done for a deleted item
-        self.emit(ev.ConversationItemDeleted(item_id=c.item_id))
-
-    def _on_item_truncate(self, c: cmd.ItemTruncate) -> None:
-        self.conversation.truncate(c.item_id, c.content_index, c.audio_end_ms)
-        self.emit(ev.ConversationItemTruncated(item_id=c.item_id, content_index=c.content_index,
-                                                audio_end_ms=c.audio_end_ms))
-
-    def _on_duplex_input(self, c: cmd.DuplexInput) -> None:
-        if not self.caps.supports(c.mode):
-            raise DuplexError("capability_unsupported",
-                              f"input mode {c.mode.value!r} is not supported by policy "
-                              f"{self.policy.name!r}", param="mode")
-        if c.mode is InputMode.APPEND_AUDIO_CHUNK and c.audio is not None:
-            self._append_audio(c.audio)
-        elif c.mode is InputMode.TURN_COMMIT_ONLY:
-            self._on_commit(cmd.AudioCommit(event_id=c.event_id))
-        elif c.mode is InputMode.APPEND_TOKENS and c.text:
-            item = ConversationItem(id="", type=ItemType.MESSAGE, role=Role.USER,
-                                    content=[ContentPart(type="input_text", text=c.text)])
-            self._on_item_create(cmd.ItemCreate(item=item, event_id=c.event_id))
-        else:  # the policy owns the meaning of the advanced modes
-            self._execute(self.policy.plan_append(self, c), ingest=True)
 
     def _on_event_ack(self, c: cmd.EventAck) -> None:
         self._effects.append(AckEvents(c.seq))
@@ -369,36 +275,17 @@ class SessionCore:
         self.emit(ev.SessionClosed(reason=reason.value))
         self._effects.append(Close(reason))  # nothing queued behind the close may run
 
-    # ---- video ------------------------------------------------------------
-
-    def _need_video(self) -> None:
-        if "video" not in self.caps.input_modalities:
-            raise DuplexError("capability_unsupported", f"policy {self.policy.name!r} takes no "
-                              "video or images", param="type")
-
-    def _on_video_frame(self, c: cmd.VideoFrameIn) -> None:
-        self._need_video()
-        ts = self.video.frame(self._now, len(c.image), c.timestamp_ms)
-        if ts is not None:
-            self._effects.append(DecodeImage(c.image, ts, "frame", c.event_id))
-
-    def _on_video_chunk(self, c: cmd.VideoChunkIn) -> None:
-        self._need_video()
-        self.video.chunk(self._now, len(c.data))
-        self._effects.append(FeedVideo(c.data, c.container, c.event_id))
-
-    def _on_video_decoded(self, c: cmd.VideoDecoded) -> None:
-        self._effects.append(PollVideo())
+    # ---- what the runner reports back ---------------------------------------
 
     def _on_frame(self, m: FrameDecoded) -> None:
-        self._execute(self.policy.plan_append(self, m.frame))
+        self.execute(self.policy.plan_append(self, m.frame))
 
     def _on_failed(self, m: Failed) -> None:
         self.error(m.error)
 
     # ---- responses --------------------------------------------------------
 
-    def _create_response(self, options: cmd.ResponseOptions) -> None:
+    def create_response(self, options: cmd.ResponseOptions) -> None:
         if self.response is not None:
             raise DuplexError("conversation_already_has_active_response",
                               f"response {self.response.id} is still in progress; cancel it "
@@ -406,10 +293,7 @@ class SessionCore:
         if self._generator not in self.stage_names:
             raise DuplexError("capability_unsupported", "this pipeline has no generating stage")
         modalities = tuple(options.output_modalities or self._config.output_modalities)
-        unsupported = set(modalities) - self.caps.output_modalities
-        if unsupported:
-            raise DuplexError("invalid_value", f"output modalities {sorted(unsupported)} unsupported",
-                              param="response.output_modalities")
+        check_modalities(modalities, self.caps, param="response.output_modalities")
         in_conversation = options.conversation != "none"
         response = Response(
             id=self.make_id("resp"),
@@ -443,7 +327,7 @@ class SessionCore:
                                     options.instructions or self._config.instructions)
         return self.policy.shape_context(self, messages)
 
-    def _interrupt(self, reason: InterruptReason) -> None:
+    def interrupt(self, reason: InterruptReason) -> None:
         """Barge-in or cancel: one epoch bump, one response.done(cancelled),
         one cancel of the stages -- in that order. Silence comes first: once
         the gate has moved, nothing of the old reply can reach the client, so
@@ -456,7 +340,7 @@ class SessionCore:
         self.gate.advance(fence)
         self.metrics.epoch_bumps.inc()
         self.metrics.interrupts.inc(reason=reason.value)
-        truncated = self._truncate_to_heard(active) if reason is InterruptReason.TURN_DETECTED else None
+        truncated = active.cut_to_heard(self._now) if reason is InterruptReason.TURN_DETECTED else None
         self.emit_all(active.finish(ResponseStatus.CANCELLED,
                                      {"type": "cancelled", "reason": reason.value}))
         if truncated is not None:
@@ -464,23 +348,7 @@ class SessionCore:
         self.metrics.cancel_latency.observe(self._now - self._received_at)
         self._effects.append(Cancel(fence))
 
-    def _truncate_to_heard(self, active: ActiveResponse) -> ev.ServerEvent | None:
-        """Barge-in: the client plays audio in real time from the first delta,
-        so it cannot have heard more than the time since then. Cut the
-        assistant item to those words, so the next turn's context holds only
-        what the user heard (a client that knows better sends truncate)."""
-        if not active.audio or active.first_audio_at is None:
-            return None
-        part = active.part
-        heard_ms = min(part.audio_ms, int((self._now - active.first_audio_at) * 1000))
-        part.transcript = active.text = part.heard_text(heard_ms)
-        part.audio_ms = heard_ms
-        if not active.in_conversation:
-            return None
-        return ev.ConversationItemTruncated(item_id=active.item.id, content_index=0,
-                                            audio_end_ms=heard_ms)
-
-    def _finish_response(self) -> None:
+    def finish_response(self) -> None:
         active, self.response = self.response, None
         if active is not None:
             self.emit_all(active.finish(ResponseStatus.COMPLETED))
@@ -502,37 +370,25 @@ class SessionCore:
         if decision.emit:
             rendering.render(self, payload if decision.render is None else decision.render)
         if decision.plan is not None:
-            self._execute(decision.plan)
+            self.execute(decision.plan)
         if decision.interrupt is not None:
-            self._interrupt(decision.interrupt)
+            self.interrupt(decision.interrupt)
         if decision.forward:
             self._effects.append(Forward(out))
         if decision.commit_turn and self.input.samples > 0:
-            self._commit_input()
+            self.commit_input()
         if decision.create_response and self.response is None:
-            self._create_response(cmd.ResponseOptions())
+            self.create_response(cmd.ResponseOptions())
         if decision.finish_response:
-            self._finish_response()
+            self.finish_response()
 
 
 # What handles each message, by its exact type (the codec and the runner make
-# exactly these classes).
+# exactly these classes): the client's commands, then the session's own.
 _HANDLERS: dict[type, Callable[[SessionCore, Any], None]] = {
+    **COMMANDS,
     StageOutput: SessionCore._on_stage_output,
-    cmd.AudioAppend: SessionCore._on_append,
-    cmd.AudioCommit: SessionCore._on_commit,
-    cmd.AudioClear: SessionCore._on_clear,
     cmd.SessionUpdate: SessionCore._on_update,
-    cmd.ResponseCreate: SessionCore._on_response_create,
-    cmd.ResponseCancel: SessionCore._on_response_cancel,
-    cmd.ItemCreate: SessionCore._on_item_create,
-    cmd.ItemRetrieve: SessionCore._on_item_retrieve,
-    cmd.ItemDelete: SessionCore._on_item_delete,
-    cmd.ItemTruncate: SessionCore._on_item_truncate,
-    cmd.DuplexInput: SessionCore._on_duplex_input,
-    cmd.VideoFrameIn: SessionCore._on_video_frame,
-    cmd.VideoChunkIn: SessionCore._on_video_chunk,
-    cmd.VideoDecoded: SessionCore._on_video_decoded,
     cmd.EventAck: SessionCore._on_event_ack,
     cmd.SessionClose: SessionCore._on_close,
     FrameDecoded: SessionCore._on_frame,

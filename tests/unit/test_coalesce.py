@@ -8,7 +8,13 @@ import dataclasses
 import numpy as np
 import pytest
 from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import AudioOut, GenerationDone, StageOutput, TextDelta, TranscriptDelta
+from vllm_duplex.core.payloads import (
+    AudioOut,
+    GenerationDone,
+    StageOutput,
+    TextDelta,
+    TranscriptDelta,
+)
 from vllm_duplex.session.coalesce import merge_outputs, merge_queued
 
 F = Fence("s")
