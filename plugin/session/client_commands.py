@@ -101,7 +101,7 @@ def _item_delete(core: SessionCore, c: cmd.ItemDelete) -> None:
 def _item_truncate(core: SessionCore, c: cmd.ItemTruncate) -> None:
     core.conversation.truncate(c.item_id, c.content_index, c.audio_end_ms)
     core.emit(ev.ConversationItemTruncated(item_id=c.item_id, content_index=c.content_index,
-                                            audio_end_ms=c.audio_end_ms))
+                                           audio_end_ms=c.audio_end_ms))
 
 
 def _duplex_input(core: SessionCore, c: cmd.DuplexInput) -> None:

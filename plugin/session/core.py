@@ -197,7 +197,7 @@ class SessionCore:
         except Exception:  # contained: one bad command must not end the session
             log.exception("session %s failed on %r", self.session_id, type(message).__name__)
             self.error(DuplexError("internal_error", "internal error handling the event",
-                                    event_id=getattr(message, "event_id", None)))
+                                   event_id=getattr(message, "event_id", None)))
         return self._take()
 
     def _take(self) -> list[Effect]:
@@ -342,7 +342,7 @@ class SessionCore:
         self.metrics.interrupts.inc(reason=reason.value)
         truncated = active.cut_to_heard(self._now) if reason is InterruptReason.TURN_DETECTED else None
         self.emit_all(active.finish(ResponseStatus.CANCELLED,
-                                     {"type": "cancelled", "reason": reason.value}))
+                                    {"type": "cancelled", "reason": reason.value}))
         if truncated is not None:
             self.emit(truncated)
         self.metrics.cancel_latency.observe(self._now - self._received_at)
