@@ -135,6 +135,10 @@ class DuplexSession:
         return self.core.gate
 
     @property
+    def active_response_id(self) -> str | None:
+        return self.core.active_response_id
+
+    @property
     def journal(self) -> Journal:
         return self.outbox.journal
 
