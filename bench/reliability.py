@@ -42,6 +42,7 @@ from websockets.uri import parse_uri
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from churn import churn, rss_bytes, settle  # noqa: E402
+from vllm_duplex.core.close_reason import CloseReason  # noqa: E402
 from vllm_duplex.host.deploy import StageSpec, load_config  # noqa: E402
 from vllm_duplex.host.runtime import Runtime  # noqa: E402
 from vllm_duplex.realtime.client.realtime import RealtimeClient  # noqa: E402
@@ -217,7 +218,7 @@ async def bench_slow_consumer() -> None:
         cut = metrics.slow_consumers.get() > 0
         journal = session.journal.bytes
         slow.close()
-        await server.engine.end_session(session, "bench")
+        await server.engine.end_session(session, CloseReason.CLIENT)
     print(f"slow consumer: cut off: {cut} (close 4008); queued for it at most {peak / 2**20:.2f} MiB "
           f"(bound {config.limits.outbound_bytes / 2**20:.0f} MiB), journal {journal / 2**20:.1f} MiB "
           f"(bound {config.limits.journal_bytes / 2**20:.0f} MiB); server RSS "

@@ -71,7 +71,10 @@ def webm(frames: list[np.ndarray], fps: int = 30) -> bytes:
 def vision_only(fps: float) -> DeployConfig:
     config = load_config("cascade-video-cpu")
     return dataclasses.replace(
-        config, stages=(StageSpec("energy_vad"), StageSpec("vision")),  # vad: the policy's turn detection
+        # The cascade needs vad, asr, llm and tts besides vision (refused at
+        # load otherwise); these are the cheap ones, and only vision gets work.
+        config, stages=(StageSpec("energy_vad"), StageSpec("pocketsphinx"),
+                        StageSpec("scripted_llm"), StageSpec("tone_tts"), StageSpec("vision")),
         limits=dataclasses.replace(config.limits, video_fps=fps, video_max_fps=10_000.0,
                                    video_max_bytes_per_s=1 << 34, resume_grace_s=0))
 

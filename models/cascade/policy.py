@@ -1,7 +1,7 @@
 """``CascadePolicy``: the embedded default (DESIGN.md "The embedded default").
 
 Pure: functions of (session view, input) with no I/O and no awaits; what it
-must remember per session lives in ``view.policy_state``.
+must remember per session is a ``CascadeState`` in ``view.policy_state``.
 
 While the user speaks, ASR partials become transcription deltas, and each word
 that stayed stable is pushed into the live vLLM request (``append_tokens``),
@@ -19,7 +19,7 @@ camera context.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm_duplex.core.commands import DuplexInput, ResponseOptions
@@ -32,6 +32,7 @@ from vllm_duplex.core.contracts import (
     InterruptReason,
     OutputDecision,
     SamplingConfig,
+    StageNeeds,
     StageSubmission,
     TurnCommitted,
 )
@@ -59,13 +60,22 @@ from vllm_duplex.core.payloads import (
     VideoFrame,
 )
 from vllm_duplex.models.cascade.transcript import Utterance, words
-from vllm_duplex.policy import SessionView
+from vllm_duplex.policy import PolicyBase, SessionView
 
-VAD, ASR, LLM, VISION = "vad", "asr", "llm", "vision"
-_SCENE = "scene"  # the newest scene description (camera context)
-_UTTERANCE = "utterance"
-_TURN_OPEN = "turn_open"  # the live LLM request holds the start of a user turn
-_AWAITING_FINAL = "awaiting_final"  # committed by VAD; respond when the transcript lands
+VAD, ASR, LLM, TTS, VISION = "vad", "asr", "llm", "tts", "vision"
+
+
+@dataclass
+class CascadeState:
+    """What the cascade remembers of one session."""
+
+    utterance: Utterance = field(default_factory=Utterance)  # the user's words in flight
+    turn_open: bool = False  # the live LLM request holds the start of a user turn
+    awaiting_final: bool = False  # committed by VAD; respond when the transcript lands
+    scene: str | None = None  # the newest scene description (camera context)
+
+
+View = SessionView[CascadeState]
 
 _CAPABILITIES = Capabilities(
     input_modes=frozenset({
@@ -86,7 +96,7 @@ _CAPABILITIES = Capabilities(
 DEFAULT_MAX_TOKENS = 96
 
 
-class CascadePolicy:
+class CascadePolicy(PolicyBase[CascadeState]):
     name = "cascade"
 
     def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS, vision: bool = False, **_: Any) -> None:
@@ -101,23 +111,29 @@ class CascadePolicy:
     def capabilities(self) -> Capabilities:
         return self._caps
 
-    def shape_context(self, view: SessionView,
+    def stage_needs(self) -> StageNeeds:
+        return StageNeeds(generator=LLM, others=(VAD, ASR, TTS, *((VISION,) if self.vision else ())))
+
+    def new_state(self) -> CascadeState:
+        return CascadeState()
+
+    def shape_context(self, view: View,
                       messages: tuple[ContextMessage, ...]) -> tuple[ContextMessage, ...]:
         """The model sees the newest scene after the conversation: appended
         last, it never changes the prefix the live request already holds, and
         an older scene never reaches the model (``replace_latest_chunk``)."""
-        scene = view.policy_state.get(_SCENE)
+        scene = view.policy_state.scene
         if not scene:
             return messages
         return (*messages, ContextMessage("system", f"The user's camera shows: {scene}."))
 
-    def configure_sampling_params(self, view: SessionView, options: ResponseOptions) -> SamplingConfig:
+    def configure_sampling_params(self, view: View, options: ResponseOptions) -> SamplingConfig:
         limit = options.max_output_tokens or view.config.max_output_tokens or self.max_tokens
         return SamplingConfig(temperature=view.config.temperature, max_tokens=limit)
 
     # ---- input ---------------------------------------------------------------
 
-    def plan_append(self, view: SessionView, payload: Any) -> AppendPlan:
+    def plan_append(self, view: View, payload: Any) -> AppendPlan:
         if isinstance(payload, AudioIn):
             # The ASR hears everything; it cuts utterances at the VAD's events.
             targets = (VAD, ASR) if view.config.turn_detection is not None else (ASR,)
@@ -141,40 +157,40 @@ class CascadePolicy:
         if isinstance(payload, DuplexInput) and payload.mode in (
                 InputMode.REENCODE_CONTEXT, InputMode.ROLLBACK_TO_CHECKPOINT):
             # Rebuild the model context from the canonical conversation.
-            view.policy_state[_TURN_OPEN] = False
+            view.policy_state.turn_open = False
             return AppendPlan(payload.mode, (self._reset(view),), bump=FenceBump.INCARNATION,
                               checkpoint=payload.checkpoint)
         raise DuplexError("capability_unsupported",
                           f"policy {self.name!r} cannot take {type(payload).__name__} input")
 
-    def _reset(self, view: SessionView) -> StageSubmission:
+    def _reset(self, view: View) -> StageSubmission:
         """Make the live LLM request hold exactly the conversation so far."""
         return StageSubmission(LLM, ResetContext(context_messages(view.items, view.config.instructions)),
                                "llm")
 
     # ---- output --------------------------------------------------------------
 
-    def decide_output(self, view: SessionView, output: StageOutput) -> OutputDecision:
+    def decide_output(self, view: View, output: StageOutput) -> OutputDecision:
         p = output.payload
         td = view.config.turn_detection
         state = view.policy_state
         if isinstance(p, VadSpeechStarted):
             if td is None:
                 return DROP
-            state[_UTTERANCE] = Utterance()
-            state[_AWAITING_FINAL] = False
+            state.utterance = Utterance()
+            state.awaiting_final = False
             barge_in = td.interrupt_response and view.active_response_id is not None
             return OutputDecision(forward=True,
                                   interrupt=InterruptReason.TURN_DETECTED if barge_in else None)
         if isinstance(p, VadSpeechStopped):
             if td is None:
                 return DROP
-            state[_AWAITING_FINAL] = True
+            state.awaiting_final = True
             # Commit now (OpenAI order: speech_stopped, committed); the reply
             # waits for the final transcript, which the ASR sends next.
             return OutputDecision(forward=True, commit_turn=True)
         if isinstance(p, SceneDescription):
-            state[_SCENE] = p.text
+            state.scene = p.text
             return OutputDecision(forward=False)
         if isinstance(p, TranscriptPartial):
             return self._on_partial(view, p)
@@ -183,7 +199,7 @@ class CascadePolicy:
         if isinstance(p, TextDelta):
             return OutputDecision(forward=self._speaks(view))
         if isinstance(p, GenerationDone):
-            state[_TURN_OPEN] = False  # the reply closed the turn in the live request
+            state.turn_open = False  # the reply closed the turn in the live request
             return OutputDecision(forward=self._speaks(view), finish_response=not self._speaks(view))
         if isinstance(p, ToolCall):
             return OutputDecision(forward=False)
@@ -194,14 +210,11 @@ class CascadePolicy:
         return DROP
 
     @staticmethod
-    def _speaks(view: SessionView) -> bool:
+    def _speaks(view: View) -> bool:
         return "audio" in view.output_modalities
 
-    def _utterance(self, view: SessionView) -> Utterance:
-        return view.policy_state.setdefault(_UTTERANCE, Utterance())
-
-    def _on_partial(self, view: SessionView, p: TranscriptPartial) -> OutputDecision:
-        utt = self._utterance(view)
+    def _on_partial(self, view: View, p: TranscriptPartial) -> OutputDecision:
+        utt = view.policy_state.utterance
         hypothesis = words(p.text)
         stable = utt.update(hypothesis)
         render = None
@@ -212,7 +225,7 @@ class CascadePolicy:
         plan = self._push(view, utt, hypothesis, stable)
         return OutputDecision(emit=render is not None, forward=False, render=render, plan=plan)
 
-    def _push(self, view: SessionView, utt: Utterance, hypothesis: list[str],
+    def _push(self, view: View, utt: Utterance, hypothesis: list[str],
               stable: list[str]) -> AppendPlan | None:
         """Stream stable words into the live LLM request; roll back if the ASR
         revised one that was already pushed."""
@@ -220,7 +233,7 @@ class CascadePolicy:
         if utt.pushed and utt.revised(hypothesis):
             utt.rollbacks += 1
             utt.pushed = list(stable)
-            state[_TURN_OPEN] = bool(stable)
+            state.turn_open = bool(stable)
             subs = [self._reset(view)]
             if stable:
                 subs.append(StageSubmission(LLM, TextIn(" ".join(stable)), "llm"))
@@ -230,25 +243,25 @@ class CascadePolicy:
         if not new or view.active_response_id is not None:
             return None  # nothing new, or the model is busy answering
         subs = []
-        if not state.get(_TURN_OPEN):
+        if not state.turn_open:
             subs.append(self._reset(view))  # the turn starts on exactly the history
-            state[_TURN_OPEN] = True
+            state.turn_open = True
         subs.append(StageSubmission(LLM, TextIn(" ".join(new)), "llm"))
         utt.pushed = utt.pushed + new
         return AppendPlan(InputMode.APPEND_TOKENS, tuple(subs))
 
-    def _on_final(self, view: SessionView, p: TranscriptFinal) -> OutputDecision:
+    def _on_final(self, view: View, p: TranscriptFinal) -> OutputDecision:
         state = view.policy_state
-        utt = self._utterance(view)
+        utt = state.utterance
         final = words(p.text)
-        state[_UTTERANCE] = Utterance()
-        awaiting = state.pop(_AWAITING_FINAL, False)
+        state.utterance = Utterance()
+        awaiting, state.awaiting_final = state.awaiting_final, False
         td = view.config.turn_detection
         plan = None
         if utt.pushed and utt.revised(final):
             # The last revision came with the final transcript: the request
             # that answers will rebuild from the corrected conversation.
-            state[_TURN_OPEN] = False
+            state.turn_open = False
             plan = AppendPlan(InputMode.ROLLBACK_TO_CHECKPOINT, (), bump=FenceBump.INCARNATION,
                               checkpoint="turn-start")
         # Silence or noise that the VAD took for speech: no words, no reply.

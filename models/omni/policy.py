@@ -1,7 +1,7 @@
 """``OmniPolicy``: native audio+video models (MiniCPM-o, Qwen-Omni style).
 
 Pure: functions of (session view, input) with no I/O and no awaits; what it
-remembers per session lives in ``view.policy_state``.
+remembers per session is an ``OmniState`` in ``view.policy_state``.
 
 **Units.** Input is grouped into units (``models/omni/units.py``): ``unit_ms``
 of microphone audio plus the camera frames seen during it, sampled to
@@ -29,8 +29,9 @@ the LLM of MiniCPM-o; their speech decoders are not part of vLLM).
 ``audio_out: native``: the omni stage speaks itself (``AudioOut`` then
 ``SpeechDone``); its text is the transcript and is not sent on to a TTS.
 
-Stage names: ``vad``, ``omni`` (and ``tts``); configs/omni-gpu.yaml,
-configs/omni-scripted.yaml.
+Stage names: ``vad``, ``omni`` (answers responses), and ``tts`` after it for
+spoken replies with ``audio_out: tts``; configs/omni-gpu.yaml,
+configs/omni-scripted.yaml (text replies: no ``tts``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from vllm_duplex.core.commands import ResponseOptions
+from vllm_duplex.core.commands import DuplexInput, ResponseOptions
 from vllm_duplex.core.contracts import (
     DROP,
     AppendPlan,
@@ -49,6 +50,7 @@ from vllm_duplex.core.contracts import (
     InterruptReason,
     OutputDecision,
     SamplingConfig,
+    StageNeeds,
     StageSubmission,
     TurnCommitted,
 )
@@ -73,10 +75,11 @@ from vllm_duplex.core.payloads import (
     VideoFrame,
 )
 from vllm_duplex.models.omni.units import SAMPLES_PER_MS, UnitBuilder, units_of_turn
-from vllm_duplex.policy import SessionView
+from vllm_duplex.policy import PolicyBase, SessionView
 
 VAD, OMNI = "vad", "omni"
-_STATE = "omni"
+# tts is not required: a deployment that only writes text (omni-scripted) has none.
+_NEEDS = StageNeeds(generator=OMNI, others=(VAD,))
 
 _CAPABILITIES = Capabilities(
     input_modes=frozenset({
@@ -98,8 +101,8 @@ _NO_AUDIO = np.zeros(0, dtype=np.int16)
 
 
 @dataclass
-class _Turns:
-    """One session's input state (in ``view.policy_state``)."""
+class OmniState:
+    """One session's input state (``view.policy_state``)."""
 
     builder: UnitBuilder
     speaking: bool = False  # server VAD: inside a user turn (units stream)
@@ -142,7 +145,10 @@ class _Turns:
         return units
 
 
-class OmniPolicy:
+View = SessionView[OmniState]
+
+
+class OmniPolicy(PolicyBase[OmniState]):
     name = "omni"
 
     def __init__(self, unit_ms: int = 1000, frames_per_unit: int = 1, tile: bool = False,
@@ -165,20 +171,20 @@ class OmniPolicy:
     def capabilities(self) -> Capabilities:
         return _CAPABILITIES
 
-    def configure_sampling_params(self, view: SessionView, options: ResponseOptions) -> SamplingConfig:
+    def stage_needs(self) -> StageNeeds:
+        return _NEEDS
+
+    def new_state(self) -> OmniState:
+        return OmniState(self._builder())
+
+    def configure_sampling_params(self, view: View, options: ResponseOptions) -> SamplingConfig:
         limit = options.max_output_tokens or view.config.max_output_tokens or self.max_tokens
         return SamplingConfig(temperature=view.config.temperature, max_tokens=limit)
 
     def _builder(self) -> UnitBuilder:
         return UnitBuilder(self.unit_ms, self.frames_per_unit, tile=self.tile, tile_cell=self.tile_cell)
 
-    def _turns(self, view: SessionView) -> _Turns:
-        state = view.policy_state.get(_STATE)
-        if state is None:
-            state = view.policy_state[_STATE] = _Turns(self._builder())
-        return state
-
-    def _to_omni(self, view: SessionView, st: _Turns, payloads: list[Any]) -> tuple[StageSubmission, ...]:
+    def _to_omni(self, view: View, st: OmniState, payloads: list[Any]) -> tuple[StageSubmission, ...]:
         """Submissions to the omni stage, led by the instructions when the
         stage has not been told the current ones."""
         if not payloads:
@@ -192,8 +198,8 @@ class OmniPolicy:
 
     # ---- input ---------------------------------------------------------------
 
-    def plan_append(self, view: SessionView, payload: Any) -> AppendPlan:
-        st = self._turns(view)
+    def plan_append(self, view: View, payload: Any) -> AppendPlan:
+        st = view.policy_state
         td = view.config.turn_detection
         if isinstance(payload, AudioIn):
             st.position_ms = payload.start_ms + payload.pcm.size // SAMPLES_PER_MS
@@ -221,9 +227,9 @@ class OmniPolicy:
             return AppendPlan(InputMode.TURN_COMMIT_ONLY, self._to_omni(view, st, self._commit(view, st, payload)))
         raise DuplexError("capability_unsupported",
                           f"policy {self.name!r} cannot take {type(payload).__name__} input"
-                          + (f" in mode {payload.mode.value!r}" if hasattr(payload, "mode") else ""))
+                          + (f" in mode {payload.mode.value!r}" if isinstance(payload, DuplexInput) else ""))
 
-    def _frame(self, view: SessionView, st: _Turns, frame: VideoFrame) -> AppendPlan:
+    def _frame(self, view: View, st: OmniState, frame: VideoFrame) -> AppendPlan:
         td = view.config.turn_detection
         if frame.source == "image":
             # An input_image content part is a message of its own: it goes to
@@ -243,7 +249,7 @@ class OmniPolicy:
             replaced, st.idle_frame = st.idle_frame is not None, frame
         return AppendPlan(InputMode.REPLACE_LATEST_CHUNK if replaced else InputMode.APPEND_AUDIO_CHUNK)
 
-    def _commit(self, view: SessionView, st: _Turns, c: TurnCommitted) -> list[OmniUnit]:
+    def _commit(self, view: View, st: OmniState, c: TurnCommitted) -> list[OmniUnit]:
         if view.config.turn_detection is not None:
             # Server VAD flushed at speech stop; a manual commit mid-speech
             # ends the turn's units here.
@@ -256,14 +262,14 @@ class OmniPolicy:
 
     # ---- output --------------------------------------------------------------
 
-    def decide_output(self, view: SessionView, output: StageOutput) -> OutputDecision:
+    def decide_output(self, view: View, output: StageOutput) -> OutputDecision:
         p = output.payload
         td = view.config.turn_detection
         speaks = "audio" in view.output_modalities
         if isinstance(p, VadSpeechStarted):
             if td is None:
                 return DROP  # turn detection was switched off: a leftover event
-            st = self._turns(view)
+            st = view.policy_state
             st.speaking = True
             # Units of the pre-roll wait for the next audio chunk: a barge-in
             # must first cancel the reply they would queue behind.
@@ -274,7 +280,7 @@ class OmniPolicy:
         if isinstance(p, VadSpeechStopped):
             if td is None:
                 return DROP
-            st = self._turns(view)
+            st = view.policy_state
             st.speaking = False
             st.idle_frame = None  # the turn's frames were seen; the next turn starts afresh
             subs = self._to_omni(view, st, st.take(st.builder.flush()))

@@ -1,7 +1,8 @@
 """``ScriptedPolicy``: a cascade policy over the scripted stages.
 
 Pure: every method is a function of (session view, input) with no I/O and no
-awaits. Stage names follow the scripted pipeline: ``vad``, ``llm``, ``tts``.
+awaits; it keeps no per-session state. Stage names follow the scripted
+pipeline: ``vad``, ``llm`` (answers responses), ``tts``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from vllm_duplex.core.contracts import (
     InterruptReason,
     OutputDecision,
     SamplingConfig,
+    StageNeeds,
     StageSubmission,
     TurnCommitted,
 )
@@ -36,9 +38,10 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.policy import SessionView
+from vllm_duplex.policy import NoState, PolicyBase, SessionView
 
 VAD_STAGE = "vad"
+_NEEDS = StageNeeds(generator="llm", others=(VAD_STAGE, "tts"))
 
 _CAPABILITIES = Capabilities(
     input_modes=frozenset(
@@ -52,7 +55,7 @@ _CAPABILITIES = Capabilities(
 )
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(PolicyBase[NoState]):
     name = "scripted"
 
     def __init__(self, **options: Any) -> None:
@@ -63,6 +66,9 @@ class ScriptedPolicy:
 
     def capabilities(self) -> Capabilities:
         return _CAPABILITIES
+
+    def stage_needs(self) -> StageNeeds:
+        return _NEEDS
 
     def configure_sampling_params(
         self, view: SessionView, options: ResponseOptions

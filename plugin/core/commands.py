@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.contracts import InputMode
 from vllm_duplex.core.conversation import ConversationItem
 from vllm_duplex.core.session_config import SessionPatch
@@ -101,7 +102,7 @@ class DuplexInput(Command):
 class SessionClose(Command):
     """Extension ``session.close`` (also sent by the transport on disconnect)."""
 
-    reason: str = "client"
+    reason: CloseReason = CloseReason.CLIENT
     urgent: ClassVar[bool] = True
 
 

@@ -6,6 +6,7 @@ Policies return these plain, immutable values; the session executes them.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +110,25 @@ class Capabilities:
             "early_output": self.early_output,
             "tools": self.tools,
         }
+
+
+@dataclass(frozen=True)
+class StageNeeds:
+    """The stages a policy submits to, by stage name. ``generator`` answers
+    the session's ``GenerateRequest`` (every response); ``others`` are the
+    rest (VAD, ASR, TTS, ...). A deployment whose pipeline lacks one is
+    refused when it loads, not at a session's first audio chunk."""
+
+    generator: str
+    others: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.generator, *(n for n in self.others if n != self.generator))
+
+    def missing(self, present: Iterable[str]) -> list[str]:
+        have = set(present)
+        return [name for name in self.names if name not in have]
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,12 @@ types and ranges by the wire codec; ``SessionConfig.apply`` merges it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from vllm_duplex.core.contracts import Capabilities
+from vllm_duplex.core.errors import DuplexError
 
 
 class AudioEncoding(str, enum.Enum):
@@ -157,3 +161,29 @@ def session_wire(
     if extra:
         out.update(extra)
     return out
+
+
+def check_modalities(modalities: Iterable[str], caps: Capabilities, *, param: str) -> None:
+    unsupported = set(modalities) - caps.output_modalities
+    if unsupported:
+        raise DuplexError("invalid_value", f"output modalities {sorted(unsupported)} unsupported",
+                          param=param)
+
+
+def updated_config(config: SessionConfig, patch: SessionPatch, caps: Capabilities,
+                   policy: str) -> SessionConfig:
+    """What a ``session.update`` makes of ``config`` under a policy with
+    ``caps``: the typed error of the first thing it may not change."""
+    try:
+        new = config.apply(patch)
+    except ValueError as exc:
+        name = str(exc)
+        raise DuplexError("immutable_field", f"{name} cannot change after the session opened",
+                          param=f"session.{name}") from None
+    td = new.turn_detection
+    if td is not None and td.type not in caps.turn_detection:
+        raise DuplexError("unsupported_turn_detection",
+                          f"turn_detection {td.type!r} is not supported by policy {policy!r}",
+                          param="session.audio.input.turn_detection.type")
+    check_modalities(new.output_modalities, caps, param="session.output_modalities")
+    return new

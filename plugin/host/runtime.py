@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_duplex.core.clock import Clock, MonotonicClock
+from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.commands import SessionResume
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.metrics import Metrics
@@ -21,7 +22,8 @@ from vllm_duplex.leases.manager import SessionManager
 from vllm_duplex.policy import ModelPolicy, load_policy
 from vllm_duplex.replay.journal import JournalBudget, Replay
 from vllm_duplex.replay.outbox import Attachment
-from vllm_duplex.session.runner import DuplexSession, SessionLimits
+from vllm_duplex.session.limits import SessionLimits
+from vllm_duplex.session.runner import DuplexSession
 from vllm_duplex.session.video_input import VideoLimits
 from vllm_duplex.stages.lifecycle import Lifecycle, Metered, ServesText, StageCounter
 from vllm_duplex.stages.port import Stage
@@ -50,6 +52,7 @@ class Runtime:
         shared = dict(shared_stages or {})
         self.stages = [shared.get(spec.type) or build_stage(spec, self.clock)
                        for spec in config.stages]
+        _check_stages(config, self.policy, self.stages)
         self._owned = [s for s in self.stages if all(s is not x for x in shared.values())]
         limits = config.limits
         self.manager: SessionManager[DuplexSession] = SessionManager(
@@ -150,12 +153,12 @@ class Runtime:
         try:
             await session.start()
         except BaseException:
-            await self.manager.release(session.session_id, "start_failed")
-            await session.close("start_failed")
+            await self.manager.release(session.session_id, CloseReason.START_FAILED)
+            await session.close(CloseReason.START_FAILED)
             raise
         return session
 
-    async def end_session(self, session: DuplexSession, reason: str) -> None:
+    async def end_session(self, session: DuplexSession, reason: CloseReason) -> None:
         await session.close(reason)
         await self.manager.release(session.session_id, reason)
 
@@ -186,7 +189,7 @@ class Runtime:
         if session.close_reason is not None:
             await self.end_session(session, session.close_reason)
         elif current and not self.session_limits.survives_disconnect:
-            await self.end_session(session, "disconnect")
+            await self.end_session(session, CloseReason.DISCONNECT)
         else:
             self.manager.unpin(session.session_id)
 
@@ -209,3 +212,15 @@ class Runtime:
             "realtime": {"path": "/v1/realtime", "dialects": ["ga", "beta"]},
             "text": self.text.capabilities() if self.text is not None else None,
         }
+
+
+def _check_stages(config: DeployConfig, policy: ModelPolicy, stages: list[Stage]) -> None:
+    """Refuse a deployment whose pipeline lacks a stage its policy submits to
+    (found at load, not at a session's first audio chunk)."""
+    missing = policy.stage_needs().missing(s.name for s in stages)
+    if missing:
+        have = ", ".join(f"{s.name} ({spec.type})" for s, spec in zip(stages, config.stages))
+        raise ValueError(
+            f"deployment {config.name!r}: policy {policy.name!r} needs the stage(s) "
+            f"{', '.join(map(repr, missing))}, which its stages do not provide "
+            f"(it has: {have or 'none'}); add them under `stages:`")

@@ -2,13 +2,17 @@
 
 A policy is pure: functions of (session view, input) -> plan and
 (session view, stage output) -> decision. No I/O, no awaits, no engine
-handles.
+handles. One policy object serves every session of a deployment, so what it
+remembers about one session lives in that session's *policy state*: a
+dataclass the policy makes (``new_state``), the session keeps, and the view
+hands back (``view.policy_state``). ``PolicyBase`` (``policy/base.py``)
+supplies the optional parts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from vllm_duplex.core.commands import ResponseOptions
 from vllm_duplex.core.contracts import (
@@ -16,15 +20,19 @@ from vllm_duplex.core.contracts import (
     Capabilities,
     OutputDecision,
     SamplingConfig,
+    StageNeeds,
 )
 from vllm_duplex.core.conversation import ConversationItem
 from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import StageOutput
+from vllm_duplex.core.payloads import ContextMessage, StageOutput
 from vllm_duplex.core.session_config import SessionConfig
 
+S = TypeVar("S")
+S_co = TypeVar("S_co", covariant=True)
 
-class SessionView(Protocol):
-    """What a policy may read of a session (read-only)."""
+
+class SessionView(Protocol[S_co]):
+    """What a policy may read of a session (read-only, except its own state)."""
 
     @property
     def fence(self) -> Fence: ...
@@ -47,26 +55,34 @@ class SessionView(Protocol):
         ...
 
     @property
-    def policy_state(self) -> dict[str, Any]:
-        """Per-session scratch space owned by the policy (e.g. which words were
-        already pushed to the LLM). Policies are shared by all sessions, so
-        per-session memory lives here, and dies with the session."""
+    def policy_state(self) -> S_co:
+        """This session's state of the policy (what ``new_state`` made): e.g.
+        which words were already pushed to the LLM. It dies with the session."""
         ...
 
 
-class ModelPolicy(Protocol):
+class ModelPolicy(Protocol[S]):
     name: str
 
     def capabilities(self) -> Capabilities: ...
 
+    def stage_needs(self) -> StageNeeds:
+        """The stages this policy submits to (checked when a deployment loads)."""
+        ...
+
+    def new_state(self) -> S:
+        """A fresh per-session state (a dataclass) for a new session."""
+        ...
+
     def configure_sampling_params(
-        self, view: SessionView, options: ResponseOptions
+        self, view: SessionView[S], options: ResponseOptions
     ) -> SamplingConfig: ...
 
-    def plan_append(self, view: SessionView, payload: Any) -> AppendPlan: ...
+    def plan_append(self, view: SessionView[S], payload: Any) -> AppendPlan: ...
 
-    def decide_output(self, view: SessionView, output: StageOutput) -> OutputDecision: ...
+    def decide_output(self, view: SessionView[S], output: StageOutput) -> OutputDecision: ...
 
-    # Optional: ``shape_context(view, messages) -> messages`` adjusts the
-    # context of a response (e.g. adds the newest camera scene); without it
-    # the model gets the conversation as it is.
+    def shape_context(self, view: SessionView[S],
+                      messages: tuple[ContextMessage, ...]) -> tuple[ContextMessage, ...]:
+        """The context of a response (e.g. with the newest camera scene added)."""
+        ...

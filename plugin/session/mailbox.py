@@ -1,9 +1,17 @@
 """The session mailbox: one bounded, multi-lane queue feeding a session's single writer.
 
 Lanes (``Lane``) are served strictly by priority, CONTROL > STAGE > DATA, and
-FIFO within a lane, so a ``response.cancel`` never waits behind queued audio. Only the
-DATA lane is bounded (it carries client audio, the one thing a client can flood);
-CONTROL and STAGE are unbounded unless ``priority_capacity`` is given.
+FIFO within a lane, so a ``response.cancel`` never waits behind queued audio. The DATA
+lane is bounded (it carries client audio, the one thing a client can flood): a full
+one refuses (``MailboxFull``). The STAGE lane is bounded by ``stage_capacity``: a full
+one makes its producer wait (``put``), after trying to *merge* the new item into the
+newest queued one -- as vLLM's one-slot output collector merges the deltas a lagging
+consumer has not read yet. CONTROL is unbounded unless ``priority_capacity`` is given
+(which bounds STAGE too when ``stage_capacity`` is not).
+
+A lane can be paused (``pause``/``resume``): ``get`` skips it while it still
+accepts items up to its bound. The session pauses DATA while its stages are
+behind, and keeps serving CONTROL and STAGE, which is what lets stage work drain.
 
 Close semantics: ``close()`` discards every pending item at once and every current and
 later ``get()``/``put()`` raises ``MailboxClosed``; a closing session stops processing
@@ -18,9 +26,13 @@ import asyncio
 import enum
 import itertools
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+# merge(older, newer) -> one item meaning both, or None when they must stay apart
+Merge = Callable[[T, T], "T | None"]
 
 
 class Lane(enum.IntEnum):
@@ -52,11 +64,15 @@ class MailboxClosed(Exception):
 
 
 class Mailbox(Generic[T]):
-    def __init__(self, data_capacity: int = 1024, *, priority_capacity: int | None = None) -> None:
+    def __init__(self, data_capacity: int = 1024, *, priority_capacity: int | None = None,
+                 stage_capacity: int | None = None) -> None:
         if data_capacity < 1:
             raise ValueError("data_capacity must be >= 1")
+        if stage_capacity is not None and stage_capacity < 1:
+            raise ValueError("stage_capacity must be >= 1")
         self.data_capacity = data_capacity
         self.priority_capacity = priority_capacity
+        self.stage_capacity = stage_capacity if stage_capacity is not None else priority_capacity
         # Items carry a global arrival number so delivery can tell whether it overtook
         # older DATA items (the "control lane overtakes data lane" metric).
         self._lanes: dict[Lane, deque[tuple[int, T]]] = {lane: deque() for lane in _LANES}
@@ -64,8 +80,11 @@ class Mailbox(Generic[T]):
         self._getters: deque[asyncio.Future[None]] = deque()
         self._putters: dict[Lane, deque[asyncio.Future[None]]] = {lane: deque() for lane in _LANES}
         self._closed = False
+        self._paused: set[Lane] = set()
         self.enqueued = 0  # items accepted, all lanes
         self.overtaken = 0  # CONTROL/STAGE deliveries that passed older waiting DATA items
+        self.merged = 0  # items merged into a queued one instead of waiting
+        self.peak = {lane: 0 for lane in _LANES}  # the longest each lane has been
 
     @property
     def closed(self) -> bool:
@@ -77,7 +96,9 @@ class Mailbox(Generic[T]):
         return len(self._lanes[lane])
 
     def _capacity(self, lane: Lane) -> int | None:
-        return self.data_capacity if lane is Lane.DATA else self.priority_capacity
+        if lane is Lane.DATA:
+            return self.data_capacity
+        return self.stage_capacity if lane is Lane.STAGE else self.priority_capacity
 
     def _full(self, lane: Lane) -> bool:
         cap = self._capacity(lane)
@@ -96,15 +117,39 @@ class Mailbox(Generic[T]):
             raise MailboxClosed("mailbox is closed")
         if self._full(lane):
             raise MailboxFull(lane, self._capacity(lane) or 0)
-        self._lanes[lane].append((next(self._arrival), item))
+        q = self._lanes[lane]
+        q.append((next(self._arrival), item))
+        if len(q) > self.peak[lane]:
+            self.peak[lane] = len(q)
         self.enqueued += 1
-        self._wake_one(self._getters)
+        if lane not in self._paused:
+            self._wake_one(self._getters)
 
-    async def put(self, item: T, lane: Lane) -> None:
-        """Like ``put_nowait`` but waits for room in a bounded lane (backpressure)."""
+    async def put(self, item: T, lane: Lane, merge: Merge[T] | None = None) -> None:
+        """Like ``put_nowait`` but, when the lane is full, first tries to merge
+        ``item`` into the newest queued item (``merge``), then waits for room
+        (backpressure). A merged item keeps its place (and arrival number)."""
         while self._full(lane) and not self._closed:
+            q = self._lanes[lane]
+            if merge is not None and q:
+                arrival, newest = q[-1]
+                merged = merge(newest, item)
+                if merged is not None:
+                    q[-1] = (arrival, merged)
+                    self.merged += 1
+                    return
             await self._wait(self._putters[lane])
         self.put_nowait(item, lane)
+
+    def pause(self, lane: Lane) -> None:
+        """``get`` skips ``lane`` until ``resume`` (it still accepts items)."""
+        self._paused.add(lane)
+
+    def resume(self, lane: Lane) -> None:
+        if lane in self._paused:
+            self._paused.discard(lane)
+            if self._lanes[lane]:
+                self._wake_one(self._getters)
 
     async def get(self) -> tuple[Lane, T]:
         """The oldest item of the highest-priority non-empty lane."""
@@ -113,7 +158,7 @@ class Mailbox(Generic[T]):
                 raise MailboxClosed("mailbox is closed")
             for lane in _LANES:
                 q = self._lanes[lane]
-                if q:
+                if q and lane not in self._paused:
                     arrival, item = q.popleft()
                     data = self._lanes[Lane.DATA]
                     if lane is not Lane.DATA and data and data[0][0] < arrival:

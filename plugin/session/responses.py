@@ -137,6 +137,22 @@ class ActiveResponse:
         self.response.input_tokens = done.input_tokens
         self.response.output_tokens = max(self.response.output_tokens, done.output_tokens)
 
+    def cut_to_heard(self, now: float) -> ev.ServerEvent | None:
+        """Barge-in: the client plays audio in real time from the first delta,
+        so it cannot have heard more than the time since then. Cut the
+        assistant item to those words, so the next turn's context holds only
+        what the user heard (a client that knows better sends truncate)."""
+        if not self.audio or self.first_audio_at is None:
+            return None
+        part = self.part
+        heard_ms = min(part.audio_ms, int((now - self.first_audio_at) * 1000))
+        part.transcript = self.text = part.heard_text(heard_ms)
+        part.audio_ms = heard_ms
+        if not self.in_conversation:
+            return None
+        return ev.ConversationItemTruncated(item_id=self.item.id, content_index=0,
+                                            audio_end_ms=heard_ms)
+
     def finish(self, status: ResponseStatus, details: dict | None = None) -> list[ev.ServerEvent]:
         """Close every open part; exactly one response.done."""
         if status is ResponseStatus.COMPLETED and self.finish_reason == "length":

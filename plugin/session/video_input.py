@@ -1,5 +1,5 @@
-"""A session's camera: the per-session limits, decoding off the event loop,
-and sampling to the rate the vision stage wants.
+"""A session's camera: the per-session limits, sampling to the rate the
+vision stage wants, and decoding off the event loop.
 
 Three ways in, one way out (``VideoFrame``): still frames
 (``duplex.video.frame``: JPEG/PNG with the client's timestamp), WebM/MP4
@@ -10,6 +10,10 @@ counts against ``video_max_fps`` and every byte against
 ``video_fps`` are dropped before they are decoded (they would be analysed for
 nothing). A stream that does not decode is ``invalid_image``; the next chunk
 starts a new stream (it must carry a header again), and the session goes on.
+
+Two halves, as the session is split: ``VideoAdmission`` (limits, sampling,
+timestamps; no I/O) belongs to the session core, ``VideoDecoding`` (the
+decoder threads) to its runner.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import binascii
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from vllm_duplex.core.clock import Clock
+import numpy as np
 from vllm_duplex.core.errors import DuplexError, InvalidMedia
 from vllm_duplex.core.payloads import VideoFrame
 from vllm_duplex.media.video import (
@@ -53,40 +57,52 @@ class VideoLimits:
     max_bytes_per_s: int = 8 << 20
 
 
-class VideoIntake:
-    def __init__(self, limits: VideoLimits, clock: Clock, wake: Callable[[], None]) -> None:
-        self.limits = limits
-        self.clock = clock
-        self._wake = wake  # the decoder has frames: (thread-safely) schedule ``take``
-        self._started = clock.now()
+class VideoAdmission:
+    """What may be decoded, and at which timestamp (the session's video clock
+    starts when the session does)."""
+
+    def __init__(self, limits: VideoLimits, started_at: float) -> None:
+        self._started = started_at
         self.rate = RateLimiter(limits.max_fps, limits.max_bytes_per_s)
         self.sampler = FrameSampler(limits.fps)
-        self.decoder: ChunkDecoder | None = None
         self.sampled_out = 0  # frames dropped by the sampler (not errors)
 
-    def _now_ms(self) -> int:
-        return int((self.clock.now() - self._started) * 1000)
+    def _ms(self, now: float) -> int:
+        return int((now - self._started) * 1000)
 
-    async def frame(self, image: bytes, timestamp_ms: int | None) -> VideoFrame | None:
-        """One still frame; None when the sampler skips it."""
-        self.rate.admit(self.clock.now(), frames=1, nbytes=len(image))
-        ts = self._now_ms() if timestamp_ms is None else timestamp_ms
+    def frame(self, now: float, nbytes: int, timestamp_ms: int | None) -> int | None:
+        """A still frame's timestamp, or None when the sampler skips it."""
+        self.rate.admit(now, frames=1, nbytes=nbytes)
+        ts = self._ms(now) if timestamp_ms is None else timestamp_ms
         if not self.sampler.keep(ts):
             self.sampled_out += 1
             return None
-        rgb = await asyncio.to_thread(decode_image, image)
-        return VideoFrame(rgb, ts, "frame")
+        return ts
 
-    async def image(self, data: bytes) -> VideoFrame:
+    def image(self, now: float, nbytes: int) -> int:
         """An ``input_image`` part: always seen (it was sent on purpose)."""
-        self.rate.admit(self.clock.now(), frames=1, nbytes=len(data))
-        rgb = await asyncio.to_thread(decode_image, data)
-        return VideoFrame(rgb, self._now_ms(), "image")
+        self.rate.admit(now, frames=1, nbytes=nbytes)
+        return self._ms(now)
 
-    def chunk(self, data: bytes, container: str) -> None:
-        """A fragment of the session's video stream; its frames arrive later
-        through ``wake`` → ``take``."""
-        self.rate.admit(self.clock.now(), nbytes=len(data))
+    def chunk(self, now: float, nbytes: int) -> None:
+        self.rate.admit(now, nbytes=nbytes)
+
+
+class VideoDecoding:
+    """The runner's decoders: still images in a worker thread, the stream in
+    a ``ChunkDecoder`` whose thread calls ``wake`` (thread-safely, on the
+    loop) when it has frames for ``take``."""
+
+    def __init__(self, fps: float, wake: Callable[[], None]) -> None:
+        self.fps = fps
+        self._wake = wake
+        self.decoder: ChunkDecoder | None = None
+
+    async def image(self, data: bytes) -> np.ndarray:
+        return await asyncio.to_thread(decode_image, data)
+
+    def feed(self, data: bytes, container: str) -> None:
+        """A fragment of the session's video stream."""
         decoder = self.decoder
         if decoder is not None and decoder.container != container:
             raise DuplexError("invalid_value", f"the video stream is {decoder.container}; "
@@ -94,7 +110,7 @@ class VideoIntake:
         if decoder is None:
             loop = asyncio.get_running_loop()
             decoder = self.decoder = ChunkDecoder(
-                container, fps=self.limits.fps, notify=lambda: loop.call_soon_threadsafe(self._wake))
+                container, fps=self.fps, notify=lambda: loop.call_soon_threadsafe(self._wake))
         try:
             decoder.feed(data)
         except DuplexError as err:

@@ -19,6 +19,7 @@ import asyncio
 import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
+from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.commands import SessionResume
 from vllm_duplex.core.errors import Capacity, Closed, DuplexError, FramingError
 from vllm_duplex.core.owner_ids import check_routed_id
@@ -30,9 +31,9 @@ from vllm_duplex.session.runner import DuplexSession
 
 log = logging.getLogger(__name__)
 
-# WebSocket close codes by why a socket ends (4xxx: ours, documented in docs/errors.md).
-CLOSE_CODES = {"client": 1000, "disconnect": 1000, "expired": 1000, "shutdown": 1001,
-               "slow_consumer": 1008, "engine_dead": 1011}
+# A socket that ends with its session closes with the session's
+# ``CloseReason.code``; these two end a socket while the session lives on
+# (4xxx: ours, documented in docs/errors.md).
 CLOSE_REPLACED = 4002  # another socket resumed the session
 CLOSE_SLOW_CONSUMER = 4008  # this socket stopped reading; the session lives on: resume
 
@@ -160,10 +161,11 @@ class RealtimeConnection:
                 await self.ws.close(code=CLOSE_REPLACED, reason="replaced")
             elif item is Notice.SLOW_CONSUMER:  # 4008: resume; 1008: the session ended too
                 resumable = session.limits.survives_disconnect
-                await self.ws.close(code=CLOSE_SLOW_CONSUMER if resumable else CLOSE_CODES["slow_consumer"],
-                                    reason="slow_consumer")
+                ended = CloseReason.SLOW_CONSUMER
+                await self.ws.close(code=CLOSE_SLOW_CONSUMER if resumable else ended.code,
+                                    reason=ended.value)
             else:
-                reason = session.close_reason or "client"
-                await self.ws.close(code=CLOSE_CODES.get(reason, 1000), reason=reason)
+                reason = session.close_reason or CloseReason.CLIENT
+                await self.ws.close(code=reason.code, reason=reason.value)
         except Exception:  # the socket went away under us; the reader will notice
             log.debug("writer for %s stopped", session.session_id, exc_info=True)

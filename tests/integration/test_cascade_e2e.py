@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 from support.speech_fixtures import RATE, chunks, recognize, speak
 from vllm_duplex.core import commands as cmd
+from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.payloads import (
     StageOutput,
     TranscriptFinal,
@@ -147,7 +148,7 @@ async def test_an_asr_revision_rolls_back_and_the_answer_is_still_right(vllm_sta
         assert engine.metrics.incarnation_bumps.get() >= 1
         assert "Paris" in text
     finally:
-        await engine.end_session(session, "test")
+        await engine.end_session(session, CloseReason.CLIENT)
         await engine.stop()
 
 

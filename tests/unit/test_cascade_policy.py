@@ -17,6 +17,7 @@ from vllm_duplex.core.payloads import (
     AudioIn,
     GenerationDone,
     ResetContext,
+    SceneDescription,
     SpeechDone,
     StageOutput,
     TextDelta,
@@ -29,6 +30,7 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.models.cascade import CascadePolicy
+from vllm_duplex.models.cascade.policy import CascadeState
 from vllm_duplex.models.cascade.transcript import stable_prefix
 from vllm_duplex.policy import load_policy
 
@@ -40,7 +42,7 @@ class View:
     items: list[ConversationItem] = field(default_factory=list)
     active_response_id: str | None = None
     user_speaking: bool = False
-    policy_state: dict[str, Any] = field(default_factory=dict)
+    policy_state: CascadeState = field(default_factory=CascadeState)
     fence: Fence = Fence("s")
 
     @property
@@ -150,3 +152,14 @@ def test_sampling_caps_spoken_replies():
     sampling = policy.configure_sampling_params(View(), ResponseOptions())
     assert sampling.max_tokens == 96
     assert policy.configure_sampling_params(View(), ResponseOptions(max_output_tokens=5)).max_tokens == 5
+
+
+def test_it_declares_its_stages_and_keeps_its_memory_per_session():
+    assert CascadePolicy().stage_needs().names == ("llm", "vad", "asr", "tts")
+    assert CascadePolicy(vision=True).stage_needs().names == ("llm", "vad", "asr", "tts", "vision")
+    one, two = policy.new_state(), policy.new_state()
+    assert isinstance(one, CascadeState) and one is not two and one.utterance is not two.utterance
+    a, b = View(policy_state=one), View(policy_state=two)
+    policy.decide_output(a, out(SceneDescription("a red door", 0), stage="vision"))
+    assert one.scene == "a red door" and two.scene is None  # sessions do not share it
+    assert policy.shape_context(b, ()) == ()

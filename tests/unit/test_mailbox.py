@@ -111,6 +111,51 @@ async def test_put_waits_for_room_and_resumes() -> None:
     assert await mb.get() == (Lane.DATA, 2)
 
 
+def _join_strings(older: object, newer: object) -> object:
+    both = isinstance(older, str) and isinstance(newer, str)
+    return older + newer if both else None  # type: ignore[operator]
+
+
+async def test_a_full_stage_lane_merges_into_its_newest_item_or_waits() -> None:
+    mb: Mailbox[object] = Mailbox(stage_capacity=2)
+    await mb.put("a", Lane.STAGE, _join_strings)
+    await mb.put(1, Lane.STAGE, _join_strings)
+    await asyncio.wait_for(mb.put(2, Lane.CONTROL), 1)  # other lanes are not held up
+    putter = asyncio.create_task(mb.put("b", Lane.STAGE, _join_strings))
+    await asyncio.sleep(0)
+    assert not putter.done()  # 1 and "b" cannot merge: the producer waits
+    assert await mb.get() == (Lane.CONTROL, 2)
+    assert await mb.get() == (Lane.STAGE, "a")
+    await asyncio.wait_for(putter, 1)  # room again
+    await mb.put("c", Lane.STAGE, _join_strings)  # full: merges into "b"
+    await mb.put("d", Lane.STAGE, _join_strings)
+    assert mb.qsize(Lane.STAGE) == 2 and mb.merged == 2 and mb.peak[Lane.STAGE] == 2
+    assert [item for _, item in await drain(mb)] == [1, "bcd"]  # order kept
+
+
+async def test_a_stage_lane_with_room_never_merges() -> None:
+    mb: Mailbox[object] = Mailbox(stage_capacity=3)
+    for item in "xyz":
+        await mb.put(item, Lane.STAGE, _join_strings)
+    assert mb.merged == 0 and [i for _, i in await drain(mb)] == ["x", "y", "z"]
+
+
+async def test_a_paused_lane_is_skipped_until_resumed() -> None:
+    mb: Mailbox[str] = Mailbox(data_capacity=2)
+    mb.pause(Lane.DATA)
+    mb.put_nowait("d1", Lane.DATA)  # still accepted, up to its bound
+    mb.put_nowait("d2", Lane.DATA)
+    with pytest.raises(MailboxFull):
+        mb.put_nowait("d3", Lane.DATA)
+    mb.put_nowait("s", Lane.STAGE)
+    assert await mb.get() == (Lane.STAGE, "s")
+    getter = asyncio.create_task(mb.get())
+    await asyncio.sleep(0)
+    assert not getter.done()  # only paused items are left
+    mb.resume(Lane.DATA)
+    assert await asyncio.wait_for(getter, 1) == (Lane.DATA, "d1")
+
+
 async def test_get_waits_then_receives() -> None:
     mb: Mailbox[str] = Mailbox()
     getter = asyncio.create_task(mb.get())

@@ -30,6 +30,7 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.models.omni import OmniPolicy
+from vllm_duplex.models.omni.policy import OmniState
 from vllm_duplex.models.omni.units import UnitBuilder, tile_frames, units_of_turn
 from vllm_duplex.policy import load_policy
 
@@ -43,12 +44,18 @@ class View:
     items: list[Any] = field(default_factory=list)
     active_response_id: str | None = None
     user_speaking: bool = False
-    policy_state: dict[str, Any] = field(default_factory=dict)
+    policy_state: OmniState = field(default_factory=lambda: OmniPolicy().new_state())
     fence: Fence = field(default_factory=lambda: Fence("s"))
 
     @property
     def output_modalities(self) -> tuple[str, ...]:
         return tuple(self.config.output_modalities)
+
+
+def with_state(policy: OmniPolicy, view: View) -> tuple[OmniPolicy, View]:
+    """The view of a session of ``policy`` (its state follows the policy's options)."""
+    view.policy_state = policy.new_state()
+    return policy, view
 
 
 def manual_view(**kw: Any) -> View:
@@ -135,7 +142,7 @@ def test_sampling_uses_the_policy_default_unless_asked():
 
 
 def test_server_vad_units_from_20ms_chunks():
-    policy, view = OmniPolicy(), View()
+    policy, view = with_state(OmniPolicy(), View())
     f = Feeder(policy, view)
     f.audio(200)  # silence before the turn (pre-roll)
     f.event(VadSpeechStarted(audio_ms=100))
@@ -155,7 +162,7 @@ def test_server_vad_units_from_20ms_chunks():
 
 def test_units_do_not_depend_on_chunking():
     def run(chunk: int) -> list[tuple[int, int]]:
-        policy, view = OmniPolicy(unit_ms=500), View()
+        policy, view = with_state(OmniPolicy(unit_ms=500), View())
         policy.decide_output(view, out(VadSpeechStarted(0)))
         plans, ms = [], 0
         while ms < 1730:
@@ -169,18 +176,18 @@ def test_units_do_not_depend_on_chunking():
 
 
 def test_silence_between_turns_never_reaches_the_model():
-    policy, view = OmniPolicy(), View()
+    policy, view = with_state(OmniPolicy(), View())
     f = Feeder(policy, view)
     f.audio(5000)
     assert units(f.plans) == []
     # ... and the pre-roll is bounded (prefix padding + slack).
-    st = view.policy_state["omni"]
+    st = view.policy_state
     assert st.idle_samples <= (300 + 1000 + 20) * 16
 
 
 @pytest.mark.parametrize("fps, expected", [(1, 1), (2, 1), (5, 1), (30, 1), (0.5, None)])
 def test_one_frame_per_unit_keeps_the_newest(fps, expected):
-    policy, view = OmniPolicy(), View()
+    policy, view = with_state(OmniPolicy(), View())
     f = Feeder(policy, view)
     f.event(VadSpeechStarted(0))
     f.audio(4000, fps=fps)
@@ -200,7 +207,7 @@ def test_one_frame_per_unit_keeps_the_newest(fps, expected):
 
 
 def test_a_newer_frame_replaces_the_older_in_the_same_unit():
-    policy, view = OmniPolicy(), View()
+    policy, view = with_state(OmniPolicy(), View())
     policy.decide_output(view, out(VadSpeechStarted(0)))
     policy.plan_append(view, AudioIn(np.zeros(CHUNK, np.int16), 0))
     first = policy.plan_append(view, frame(64, 48, ts=20, value=1))
@@ -213,7 +220,7 @@ def test_a_newer_frame_replaces_the_older_in_the_same_unit():
 
 
 def test_frames_per_unit_samples_slots():
-    policy, view = OmniPolicy(frames_per_unit=2), View()
+    policy, view = with_state(OmniPolicy(frames_per_unit=2), View())
     f = Feeder(policy, view)
     f.event(VadSpeechStarted(0))
     f.audio(2000, fps=10)
@@ -224,7 +231,7 @@ def test_frames_per_unit_samples_slots():
 
 
 def test_tile_stacks_a_units_frames_into_one_image():
-    policy, view = OmniPolicy(frames_per_unit=4, tile=True), View()
+    policy, view = with_state(OmniPolicy(frames_per_unit=4, tile=True), View())
     f = Feeder(policy, view)
     f.event(VadSpeechStarted(0))
     f.audio(1000, fps=4, size=(64, 48))
@@ -245,7 +252,7 @@ def test_tile_frames_grid_and_cell():
 
 
 def test_the_newest_frame_before_speech_opens_the_turn():
-    policy, view = OmniPolicy(), View()
+    policy, view = with_state(OmniPolicy(), View())
     f = Feeder(policy, view)
     f.audio(400)
     f.plans.append(policy.plan_append(view, frame(64, 48, ts=100, value=1)))
@@ -263,7 +270,7 @@ def test_the_newest_frame_before_speech_opens_the_turn():
 
 
 def test_flush_at_end_of_turn_carries_frames_only_when_no_audio_is_left():
-    policy, view = OmniPolicy(), View()
+    policy, view = with_state(OmniPolicy(), View())
     f = Feeder(policy, view)
     f.event(VadSpeechStarted(0))
     f.audio(1000)
@@ -275,14 +282,14 @@ def test_flush_at_end_of_turn_carries_frames_only_when_no_audio_is_left():
 
 
 def test_nothing_pending_at_stop_plans_nothing():
-    policy, view = OmniPolicy(), View()
+    policy, view = with_state(OmniPolicy(), View())
     policy.decide_output(view, out(VadSpeechStarted(0)))
     d = policy.decide_output(view, out(VadSpeechStopped(0)))
     assert d.plan is None and d.commit_turn
 
 
 def test_instructions_lead_the_first_submission_and_follow_changes():
-    policy, view = OmniPolicy(unit_ms=100), View()
+    policy, view = with_state(OmniPolicy(unit_ms=100), View())
     f = Feeder(policy, view)
     f.event(VadSpeechStarted(0))
     f.audio(200)
@@ -296,7 +303,7 @@ def test_instructions_lead_the_first_submission_and_follow_changes():
 
 
 def test_typed_text_follows_what_was_heard():
-    policy, view = OmniPolicy(), View()
+    policy, view = with_state(OmniPolicy(), View())
     policy.decide_output(view, out(VadSpeechStarted(0)))
     policy.plan_append(view, AudioIn(np.zeros(4800, np.int16), 0))
     plan = policy.plan_append(view, TextIn("and this"))
@@ -307,7 +314,7 @@ def test_typed_text_follows_what_was_heard():
 
 
 def test_an_input_image_goes_to_the_model_at_once():
-    policy, view = OmniPolicy(), View()
+    policy, view = with_state(OmniPolicy(), View())
     plan = policy.plan_append(view, frame(10, 20, ts=5, source="image"))
     (unit,) = units([plan])
     assert unit.samples == 0 and unit.frames[0].shape == (20, 10, 3)
@@ -322,7 +329,7 @@ def test_vad_config_goes_to_the_vad():
 
 
 def test_manual_turns_stream_nothing_until_commit():
-    policy, view = OmniPolicy(), manual_view()
+    policy, view = with_state(OmniPolicy(), manual_view())
     f = Feeder(policy, view)
     f.audio(2500, fps=2)
     assert all(p.mode is InputMode.TURN_COMMIT_ONLY or p.mode is InputMode.REPLACE_LATEST_CHUNK
@@ -341,7 +348,7 @@ def test_manual_turns_stream_nothing_until_commit():
 
 def test_manual_commit_uses_the_buffers_audio():
     """A cleared input buffer stays cleared: the committed audio is what counts."""
-    policy, view = OmniPolicy(), manual_view()
+    policy, view = with_state(OmniPolicy(), manual_view())
     Feeder(policy, view).audio(3000)
     got = units([policy.plan_append(view, TurnCommitted("item_1", np.ones(8000, np.int16)))])
     assert [u.duration_ms for u in got] == [500]
@@ -357,7 +364,7 @@ def test_units_of_turn_puts_late_frames_in_the_last_unit():
 
 
 def test_barge_in_interrupts_the_active_response():
-    policy, view = OmniPolicy(), View(active_response_id="resp_1")
+    policy, view = with_state(OmniPolicy(), View(active_response_id="resp_1"))
     d = policy.decide_output(view, out(VadSpeechStarted(0)))
     assert d.interrupt is InterruptReason.TURN_DETECTED and not d.forward and d.plan is None
     quiet = View(active_response_id=None)
@@ -369,7 +376,7 @@ def test_barge_in_interrupts_the_active_response():
 
 
 def test_preroll_units_wait_for_the_next_chunk_after_a_barge_in():
-    policy, view = OmniPolicy(unit_ms=100), View(active_response_id="resp_1")
+    policy, view = with_state(OmniPolicy(unit_ms=100), View(active_response_id="resp_1"))
     Feeder(policy, view).audio(400)
     d = policy.decide_output(view, out(VadSpeechStarted(0)))
     assert d.plan is None  # the interrupt runs first ...
@@ -378,13 +385,13 @@ def test_preroll_units_wait_for_the_next_chunk_after_a_barge_in():
 
 
 def test_vad_events_without_turn_detection_are_dropped():
-    policy, view = OmniPolicy(), manual_view()
+    policy, view = with_state(OmniPolicy(), manual_view())
     assert not policy.decide_output(view, out(VadSpeechStarted(0))).emit
     assert not policy.decide_output(view, out(VadSpeechStopped(0))).emit
 
 
 def test_create_response_follows_turn_detection():
-    policy, view = OmniPolicy(), View()
+    policy, view = with_state(OmniPolicy(), View())
     view.config = dataclasses.replace(view.config, turn_detection=dataclasses.replace(
         view.config.turn_detection, create_response=False))
     policy.decide_output(view, out(VadSpeechStarted(0)))
@@ -393,14 +400,14 @@ def test_create_response_follows_turn_detection():
 
 
 def test_text_reply_finishes_with_generation_done():
-    policy, view = OmniPolicy(), View()
+    policy, view = with_state(OmniPolicy(), View())
     assert not policy.decide_output(view, out(TextDelta("r", "hi"), "omni")).forward
     done = policy.decide_output(view, out(GenerationDone("r", "stop"), "omni"))
     assert done.finish_response and not done.forward
 
 
 def test_spoken_reply_goes_through_tts_and_finishes_with_speech_done():
-    policy, view = OmniPolicy(), View()
+    policy, view = with_state(OmniPolicy(), View())
     view.config = dataclasses.replace(view.config, output_modalities=("audio",))
     assert policy.decide_output(view, out(TextDelta("r", "hi"), "omni")).forward
     done = policy.decide_output(view, out(GenerationDone("r", "stop"), "omni"))
@@ -411,9 +418,17 @@ def test_spoken_reply_goes_through_tts_and_finishes_with_speech_done():
 
 
 def test_native_audio_out_keeps_text_from_the_tts():
-    policy, view = OmniPolicy(audio_out="native"), View()
+    policy, view = with_state(OmniPolicy(audio_out="native"), View())
     view.config = dataclasses.replace(view.config, output_modalities=("audio",))
     assert not policy.decide_output(view, out(TextDelta("r", "hi"), "omni")).forward
     done = policy.decide_output(view, out(GenerationDone("r", "stop"), "omni"))
     assert not done.forward and not done.finish_response
     assert policy.decide_output(view, out(SpeechDone("r"), "omni")).finish_response
+
+
+def test_it_declares_its_stages_and_its_state_follows_its_options():
+    policy = OmniPolicy(unit_ms=500, frames_per_unit=2)
+    assert policy.stage_needs().names == ("omni", "vad")  # tts only for spoken replies
+    state = policy.new_state()
+    assert isinstance(state, OmniState) and state is not policy.new_state()
+    assert (state.builder.unit_ms, state.builder.frames_per_unit) == (500, 2)

@@ -17,6 +17,7 @@ from support.audio import pcm16
 from support.sessions import next_event
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.clock import MonotonicClock
+from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.contracts import SamplingConfig
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.omni import OmniInstructions, OmniUnit
@@ -471,7 +472,7 @@ async def test_omni_scripted_deployment_answers_a_turn():
         # 2 s of speech and the silence until the VAD's stop: about 2.7 s.
         m = re.fullmatch(r"I heard (\d\.\d) s of audio in 3 units and saw no frames\.", text)
         assert m is not None and 2.6 <= float(m.group(1)) <= 2.8, text
-        await engine.end_session(session, "test")
+        await engine.end_session(session, CloseReason.CLIENT)
     finally:
         await engine.stop()
 
@@ -507,6 +508,6 @@ async def test_omni_scripted_deployment_sees_the_camera():
             text += env.event.delta
         m = re.search(r"saw (\d+) frames?, the last 64x48", text)
         assert m is not None and int(m.group(1)) >= 1, text  # how many: tests/test_omni_policy.py
-        await engine.end_session(session, "test")
+        await engine.end_session(session, CloseReason.CLIENT)
     finally:
         await engine.stop()

@@ -36,7 +36,7 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.core.session_config import SessionConfig, TurnDetection
 from vllm_duplex.models.scripted import ScriptedPolicy
-from vllm_duplex.policy import available_policies, load_policy
+from vllm_duplex.policy import NoState, available_policies, load_policy
 from vllm_duplex.stages.listening.energy_vad import EnergyVad, energy_threshold_dbfs
 
 F = Fence("s")
@@ -293,3 +293,10 @@ def test_vad_gap_counts_as_silence_and_rewind_resets() -> None:
     assert vad.speaking
     vad.feed(silence(100), 0)  # a rewound timeline is a new stream
     assert vad.speaking is False
+
+
+def test_it_declares_its_stages_and_keeps_no_state() -> None:
+    policy = ScriptedPolicy()
+    assert policy.stage_needs().names == ("llm", "vad", "tts")
+    assert isinstance(policy.new_state(), NoState)
+    assert policy.shape_context(View(), ()) == ()  # the conversation as it is

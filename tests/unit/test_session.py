@@ -1,8 +1,10 @@
-"""The session's single-writer core, driven without a socket.
+"""A whole session (core, runner, scripted stages), driven without a socket.
 
 Pins: the control lane overtakes queued audio (a cancel behind 100 appends is
 applied first); stale outputs never reach the client and are dropped in the
-fence gate; listening outputs survive an interruption; fences only grow.
+fence gate; listening outputs survive an interruption; fences only grow; a
+session that lags keeps bounded queues (merging deltas) and never deadlocks
+on a stage that waits for it. The core alone: tests/unit/test_session_core.py.
 """
 
 from __future__ import annotations
@@ -17,17 +19,26 @@ from support.audio import pcm16
 from support.sessions import next_event
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
+from vllm_duplex.core.clock import MonotonicClock
+from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.payloads import (
+    AudioIn,
     GenerateRequest,
+    GenerationDone,
     StageInput,
     StageOutput,
     TextDelta,
+    TranscriptDelta,
+    VadConfig,
 )
 from vllm_duplex.core.session_config import SessionPatch
-from vllm_duplex.host.deploy import load_config
+from vllm_duplex.host.deploy import StageSpec, load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.replay.outbox import Notice
+from vllm_duplex.session.feed import HIGH_WATER
+from vllm_duplex.session.mailbox import Lane
+from vllm_duplex.stages.port import FencedPort, StageBase
 
 
 @pytest.fixture
@@ -66,7 +77,7 @@ async def test_cancel_behind_100_appends_is_applied_first(engine):
     assert order == ["response.done", "input_audio_buffer.committed"]
     assert session.mailbox.overtaken >= 1
     assert engine.metrics.control_overtakes.get() >= 1
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_interrupt_bumps_epoch_once_and_drops_stale_deltas(engine):
@@ -87,7 +98,7 @@ async def test_interrupt_bumps_epoch_once_and_drops_stale_deltas(engine):
         if env.event.type == "error":
             assert env.event.error.event_id == "sentinel"
             break
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 class _DeafLlmStage:
@@ -153,7 +164,7 @@ async def test_fence_gate_is_the_one_place_stale_outputs_die(engine):
         env = session.attachment.get_nowait()
         assert env.event.type != "response.output_text.delta", "a stale delta reached the client"
     assert first.fence.epoch < session.fence.epoch
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_speech_after_cancel_still_starts_a_turn(engine):
@@ -166,7 +177,7 @@ async def test_speech_after_cancel_still_starts_a_turn(engine):
     session.deliver(cmd.ResponseCancel())  # overtakes the audio, bumps the epoch
     started = await next_event(session, "input_audio_buffer.speech_started")
     assert started.event.item_id
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_fences_only_grow_and_seq_is_dense(engine):
@@ -185,7 +196,7 @@ async def test_fences_only_grow_and_seq_is_dense(engine):
     assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
     fences = [(e.fence.incarnation, e.fence.epoch) for e in seen]
     assert fences == sorted(fences) and fences[-1][1] == fences[0][1] + 1
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_immutable_and_unsupported_updates_are_refused(engine):
@@ -196,13 +207,13 @@ async def test_immutable_and_unsupported_updates_are_refused(engine):
         "immutable_field", "session.model", "u1")
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(model=session.config.model)))
     await next_event(session, "session.updated")  # unchanged immutable value is fine
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_close_is_idempotent_and_refuses_later_commands(engine):
     session = await engine.open_realtime_session(None)
-    await engine.end_session(session, "test")
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
+    await engine.end_session(session, CloseReason.CLIENT)
     assert len(engine.manager) == 0
     with pytest.raises(Exception) as info:
         session.deliver(cmd.AudioCommit(event_id="late"))
@@ -214,6 +225,33 @@ def test_engine_rejects_unknown_stage_type():
     bad = dataclasses.replace(config, stages=(dataclasses.replace(config.stages[0], type="nope"),))
     with pytest.raises(ValueError, match="unknown stage type 'nope'"):
         Runtime(bad)
+
+
+def _scripted_as(policy: str, types: tuple[str, ...], **options: Any):
+    config = load_config("scripted")
+    return dataclasses.replace(config, policy=policy, policy_options=options,
+                               stages=tuple(StageSpec(t) for t in types))
+
+
+@pytest.mark.parametrize("config, missing", [
+    (_scripted_as("scripted", ("energy_vad", "scripted_llm")), "'tts'"),
+    (_scripted_as("cascade", ("energy_vad", "scripted_llm", "tone_tts")), "'asr'"),
+    (_scripted_as("cascade", ("energy_vad", "pocketsphinx", "scripted_llm", "tone_tts"),
+                  vision=True), "'vision'"),
+    (_scripted_as("omni", ("scripted_omni",)), "'vad'"),
+    (_scripted_as("omni", ("energy_vad", "scripted_llm")), "'omni'"),
+])
+def test_a_deployment_without_a_stage_its_policy_needs_is_refused_at_load(config, missing):
+    with pytest.raises(ValueError) as info:
+        Runtime(config)
+    message = str(info.value)
+    assert f"policy {config.policy!r} needs the stage(s) {missing}" in message
+    assert "(it has: vad (energy_vad)" in message or "(it has: omni (scripted_omni))" in message
+
+
+def test_the_shipped_deployments_have_what_their_policies_need():
+    for name in ("scripted", "omni-scripted"):  # the others build real engines
+        Runtime(load_config(name))
 
 
 def test_gate_keeps_listening_outputs_across_fence_bumps():
@@ -239,9 +277,9 @@ async def test_a_consumer_that_stops_reading_ends_its_session_with_bounded_memor
     att = session.attachment
     session.deliver(cmd.ResponseCreate())  # ~60 events, nobody reads them
     await asyncio.wait_for(session.closed.wait(), 5)
-    assert session.close_reason == "slow_consumer"
+    assert session.close_reason is CloseReason.SLOW_CONSUMER
     assert att.qsize() == 1 and att.get_nowait() is Notice.SLOW_CONSUMER  # backlog dropped
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
     assert engine.metrics.sessions_closed.get(reason="slow_consumer") == 1
 
 
@@ -259,7 +297,7 @@ async def test_with_resume_a_slow_consumer_loses_its_socket_not_its_session(engi
     new, replay, resumed = session.resume(session.resume_token, 2)
     assert not replay.resync and [e.seq for e in replay.events] == list(range(3, replay.head_seq + 1))
     assert resumed["resume_token"] == session.resume_token
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_silence_under_server_vad_does_not_grow_the_buffer(engine):
@@ -269,8 +307,8 @@ async def test_silence_under_server_vad_does_not_grow_the_buffer(engine):
     session.deliver(cmd.ItemRetrieve(item_id="x"))  # a sentinel behind the audio
     await next_event(session, "error")
     td = session.config.turn_detection
-    assert session._input.samples <= (td.prefix_padding_ms + 1000 + 20) * 16
-    await engine.end_session(session, "test")
+    assert session.core.input.samples <= (td.prefix_padding_ms + 1000 + 20) * 16
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_manual_buffer_is_capped_with_a_typed_error(engine):
@@ -283,7 +321,7 @@ async def test_manual_buffer_is_capped_with_a_typed_error(engine):
     session.deliver(cmd.AudioCommit())
     committed = await next_event(session, "conversation.item.done")
     assert committed.event.item["role"] == "user"
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
 
 
 async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
@@ -296,19 +334,19 @@ async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
     await engine.start()
     session = await engine.open_realtime_session(None)
     session.deliver(cmd.ResponseCreate())
-    while session._response is None or session._response.first_audio_at is None:
+    while session.core.response is None or session.core.response.first_audio_at is None:
         await clock.advance(0.01)
-    first_audio_at = session._response.first_audio_at
-    item_id = session._response.item.id
+    first_audio_at = session.core.response.first_audio_at
+    item_id = session.core.response.item.id
     await clock.advance(first_audio_at + 0.5 - clock.now())
     session.deliver(cmd.AudioAppend(audio=pcm16(0.3, amplitude=0.3)))  # the user speaks
     truncated = await next_event(session, "conversation.item.truncated")
     assert (truncated.event.item_id, truncated.event.audio_end_ms) == (item_id, 500)
-    heard = session._item(item_id)
+    heard = session.core.conversation.get(item_id)
     assert heard.text() == "Hello from the scripted"
-    context = session._context(cmd.ResponseOptions())
+    context = session.core.context(cmd.ResponseOptions())
     assert context[-1].role == "assistant" and context[-1].text == "Hello from the scripted"
-    await engine.end_session(session, "test")
+    await engine.end_session(session, CloseReason.CLIENT)
     await engine.stop()
 
 
@@ -323,5 +361,114 @@ async def test_a_terminal_stage_failure_ends_the_session_with_one_error(engine):
     err = await next_event(session, "error")
     assert err.event.error.code == "engine_dead" and err.event.error.to_wire()["retryable"]
     await asyncio.wait_for(session.closed.wait(), 5)
-    assert session.close_reason == "engine_dead"
-    await engine.end_session(session, "test")
+    assert session.close_reason is CloseReason.ENGINE_DEAD
+    await engine.end_session(session, CloseReason.CLIENT)
+
+
+# ---- a session that lags: bounded, merged, never deadlocked ---------------------------
+
+
+class _FloodLlmStage(StageBase):
+    """Writes its whole reply at once: word after word, as fast as its
+    queue takes them (a fast engine against a slow session)."""
+
+    accepted = (GenerateRequest,)
+
+    def __init__(self, words: list[str]) -> None:
+        super().__init__("llm", MonotonicClock())
+        self.words = words
+
+    def port(self, session_id: str):
+        return _FloodPort(self, session_id)
+
+
+class _FloodPort(FencedPort):
+    async def _handle(self, item: StageInput) -> None:
+        self._spawn(item, lambda: self._flood(item))
+
+    async def _flood(self, item: StageInput) -> None:
+        rid = item.payload.response_id
+        for word in self._stage.words:
+            await self._emit(item.fence, item.request_id, TextDelta(rid, word))
+        await self._emit(item.fence, item.request_id,
+                         GenerationDone(rid, "stop", 0, len(self._stage.words)))
+
+
+async def test_a_flood_of_deltas_is_merged_not_queued_without_bound(engine):
+    words = [f"w{i} " for i in range(2000)]
+    engine.stages = [engine.stages[0], _FloodLlmStage(words)]
+    engine.session_limits = dataclasses.replace(engine.session_limits, stage_capacity=4)
+    session = await manual_session(engine)
+    session.deliver(cmd.SessionUpdate(patch=SessionPatch(output_modalities=("text",))))
+    await next_event(session, "session.updated")
+    session.deliver(cmd.ResponseCreate())
+    text, deltas = "", 0
+    while True:
+        env = await next_event(session, "response.output_text.delta", "response.done")
+        if env.event.type == "response.done":
+            break
+        text, deltas = text + env.event.delta, deltas + 1
+    assert text == "".join(words)  # every word, in order
+    assert deltas < len(words) and session.mailbox.merged == len(words) - deltas
+    assert session.mailbox.peak[Lane.STAGE] <= 4
+    assert env.event.response["status"] == "completed"
+    await engine.end_session(session, CloseReason.CLIENT)
+
+
+class _ChattyVadStage(StageBase):
+    """Like the energy VAD it produces inline, from ``submit``: each chunk
+    makes five outputs that cannot merge, into an output queue of one."""
+
+    accepted = (AudioIn, VadConfig)
+
+    def __init__(self) -> None:
+        super().__init__("vad", MonotonicClock())
+        self.chunks = 0
+
+    def port(self, session_id: str):
+        return _ChattyPort(self, session_id)
+
+
+class _ChattyPort(FencedPort):
+    def __init__(self, stage: _ChattyVadStage, session_id: str) -> None:
+        super().__init__(stage, session_id)
+        self._queue = asyncio.Queue(maxsize=1)
+
+    async def _handle(self, item: StageInput) -> None:
+        if isinstance(item.payload, AudioIn):
+            n = self._stage.chunks
+            self._stage.chunks += 1
+            for k in range(5):
+                await self._emit(item.fence, item.request_id, TranscriptDelta(f"{n}.{k} "))
+
+
+async def test_a_stage_that_waits_on_its_outputs_cannot_deadlock_the_session(engine):
+    """The session used to await ``submit``; here ``submit`` waits for the
+    session to take outputs from a full STAGE lane. It must still finish,
+    with every output, and with both the lane and the stage feed bounded."""
+    engine.stages = [_ChattyVadStage(), *engine.stages[1:]]
+    engine.session_limits = dataclasses.replace(engine.session_limits, stage_capacity=2)
+    session = await engine.open_realtime_session(None)
+    for _ in range(100):  # 100 ms each: every one yields samples past the resampler's delay
+        session.deliver(cmd.AudioAppend(audio=pcm16(0.1)))
+    got = []
+    while len(got) < 500:
+        env = await next_event(session, "conversation.item.input_audio_transcription.delta")
+        got.append(env.event.delta)
+    assert got == [f"{n}.{k} " for n in range(100) for k in range(5)]
+    assert session.mailbox.peak[Lane.STAGE] <= 2
+    assert session.feed.peak <= HIGH_WATER + 1  # client data paused above the watermark
+    assert not session.feed.paused
+    await engine.end_session(session, CloseReason.CLIENT)
+
+
+async def test_a_submission_the_stage_refuses_is_an_internal_error_not_a_stall(engine):
+    session = await engine.open_realtime_session(None)
+    fence = session.fence
+    session.feed.submit("llm", fence, "llm", TextDelta("r", "not a request"))  # llm takes GenerateRequest
+    err = await next_event(session, "error")
+    assert err.event.error.code == "internal_error"
+    session.deliver(cmd.ItemRetrieve(item_id="nope", event_id="after"))
+    err = await next_event(session, "error")
+    assert err.event.error.event_id == "after"  # the session goes on
+    await engine.end_session(session, CloseReason.CLIENT)

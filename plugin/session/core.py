@@ -1,0 +1,396 @@
+"""``SessionCore``: one realtime session as a state machine without I/O.
+
+``handle(message, now)`` takes one message -- a client command, a stage
+output, or what the runner reports back (``FrameDecoded``, ``Failed``) --
+and returns the effects it causes, in order (``effects.py``): events to
+emit, submissions, forwards and cancels for the pipeline, a close. It never
+awaits and never blocks, so the runner can keep serving the mailbox while
+the stages work; a test drives it with messages and a clock value and
+checks the exact effects (``tests/unit/test_session_core.py``), the way
+python-websockets tests its ``Protocol`` with bytes.
+
+It is the single writer of the session's state -- fence gate, config,
+conversation, input buffer, active response, the policy's per-session
+state -- and it is the ``SessionView`` the policy reads. Stale outputs die
+in one place: ``_on_stage_output`` asks the gate before anything else.
+Messages are dispatched through one table by type: the client's commands
+(``client_commands.py``), stage outputs (rendered by ``rendering.py``) and
+the session-level rest here.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from vllm_duplex.core import commands as cmd
+from vllm_duplex.core import events as ev
+from vllm_duplex.core.close_reason import CloseReason
+from vllm_duplex.core.contracts import AppendPlan, FenceBump, InterruptReason
+from vllm_duplex.core.conversation import (
+    ConversationItem,
+    Response,
+    ResponseStatus,
+    context_messages,
+)
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.gate import FenceGate
+from vllm_duplex.core.input_sequence import InputSequence
+from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.core.payloads import (
+    ContextMessage,
+    GenerateRequest,
+    StageFailed,
+    StageOutput,
+)
+from vllm_duplex.core.session_config import (
+    SessionConfig,
+    check_modalities,
+    session_wire,
+    updated_config,
+)
+from vllm_duplex.media.audio import AudioEncoder
+from vllm_duplex.policy import ModelPolicy
+from vllm_duplex.session import rendering
+from vllm_duplex.session.client_commands import COMMANDS
+from vllm_duplex.session.effects import (
+    AckEvents,
+    Cancel,
+    Close,
+    Effect,
+    Emit,
+    Failed,
+    Forward,
+    FrameDecoded,
+    Submit,
+)
+from vllm_duplex.session.input_buffer import InputBuffer
+from vllm_duplex.session.items import ItemStore
+from vllm_duplex.session.limits import SessionLimits
+from vllm_duplex.session.responses import ActiveResponse
+from vllm_duplex.session.user_turn import UserTurn
+from vllm_duplex.session.video_input import VideoAdmission
+
+log = logging.getLogger(__name__)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_urlsafe(12)}"
+
+
+class SessionCore:
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        config: SessionConfig,
+        policy: ModelPolicy[Any],
+        stage_names: Collection[str],
+        metrics: Metrics,
+        now: float,
+        limits: SessionLimits = SessionLimits(),
+        extra_wire: dict[str, Any] | None = None,
+        make_id: Callable[[str], str] = new_id,
+    ) -> None:
+        self.session_id = session_id
+        self._config = config
+        self.policy = policy
+        self.caps = policy.capabilities()
+        self.metrics = metrics
+        self.limits = limits
+        self.extra_wire = extra_wire or {}
+        self.make_id = make_id
+        self.gate = FenceGate(Fence(session_id))
+        self.stage_names = frozenset(stage_names)
+        self._generator = policy.stage_needs().generator
+        self._policy_state = policy.new_state()
+        self._seq = 0
+        self.input_seq = InputSequence(max_chunk_bytes=1 << 62, max_total_bytes=1 << 62)
+        self.conversation = ItemStore(limits.max_items)
+        self.input = InputBuffer(config.input_format, max_ms=limits.max_buffer_ms)
+        self.user = UserTurn(make_id)
+        self.video = VideoAdmission(limits.video, started_at=now)
+        self.response: ActiveResponse | None = None
+        self._effects: list[Effect] = []
+        self._now = now
+        self._received_at = now
+
+    # ---- SessionView (what the policy may read) ---------------------------
+
+    @property
+    def fence(self) -> Fence:
+        return self.gate.fence
+
+    @property
+    def config(self) -> SessionConfig:
+        return self._config
+
+    @property
+    def items(self) -> Sequence[ConversationItem]:
+        return self.conversation.snapshot()
+
+    @property
+    def active_response_id(self) -> str | None:
+        return self.response.id if self.response else None
+
+    @property
+    def user_speaking(self) -> bool:
+        return self.user.speaking
+
+    @property
+    def output_modalities(self) -> tuple[str, ...]:
+        """What the reply in progress produces: a ``response.create`` may ask
+        for other modalities than the session's."""
+        active = self.response
+        return active.response.output_modalities if active else tuple(self._config.output_modalities)
+
+    @property
+    def policy_state(self) -> Any:
+        return self._policy_state
+
+    # ---- what the runner reads -------------------------------------------
+
+    @property
+    def last_input_seq(self) -> int:
+        """The last numbered input chunk accepted (a resumed client resends after it)."""
+        return self.input_seq.next_seq - 1
+
+    def session_object(self) -> dict[str, Any]:
+        extra = {"policy": self.policy.name, "capabilities": self.caps.wire(),
+                 "fence": self.fence.wire(), **self.extra_wire}
+        return session_wire(self._config, session_id=self.session_id, extra=extra)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a client that must resync starts again from."""
+        return {"session": self.session_object(), "items": [i.wire() for i in self.conversation],
+                "active_response_id": self.active_response_id}
+
+    # ---- messages in, effects out -----------------------------------------
+
+    def start(self, resume_token: str, now: float) -> list[Effect]:
+        """The session's first effects: ``session.created``, and the VAD's
+        configuration. Errors propagate: a session that cannot start is not
+        admitted."""
+        self._now = self._received_at = now
+        self.emit(ev.SessionCreated(session=self.session_object(), resume_token=resume_token))
+        if self._config.turn_detection is not None:
+            self.execute(self.policy.plan_append(self, self.user.vad_config(self._config)))
+        return self._take()
+
+    def handle(self, message: object, now: float, received_at: float | None = None) -> list[Effect]:
+        """The effects of ``message`` (``received_at``: when it entered the
+        mailbox; latencies are measured from there). A client's mistake
+        becomes an error event echoing its ``event_id``; a bug in one
+        command becomes ``internal_error`` and the session goes on."""
+        self._now = now
+        self._received_at = now if received_at is None else received_at
+        try:
+            handler = _HANDLERS.get(type(message))
+            if handler is None:
+                raise DuplexError("unknown_event", f"unhandled command {type(message).__name__}")
+            handler(self, message)
+        except DuplexError as err:
+            self.error(err.with_event_id(getattr(message, "event_id", None)))
+        except Exception:  # contained: one bad command must not end the session
+            log.exception("session %s failed on %r", self.session_id, type(message).__name__)
+            self.error(DuplexError("internal_error", "internal error handling the event",
+                                   event_id=getattr(message, "event_id", None)))
+        return self._take()
+
+    def _take(self) -> list[Effect]:
+        effects, self._effects = self._effects, []
+        return effects
+
+    def effect(self, effect: Effect) -> None:
+        self._effects.append(effect)
+
+    # ---- for the core's own modules (client_commands, rendering) -----------
+
+    @property
+    def now(self) -> float:
+        """The time of the message being handled."""
+        return self._now
+
+    def emit(self, event: ev.ServerEvent) -> None:
+        self._seq += 1
+        self._effects.append(Emit(ev.Envelope(self._seq, self.gate.fence, event)))
+
+    def emit_all(self, events: Sequence[ev.ServerEvent]) -> None:
+        for event in events:
+            self.emit(event)
+
+    def error(self, err: DuplexError) -> None:
+        self.metrics.errors.inc(code=err.code)
+        self.emit(ev.ErrorEvent(error=err))
+
+    def execute(self, plan: AppendPlan, *, ingest: bool = False) -> None:
+        """Carry out a policy plan: move the fence first, then submit.
+        ``ingest``: the plan answers client input (its latency is measured)."""
+        if plan.bump is FenceBump.INCARNATION:
+            self._advance(self.fence.next_incarnation())
+            self.metrics.incarnation_bumps.inc()
+        elif plan.bump is FenceBump.EPOCH:
+            self._advance(self.fence.next_epoch())
+        fence = self.gate.fence
+        for sub in plan.submissions:
+            self._effects.append(Submit(sub.stage, fence, sub.role, sub.payload))
+        if ingest and plan.submissions:
+            self.metrics.ingest_latency.observe(self._now - self._received_at)
+
+    def _advance(self, fence: Fence) -> None:
+        self.gate.advance(fence)
+        self.metrics.epoch_bumps.inc()
+        self._effects.append(Cancel(fence))
+
+    def commit_input(self) -> None:
+        """The input buffer becomes a user item (a commit, or server VAD's end of turn)."""
+        audio, errors = self.input.commit()
+        for err in errors:  # e.g. an odd PCM16 byte count: reported, the turn is kept
+            self.error(err)
+        item, committed = self.user.commit(audio)
+        previous = self.conversation.insert(item)
+        self.emit(ev.InputAudioBufferCommitted(item_id=item.id, previous_item_id=previous))
+        self.emit(ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous))
+        self.emit(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
+        self.execute(self.policy.plan_append(self, committed))
+
+    # ---- session-level messages ---------------------------------------------
+
+    def _on_update(self, c: cmd.SessionUpdate) -> None:
+        old, new = self._config, updated_config(self._config, c.patch, self.caps, self.policy.name)
+        self._config = new
+        self.input.set_format(new.input_format)
+        if new.turn_detection is not None and new.turn_detection != old.turn_detection:
+            self.execute(self.policy.plan_append(self, self.user.vad_config(new)))
+        self.emit(ev.SessionUpdated(session=self.session_object()))
+
+    def _on_event_ack(self, c: cmd.EventAck) -> None:
+        self._effects.append(AckEvents(c.seq))
+
+    def _on_close(self, c: cmd.SessionClose) -> None:
+        reason = CloseReason(c.reason)
+        self.emit(ev.SessionClosed(reason=reason.value))
+        self._effects.append(Close(reason))  # nothing queued behind the close may run
+
+    # ---- what the runner reports back ---------------------------------------
+
+    def _on_frame(self, m: FrameDecoded) -> None:
+        self.execute(self.policy.plan_append(self, m.frame))
+
+    def _on_failed(self, m: Failed) -> None:
+        self.error(m.error)
+
+    # ---- responses --------------------------------------------------------
+
+    def create_response(self, options: cmd.ResponseOptions) -> None:
+        if self.response is not None:
+            raise DuplexError("conversation_already_has_active_response",
+                              f"response {self.response.id} is still in progress; cancel it "
+                              "or wait for response.done")
+        if self._generator not in self.stage_names:
+            raise DuplexError("capability_unsupported", "this pipeline has no generating stage")
+        modalities = tuple(options.output_modalities or self._config.output_modalities)
+        check_modalities(modalities, self.caps, param="response.output_modalities")
+        in_conversation = options.conversation != "none"
+        response = Response(
+            id=self.make_id("resp"),
+            conversation_id=None if not in_conversation else "conv_" + self.session_id,
+            output_modalities=modalities, output_format=self._config.output_format.wire(),
+            voice=self._config.voice,
+            max_output_tokens=options.max_output_tokens or self._config.max_output_tokens,
+            metadata=options.metadata)
+        context = self.context(options)
+        last = self.conversation.last
+        active = ActiveResponse(response, self.make_id("item"), in_conversation=in_conversation,
+                                previous_item_id=last.id if last else None,
+                                encoder_factory=self._encoder)
+        self.response = active
+        if in_conversation:
+            self.conversation.append(active.item)
+        self.emit_all(active.start_events())
+        sampling = self.policy.configure_sampling_params(self, options)
+        request = GenerateRequest(response_id=active.id, context=context, sampling=sampling,
+                                  tools=self._config.tools, tool_choice=self._config.tool_choice)
+        fence = self.fence
+        active.request_id = fence.request_id("llm")
+        self._effects.append(Submit(self._generator, fence, "llm", request))
+
+    def _encoder(self, rate: int) -> AudioEncoder:
+        return AudioEncoder(self._config.output_format, in_rate=rate)
+
+    def context(self, options: cmd.ResponseOptions) -> tuple[ContextMessage, ...]:
+        """What the model of a response sees (the policy shapes it last)."""
+        messages = context_messages(self.conversation,
+                                    options.instructions or self._config.instructions)
+        return self.policy.shape_context(self, messages)
+
+    def interrupt(self, reason: InterruptReason) -> None:
+        """Barge-in or cancel: one epoch bump, one response.done(cancelled),
+        one cancel of the stages -- in that order. Silence comes first: once
+        the gate has moved, nothing of the old reply can reach the client, so
+        the client need not wait for the stages to finish aborting."""
+        active = self.response
+        if active is None:
+            return
+        self.response = None
+        fence = self.fence.next_epoch()
+        self.gate.advance(fence)
+        self.metrics.epoch_bumps.inc()
+        self.metrics.interrupts.inc(reason=reason.value)
+        truncated = active.cut_to_heard(self._now) if reason is InterruptReason.TURN_DETECTED else None
+        self.emit_all(active.finish(ResponseStatus.CANCELLED,
+                                    {"type": "cancelled", "reason": reason.value}))
+        if truncated is not None:
+            self.emit(truncated)
+        self.metrics.cancel_latency.observe(self._now - self._received_at)
+        self._effects.append(Cancel(fence))
+
+    def finish_response(self) -> None:
+        active, self.response = self.response, None
+        if active is not None:
+            self.emit_all(active.finish(ResponseStatus.COMPLETED))
+
+    # ---- stage outputs ----------------------------------------------------
+
+    def _on_stage_output(self, out: StageOutput) -> None:
+        if not self.gate.admit(out):  # the one place stale outputs are dropped
+            self.metrics.stale_dropped.inc(stage=out.stage)
+            return
+        payload = out.payload
+        if type(payload) is StageFailed and payload.error.spec.terminal:
+            # e.g. engine_dead: one terminal error, then the session ends
+            # (whatever the policy would have decided).
+            rendering.render(self, payload)
+            self._effects.append(Close(CloseReason(payload.error.code)))
+            return
+        decision = self.policy.decide_output(self, out)
+        if decision.emit:
+            rendering.render(self, payload if decision.render is None else decision.render)
+        if decision.plan is not None:
+            self.execute(decision.plan)
+        if decision.interrupt is not None:
+            self.interrupt(decision.interrupt)
+        if decision.forward:
+            self._effects.append(Forward(out))
+        if decision.commit_turn and self.input.samples > 0:
+            self.commit_input()
+        if decision.create_response and self.response is None:
+            self.create_response(cmd.ResponseOptions())
+        if decision.finish_response:
+            self.finish_response()
+
+
+# What handles each message, by its exact type (the codec and the runner make
+# exactly these classes): the client's commands, then the session's own.
+_HANDLERS: dict[type, Callable[[SessionCore, Any], None]] = {
+    **COMMANDS,
+    StageOutput: SessionCore._on_stage_output,
+    cmd.SessionUpdate: SessionCore._on_update,
+    cmd.EventAck: SessionCore._on_event_ack,
+    cmd.SessionClose: SessionCore._on_close,
+    FrameDecoded: SessionCore._on_frame,
+    Failed: SessionCore._on_failed,
+}

@@ -1,0 +1,124 @@
+"""The vocabulary between the session core and its runner.
+
+``SessionCore.handle(message, now)`` takes one *message* and returns the
+*effects* it causes, in order; the runner (``runner.py``) carries them out
+and turns what happens in the world back into messages. The core never
+awaits: an effect is a description of I/O, not I/O.
+
+Messages are client commands (``vllm_duplex.core.commands``), stage outputs
+(``StageOutput``) and the few internal ones below. Effects are frozen and
+slotted: a 20 ms audio chunk makes one or two of them, so they stay cheap.
+
+Metrics are not effects: they are counters in the process's in-memory
+registry, which the core increments directly (no I/O, nothing to order
+against the socket), so the hot path does not pay an effect per counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_duplex.core.close_reason import CloseReason
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.events import Envelope
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.payloads import StageOutput, VideoFrame
+
+# ---- messages (beyond commands and stage outputs) ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FrameDecoded:
+    """A camera frame or image the runner decoded (after ``DecodeImage``,
+    ``PollVideo``): it goes to the policy now."""
+
+    frame: VideoFrame
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Something the runner did for the session failed with ``error``: the
+    client gets it as an error event (e.g. an image that does not decode)."""
+
+    error: DuplexError
+
+
+# ---- effects ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """Send ``envelope`` to the client (journal it, queue it on the socket)."""
+
+    envelope: Envelope
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Submit ``payload`` to the stage called ``stage`` under ``fence``;
+    ``role`` names the request in its fenced request id."""
+
+    stage: str
+    fence: Fence
+    role: str
+    payload: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Pass an admitted stage output on to the next stage of the pipeline."""
+
+    output: StageOutput
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Abort, in every stage, the work older than ``fence``."""
+
+    fence: Fence
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """End the session (always the last effect of its batch)."""
+
+    reason: CloseReason
+
+
+@dataclass(frozen=True, slots=True)
+class AckEvents:
+    """The client holds every event up to ``seq``: the journal may drop them."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeImage:
+    """Decode an encoded still image off the event loop, then hand the core a
+    ``FrameDecoded`` (or a ``Failed`` echoing ``event_id``) before anything
+    else: the effects after it in its batch are dropped when it fails (they
+    are the next images of the same item, as a raised error stops them)."""
+
+    data: bytes
+    timestamp_ms: int
+    source: str  # VideoFrame.source: "frame" | "image"
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FeedVideo:
+    """Feed a WebM/MP4 fragment to the session's stream decoder; its frames
+    come back through ``PollVideo`` when it wakes the session."""
+
+    data: bytes
+    container: str
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PollVideo:
+    """Take the frames the stream decoder has ready (one ``FrameDecoded`` each)."""
+
+
+Effect = Emit | Submit | Forward | Cancel | Close | AckEvents | DecodeImage | FeedVideo | PollVideo

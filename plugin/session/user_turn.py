@@ -1,0 +1,64 @@
+"""The user's side of the turn in progress: whether they are speaking, and
+the id of the conversation item their words will become.
+
+The id is minted at speech onset, so ``speech_started``, the transcription
+events and the committed item all name the same item (OpenAI's order:
+``speech_started{item_id}`` long before ``committed{item_id}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from vllm_duplex.core import events as ev
+from vllm_duplex.core.contracts import TurnCommitted
+from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
+from vllm_duplex.core.payloads import INTERNAL_RATE, VadConfig
+from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.session.items import ItemStore
+
+
+class UserTurn:
+    def __init__(self, make_id: Callable[[str], str]) -> None:
+        self._make_id = make_id
+        self.speaking = False
+        self.pending_item: str | None = None  # minted at speech onset, used at commit
+
+    def _pending(self) -> str:
+        if self.pending_item is None:
+            self.pending_item = self._make_id("item")
+        return self.pending_item
+
+    def speech_started(self, audio_ms: int) -> ev.ServerEvent:
+        self.speaking = True
+        return ev.SpeechStarted(audio_start_ms=audio_ms, item_id=self._pending())
+
+    def speech_stopped(self, audio_ms: int) -> ev.ServerEvent:
+        self.speaking = False
+        return ev.SpeechStopped(audio_end_ms=audio_ms, item_id=self._pending())
+
+    def transcript_item(self, conversation: ItemStore) -> str:
+        """The item a transcript belongs to: the turn being heard, else the
+        user item just committed (the final transcript lands after it)."""
+        if self.pending_item is None:
+            last = conversation.last
+            if last is not None and last.role is Role.USER:
+                return last.id
+        return self._pending()
+
+    def commit(self, audio: np.ndarray) -> tuple[ConversationItem, TurnCommitted]:
+        """The turn's audio became a user item; the next turn gets a new id."""
+        item_id = self._pending()
+        self.pending_item = None
+        audio_ms = int(audio.size * 1000 // INTERNAL_RATE)
+        item = ConversationItem(id=item_id, type=ItemType.MESSAGE, role=Role.USER,
+                                content=[ContentPart(type="input_audio", audio_ms=audio_ms)])
+        return item, TurnCommitted(item_id, audio)
+
+    @staticmethod
+    def vad_config(config: SessionConfig) -> VadConfig:
+        td = config.turn_detection
+        assert td is not None
+        return VadConfig(threshold=td.threshold, prefix_padding_ms=td.prefix_padding_ms,
+                         silence_duration_ms=td.silence_duration_ms)
