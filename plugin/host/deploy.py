@@ -16,7 +16,7 @@ import yaml
 from vllm_duplex.host.topology import Workers
 
 DEFAULT_CONFIG = "cascade-cpu"  # `vllm-duplex serve` with no arguments
-CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parent.parent / "configs")
+CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs")
 
 
 @dataclass(frozen=True)
