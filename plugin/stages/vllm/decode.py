@@ -166,9 +166,10 @@ class Answer:
         hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
         if hits:
             self.text, self.stopped = self.text[:min(hits)], True
-            return self.final()
         if self.tools and self.sent == 0 and not self.always_hold:
             self.holding = may_become_tool_call(self.text)
+        if self.stopped:
+            return self.final()
         end = len(self.text) - self.keep
         if self.holding or end <= self.sent:
             return []
