@@ -68,7 +68,8 @@ class Stage(Protocol):
 
 
 class StageBase:
-    """Base of the scripted stages: one shared object, one port per session.
+    """Base of the task-running stages (listening, speech, the scripted fakes):
+    one shared object, one ``FencedPort`` per session.
 
     The counters are shared by all ports of the stage so ``/metrics`` can show
     them per stage.
