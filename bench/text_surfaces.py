@@ -104,7 +104,8 @@ async def main(reps: int) -> None:
                 figures["streamed"].append(await streamed(base_ws, sid))
                 await http.delete(f"/v1/sessions/{sid}")
         context = tuple(ContextMessage(m["role"], m["content"]) for m in [*history("x" * 32), ask])
-        tokens = len(stage._prefill_ids(stage.render(context, True)))
+        chat = stage.host.chat
+        tokens = len(chat.encode(chat.render(context, True)))
     base = statistics.median(figures["stateless"])
     print(f"TTFT of a {tokens}-token context, median of {reps} (2 vCPUs, SmolLM2-135M float32):")
     for name, label in (("stateless", "stateless /v1/generate (baseline)"),

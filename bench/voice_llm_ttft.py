@@ -177,11 +177,10 @@ async def port_run(stage: Any, ctx: tuple[ContextMessage, ...], *, streaming: bo
 
 
 async def run_part_b(stage: Any, reps: int, target_tokens: int) -> dict[str, Any]:
-    tok = stage.engine.get_tokenizer()
-    tok = await tok if asyncio.iscoroutine(tok) else tok
+    chat = stage.host.chat
 
     def count(ctx: tuple[ContextMessage, ...]) -> int:
-        return len(tok.encode(stage.render(ctx, False), add_special_tokens=False))
+        return len(chat.encode(chat.render(ctx, False)))
 
     before = {k: getattr(stage, k) for k in ("fast_paths", "rebuilds", "fresh_prefills")}
     full: list[PortRun] = []

@@ -47,39 +47,15 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# The options of a `vllm` stage that configure its engine (the others are the
-# stage's own: sampling defaults, tool constraints, restart policy).
-ENGINE_OPTIONS = ("model", "dtype", "enforce_eager", "max_model_len", "enable_prefix_caching",
-                  "engine_kwargs")
-
-
 def engine_args(options: Mapping[str, Any]) -> Any:
     """The ``AsyncEngineArgs`` a ``vllm`` stage with ``options`` builds its
-    engine from: float32 + eager on CPU (deterministic greedy answers, no
-    compile time), vLLM's defaults on GPUs, the prepared SmolLM2 by default.
-    Mirrors ``VllmLlmStage._build_engine``: supervisor and workers must build
-    the same ``VllmConfig``."""
+    engine from (the stage's own ``EngineSettings``)."""
     # The stage module sets vLLM's environment defaults (a 1 GiB CPU KV cache,
     # no AOT compile, offline hub) before vLLM reads them.
     import vllm_duplex.stages.vllm.llm  # noqa: F401
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.platforms import current_platform
+    from vllm_duplex.stages.vllm.host import EngineSettings
 
-    model = options.get("model")
-    if model is None:
-        from vllm_duplex.assets.prepare import prepared_model_dir
-
-        model = str(prepared_model_dir())
-    cpu = current_platform.is_cpu()
-    enforce_eager = options.get("enforce_eager")
-    return AsyncEngineArgs(
-        model=str(model),
-        dtype=options.get("dtype") or ("float32" if cpu else "auto"),
-        enforce_eager=cpu if enforce_eager is None else enforce_eager,
-        max_model_len=options.get("max_model_len", 2048),
-        enable_prefix_caching=options.get("enable_prefix_caching", True),
-        **dict(options.get("engine_kwargs") or {}),
-    )
+    return EngineSettings.from_options(options).engine_args()
 
 
 def _vllm_config(options: Mapping[str, Any], slots: int, rank: int) -> Any:

@@ -1,5 +1,7 @@
-"""Stage ports: the protocol of one session's port into one shared stage, and
-``StageBase`` / ``FencedPort``, the base that every task-running stage builds on.
+"""Stage ports: the protocol of one session's port into one shared stage;
+``PortBase``, the skeleton every port shares (the vLLM ports' ``LivePort``
+included); and ``StageBase`` / ``FencedPort``, the base that every
+task-running stage builds on.
 
 Stages never decide staleness (the session's fence gate does); they only
 abort work when ``cancel`` tells them the fence moved on: work tracked under
@@ -67,7 +69,8 @@ class Stage(Protocol):
 
 
 class StageBase(AlwaysReady, Metered):
-    """Base of the task-running stages: one shared object, one port per session.
+    """Base of the task-running stages (listening, speech, the scripted fakes):
+    one shared object, one ``FencedPort`` per session.
 
     The counters are shared by all ports of the stage so ``/metrics`` can show
     them per stage. A stage with threads, processes or engines overrides the
@@ -92,16 +95,18 @@ class StageBase(AlwaysReady, Metered):
                 StageCounter.ACTIVE_REQUESTS: self.active_requests}
 
 
-class FencedPort:
-    """Queue-backed port; work runs as tasks owned by the port, tracked by fence."""
+class PortBase:
+    """The skeleton every port shares: the accepted payload types, ``open``
+    once under the session's fence, the guards every ``submit`` passes, the
+    bounded output queue (backpressure: a producer waits when the session
+    lags), and ``outputs`` ending after close. Subclasses keep their work."""
 
-    def __init__(self, stage: StageBase, session_id: str) -> None:
+    def __init__(self, stage: Any, session_id: str) -> None:
         self.name = stage.name
         self.session_id = session_id
         self._stage = stage
         self._clock = stage.clock
         self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=OUTPUT_QUEUE_SIZE)
-        self._tasks: dict[asyncio.Task[None], Fence] = {}
         self._floor: Fence | None = None  # newest fence seen by open/cancel
         self._closed = False
 
@@ -109,13 +114,15 @@ class FencedPort:
         return isinstance(payload, self._stage.accepted)
 
     async def open(self, fence: Fence) -> None:
-        if fence.session_id != self.session_id:
-            raise ValueError(f"port of session {self.session_id!r} opened with {fence}")
+        self._check_session(fence, "opened")
         if self._floor is not None:
             raise RuntimeError(f"port {self.name} is already open")
         self._floor = fence
 
-    async def submit(self, item: StageInput) -> None:
+    def _admit(self, item: StageInput) -> bool:
+        """The guards of ``submit``: False for work of an already-cancelled
+        fence (it would only generate for nobody: refused here rather than
+        started and aborted)."""
         if self._closed:
             raise RuntimeError(f"port {self.name} is closed")
         if self._floor is None:
@@ -123,14 +130,17 @@ class FencedPort:
         if not self.accepts(item.payload):
             raise TypeError(f"stage {self.name!r} does not accept {type(item.payload).__name__}")
         if item.fence.is_stale_against(self._floor):
-            # Work for an already-cancelled fence would only generate for
-            # nobody; refuse it here rather than start and abort it.
             log.debug("stage %s ignores stale submission %s", self.name, item.request_id)
-            return
-        await self._handle(item)
+            return False
+        return True
 
-    async def _handle(self, item: StageInput) -> None:
-        raise NotImplementedError
+    def _check_session(self, fence: Fence, verb: str) -> None:
+        if fence.session_id != self.session_id:
+            raise ValueError(f"port of session {self.session_id!r} {verb} with {fence}")
+
+    def _raise_floor(self, fence: Fence) -> None:
+        if self._floor is None or self._floor.is_stale_against(fence):
+            self._floor = fence
 
     def outputs(self) -> AsyncIterator[StageOutput]:
         return self._outputs()
@@ -143,13 +153,40 @@ class FencedPort:
                 return
             yield out
 
+    async def _emit(self, fence: Fence, request_id: str, payload: Any) -> None:
+        await self._queue.put(
+            StageOutput(fence, request_id, self.name, payload, created_at=self._clock.now())
+        )
+
+    def _end_outputs(self) -> None:
+        # Make room for the sentinel: outputs nobody read are moot after close.
+        while True:
+            try:
+                self._queue.put_nowait(_CLOSED)
+                return
+            except asyncio.QueueFull:
+                self._queue.get_nowait()
+
+
+class FencedPort(PortBase):
+    """Queue-backed port; work runs as tasks owned by the port, tracked by fence."""
+
+    def __init__(self, stage: StageBase, session_id: str) -> None:
+        super().__init__(stage, session_id)
+        self._tasks: dict[asyncio.Task[None], Fence] = {}
+
+    async def submit(self, item: StageInput) -> None:
+        if self._admit(item):
+            await self._handle(item)
+
+    async def _handle(self, item: StageInput) -> None:
+        raise NotImplementedError
+
     async def cancel(self, fence: Fence) -> None:
         """Cancel (and await) every task whose fence is stale against ``fence``;
         when this returns, no aborted task produces anything any more."""
-        if fence.session_id != self.session_id:
-            raise ValueError(f"port of session {self.session_id!r} cancelled with {fence}")
-        if self._floor is None or self._floor.is_stale_against(fence):
-            self._floor = fence
+        self._check_session(fence, "cancelled")
+        self._raise_floor(fence)
         stale = [t for t, f in self._tasks.items() if f.is_stale_against(fence) and not t.done()]
         for task in stale:
             task.cancel()
@@ -166,20 +203,9 @@ class FencedPort:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        # Make room for the sentinel: outputs nobody read are moot after close.
-        while True:
-            try:
-                self._queue.put_nowait(_CLOSED)
-                return
-            except asyncio.QueueFull:
-                self._queue.get_nowait()
+        self._end_outputs()
 
     # ---- helpers for subclasses --------------------------------------------
-
-    async def _emit(self, fence: Fence, request_id: str, payload: Any) -> None:
-        await self._queue.put(
-            StageOutput(fence, request_id, self.name, payload, created_at=self._clock.now())
-        )
 
     def _spawn(
         self, item: StageInput, work: Callable[[], Coroutine[Any, Any, None]]

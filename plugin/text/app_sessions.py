@@ -41,7 +41,16 @@ from vllm_duplex.core.payloads import (
     ToolCall,
 )
 from vllm_duplex.leases.manager import SessionInfo, SessionManager
-from vllm_duplex.text.requests import GenEvent, Message, ToolCallRecord, check_id
+from vllm_duplex.text.events import (
+    ErrorEvent,
+    FinishEvent,
+    TextDeltaEvent,
+    TextEvent,
+    ToolCallDeltaEvent,
+    ToolCallEvent,
+    Usage,
+)
+from vllm_duplex.text.requests import Message, ToolCallRecord, check_id
 
 if TYPE_CHECKING:  # vLLM is imported only by deployments that have a vLLM stage
     from vllm_duplex.stages.vllm.llm import VllmLlmPort, VllmLlmStage
@@ -162,7 +171,7 @@ class Turn:
         await session.port.cancel(session.fence)  # aborts the reply's vLLM request
         self._stopped.set()
 
-    async def events(self, final_messages: Sequence[Message] = ()) -> AsyncIterator[GenEvent]:
+    async def events(self, final_messages: Sequence[Message] = ()) -> AsyncIterator[TextEvent]:
         """The reply to ``request.messages`` + ``final_messages`` (the streamed
         input's user message), as generate-API events ending in one terminal."""
         session, req = self.session, self.request
@@ -185,23 +194,20 @@ class Turn:
                     continue  # a prefill chunk's failure: the reply reports its own
                 if isinstance(p, TextDelta):
                     text += p.text
-                    yield GenEvent("text-delta", {"delta": p.text})
+                    yield TextDeltaEvent(p.text)
                 elif isinstance(p, ToolCall):
                     index = len(calls)
                     calls.append(p)
-                    yield GenEvent("tool-call-delta", {"index": index, "id": p.call_id,
-                                                       "name": p.name, "arguments_delta": p.arguments})
-                    yield GenEvent("tool-call", {"index": index, "id": p.call_id, "name": p.name,
-                                                 "arguments": p.arguments})
+                    yield ToolCallDeltaEvent(index, p.call_id, p.arguments, p.name)
+                    yield ToolCallEvent(index, p.call_id, p.name, p.arguments)
                 elif isinstance(p, StageFailed):
-                    yield GenEvent("error", {"error": p.error.to_wire()})
+                    yield ErrorEvent(p.error)
                     return
                 elif isinstance(p, GenerationDone):
                     finish = p
                     break
             if self._stop_reason == "deadline":
-                err = DuplexError("deadline_exceeded", "the request's deadline passed")
-                yield GenEvent("error", {"error": err.to_wire()})
+                yield ErrorEvent(DuplexError("deadline_exceeded", "the request's deadline passed"))
                 return
             if finish is None:
                 yield _finish(req.request_id, "cancelled", 0, 0)
@@ -222,9 +228,8 @@ def _record(call: ToolCall) -> ToolCallRecord:
     return ToolCallRecord(call.call_id, call.name, call.arguments)
 
 
-def _finish(request_id: str, reason: str, prompt: int, completion: int) -> GenEvent:
-    return GenEvent("finish", {"request_id": request_id, "finish_reason": reason, "usage": {
-        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}})
+def _finish(request_id: str, reason: str, prompt: int, completion: int) -> FinishEvent:
+    return FinishEvent(request_id, reason, Usage(prompt, completion))
 
 
 async def _next_or_stop(outputs: AsyncIterator[Any], stopped: asyncio.Event) -> Any:

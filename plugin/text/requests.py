@@ -277,20 +277,6 @@ def parse_reasoning(raw: Any) -> tuple[bool, int | None]:
     return enabled, budget
 
 
-@dataclass(frozen=True)
-class GenEvent:
-    """One event of the generate API (the SSE ``event:`` name and its data)."""
-
-    event: str  # text-delta | reasoning-delta | tool-call-delta | tool-call | control | finish | error
-    data: dict[str, Any]
-    # control events: futures the writer resolves with the event's seq.
-    waiters: tuple[asyncio.Future[int], ...] = field(default=(), compare=False)
-
-    @property
-    def terminal(self) -> bool:
-        return self.event in ("finish", "error")
-
-
 # ---- the parsed request ----------------------------------------------------------
 
 

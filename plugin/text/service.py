@@ -23,12 +23,8 @@ from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.text.app_sessions import CONTINUATION_MODES, AppSessions
-from vllm_duplex.text.requests import (
-    MUTABLE_FIELDS,
-    OPTION_NAMES,
-    GenerationControl,
-    GenEvent,
-)
+from vllm_duplex.text.events import ControlEvent, ErrorEvent, TextEvent
+from vllm_duplex.text.requests import MUTABLE_FIELDS, OPTION_NAMES, GenerationControl
 from vllm_duplex.text.stateless import THINK_CLOSE, THINK_OPEN, TextGenerator
 from vllm_duplex.text.streams import ResumableStream, StreamStore
 
@@ -42,6 +38,9 @@ class Stoppable(Protocol):
 
 
 class TextService:
+    """``stage``: the deployment's ``VllmLlmStage``; its engine host runs every
+    text surface (stateless steps on it, session turns through its ports)."""
+
     def __init__(self, stage: Any, *, model: str, instance_id: str, limits: Any, clock: Clock,
                  metrics: Metrics) -> None:
         self.model = model
@@ -122,7 +121,7 @@ class TextService:
                               param="request_id")
 
     async def run(self, key_id: str | None, request_id: str, run: Stoppable,
-                  events: AsyncIterator[GenEvent], deadline_ms: int | None) -> AsyncIterator[GenEvent]:
+                  events: AsyncIterator[TextEvent], deadline_ms: int | None) -> AsyncIterator[TextEvent]:
         """``events`` while registered for abort, stopped at the deadline."""
         timer = None
         if deadline_ms is not None:
@@ -144,7 +143,7 @@ class TextService:
         self.reserve(key_id, request_id)
         return self.streams.create(stream_id, key_id)
 
-    def publish(self, stream: ResumableStream, run: Stoppable, events: AsyncIterator[GenEvent],
+    def publish(self, stream: ResumableStream, run: Stoppable, events: AsyncIterator[TextEvent],
                 control: GenerationControl | None,
                 on_done: Callable[[], Awaitable[None]] | None = None) -> None:
         """Run ``events`` into ``stream`` in a task of its own (the client may
@@ -158,15 +157,16 @@ class TextService:
                 async for ev in events:
                     if stream.status.value != "active":
                         break
-                    appended = stream.append(ev.event, ev.data)
-                    for fut in ev.waiters:
-                        if not fut.done():
-                            fut.set_result(appended.seq)
+                    appended = stream.append(ev.type, ev.data())
+                    if isinstance(ev, ControlEvent):
+                        for fut in ev.waiters:
+                            if not fut.done():
+                                fut.set_result(appended.seq)
             except Exception:
                 log.exception("stream %s failed", stream.stream_id)
                 if stream.status.value == "active":
-                    stream.append("error", {"error": DuplexError(
-                        "internal_error", "the generation failed").to_wire()})
+                    failed = ErrorEvent(DuplexError("internal_error", "the generation failed"))
+                    stream.append(failed.type, failed.data())
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
                 self._controls.pop(stream.stream_id, None)

@@ -169,8 +169,7 @@ class GenerateStreamClient:
         try:
             async for frame in events:
                 if frame["type"] not in ("ack", "error"):
-                    data = {k: v for k, v in frame.items() if k != "type"}
-                    reply.add(GenerateEvent(frame["type"], data))
+                    reply.add(GenerateEvent.of(frame))
         finally:
             await events.aclose()
         return reply

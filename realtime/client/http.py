@@ -60,6 +60,14 @@ class GenerateEvent:
     data: dict[str, Any]
     seq: int | None = None
 
+    @classmethod
+    def of(cls, body: dict[str, Any], event: str | None = None, seq: int | None = None
+           ) -> GenerateEvent:
+        """From the JSON object on the wire, which repeats the event's name as
+        ``type`` (kept in ``event``, not in ``data``)."""
+        data = {k: v for k, v in body.items() if k != "type"}
+        return cls(event or body["type"], data, seq)
+
     @property
     def terminal(self) -> bool:
         return self.event in ("finish", "error")
@@ -171,7 +179,7 @@ class EventStream:
                     continue
                 if seq is not None:
                     self.last_seq = seq
-                return GenerateEvent(name, json.loads("\n".join(data)), seq)
+                return GenerateEvent.of(json.loads("\n".join(data)), name, seq)
         except BaseException:
             await self.disconnect()
             raise

@@ -33,6 +33,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.input_sequence import Accepted, InputSequence
 from vllm_duplex.text.app_sessions import AppSession, Turn, TurnRequest
+from vllm_duplex.text.events import ErrorEvent, FinishEvent, Usage, wire
 from vllm_duplex.text.requests import Message, check_id, check_text, parse_generate
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class GenerateStream:
             await self.ws.send_text(json.dumps(frame, separators=(",", ":")))
 
     async def error(self, err: DuplexError, terminal: bool = False) -> None:
-        await self.send({"type": "error", "error": err.to_wire(), "terminal": terminal})
+        await self.send({**wire(ErrorEvent(err)), "terminal": terminal})
 
     async def serve(self) -> None:
         try:
@@ -165,8 +166,8 @@ class GenerateStream:
         final = (Message("user", turn.pushed),) if turn.pushed.strip() else ()
         try:
             async for ev in turn.events(final):
-                frame = {"type": ev.event, **ev.data}
-                if ev.event == "error":  # a reply's error ends the generation: terminal
+                frame = wire(ev)
+                if isinstance(ev, ErrorEvent):  # a reply's error ends the generation: terminal
                     frame["terminal"] = True
                 await self.send(frame)
         except Exception:  # the socket went away; finish() cleans up
@@ -186,9 +187,7 @@ class GenerateStream:
                 await self.error(DuplexError("deadline_exceeded", "the request's deadline passed"),
                                  terminal=True)
             else:
-                await self.send({"type": "finish", "request_id": turn.request.request_id,
-                                 "finish_reason": "cancelled", "usage": {
-                                     "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
+                await self.send(wire(FinishEvent(turn.request.request_id, "cancelled", Usage(0, 0))))
             await self.ws.close(code=1000)
 
     async def cancel(self, close_session: bool) -> None:

@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
+from vllm_duplex.text.events import body
 
 KEEPALIVE_S = 15.0  # a comment line keeps proxies from closing a quiet stream
 
 
-def sse_frame(event: str, data: dict[str, Any], seq: int | None = None) -> bytes:
+def sse_frame(event: str, data: Mapping[str, Any], seq: int | None = None) -> bytes:
+    """One SSE event: ``event:`` is the text event's type, and ``data:`` its
+    one rendering (``text.events.body``: the type again, then the data, as
+    OpenAI's streams carry it)."""
     head = f"id: {seq}\n" if seq is not None else ""
-    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    line = json.dumps(body(event, data), separators=(",", ":"))
+    return f"{head}event: {event}\ndata: {line}\n\n".encode()
 
 
 class EventStreamResponse:

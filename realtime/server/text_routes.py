@@ -22,8 +22,16 @@ from starlette.routing import Route
 from vllm_duplex.core.errors import ERRORS, DuplexError
 from vllm_duplex.realtime.server.sse import EventStreamResponse, sse_frame
 from vllm_duplex.text.app_sessions import AppSession, TurnRequest
+from vllm_duplex.text.events import (
+    ErrorEvent,
+    FinishEvent,
+    ReasoningDeltaEvent,
+    TextDeltaEvent,
+    TextEvent,
+    ToolCallEvent,
+    from_wire,
+)
 from vllm_duplex.text.requests import (
-    GenEvent,
     Message,
     check_model,
     parse_control,
@@ -75,27 +83,30 @@ async def read_json(request: Request, limit: int) -> Any:
         raise DuplexError("invalid_json", "the body is not JSON") from None
 
 
-async def collect(events: AsyncIterator[GenEvent]) -> dict[str, Any]:
+async def collect(events: AsyncIterator[TextEvent]) -> dict[str, Any]:
     """A whole step as one JSON answer (``stream: false``)."""
-    text, reasoning, calls, result = [], [], [], {}
+    text: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
     async for ev in events:
-        if ev.event == "text-delta":
-            text.append(ev.data["delta"])
-        elif ev.event == "reasoning-delta":
-            reasoning.append(ev.data["delta"])
-        elif ev.event == "tool-call":
-            calls.append({"id": ev.data["id"], "type": "function", "function": {
-                "name": ev.data["name"], "arguments": ev.data["arguments"]}})
-        elif ev.event in ("finish", "error"):
-            result = dict(ev.data)
+        if isinstance(ev, TextDeltaEvent):
+            text.append(ev.delta)
+        elif isinstance(ev, ReasoningDeltaEvent):
+            reasoning.append(ev.delta)
+        elif isinstance(ev, ToolCallEvent):
+            calls.append({"id": ev.id, "type": "function", "function": {
+                "name": ev.name, "arguments": ev.arguments}})
+        elif isinstance(ev, (FinishEvent, ErrorEvent)):
+            result = ev.data()
     return {"output": {"text": "".join(text), "reasoning": "".join(reasoning), "tool_calls": calls},
             **result}
 
 
-async def frames(events: AsyncIterator[GenEvent]) -> AsyncIterator[bytes]:
+async def frames(events: AsyncIterator[TextEvent]) -> AsyncIterator[bytes]:
     try:
         async for ev in events:
-            yield sse_frame(ev.event, ev.data)
+            yield sse_frame(ev.type, ev.data())
     finally:
         await events.aclose()  # type: ignore[attr-defined]
 
@@ -156,14 +167,15 @@ def text_routes(service_of: Callable[[], TextService | None],
                 async for ev in events:
                     yield sse_frame(ev.event, ev.data, ev.seq)
             except DuplexError as err:
-                yield sse_frame("error", {"error": err.to_wire()})
+                failed = ErrorEvent(err)
+                yield sse_frame(failed.type, failed.data())
             finally:
                 await events.aclose()
 
         if not stream:
-            async def as_events() -> AsyncIterator[GenEvent]:
+            async def as_events() -> AsyncIterator[TextEvent]:
                 async for ev in events:
-                    yield GenEvent(ev.event, ev.data)
+                    yield from_wire(ev.event, ev.data)
 
             async def whole() -> Response:
                 return answer({"stream_id": target.stream_id, **await collect(as_events())})
@@ -379,8 +391,8 @@ class _Deferred(Response):
         await (await self._make())(scope, receive, send)
 
 
-async def _after(events: AsyncIterator[GenEvent], done: Callable[[], Awaitable[None]]
-                 ) -> AsyncIterator[GenEvent]:
+async def _after(events: AsyncIterator[TextEvent], done: Callable[[], Awaitable[None]]
+                 ) -> AsyncIterator[TextEvent]:
     try:
         async for ev in events:
             yield ev

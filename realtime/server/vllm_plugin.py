@@ -3,7 +3,9 @@
 The same realtime ASGI app that ``vllm-duplex serve`` runs is mounted into
 vLLM's OpenAI-compatible server, and the deployment's ``vllm`` stage uses the
 engine that ``vllm serve`` built (no second engine, no second copy of the
-weights). vLLM's own routes are untouched.
+weights): its ``EngineHost`` borrows it, so the realtime sessions, the
+application sessions and the stateless steps all run on it, and the host
+never restarts nor stops it (vLLM does). vLLM's own routes are untouched.
 
 Run it (CPU; endpoint plugins load only when named in ``VLLM_PLUGINS``)::
 

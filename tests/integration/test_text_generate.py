@@ -52,6 +52,7 @@ async def test_a_step_streams_text_then_one_finish_with_usage(text_server):
     names = [e for e, _ in events]
     assert names[-1] == "finish" and names.count("finish") == 1 and "error" not in names
     assert set(names[:-1]) == {"text-delta"}
+    assert [d["type"] for _, d in events] == names  # data: carries the type too (as OpenAI's)
     assert "Paris" in text_of(events)
     finish = events[-1][1]
     assert finish["finish_reason"] == "stop"

@@ -69,6 +69,7 @@ async def test_a_disconnected_client_resumes_without_loss_or_duplicates(text_ser
     joined = first + rest
     assert joined == whole
     assert [s for s, _, _ in joined] == list(range(1, len(joined) + 1))  # no gap, no duplicate
+    assert all(data["type"] == event for _, event, data in joined)  # replayed as rendered live
     assert [e for _, e, _ in joined].count("finish") == 1 and joined[-1][1] == "finish"
     assert joined[-1][2]["usage"]["completion_tokens"] == sum(1 for _, e, _ in joined if e == "text-delta") \
         or joined[-1][2]["usage"]["completion_tokens"] >= 1

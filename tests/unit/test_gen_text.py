@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vllm_duplex.text.parsers import (
+from vllm_duplex.stages.vllm.parsers import (
     Kind,
     ReasoningSplitter,
     ToolCallDelta,

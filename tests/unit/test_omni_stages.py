@@ -235,8 +235,38 @@ VOCAB = {1: "Hello", 2: " there", 3: ".", 7: "x", END: "<|im_end|>"}
 
 
 class FakeTokenizer:
+    """A slow (pure Python) tokenizer: the reply decoder takes vLLM's slow
+    incremental path with it."""
+
+    is_fast = False
+    all_special_ids = (END,)
+
+    def __len__(self) -> int:
+        return max(VOCAB) + 1
+
+    def get_added_vocab(self) -> dict[str, int]:
+        return {}
+
+    def convert_ids_to_tokens(self, ids: list[int], skip_special_tokens: bool = False) -> list[str]:
+        return [VOCAB[i] for i in ids if not (skip_special_tokens and i == END)]
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        return "".join(tokens)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return "".join(VOCAB[i] for i in ids if not (skip_special_tokens and i == END))
+        return "".join(self.convert_ids_to_tokens(ids, skip_special_tokens))
+
+
+class PassThroughRenderer:
+    """Hands the prompt dicts back as they are (so tests read their text)."""
+
+    class default_cmpl_tok_params:  # noqa: N801 - mimics vLLM's attribute
+        @staticmethod
+        def with_kwargs(**kw: Any) -> dict[str, Any]:
+            return kw
+
+    async def render_cmpl_async(self, prompts: list[Any], params: Any) -> list[Any]:
+        return list(prompts)
 
 
 @dataclass
@@ -263,6 +293,7 @@ class FakeEngine:
     calls: list[tuple[str, list[Any]]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     gate: asyncio.Event = field(default_factory=asyncio.Event)
+    renderer: Any = field(default_factory=PassThroughRenderer)
 
     def get_tokenizer(self) -> FakeTokenizer:
         return FakeTokenizer()
@@ -418,7 +449,7 @@ async def test_chunks_are_rendered_by_the_engines_renderer():
             return [{"type": "token", "prompt_token_ids": [1, 2], "prompt": prompts[0]["prompt"]}]
 
     engine = FakeEngine()
-    engine.renderer = Renderer()  # type: ignore[attr-defined]
+    engine.renderer = Renderer()
     _, port = await open_port(engine)
     await port.submit(item(unit()))
     await asyncio.sleep(0.05)

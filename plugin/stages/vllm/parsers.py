@@ -1,6 +1,8 @@
-"""Incremental, sans-I/O parsers that turn a model's streamed text into the typed
-events of the stateless generate endpoint (``text-delta``, ``reasoning-delta``,
-``tool-call-delta``, ``tool-call``).
+"""Incremental, sans-I/O parsers of a model's streamed reply text: reasoning
+apart from the answer, and the arguments of a constrained tool call as they are
+written. ``ReplyDecoder`` (``decode.py``) runs them for every path that streams a
+reply; they live beside it, below the text surfaces, because the realtime
+stages decode replies too.
 
 Text arrives as decoded deltas split anywhere (mid-tag, mid-JSON-token), so both
 parsers keep only the state needed to decide what is already certain, emit that
