@@ -58,7 +58,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStopped,
     VideoFrame,
 )
-from vllm_duplex.models.cascade.transcript import Utterance, words
+from vllm_duplex.models.cascade.transcript import Utterance, extends, same_words, words
 from vllm_duplex.policy import SessionView
 
 VAD, ASR, LLM, VISION = "vad", "asr", "llm", "vision"
@@ -205,7 +205,7 @@ class CascadePolicy:
         hypothesis = words(p.text)
         stable = utt.update(hypothesis)
         render = None
-        if len(stable) > len(utt.shown) and stable[: len(utt.shown)] == utt.shown:
+        if extends(utt.shown, stable):
             new_words = stable[len(utt.shown):]
             render = TranscriptDelta((" " if utt.shown else "") + " ".join(new_words))
             utt.shown = stable
@@ -226,7 +226,7 @@ class CascadePolicy:
                 subs.append(StageSubmission(LLM, TextIn(" ".join(stable)), "llm"))
             return AppendPlan(InputMode.ROLLBACK_TO_CHECKPOINT, tuple(subs),
                               bump=FenceBump.INCARNATION, checkpoint="turn-start")
-        new = stable[len(utt.pushed):] if stable[: len(utt.pushed)] == utt.pushed else []
+        new = stable[len(utt.pushed):] if same_words(stable[: len(utt.pushed)], utt.pushed) else []
         if not new or view.active_response_id is not None:
             return None  # nothing new, or the model is busy answering
         subs = []
