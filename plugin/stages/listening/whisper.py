@@ -113,14 +113,10 @@ class WhisperAsrStage(ListeningStage):
         self.partials_decoded = 0
         self.partials_skipped = 0
         self._count_lock = threading.Lock()
-        if warm_up:  # the first decode of a model is 2-3x slower: not on a caller's turn
-            self.run_later(self._warm_up)
-
-    def _warm_up(self) -> None:
-        noise = (np.random.default_rng(0).standard_normal(16000) * 300).astype(np.int16)
-        for model in (self.model, self.partial_model):
-            if model is not None:
-                model.transcribe(noise, self.options)
+        if warm_up:
+            for loaded in (self.model, self.partial_model):
+                if loaded is not None:
+                    self.run_later(loaded.warm_up)
 
     def final_text(self, pcm: np.ndarray) -> str:
         return self.model.transcribe(pcm, self.options).text

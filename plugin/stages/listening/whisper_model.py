@@ -88,6 +88,15 @@ class WhisperModel:
         self._tokenizer_cls = Tokenizer
         self._suppressed = get_suppressed_tokens
         self._lock = threading.Lock()
+        self._warm = threading.Event()
+
+    def warm_up(self) -> None:
+        """Decode once (idempotent): a model's first decode is 2-3x slower,
+        and must not be a caller's first turn."""
+        if not self._warm.is_set():
+            noise = (np.random.default_rng(0).standard_normal(SAMPLE_RATE) * 300).astype(np.int16)
+            self.transcribe(noise)
+            self._warm.set()
 
     def _tokenizer(self, language: str) -> Any:
         with self._lock:

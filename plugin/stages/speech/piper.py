@@ -33,7 +33,11 @@ import soxr
 from vllm_duplex.assets.locate import piper_voice_files
 from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.payloads import INTERNAL_RATE
-from vllm_duplex.stages.speech.piper_voice import PiperVoice, espeak_argv, ipa_with_punctuation
+from vllm_duplex.stages.speech.piper_voice import (
+    PiperVoice,
+    espeak_argv,
+    ipa_with_punctuation,
+)
 from vllm_duplex.stages.speech.subprocess_tts import (
     SYNTH_TIMEOUT_S,
     SubprocessTtsStage,
@@ -77,8 +81,8 @@ class PiperTtsStage(SubprocessTtsStage):
             raise ValueError(f"espeak-ng has no voice {self.espeak_voice!r} for the phonemes")
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"duplex-{name}")
         self.cancelled_runs = 0  # ONNX runs a cancel terminated
-        if warm_up:  # the first run of the graph is several times slower
-            self._executor.submit(self.voice.synthesize, "hˈɛloʊ.")
+        if warm_up:
+            self._executor.submit(self.voice.warm_up)
 
     async def phonemize(self, text: str) -> str:
         proc = await asyncio.create_subprocess_exec(

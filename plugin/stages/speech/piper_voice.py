@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,13 @@ class PiperVoice:
                                              providers=["CPUExecutionProvider"])
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._ort = ort
+        self._warm = threading.Event()
+
+    def warm_up(self) -> None:
+        """Run the graph once (idempotent): its first run is several times slower."""
+        if not self._warm.is_set():
+            self.synthesize("hˈɛloʊ.")
+            self._warm.set()
 
     @property
     def sample_rate(self) -> int:
