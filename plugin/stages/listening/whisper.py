@@ -89,6 +89,9 @@ class WhisperAsrStage(ListeningStage):
     ) -> None:
         if prebuffer_ms < 0 or tail_ms < 0 or max_utterance_s <= 0:
             raise ValueError("prebuffer_ms and tail_ms must be >= 0, max_utterance_s > 0")
+        # First: a missing or corrupt model fails before anything is started.
+        final_dir = whisper_model_dir(model)
+        partial_dir = whisper_model_dir(partial_model) if partial_model is not None else None
         super().__init__(name, clock, workers=workers)
         self.options = DecodeOptions(beam_size=beam_size, min_window_s=min_window_s,
                                      language=language)
@@ -104,12 +107,10 @@ class WhisperAsrStage(ListeningStage):
         # for it: it may use two cores. Partials run while the user speaks,
         # beside everything else: one.
         final_threads = threads or min(2, os.cpu_count() or 1)
-        self.model: WhisperModel = load(whisper_model_dir(model), threads=final_threads,
-                                        compute_type=compute_type)
+        self.model: WhisperModel = load(final_dir, threads=final_threads, compute_type=compute_type)
         self.partial_model: WhisperModel | None = None
-        if partial_model is not None:
-            self.partial_model = load(whisper_model_dir(partial_model), threads=1,
-                                      compute_type=compute_type)
+        if partial_dir is not None:
+            self.partial_model = load(partial_dir, threads=1, compute_type=compute_type)
         self.partials_decoded = 0
         self.partials_skipped = 0
         self._count_lock = threading.Lock()
