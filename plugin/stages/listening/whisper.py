@@ -28,9 +28,7 @@ what to reinstall, never a fallback.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +46,6 @@ from vllm_duplex.stages.listening.pocketsphinx import EndOfUtterance
 from vllm_duplex.stages.listening.whisper_model import DecodeOptions, WhisperModel, load
 from vllm_duplex.stages.listening.whisper_stream import PartialSchedule, WhisperListener
 from vllm_duplex.stages.port import StagePort
-
-log = logging.getLogger(__name__)
 
 # Inputs queued per session: a final decode of a long utterance (seconds) must
 # not block the session on a full queue; 1024 x 20 ms chunks = 20 s of audio.
@@ -111,9 +107,6 @@ class WhisperAsrStage(ListeningStage):
         self.partial_model: WhisperModel | None = None
         if partial_dir is not None:
             self.partial_model = load(partial_dir, threads=1, compute_type=compute_type)
-        self.partials_decoded = 0
-        self.partials_skipped = 0
-        self._count_lock = threading.Lock()
         if warm_up:
             for loaded in (self.model, self.partial_model):
                 if loaded is not None:
@@ -126,11 +119,6 @@ class WhisperAsrStage(ListeningStage):
         assert self.partial_model is not None
         return self.partial_model.transcribe(pcm, self.partial_options).text
 
-    def count_partials(self, decoded: int, skipped: int) -> None:
-        with self._count_lock:
-            self.partials_decoded += decoded
-            self.partials_skipped += skipped
-
     def port(self, session_id: str) -> StagePort:
         return _WhisperPort(self, session_id)
 
@@ -140,7 +128,7 @@ class _WhisperPort(ListeningPort):
 
     def __init__(self, stage: WhisperAsrStage, session_id: str) -> None:
         super().__init__(stage, session_id)
-        self._inbox = asyncio.Queue(maxsize=WHISPER_INBOX)
+        self._inbox = asyncio.Queue(maxsize=WHISPER_INBOX)  # (replaces the base's smaller one)
         self.listener = WhisperListener(
             stage.final_text, stage.partial_text if stage.partial_model is not None else None,
             schedule=stage.schedule, prebuffer_ms=stage.prebuffer_ms, tail_ms=stage.tail_ms,
@@ -149,13 +137,9 @@ class _WhisperPort(ListeningPort):
     def _work(self, payload: Any) -> list[Any]:
         listener = self.listener
         if isinstance(payload, AudioIn):
-            before = (listener.partials_decoded, listener.partials_skipped)
             # Inputs still queued behind this one: partials wait while we lag.
             # (A length read from the worker thread: a momentary, harmless view.)
-            out = listener.audio(payload.pcm, payload.start_ms, backlog=self._inbox.qsize())
-            self._stage.count_partials(listener.partials_decoded - before[0],
-                                       listener.partials_skipped - before[1])
-            return out
+            return listener.audio(payload.pcm, payload.start_ms, backlog=self._inbox.qsize())
         if isinstance(payload, VadSpeechStarted):
             return listener.speech_started(payload.audio_ms)
         if isinstance(payload, VadSpeechStopped):

@@ -21,10 +21,12 @@ Utterance boundaries follow the PocketSphinx stage's rules (see
 last ``prebuffer_ms`` of audio are kept for that, since the event comes after
 the audio it describes); ``VadSpeechStopped(end)`` closes it (plus up to ``tail_ms``
 of what followed, when it has arrived: a soft last consonant is not cut, and
-nothing waits for more audio); without a VAD, audio
-opens one and ``EndOfUtterance`` closes it. ``vad_gated``: True = only VAD
-events open utterances, False = audio does too, None = audio does until the
-first VAD event (whose onset then restarts the utterance).
+nothing waits for more audio); without a VAD, audio opens one and
+``EndOfUtterance`` closes it. ``vad_gated``: True = only VAD events open
+utterances, False = audio does too, None = audio does until the first VAD
+event (whose onset then restarts the utterance). An utterance keeps at most
+its last ``max_utterance_s`` of audio, so memory stays bounded even when
+nothing ever ends it.
 
 Positions are sample indexes on the session's input timeline (``start_ms``
 based), never a clock; only the partial budget reads a timer, because it is

@@ -22,7 +22,6 @@ available as the ``flite`` / ``espeak`` stage types.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,11 +37,7 @@ from vllm_duplex.stages.speech.piper_voice import (
     espeak_argv,
     ipa_with_punctuation,
 )
-from vllm_duplex.stages.speech.subprocess_tts import (
-    SYNTH_TIMEOUT_S,
-    SubprocessTtsStage,
-    espeak_voice_ok,
-)
+from vllm_duplex.stages.speech.subprocess_tts import SubprocessTtsStage, espeak_voice_ok
 
 _loaded: dict[tuple[str, int, float | None], PiperVoice] = {}
 _load_lock = threading.Lock()
@@ -85,21 +80,7 @@ class PiperTtsStage(SubprocessTtsStage):
             self._executor.submit(self.voice.warm_up)
 
     async def phonemize(self, text: str) -> str:
-        proc = await asyncio.create_subprocess_exec(
-            *espeak_argv(self.espeak_voice), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE)
-        try:
-            async with asyncio.timeout(SYNTH_TIMEOUT_S):
-                out, err = await proc.communicate(text.encode())
-        except BaseException:  # cancelled (barge-in) or timed out: stop it now
-            if proc.returncode is None:
-                proc.kill()
-                self.killed_processes += 1
-            await asyncio.shield(proc.wait())
-            raise
-        if proc.returncode != 0:
-            raise RuntimeError(f"espeak-ng exited with {proc.returncode}: "
-                               f"{err.decode(errors='replace').strip()[:200]}")
+        out = await self.run_binary(espeak_argv(self.espeak_voice), text.encode())
         return ipa_with_punctuation(text, out.decode("utf-8", errors="replace"))
 
     async def synthesize(self, text: str) -> np.ndarray:
