@@ -172,3 +172,11 @@ class WerCount:
 def right_answer(reply: str, answers: tuple[str, ...]) -> bool:
     words = set(normalize(reply))
     return any(set(normalize(a)) <= words for a in answers)
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:5.1f} %"
+
+
+def ms(x: float) -> str:
+    return f"{1000 * x:6.0f} ms"
