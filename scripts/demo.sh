@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job: set up everything on a fresh machine, prepare the
-# model, start the server on loopback (the embedded CPU default: Silero VAD ->
-# PocketSphinx -> vLLM SmolLM2 -> Flite), speak a question to it in real-time
-# chunks, save the spoken reply, print the transcripts and timings.
+# models, start the server on loopback (the embedded CPU default: Silero VAD ->
+# Whisper -> vLLM SmolLM2 -> Piper), speak a question to it in real-time
+# chunks, save the spoken reply, print what it heard and answered, and timings.
 #   bash scripts/demo.sh [configs/<name>.yaml] ["question text"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ QUESTION="${2:-What is the capital of France?}"
 export HF_HUB_OFFLINE=1
 mkdir -p build
 .venv/bin/vllm-duplex prepare
-# The question, spoken on the spot by Flite (the voice PocketSphinx hears best).
+# The question, spoken on the spot by Flite (any voice: Whisper hears them all).
 flite -voice slt -t "$QUESTION" -o build/question.wav
 PORT=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 .venv/bin/vllm-duplex serve --config "$CONFIG" --port "$PORT" > build/server.log 2>&1 &

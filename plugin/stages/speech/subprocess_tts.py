@@ -144,27 +144,32 @@ class SubprocessTtsStage(StageBase):
     def port(self, session_id: str) -> StagePort:
         return _SynthPort(self, session_id)
 
+    async def run_binary(self, argv: list[str], stdin: bytes | None) -> bytes:
+        """Run ``argv`` (``stdin`` written to it; None: nothing) and return its
+        stdout; a cancel (barge-in) or the timeout kills it at once."""
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            async with asyncio.timeout(SYNTH_TIMEOUT_S):
+                out, err = await proc.communicate(stdin)
+        except BaseException:  # cancelled (barge-in) or timed out: stop it now
+            if proc.returncode is None:
+                proc.kill()
+                self.killed_processes += 1
+            await asyncio.shield(proc.wait())
+            raise
+        if proc.returncode != 0:
+            raise RuntimeError(f"{argv[0]} exited with {proc.returncode}: "
+                               f"{err.decode(errors='replace').strip()[:200]}")
+        return out
+
     async def synthesize(self, text: str) -> np.ndarray:
         """``text`` (already sanitized) -> int16 PCM at ``self.rate``."""
         fd, wav_path = tempfile.mkstemp(prefix="duplex-tts-", suffix=".wav")
         os.close(fd)
         try:
-            argv, stdin = self.command(text, wav_path)
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            try:
-                async with asyncio.timeout(SYNTH_TIMEOUT_S):
-                    out, err = await proc.communicate(stdin)
-            except BaseException:  # cancelled (barge-in) or timed out: stop it now
-                if proc.returncode is None:
-                    proc.kill()
-                    self.killed_processes += 1
-                await asyncio.shield(proc.wait())
-                raise
-            if proc.returncode != 0:
-                raise RuntimeError(f"{self.binary} exited with {proc.returncode}: "
-                                   f"{err.decode(errors='replace').strip()[:200]}")
+            out = await self.run_binary(*self.command(text, wav_path))
             if os.path.getsize(wav_path):  # the synthesizer wrote the file, not stdout
                 with open(wav_path, "rb") as f:
                     out = f.read()

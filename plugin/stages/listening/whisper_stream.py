@@ -1,0 +1,221 @@
+"""One session's listening state for the Whisper stage (sans-I/O, synchronous).
+
+Whisper is not a streaming recognizer: it transcribes a whole stretch of
+audio. So this keeps the audio of the utterance in progress and asks two
+decoders for text:
+
+- the *final* one (Whisper base, beam 5) once per utterance, when the VAD says
+  the speech stopped (or ``EndOfUtterance`` ends a manual turn): that is the
+  ``TranscriptFinal`` of the turn -- and of every pause the VAD reports, since
+  each ``VadSpeechStopped`` closes one utterance;
+- the *partial* one (Whisper tiny.en, greedy) while the user speaks, re-decoding
+  the utterance so far on the audio grid (every ``interval_ms`` of audio) within
+  a budget: at most ``budget`` of real time spent on partials, none while the
+  worker is behind (``backlog``), none over audio that added no speech (the
+  trailing silence before ``speech_stopped``, so the final never waits behind a
+  useless partial), none past ``max_partial_s`` (re-decoding a long monologue
+  costs more than it tells). Each changed hypothesis is a ``TranscriptPartial``.
+
+Utterance boundaries follow the PocketSphinx stage's rules (see
+``pocketsphinx.py``): ``VadSpeechStarted(onset)`` opens one at ``onset`` (the
+last ``prebuffer_ms`` of audio are kept for that, since the event comes after
+the audio it describes); ``VadSpeechStopped(end)`` closes it (plus up to ``tail_ms``
+of what followed, when it has arrived: a soft last consonant is not cut, and
+nothing waits for more audio); without a VAD, audio opens one and
+``EndOfUtterance`` closes it. ``vad_gated``: True = only VAD events open
+utterances, False = audio does too, None = audio does until the first VAD
+event (whose onset then restarts the utterance). An utterance keeps at most
+its last ``max_utterance_s`` of audio, so memory stays bounded even when
+nothing ever ends it.
+
+Positions are sample indexes on the session's input timeline (``start_ms``
+based), never a clock; only the partial budget reads a timer, because it is
+about CPU time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from vllm_duplex.core.payloads import INTERNAL_RATE, TranscriptFinal, TranscriptPartial
+
+log = logging.getLogger(__name__)
+
+SPMS = INTERNAL_RATE // 1000  # samples per ms
+_FRAME = 320  # 20 ms: the unit of the "did this audio add speech?" check
+
+Transcribe = Callable[[np.ndarray], str]  # int16 16 kHz mono -> words
+
+
+@dataclass(frozen=True)
+class PartialSchedule:
+    """When the partial decoder may run (see the module docstring)."""
+
+    interval_ms: int = 400
+    budget: float = 0.5  # fraction of real time
+    first_after_ms: int = 300  # of utterance audio before the first partial
+    max_partial_s: float = 20.0
+    max_backlog: int = 3  # inputs waiting behind this one
+    quiet_ratio: float = 0.1  # new audio below this x the utterance's loudest frame: no speech
+
+    def __post_init__(self) -> None:
+        if self.interval_ms <= 0 or not 0 < self.budget <= 1 or self.max_partial_s <= 0:
+            raise ValueError("interval_ms must be > 0, budget within (0, 1], max_partial_s > 0")
+
+
+def _frame_peak(pcm: np.ndarray) -> float:
+    """RMS of the loudest 20 ms frame of ``pcm`` (0 for less than a frame)."""
+    n = len(pcm) // _FRAME
+    if n == 0:
+        return 0.0
+    frames = pcm[: n * _FRAME].astype(np.float32).reshape(n, _FRAME)
+    return float(np.sqrt(np.max(np.mean(frames * frames, axis=1))))
+
+
+class WhisperListener:
+    def __init__(self, final: Transcribe, partial: Transcribe | None = None, *,
+                 schedule: PartialSchedule = PartialSchedule(), prebuffer_ms: int = 2000,
+                 tail_ms: int = 300, max_utterance_s: float = 120.0,
+                 vad_gated: bool | None = None,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        self._final = final
+        self._partial = partial
+        self._schedule = schedule
+        self._prebuffer = prebuffer_ms * SPMS
+        self._tail = tail_ms * SPMS
+        self._max_samples = int(max_utterance_s * INTERNAL_RATE)
+        self._gated = vad_gated
+        self._timer = timer
+        self._chunks: deque[tuple[int, np.ndarray]] = deque()  # (start sample, pcm), in order
+        self._end: int | None = None  # end sample of the newest audio
+        self._onset: int | None = None  # start sample of the open utterance
+        self._opened_by_vad = False
+        self._next_partial = 0  # sample position at which a partial may run
+        self._partial_from = 0  # audio after this position is new since the last partial
+        self._peak = 0.0
+        self._last_partial = ""
+        self.partials_decoded = 0
+        self.partials_skipped = 0
+
+    @property
+    def in_utterance(self) -> bool:
+        return self._onset is not None
+
+    # ---- inputs ------------------------------------------------------------
+
+    def audio(self, pcm: np.ndarray, start_ms: int, *, backlog: int = 0) -> list[Any]:
+        pcm = np.asarray(pcm, dtype=np.int16).ravel()
+        start = start_ms * SPMS
+        if self._end is not None and self._end - SPMS < start <= self._end:
+            start = self._end  # contiguous: start_ms is whole ms, it trails by < 1 ms
+        elif self._end is not None and start <= self._end - SPMS:
+            # Rewound: a new audio stream; what we hold is not before it.
+            self._chunks.clear()
+            if self._onset is not None and not self._opened_by_vad:
+                self._onset = None
+        self._chunks.append((start, pcm))
+        self._end = start + len(pcm)
+        if self._onset is None and not self._gated:
+            self._open(start, by_vad=False)
+        self._trim()
+        if self._onset is None:
+            return []
+        self._peak = max(self._peak, _frame_peak(pcm))
+        return self._maybe_partial(backlog)
+
+    def speech_started(self, onset_ms: int) -> list[Any]:
+        first_vad_event = self._gated is None
+        if self._gated is None:
+            self._gated = True
+        if self._onset is not None:
+            if not (first_vad_event and not self._opened_by_vad):
+                return []  # already listening to this speech
+            self._onset = None  # audio-opened before we knew a VAD was there
+        onset = onset_ms * SPMS
+        self._open(onset, by_vad=True)
+        self._peak = _frame_peak(self._span(onset, self._end or onset))
+        return []
+
+    def speech_stopped(self, end_ms: int) -> list[Any]:
+        if self._gated is None:
+            self._gated = True
+        if self._onset is None:
+            return []
+        return self._finish(max(end_ms * SPMS, self._onset) + self._tail)
+
+    def end_of_utterance(self) -> list[Any]:
+        """Manual end of turn: exactly one ``TranscriptFinal``, empty without audio."""
+        if self._onset is None:
+            return [TranscriptFinal("")]
+        return self._finish(self._end if self._end is not None else self._onset)
+
+    # ---- internals ---------------------------------------------------------
+
+    def _open(self, onset: int, *, by_vad: bool) -> None:
+        self._onset = onset
+        self._opened_by_vad = by_vad
+        self._next_partial = onset + self._schedule.first_after_ms * SPMS
+        self._partial_from = onset
+        self._peak = 0.0
+        self._last_partial = ""
+
+    def _trim(self) -> None:
+        """Keep the open utterance's audio (its last ``max_utterance_s``: memory
+        stays bounded even when nothing ever ends it) and ``prebuffer_ms`` before now."""
+        assert self._end is not None
+        keep_from = self._end - self._prebuffer
+        if self._onset is not None:
+            keep_from = min(keep_from, max(self._onset, self._end - self._max_samples))
+        while self._chunks and self._chunks[0][0] + len(self._chunks[0][1]) <= keep_from:
+            self._chunks.popleft()
+
+    def _span(self, begin: int, end: int) -> np.ndarray:
+        """The audio held between two positions (gaps are skipped, not filled)."""
+        parts = []
+        for start, pcm in self._chunks:
+            lo, hi = max(begin, start), min(end, start + len(pcm))
+            if lo < hi:
+                parts.append(pcm[lo - start: hi - start])
+        return np.concatenate(parts) if parts else np.zeros(0, np.int16)
+
+    def _utterance_audio(self, end: int) -> np.ndarray:
+        assert self._onset is not None
+        if end - self._onset > self._max_samples:
+            log.warning("utterance of %.0f s: transcribing its last %.0f s",
+                        (end - self._onset) / INTERNAL_RATE, self._max_samples / INTERNAL_RATE)
+        return self._span(max(self._onset, end - self._max_samples), end)
+
+    def _maybe_partial(self, backlog: int) -> list[Any]:
+        s = self._schedule
+        assert self._onset is not None and self._end is not None
+        if self._partial is None or self._end < self._next_partial:
+            return []
+        if (backlog > s.max_backlog or self._end - self._onset > s.max_partial_s * INTERNAL_RATE
+                or _frame_peak(self._span(self._partial_from, self._end)) <= s.quiet_ratio * self._peak):
+            self.partials_skipped += 1
+            self._next_partial = self._end + s.interval_ms * SPMS
+            return []
+        started = self._timer()
+        text = self._partial(self._utterance_audio(self._end))
+        cost = self._timer() - started
+        self.partials_decoded += 1
+        # The next partial waits for more audio than this one cost to decode,
+        # divided by the budget: partials never take more than their share.
+        wait = max(s.interval_ms * SPMS, int(cost / s.budget * INTERNAL_RATE))
+        self._partial_from = self._end
+        self._next_partial = self._end + wait
+        if text == self._last_partial:
+            return []
+        self._last_partial = text
+        return [TranscriptPartial(text)]
+
+    def _finish(self, end: int) -> list[Any]:
+        audio = self._utterance_audio(end)  # what has arrived of it
+        self._onset = None
+        return [TranscriptFinal(self._final(audio) if len(audio) else "")]

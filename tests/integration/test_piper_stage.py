@@ -1,0 +1,165 @@
+"""The Piper TTS stage: the packaged neural voice speaks, Whisper hears it
+right, a reply is spoken clause by clause (the first audio before the text is
+complete), output comes at the asked rate, a cancel stops the piece in
+progress. Phonemes and ids are checked on their own too.
+
+The voice and the Whisper model load once per test session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+from typing import Any
+
+import numpy as np
+import pytest
+from vllm_duplex.assets.files import AssetError
+from vllm_duplex.assets.locate import whisper_model_dir
+from vllm_duplex.core.clock import MonotonicClock
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.payloads import (
+    AudioOut,
+    EndOfText,
+    SpeechDone,
+    StageInput,
+    TextDelta,
+)
+from vllm_duplex.stages.listening.whisper_model import load
+from vllm_duplex.stages.speech.piper import PiperTtsStage
+from vllm_duplex.stages.speech.piper_voice import ipa_with_punctuation
+
+pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
+                                reason="needs the espeak-ng binary (Piper's phonemizer)")
+
+FENCE = Fence("s1")
+
+
+def item(payload: Any, fence: Fence = FENCE) -> StageInput:
+    return StageInput(fence, fence.request_id("tts"), payload)
+
+
+def spoken(text: str) -> list[str]:
+    return re.sub(r"[^\w' ]", " ", text.lower()).split()
+
+
+@pytest.fixture(scope="module")
+def stage():
+    s = PiperTtsStage(clock=MonotonicClock())
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def whisper():
+    return load(whisper_model_dir("whisper-base"), threads=2)
+
+
+class Speech:
+    """A port and what it said, read in the background."""
+
+    def __init__(self, stage: PiperTtsStage) -> None:
+        self.port = stage.port("s1")
+        self.outputs: list[Any] = []
+        self.changed = asyncio.Event()
+
+    async def __aenter__(self) -> Speech:
+        await self.port.open(FENCE)
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        async for out in self.port.outputs():
+            self.outputs.append(out.payload)
+            self.changed.set()
+
+    async def wait(self, kind: type, timeout: float = 60.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not any(isinstance(o, kind) for o in self.outputs):
+                self.changed.clear()
+                await self.changed.wait()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.port.close()
+        await self._reader
+
+    def audio(self) -> np.ndarray:
+        return np.concatenate([o.pcm for o in self.outputs if isinstance(o, AudioOut)])
+
+
+async def say(stage: PiperTtsStage, text: str) -> Speech:
+    async with Speech(stage) as speech:
+        await speech.port.submit(item(TextDelta("r1", text)))
+        await speech.port.submit(item(EndOfText("r1")))
+        await speech.wait(SpeechDone)
+    return speech
+
+
+async def test_the_voice_is_heard_right_by_whisper(stage, whisper):
+    text = "Paris is the capital of France, and it is known for the Eiffel Tower."
+    speech = await say(stage, text)
+    assert isinstance(speech.outputs[-1], SpeechDone)
+    pcm = speech.audio()
+    assert 2.5 < len(pcm) / 16000 < 8
+    assert spoken(whisper.transcribe(pcm).text) == spoken(text)
+
+
+async def test_a_reply_is_spoken_clause_by_clause_before_its_text_ends(stage):
+    async with Speech(stage) as speech:
+        for word in "Sure thing, the answer is four, and that is all I know about it.".split(" "):
+            await speech.port.submit(item(TextDelta("r1", word + " ")))
+        await speech.wait(AudioOut)  # the first clause is spoken: the reply is not over
+        first = next(o for o in speech.outputs if isinstance(o, AudioOut))
+        assert first.text == "Sure thing, the answer is four, "
+        await speech.port.submit(item(EndOfText("r1")))
+        await speech.wait(SpeechDone)
+    pieces = [o.text for o in speech.outputs if isinstance(o, AudioOut) and o.text]
+    assert pieces == ["Sure thing, the answer is four, ", "and that is all I know about it. "]
+
+
+async def test_output_comes_at_the_session_rate():
+    stage24 = PiperTtsStage(clock=MonotonicClock(), rate=24000, warm_up=False)
+    try:
+        speech = await say(stage24, "Hello there.")
+    finally:
+        stage24.close()
+    chunks = [o for o in speech.outputs if isinstance(o, AudioOut)]
+    assert chunks and all(o.rate == 24000 for o in chunks)
+    assert 0.4 < sum(len(o.pcm) for o in chunks) / 24000 < 2.0
+
+
+async def test_cancel_stops_the_piece_in_progress(stage):
+    long = " ".join(["This sentence goes on and on without any end in sight"] * 8) + "."
+    async with Speech(stage) as speech:
+        await speech.port.submit(item(TextDelta("r1", long)))
+        await speech.port.submit(item(EndOfText("r1")))
+        await asyncio.sleep(0.05)  # phonemizing or synthesizing now
+        await speech.port.cancel(FENCE.next_epoch())
+        count = len(speech.outputs)
+        await asyncio.sleep(0.3)
+        assert len(speech.outputs) == count  # nothing after the cancel returned
+    assert not any(isinstance(o, SpeechDone) for o in speech.outputs)
+    assert stage.killed_processes + stage.cancelled_runs >= 1
+
+
+def test_an_unknown_voice_is_refused(tmp_path):
+    with pytest.raises(AssetError, match="neither a pinned voice"):
+        PiperTtsStage(clock=MonotonicClock(), voice=str(tmp_path / "nope.onnx"))
+
+
+def test_phoneme_ids_follow_the_voice_map(stage):
+    ids = stage.voice.phoneme_ids("ab")
+    id_map = stage.voice.config.id_map
+    assert ids == [*id_map["^"], *id_map["_"], *id_map["a"], *id_map["_"], *id_map["b"],
+                   *id_map["_"], *id_map["$"]]
+    assert stage.voice.phoneme_ids("a\u2603") == stage.voice.phoneme_ids("a")  # unknown: skipped
+
+
+def test_clause_punctuation_is_put_back():
+    assert ipa_with_punctuation("Hello, world. How are you?", "a\nb\nc\n") == "a, b. c?"
+    assert ipa_with_punctuation("Hello there", "a\n") == "a"
+    assert ipa_with_punctuation("Sure, the answer", "a\nb\n") == "a, b"
+    # espeak-ng split elsewhere (numbers, abbreviations): its breaks become commas
+    assert ipa_with_punctuation("It costs 3.5 dollars; e.g. cheap!", "x\ny\n") == "x, y!"
+    assert ipa_with_punctuation("...", "") == ""

@@ -1,0 +1,198 @@
+"""The Whisper ASR stage on real audio: questions spoken by Flite and eSpeak NG
+are transcribed right; partials arrive while the audio streams; silence and
+noise give no words; very quiet, clipped and long utterances get a correct
+transcript; decoding runs on the stage's worker threads.
+
+The models load once per test session (``whisper_model.load`` shares them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import soxr
+from vllm_duplex.assets.files import AssetError
+from vllm_duplex.core.clock import MonotonicClock
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.payloads import (
+    AudioIn,
+    StageInput,
+    TranscriptFinal,
+    TranscriptPartial,
+    VadSpeechStarted,
+    VadSpeechStopped,
+)
+from vllm_duplex.stages.listening.whisper import EndOfUtterance, WhisperAsrStage
+from vllm_duplex.stages.speech.subprocess_tts import parse_wav
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("flite") is None or shutil.which("espeak-ng") is None,
+    reason="needs the flite and espeak-ng binaries")
+
+RATE = 16000
+FENCE = Fence("s1")
+
+
+def synth(argv: list[str], stdin: bytes | None = None) -> np.ndarray:
+    out = subprocess.run(argv, input=stdin, capture_output=True, check=True, timeout=30).stdout
+    pcm, rate = parse_wav(out)
+    return soxr.resample(pcm, rate, RATE).astype(np.int16) if rate != RATE else pcm
+
+
+def flite(text: str, voice: str = "slt") -> np.ndarray:
+    return synth(["flite", "-voice", voice, "-t", text, "-o", "/dev/stdout"])
+
+
+def espeak(text: str, voice: str = "en-us+f3") -> np.ndarray:
+    return synth(["espeak-ng", "--stdout", "-v", voice], text.encode())
+
+
+def padded(pcm: np.ndarray, lead_ms: int = 300, tail_ms: int = 600) -> np.ndarray:
+    return np.concatenate([np.zeros(lead_ms * 16, np.int16), pcm, np.zeros(tail_ms * 16, np.int16)])
+
+
+def spoken(text: str) -> list[str]:
+    return re.sub(r"[^\w' ]", " ", text.lower()).split()
+
+
+def item(payload: Any) -> StageInput:
+    return StageInput(FENCE, FENCE.request_id("in"), payload)
+
+
+@pytest.fixture(scope="module")
+def stage():
+    s = WhisperAsrStage(clock=MonotonicClock())
+    yield s
+    s.close()
+
+
+async def transcribe(stage: WhisperAsrStage, pcm: np.ndarray, *, chunk_ms: int = 20,
+                     vad: tuple[int, int] | None = None, paced: bool = True) -> list[Any]:
+    """Stream ``pcm`` into a port (chunk by chunk, each processed before the
+    next: a worker keeping up with real time), end the utterance (VAD events
+    at ``vad`` = (onset_ms, end_ms), or ``EndOfUtterance``), return the outputs."""
+    port = stage.port("s1")
+    await port.open(FENCE)
+    outputs: list[Any] = []
+
+    async def read() -> None:
+        async for out in port.outputs():
+            outputs.append(out.payload)
+
+    reader = asyncio.create_task(read())
+    n = chunk_ms * RATE // 1000
+    for i in range(0, len(pcm), n):
+        if vad is not None and i // 16 == vad[0] + 200:  # the VAD speaks after the onset
+            await port.submit(item(VadSpeechStarted(vad[0])))
+        await port.submit(item(AudioIn(pcm[i:i + n], i // 16)))
+        if paced:
+            await port.drained()
+    await port.submit(item(VadSpeechStopped(vad[1]) if vad is not None else EndOfUtterance()))
+    await port.drained()
+    await port.close()
+    await reader
+    return outputs
+
+
+def final_text(outputs: list[Any]) -> str:
+    finals = [o for o in outputs if isinstance(o, TranscriptFinal)]
+    assert len(finals) == 1, outputs
+    return finals[0].text
+
+
+async def test_a_flite_question_is_transcribed_right_with_partials_first(stage):
+    outputs = await transcribe(stage, padded(flite("What is the capital of France?")))
+    assert spoken(final_text(outputs)) == ["what", "is", "the", "capital", "of", "france"]
+    partials = [o.text for o in outputs if isinstance(o, TranscriptPartial)]
+    assert partials and isinstance(outputs[-1], TranscriptFinal)
+    assert all(a != b for a, b in zip(partials, partials[1:]))  # only when it changed
+    assert "capital" in spoken(partials[-1])
+
+
+async def test_an_espeak_voice_after_the_vad_is_decoded_from_the_onset(stage):
+    """eSpeak NG's voices are the ones PocketSphinx mishears most."""
+    speech = espeak("How many legs does a spider have?")
+    pcm = padded(speech, lead_ms=1000)
+    outputs = await transcribe(stage, pcm, vad=(700, 1000 + len(speech) // 16))
+    assert spoken(final_text(outputs)) == ["how", "many", "legs", "does", "a", "spider", "have"]
+
+
+async def test_silence_and_noise_give_no_words(stage):
+    rng = np.random.default_rng(3)
+    noise = np.clip(rng.standard_normal(2 * RATE) * 3000, -32768, 32767).astype(np.int16)
+    hum = (np.sin(np.arange(2 * RATE) * 2 * np.pi * 50 / RATE) * 2000).astype(np.int16)
+    for pcm in (np.zeros(2 * RATE, np.int16), noise, hum):
+        assert final_text(await transcribe(stage, pcm, chunk_ms=100, paced=False)) == ""
+
+
+async def test_very_quiet_and_clipped_speech_is_still_heard(stage):
+    speech = flite("Please turn on the kitchen lights.")
+    quiet = (speech.astype(np.float32) * 10 ** (-40 / 20)).astype(np.int16)  # 40 dB down
+    clipped = np.clip(speech.astype(np.int32) * 8, -32768, 32767).astype(np.int16)
+    for pcm in (quiet, clipped):
+        words = spoken(final_text(await transcribe(stage, padded(pcm), chunk_ms=100)))
+        assert {"kitchen", "lights"} <= set(words), words
+
+
+async def test_a_long_utterance_is_not_truncated():
+    """Over Whisper's 30 s window: decoded in 30 s windows, first word to last."""
+    stage = WhisperAsrStage(clock=MonotonicClock(), partial_model=None, beam_size=1)  # (faster)
+    sentences = ["The first thing I did this morning was to feed the cat.",
+                 "Then I walked to the bakery on the corner for some bread.",
+                 "The baker told me about the storm that is coming tonight.",
+                 "On the way home I met my neighbour who was washing his car.",
+                 "We talked about football and the weather for a while.",
+                 "After lunch I read a book about the history of Rome.",
+                 "In the evening my sister called to ask about the holidays.",
+                 "My brother sent a photo of his new garden with yellow roses.",
+                 "Finally I cooked pasta with tomatoes and went to bed early."]
+    pcm = np.concatenate([padded(flite(s), 200, 400) for s in sentences])
+    assert len(pcm) > 33 * RATE
+    try:
+        words = spoken(final_text(await transcribe(stage, pcm, chunk_ms=500, paced=False)))
+    finally:
+        stage.close()
+    assert words[:4] == ["the", "first", "thing", "i"], words
+    assert {"bakery", "storm", "football", "rome", "sister", "garden", "pasta", "bed"} <= set(words), words
+
+
+async def test_decoding_runs_on_the_stage_threads_not_the_loop(stage, monkeypatch):
+    threads: set[str] = set()
+    original = stage.final_text
+
+    def spy(pcm: np.ndarray) -> str:
+        threads.add(threading.current_thread().name)
+        return original(pcm)
+
+    monkeypatch.setattr(stage, "final_text", spy)
+    port = stage.port("s1")
+    await port.open(FENCE)
+    await port.submit(item(AudioIn(flite("Hello there."), 0)))
+    await port.submit(item(EndOfUtterance()))
+    await port.drained()
+    await port.close()
+    assert threads and all(t.startswith("duplex-asr") for t in threads), threads
+
+
+def test_a_model_that_is_not_there_stops_the_stage(tmp_path):
+    with pytest.raises(AssetError, match="is not a CTranslate2 Whisper model directory"):
+        WhisperAsrStage(clock=MonotonicClock(), model=tmp_path)
+
+
+async def test_any_faster_whisper_directory_loads(stage):
+    """The prepared tiny.en directory, named by path as a user would name their own."""
+    path = stage.partial_model.model_dir
+    other = WhisperAsrStage(clock=MonotonicClock(), model=str(path), partial_model=None,
+                            warm_up=False)
+    try:
+        text = final_text(await transcribe(other, padded(flite("Good morning.")), chunk_ms=100))
+    finally:
+        other.close()
+    assert spoken(text) == ["good", "morning"]

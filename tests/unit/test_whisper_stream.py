@@ -1,0 +1,170 @@
+"""The Whisper stage's listening state on a scripted decoder: which audio each
+decode gets (utterance boundaries, prebuffer, tail, caps) and when partials
+run (the audio grid, the budget, backlog and silence skips). The decoders
+themselves are tested on real audio in tests/integration/test_whisper_stage.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from vllm_duplex.core.payloads import TranscriptFinal, TranscriptPartial
+from vllm_duplex.stages.listening.whisper_stream import PartialSchedule, WhisperListener
+
+MS = 16  # samples per ms
+
+
+class Decoder:
+    """Records each decode's audio (as a first-sample, length pair on the
+    timeline: the audio is a ramp of its own positions) and answers a word
+    count of its length."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, pcm: np.ndarray) -> str:
+        first = int(pcm[0]) if len(pcm) else -1
+        self.calls.append((first, len(pcm)))
+        return f"{len(pcm) // (100 * MS)} words"
+
+
+def timeline(start_ms: int, ms: int, loud: bool = True) -> np.ndarray:
+    """Audio whose samples count positions (mod 2**15), or silence."""
+    if not loud:
+        return np.zeros(ms * MS, np.int16)
+    return ((np.arange(start_ms * MS, (start_ms + ms) * MS) % 30000) + 1000).astype(np.int16)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.cost = 0.0
+
+    def __call__(self) -> float:
+        self.t += self.cost  # a decode reads it before and after: one cost apart
+        return self.t
+
+
+def feed(listener: WhisperListener, start_ms: int, ms: int, *, loud: bool = True,
+         chunk_ms: int = 20, backlog: int = 0) -> list:
+    out = []
+    for t in range(start_ms, start_ms + ms, chunk_ms):
+        out += listener.audio(timeline(t, chunk_ms, loud), t, backlog=backlog)
+    return out
+
+
+def test_a_vad_utterance_is_decoded_from_its_onset_with_a_tail():
+    final, partial = Decoder(), Decoder()
+    lis = WhisperListener(final, partial, vad_gated=True, tail_ms=300)
+    assert feed(lis, 0, 1000) == []  # gated: no utterance before the VAD speaks
+    lis.speech_started(600)  # the event comes after the audio it describes
+    feed(lis, 1000, 1000)
+    out = lis.speech_stopped(1500)
+    assert out == [TranscriptFinal("12 words")]
+    # from the onset (prebuffered audio) to the stop point plus the tail
+    assert final.calls == [(timeline(600, 1)[0], (1800 - 600) * MS)]
+    assert not lis.in_utterance
+
+
+def test_the_tail_is_what_has_arrived_nothing_waits_for_more():
+    final = Decoder()
+    lis = WhisperListener(final, None, vad_gated=True, tail_ms=300)
+    lis.speech_started(0)
+    feed(lis, 0, 1000)
+    assert lis.speech_stopped(900) == [TranscriptFinal("10 words")]
+    assert final.calls[-1][1] == 1000 * MS
+
+
+def test_partials_follow_the_audio_grid_and_change_only():
+    final, partial = Decoder(), Decoder()
+    lis = WhisperListener(final, partial, schedule=PartialSchedule(interval_ms=400,
+                                                                   first_after_ms=300))
+    out = feed(lis, 0, 2000)
+    assert all(isinstance(p, TranscriptPartial) for p in out)
+    # first at 300 ms of audio, then every 400 ms: 300, 700, 1100, 1500, 1900
+    assert [n // MS for _, n in partial.calls] == [300, 700, 1100, 1500, 1900]
+    assert [p.text for p in out] == ["3 words", "7 words", "11 words", "15 words", "19 words"]
+    assert lis.end_of_utterance() == [TranscriptFinal("20 words")]
+
+
+def test_a_partial_never_takes_more_than_its_budget_of_real_time():
+    partial, clock = Decoder(), Clock()
+    clock.cost = 0.6  # each partial decode costs 600 ms of CPU
+    lis = WhisperListener(Decoder(), partial, timer=clock,
+                          schedule=PartialSchedule(interval_ms=200, budget=0.5, first_after_ms=200))
+    feed(lis, 0, 5000)
+    starts = [n // MS for _, n in partial.calls]
+    # after a 0.6 s decode the next waits 0.6 / 0.5 = 1.2 s of audio
+    assert starts == [200, 1400, 2600, 3800, 5000]
+
+
+def test_partials_wait_while_the_worker_lags_and_skip_silence():
+    partial = Decoder()
+    lis = WhisperListener(Decoder(), partial, schedule=PartialSchedule(interval_ms=200,
+                                                                       first_after_ms=200))
+    feed(lis, 0, 1000, backlog=10)
+    assert partial.calls == [] and lis.partials_skipped > 0
+    feed(lis, 1000, 400)
+    assert len(partial.calls) == 2  # caught up: every 200 ms of audio again
+    before = len(partial.calls)
+    feed(lis, 1400, 2000, loud=False)  # the trailing silence before speech_stopped
+    assert len(partial.calls) == before
+
+
+def test_long_utterances_stop_getting_partials_but_the_final_has_it_all():
+    final, partial = Decoder(), Decoder()
+    lis = WhisperListener(final, partial, vad_gated=False,
+                          schedule=PartialSchedule(interval_ms=1000, max_partial_s=3))
+    feed(lis, 0, 10_000, chunk_ms=100)
+    assert max(n for _, n in partial.calls) <= 3000 * MS
+    assert lis.end_of_utterance() == [TranscriptFinal("100 words")]
+    assert final.calls == [(timeline(0, 1)[0], 10_000 * MS)]
+
+
+def test_memory_is_bounded_when_nothing_ends_the_utterance():
+    final = Decoder()
+    lis = WhisperListener(final, None, max_utterance_s=5.0)
+    feed(lis, 0, 20_000, chunk_ms=500)
+    assert sum(len(p) for _, p in lis._chunks) <= 5500 * MS
+    lis.end_of_utterance()
+    assert final.calls == [(timeline(15_000, 1)[0], 5000 * MS)]  # its last 5 s
+
+
+def test_without_a_vad_audio_opens_and_the_first_vad_onset_restarts():
+    final = Decoder()
+    lis = WhisperListener(final, None)  # vad_gated=None
+    feed(lis, 0, 1000)
+    assert lis.in_utterance  # audio opened one (there may be no VAD)
+    lis.speech_started(700)
+    feed(lis, 1000, 500)
+    lis.speech_stopped(1400)
+    assert final.calls == [(timeline(700, 1)[0], (1500 - 700) * MS)]
+    feed(lis, 1500, 500)
+    assert not lis.in_utterance  # from the first VAD event on, only the VAD opens
+
+
+def test_manual_end_without_audio_and_a_rewound_stream():
+    final = Decoder()
+    lis = WhisperListener(final, None, vad_gated=False)
+    assert lis.end_of_utterance() == [TranscriptFinal("")]
+    feed(lis, 5000, 500)
+    feed(lis, 0, 300)  # a new audio stream starts over at 0
+    lis.end_of_utterance()
+    assert final.calls == [(timeline(0, 1)[0], 300 * MS)]
+
+
+def test_whole_ms_start_stamps_lose_no_samples():
+    final = Decoder()
+    lis = WhisperListener(final, None, vad_gated=False)
+    pcm, pos = np.arange(1, 16001, dtype=np.int16), 0
+    for n in (333, 1000, 7, 5000, 9660):  # chunks that are not whole ms
+        lis.audio(pcm[pos:pos + n], pos // MS)
+        pos += n
+    lis.end_of_utterance()
+    assert final.calls == [(1, 16000)]
+
+
+def test_schedule_validation():
+    with pytest.raises(ValueError):
+        PartialSchedule(budget=0)
+    with pytest.raises(ValueError):
+        PartialSchedule(interval_ms=0)
