@@ -62,7 +62,9 @@ def create_app(engine: Runtime) -> Starlette:
         except DuplexError as err:
             return error_response(err)
         return JSONResponse({"object": "list", "data": [
-            {"id": engine.model, "object": "model", "created": 0, "owned_by": "vllm-duplex"}]})
+            {"id": name, "object": "model", "created": 0, "owned_by": "vllm-duplex",
+             **({} if name == engine.model else {"root": engine.model})}
+            for name in engine.config.model_names]})
 
     async def capabilities(request: Request):
         try:
@@ -99,6 +101,10 @@ def create_app(engine: Runtime) -> Starlette:
             Route("/v1/models", models),
             Route("/v1/capabilities", capabilities),
             WebSocketRoute("/v1/realtime", realtime),
+            # A client given the server's base URL instead of the socket's (Pipecat
+            # takes ``base_url`` as the socket URL itself) reaches the same socket.
+            WebSocketRoute("/v1", realtime),
+            WebSocketRoute("/", realtime),
             *text_routes(lambda: engine.text, authorize),
             WebSocketRoute("/v1/generate/stream", generate_stream),
         ],
