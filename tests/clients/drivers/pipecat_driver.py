@@ -83,7 +83,8 @@ class Sink(FrameProcessor):
         return {"audio_ms": self.audio_ms, "text": " ".join(self.text.split()),
                 "user_transcripts": self.transcripts, "errors": self.errors,
                 "responses": self.responses, "interruptions": self.interruptions,
-                "audio_after_interruption_ms": self.audio_after_interruption_ms}
+                "audio_after_interruption_ms": self.audio_after_interruption_ms,
+                "audio_before_interruption_ms": self.audio_ms - self.audio_after_interruption_ms}
 
 
 class Head(FrameProcessor):
@@ -125,7 +126,7 @@ class Run:
     async def __aexit__(self, *exc) -> None:
         await self.task.queue_frame(EndFrame())
         try:
-            await asyncio.wait_for(self._running, 10)
+            await asyncio.wait_for(self._running, 3)
         except TimeoutError:
             await self.task.cancel()
 
@@ -164,7 +165,7 @@ async def barge_in(args) -> dict[str, Any]:
         await run.say(args)
         # the answer to what the user said over the reply
         answered = await run.sink.until(lambda: run.sink.audio_after_interruption_ms > 0
-                                        and run.sink.responses >= 2, 10)
+                                        and run.sink.responses >= 2, 5)
     return {**run.sink.seen(), "answered": answered, "context": _messages(run.context)}
 
 
