@@ -92,7 +92,8 @@ async def conversation(args) -> dict[str, Any]:
     gens: list[llm.GenerationCreatedEvent] = []
     transcripts: list[str] = []
     session.on("generation_created", gens.append)
-    session.on("input_audio_transcription_completed", lambda ev: transcripts.append(ev.transcript))
+    session.on("input_audio_transcription_completed",  # also fired for partials: keep finals
+               lambda ev: transcripts.append(ev.transcript) if ev.is_final else None)
     try:
         updated = await wait_for(rec, "session.updated")
         await push_utterance(session, args)

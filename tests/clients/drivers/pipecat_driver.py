@@ -88,7 +88,7 @@ class Sink(FrameProcessor):
 
 
 class Head(FrameProcessor):
-    """The start of the pipeline: where errors pushed upstream end up."""
+    """The start of the pipeline: where errors and user transcripts pushed upstream end up."""
 
     def __init__(self, sink: Sink) -> None:
         super().__init__()
@@ -96,8 +96,11 @@ class Head(FrameProcessor):
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
-        if isinstance(frame, ErrorFrame) and direction == FrameDirection.UPSTREAM:
-            self.sink.errors.append(frame.error)
+        if direction == FrameDirection.UPSTREAM:  # the service sends these up, to the user side
+            if isinstance(frame, ErrorFrame):
+                self.sink.errors.append(frame.error)
+            elif isinstance(frame, TranscriptionFrame):
+                self.sink.transcripts.append(frame.text)
             self.sink.changed.set()
         await self.push_frame(frame, direction)
 
