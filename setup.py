@@ -22,6 +22,8 @@ setup(
     # Sub-packages are found, not listed: the three source folders are the
     # roots, everything below them follows its folder.
     packages=_packages(),
+    # the browser playground (realtime/server/static), served by the engine itself
+    package_data={"vllm_duplex.realtime.server": ["static/*"]},
     package_dir={
         "vllm_duplex": "plugin",
         "vllm_duplex.models": "models",
