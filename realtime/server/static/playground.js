@@ -34,7 +34,8 @@ function log(dir, event) {
 function send(event) {
   if (!ws || ws.readyState !== WebSocket.OPEN) return;
   ws.send(JSON.stringify(event));
-  state.sent.push(event.type === "input_audio_buffer.append" ? "input_audio_buffer.append" : event);
+  const bulky = event.type === "input_audio_buffer.append" || event.type === "duplex.video.frame";
+  state.sent.push(bulky ? event.type : event);  // audio and frames by name only
   if (event.type !== "input_audio_buffer.append" && event.type !== "duplex.video.frame") log("→", event);
 }
 function b64(buffer) {
@@ -247,6 +248,7 @@ function onClose(e) {
   if (intentional) { setStatus("Hung up."); return; }
   if (refused || e.code === 1008 || e.code === 1013) {
     if (!state.problem) showProblem(`The server closed the connection: ${e.reason || e.code}.`);
+    setStatus("Not connected.");
     teardown();
     return;
   }
