@@ -32,6 +32,7 @@ setup(
     install_requires=[
         "numpy>=1.24",
         "soxr>=0.3",
+        "soundfile>=0.13",  # `vllm-duplex talk` reads and writes WAV, FLAC, OGG/Opus, MP3 ...
         "websockets>=12",
         "uvicorn>=0.30",
         "starlette>=0.37",

@@ -14,7 +14,6 @@ a failure the moment the gap closes, so the mark must go with it.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import typing

@@ -11,7 +11,6 @@ import shutil
 
 import numpy as np
 import pytest
-import pytest_asyncio
 from PIL import Image, ImageDraw, ImageFont
 from support.clients import run_driver, scenario, write_wav
 from support.speech_fixtures import speak

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.realtime_fixtures import scripted_config
 from vllm_duplex.host.deploy import DeployConfig, StageSpec
+
+from support.realtime_fixtures import scripted_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_PYTHON = ROOT / ".venv-clients" / "bin" / "python"

@@ -64,7 +64,7 @@ async def wait_state(page, predicate: str, timeout: float) -> bool:
         await page.wait_for_function(f"() => {{ const d = window.duplex; return {predicate}; }}",
                                      timeout=timeout * 1000)
         return True
-    except Exception:  # playwright's TimeoutError: a miss is an observation
+    except Exception:  # noqa: BLE001 -- playwright's TimeoutError: a miss is an observation
         return False
 
 

@@ -79,7 +79,7 @@ def main(scenarios: dict[str, Scenario], parser: argparse.ArgumentParser | None 
             started = time.monotonic()
             try:
                 results[name] = await asyncio.wait_for(scenarios[name](args), args.timeout)
-            except BaseException as exc:  # noqa: BLE001 -- reported, never swallowed silently
+            except BaseException as exc:  # reported, never swallowed silently
                 if isinstance(exc, KeyboardInterrupt):
                     raise
                 results[name] = {"exception": f"{type(exc).__name__}: {exc}",
