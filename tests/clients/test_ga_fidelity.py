@@ -15,16 +15,12 @@ a failure the moment the gap closes, so the mark must go with it.
 from __future__ import annotations
 
 import base64
-import json
-import typing
 from collections import defaultdict
 from typing import Any
 
-import pydantic
 import pytest
 import pytest_asyncio
-from openai.types.realtime import RealtimeServerEvent
-from support.clients import tools_config
+from support.clients import SDK_CLASSES, invalid_events, tools_config
 from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks: the module loop's leak check)
     LONG_REPLY,
     SCRIPTED_REPLY,
@@ -40,15 +36,6 @@ from vllm_duplex.realtime.client.realtime import RealtimeClient
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-
-def _sdk_classes() -> dict[str, type[pydantic.BaseModel]]:
-    """GA event type -> its class in the SDK's ``RealtimeServerEvent`` union."""
-    union = typing.get_args(RealtimeServerEvent)[0]  # Annotated[Union[...], discriminator]
-    return {typing.get_args(cls.model_fields["type"].annotation)[0]: cls
-            for cls in typing.get_args(union)}
-
-
-SDK_CLASSES = _sdk_classes()
 # Duplex extensions (README "Duplex extensions"): not in the SDK's union.
 EXTENSIONS = frozenset({"session.closed", "session.resumed", "session.replaced",
                         "session.resync_required", "duplex.video.scene"})
@@ -74,10 +61,6 @@ EXPECTED = {
     "response.function_call_arguments.delta", "response.function_call_arguments.done",
 }
 GAPS: dict[str, str] = {}
-
-
-def raw(event: dict[str, Any]) -> str:
-    return json.dumps({k: v for k, v in event.items() if k != "_recv_t"})
 
 
 async def _turns(server) -> list[dict[str, Any]]:
@@ -183,19 +166,8 @@ async def test_the_script_reaches_every_event_type(emitted):
 async def test_every_server_event_validates_against_the_sdk_types(emitted, etype, request):
     if etype in GAPS:
         request.applymarker(pytest.mark.xfail(strict=True, reason=GAPS[etype]))
-    assert invalid(emitted[etype]) == []
+    assert invalid_events(emitted[etype]) == []
 
-
-def invalid(events: list[dict[str, Any]]) -> list[str]:
-    """Why each event does not validate against its SDK class (strict: pydantic
-    validation, where the SDK's own parser constructs without checking)."""
-    bad = []
-    for event in events:
-        try:
-            SDK_CLASSES[event["type"]].model_validate_json(raw(event))
-        except pydantic.ValidationError as exc:
-            bad.append(f"{event['type']}: {[(e['loc'], e['msg']) for e in exc.errors()]}")
-    return bad
 
 
 # ---- what response.create must honour (CONFORMANCE 37), truncation (39) ----------------------

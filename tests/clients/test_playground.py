@@ -16,7 +16,7 @@ import shutil
 import numpy as np
 import pytest
 import pytest_asyncio
-from support.clients import ROOT, run_driver, scenario, write_wav
+from support.clients import BUILD, run_driver, scenario, write_wav
 from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks: the module loop's leak check)
     LONG_REPLY,
     no_leaked_tasks,
@@ -29,7 +29,6 @@ from vllm_duplex.realtime.client.realtime import RealtimeClient
 pytestmark = [pytest.mark.asyncio(loop_scope="module"),
               pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium: scripts/setup.sh")]
 
-BUILD = ROOT / "build"
 KEY = "sk-playground"
 
 

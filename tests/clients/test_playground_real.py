@@ -12,10 +12,9 @@ import shutil
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
-from support.clients import run_driver, scenario, write_wav
+from support.clients import BUILD, run_driver, scenario, write_wav
 from support.speech_fixtures import speak
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401  (vllm_stage: tests/conftest.py)
-from test_playground import BUILD
 from vllm_duplex.host.deploy import load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.serving import BackgroundServer

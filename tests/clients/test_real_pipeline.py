@@ -14,14 +14,12 @@ import json
 import time
 
 import numpy as np
-import pydantic
 import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
-from support.clients import run_driver, scenario, write_wav
+from support.clients import invalid_events, run_driver, scenario, write_wav
 from support.speech_fixtures import RATE, chunks, speak
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401  (vllm_stage: tests/conftest.py)
-from test_ga_fidelity import SDK_CLASSES
 from vllm_duplex.host.deploy import load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.serving import BackgroundServer
@@ -115,23 +113,13 @@ async def test_the_official_sdk_on_the_real_pipeline(official):
     assert [e["transcript"] for e in final] == [HEARD]
 
 
-def _invalid(events: list[dict]) -> list[str]:
-    bad = []
-    for event in events:
-        try:
-            SDK_CLASSES[event["type"]].model_validate(event)
-        except pydantic.ValidationError as exc:
-            bad.append(f"{event['type']}: {[(e['loc'], e['msg']) for e in exc.errors()]}")
-    return bad
-
-
 async def test_real_pipeline_events_validate_except_transcription_completed(official):
     """Every event of the real turn validates against the SDK's types, the
     transcription events (only the real ASR makes them) included."""
     completed = "conversation.item.input_audio_transcription.completed"
     others = [e for e in official if e["type"] != completed]
     assert "conversation.item.input_audio_transcription.delta" in {e["type"] for e in others}
-    assert _invalid(others) == []
+    assert invalid_events(others) == []
 
 
 @pytest.mark.xfail(strict=True, reason="gap: conversation.item.input_audio_transcription.completed "
@@ -139,4 +127,4 @@ async def test_real_pipeline_events_validate_except_transcription_completed(offi
 async def test_transcription_completed_validates(official):
     completed = [e for e in official
                  if e["type"] == "conversation.item.input_audio_transcription.completed"]
-    assert completed and _invalid(completed) == []
+    assert completed and invalid_events(completed) == []

@@ -15,11 +15,14 @@ import asyncio
 import dataclasses
 import json
 import os
+import typing
 import wave
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
+from openai.types.realtime import RealtimeServerEvent
 from vllm_duplex.host.deploy import DeployConfig, StageSpec
 
 from support.realtime_fixtures import scripted_config
@@ -27,6 +30,7 @@ from support.realtime_fixtures import scripted_config
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_PYTHON = ROOT / ".venv-clients" / "bin" / "python"
 DRIVERS = ROOT / "tests" / "clients" / "drivers"
+BUILD = ROOT / "build"  # screenshots
 # What every client's default turn gets from the scripted pipeline (configs/scripted.yaml).
 TOOL_ARGUMENTS = '{"city": "Paris"}'
 
@@ -87,3 +91,26 @@ def scenario(results: dict[str, Any], name: str) -> dict[str, Any]:
     seen = results[name]
     assert "exception" not in seen, f"{name}: {seen['exception']}\n{seen.get('traceback', '')}"
     return seen
+
+
+def _sdk_classes() -> dict[str, type[pydantic.BaseModel]]:
+    """GA event type -> its class in the ``openai`` SDK's ``RealtimeServerEvent`` union."""
+    union = typing.get_args(RealtimeServerEvent)[0]  # Annotated[Union[...], discriminator]
+    return {typing.get_args(cls.model_fields["type"].annotation)[0]: cls
+            for cls in typing.get_args(union)}
+
+
+SDK_CLASSES = _sdk_classes()
+
+
+def invalid_events(events: list[dict[str, Any]]) -> list[str]:
+    """Why each event does not validate against its SDK class (pydantic validation,
+    where the SDK's own parser constructs without checking, as the Agents SDK does)."""
+    bad = []
+    for event in events:
+        wire = {k: v for k, v in event.items() if k != "_recv_t"}
+        try:
+            SDK_CLASSES[event["type"]].model_validate_json(json.dumps(wire))
+        except pydantic.ValidationError as exc:
+            bad.append(f"{event['type']}: {[(e['loc'], e['msg']) for e in exc.errors()]}")
+    return bad
