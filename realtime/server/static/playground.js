@@ -283,8 +283,12 @@ async function connect() {
     return;
   }
   try {
+    // Echo cancellation keeps the reply coming out of the speakers from barging in on
+    // itself; noise suppression and gain control are left to the server's VAD and ASR,
+    // whose recognition their artefacts hurt.
     mic = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation: true,
-                                                               noiseSuppression: true } });
+                                                               noiseSuppression: false,
+                                                               autoGainControl: false } });
   } catch (err) {
     showProblem(`No microphone: ${err.name === "NotAllowedError" ? "access was denied. Allow the microphone for this page and connect again." : err.message}`);
     $("connect").disabled = false;

@@ -74,7 +74,9 @@ async def report(page, requests, console, args, name: str) -> dict[str, Any]:
     problem = await page.locator("#problem").inner_text() if await page.locator("#problem").is_visible() else ""
     return {"state": await page.evaluate(STATE), "problem_visible": problem, "requests": requests,
             "console": console[-20:], "screenshot": str(shot),
-            "status_text": await page.locator("#status").inner_text()}
+            "status_text": await page.locator("#status").inner_text(),
+            "shown": {part: await page.locator(f"#{part}").inner_text()
+                      for part in ("user", "assistant", "scene", "gap", "ttfa")}}
 
 
 async def talk(args) -> dict[str, Any]:
