@@ -22,6 +22,8 @@ setup(
     # Sub-packages are found, not listed: the three source folders are the
     # roots, everything below them follows its folder.
     packages=_packages(),
+    # the browser playground (realtime/server/static), served by the engine itself
+    package_data={"vllm_duplex.realtime.server": ["static/*"]},
     package_dir={
         "vllm_duplex": "plugin",
         "vllm_duplex.models": "models",
@@ -30,6 +32,7 @@ setup(
     install_requires=[
         "numpy>=1.24",
         "soxr>=0.3",
+        "soundfile>=0.13",  # `vllm-duplex talk` reads and writes WAV, FLAC, OGG/Opus, MP3 ...
         "websockets>=12",
         "uvicorn>=0.30",
         "starlette>=0.37",

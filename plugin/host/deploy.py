@@ -75,6 +75,17 @@ class DeployConfig:
     port: int = 8000
     api_keys: tuple[str, ...] = ()
     workers: Workers = Workers()  # `serve --workers N` behind a router (host/topology.py)
+    # Other names clients may use for ``model`` (like vLLM's --served-model-name):
+    # each client's default (``gpt-realtime``...) works unchanged; /v1/models lists them.
+    served_model_names: tuple[str, ...] = ()
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name this deployment answers to, the canonical ``model`` first."""
+        return tuple(dict.fromkeys((self.model, *self.served_model_names)))
+
+    def serves(self, name: str | None) -> bool:
+        return name in self.model_names
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> DeployConfig:
@@ -91,6 +102,9 @@ class DeployConfig:
         bad = set(limits_raw) - {f.name for f in fields(Limits)}
         if bad:
             raise ValueError(f"unknown limits keys: {sorted(bad)}")
+        aliases = raw.get("served_model_names") or ()
+        if not isinstance(aliases, (list, tuple)) or not all(isinstance(a, str) and a for a in aliases):
+            raise ValueError("served_model_names must be a list of non-empty names")
         keys = tuple(raw.get("api_keys") or ())
         env_keys = os.environ.get("VLLM_DUPLEX_API_KEYS")
         if env_keys:  # a comma-separated list; keeps secrets out of config files
@@ -101,6 +115,7 @@ class DeployConfig:
             session=dict(raw.get("session") or {}), limits=Limits(**limits_raw),
             host=server.get("host", "127.0.0.1"), port=int(server.get("port", 8000)),
             api_keys=keys, workers=Workers.from_raw(raw.get("workers")),
+            served_model_names=tuple(aliases),
         )
 
 

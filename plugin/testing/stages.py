@@ -28,6 +28,7 @@ from vllm_duplex.core.payloads import (
     SpeechDone,
     StageInput,
     TextDelta,
+    ToolCall,
 )
 from vllm_duplex.stages.port import FencedPort, StageBase, StagePort
 
@@ -49,6 +50,9 @@ class ScriptedLlmStage(StageBase):
 
     ``fail_on`` injects a fault: a request whose last user message contains
     it raises after the reply's first word (the port reports ``stage_failed``).
+    With ``call_tools``, a request that may call a tool calls the first one
+    (arguments ``tool_arguments``) unless the conversation ends with a tool's
+    output, which gets the reply: a tool round trip for client tests.
     """
 
     accepted = (GenerateRequest,)
@@ -61,11 +65,15 @@ class ScriptedLlmStage(StageBase):
         reply: str = DEFAULT_REPLY,
         token_interval_s: float = 0.02,
         fail_on: str | None = None,
+        call_tools: bool = False,
+        tool_arguments: str = "{}",
     ) -> None:
         super().__init__(name, clock)
         self.reply = reply
         self.token_interval_s = token_interval_s
         self.fail_on = fail_on
+        self.call_tools = call_tools
+        self.tool_arguments = tool_arguments
 
     def port(self, session_id: str) -> StagePort:
         return _LlmPort(self, session_id)
@@ -79,6 +87,17 @@ class _LlmPort(FencedPort):
 
     async def _generate(self, item: StageInput) -> None:
         req: GenerateRequest = item.payload
+        tools = req.callable_tools() if self._stage.call_tools else ()
+        answered = bool(req.context) and req.context[-1].role == "tool"
+        if tools and (req.must_call or not answered):
+            tool = tools[0]
+            name = tool.get("name") or (tool.get("function") or {}).get("name", "")
+            call_id = f"call_{req.response_id.removeprefix('resp_')}"
+            await self._emit(item.fence, item.request_id,
+                             ToolCall(req.response_id, call_id, name, self._stage.tool_arguments))
+            await self._emit(item.fence, item.request_id,
+                             GenerationDone(req.response_id, "tool_calls", output_tokens=1))
+            return
         tokens = split_tokens(self._stage.reply)
         limit = req.sampling.max_tokens
         finish = "stop"

@@ -3,7 +3,7 @@
     vllm-duplex prepare [--force] [--name NAME ...]
     vllm-duplex serve [--config configs/<name>.yaml] [--host H] [--port P] [--workers N]
     vllm-duplex edge --machine m1=HOST:PORT --machine m2=HOST:PORT [--listen H:P]
-    vllm-duplex talk --audio in.wav --out reply.wav [--url ws://127.0.0.1:8000/v1/realtime]
+    vllm-duplex talk --audio in.flac --out reply.mp3 [--url ws://127.0.0.1:8000/v1/realtime]
 """
 
 from __future__ import annotations
@@ -152,9 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print the nginx config instead of running it")
     edge.set_defaults(func=_edge)
 
-    talk = sub.add_parser("talk", help="stream a WAV to a server and save the spoken reply")
-    talk.add_argument("--audio", required=True, help="input WAV (mono or stereo PCM16, any rate)")
-    talk.add_argument("--out", required=True, help="where to write the reply WAV")
+    talk = sub.add_parser("talk", help="stream an audio file to a server and save the spoken reply")
+    talk.add_argument("--audio", required=True,
+                      help="input: any file soundfile reads (WAV, FLAC, OGG/Opus, MP3...), any rate "
+                           "and channel count")
+    talk.add_argument("--out", required=True,
+                      help="where to write the reply; its extension names the format "
+                           "(.wav .flac .ogg .opus .mp3 ...)")
+    talk.add_argument("--out-rate", type=int, default=None, help="resample the reply (default: as sent)")
+    talk.add_argument("--out-channels", type=int, default=1, help="channels of the reply file")
     talk.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime")
     talk.add_argument("--model", default=None, help="model to ask for (default: the served one)")
     talk.add_argument("--api-key", default=None)

@@ -1,4 +1,12 @@
-"""``vllm-duplex talk``: stream a WAV to a realtime server and save the spoken reply.
+"""``vllm-duplex talk``: stream an audio file to a realtime server and save the spoken reply.
+
+Any file ``soundfile`` (libsndfile) reads goes in -- WAV, FLAC, OGG/Vorbis or
+Opus, MP3, AIFF... -- at any rate and channel count: channels are averaged,
+the rate is converted with soxr to the session's. The reply is written in the
+format the output file's extension names, at the reply's rate unless
+``--out-rate`` asks for another. A file that cannot be read, or an output
+whose format cannot be written, is a one-line error naming it, before any
+connection is made.
 
 The input is paced at real time by default so the server's VAD and latency
 figures behave as they would with a live microphone. Timings are taken from the
@@ -11,12 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import sys
 import time
-import wave
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import soundfile as sf
 import soxr
 from vllm_duplex.realtime.client.realtime import (
     RealtimeClient,
@@ -27,18 +37,28 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 
 TRAILING_SILENCE_S = 1.2  # longer than the default 500 ms VAD silence, so the turn ends
 PCM = "audio/pcm"
+# Extensions libsndfile does not map to a (format, subtype) by itself, or maps
+# to a subtype we would not choose for speech.
+_OUT_FORMATS = {".wav": ("WAV", "PCM_16"), ".flac": ("FLAC", "PCM_16"), ".ogg": ("OGG", "VORBIS"),
+                ".oga": ("OGG", "VORBIS"), ".opus": ("OGG", "OPUS"), ".mp3": ("MP3", "MPEG_LAYER_III"),
+                ".aiff": ("AIFF", "PCM_16"), ".aif": ("AIFF", "PCM_16")}
+_OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 
 
-def read_wav(path: str) -> tuple[np.ndarray, int]:
-    """PCM16 WAV -> (float32 mono samples in [-1, 1), sample rate); channels are averaged."""
-    with wave.open(path, "rb") as w:
-        if w.getsampwidth() != 2:
-            raise ValueError(f"{path}: only 16-bit PCM WAV is supported "
-                             f"(got {8 * w.getsampwidth()}-bit)")
-        channels, rate = w.getnchannels(), w.getframerate()
-        frames = w.readframes(w.getnframes())
-    samples = np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32768.0
-    return samples.reshape(-1, channels).mean(axis=1), rate
+class AudioFileError(ValueError):
+    """An input that cannot be read or an output that cannot be written; names the file."""
+
+
+def read_audio(path: str) -> tuple[np.ndarray, int]:
+    """Any soundfile-readable file -> (float32 mono samples in [-1, 1], rate); channels averaged."""
+    try:
+        data, rate = sf.read(path, dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, OSError, ValueError, TypeError) as e:
+        reason = getattr(e, "error_string", None) or str(e) or type(e).__name__
+        raise AudioFileError(f"cannot read {path}: {reason}") from None
+    if data.size == 0:
+        raise AudioFileError(f"cannot read {path}: it holds no audio")
+    return data.mean(axis=1), int(rate)
 
 
 def to_pcm16(samples: np.ndarray, rate: int, target_rate: int) -> bytes:
@@ -48,17 +68,45 @@ def to_pcm16(samples: np.ndarray, rate: int, target_rate: int) -> bytes:
     return (np.clip(samples, -1.0, 32767 / 32768) * 32768.0).round().astype("<i2").tobytes()
 
 
-def load_wav_pcm16(path: str, target_rate: int) -> bytes:
-    samples, rate = read_wav(path)
+def load_audio_pcm16(path: str, target_rate: int) -> bytes:
+    samples, rate = read_audio(path)
     return to_pcm16(samples, rate, target_rate)
 
 
-def write_wav(path: str, pcm16: bytes, rate: int) -> None:
-    with wave.open(path, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm16)
+def output_format(path: str, rate: int | None = None, channels: int = 1) -> tuple[str, str | None]:
+    """The (format, subtype) ``path``'s extension names; raises ``AudioFileError``
+    when it names none libsndfile writes, or the folder is not writable."""
+    ext = Path(path).suffix.lower()
+    fmt, subtype = _OUT_FORMATS.get(ext, (ext.lstrip(".").upper(), None))
+    if not ext or fmt not in sf.available_formats():
+        raise AudioFileError(f"cannot write {path}: unknown audio format {ext or '(no extension)'!r} "
+                             f"(use .wav, .flac, .ogg, .opus, .mp3 ...)")
+    if subtype is not None and not sf.check_format(fmt, subtype):
+        raise AudioFileError(f"cannot write {path}: this libsndfile cannot write {fmt}/{subtype}")
+    if subtype == "OPUS" and rate is not None and rate not in _OPUS_RATES:
+        raise AudioFileError(f"cannot write {path}: Opus takes {_OPUS_RATES} Hz, not {rate}")
+    if channels < 1:
+        raise AudioFileError(f"cannot write {path}: {channels} channels")
+    folder = Path(path).resolve().parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise AudioFileError(f"cannot write {path}: {folder} is not a writable folder")
+    return fmt, subtype
+
+
+def write_audio(path: str, pcm16: bytes, rate: int, *, out_rate: int | None = None,
+                channels: int = 1) -> int:
+    """Write mono PCM16 in the format ``path`` names (``output_format``),
+    resampled to ``out_rate`` and copied to ``channels``; returns the rate written."""
+    fmt, subtype = output_format(path, out_rate or rate, channels)
+    samples = np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768.0
+    if out_rate and out_rate != rate:
+        samples, rate = soxr.resample(samples, rate, out_rate).astype(np.float32), out_rate
+    frames = np.repeat(samples[:, None], channels, axis=1) if channels > 1 else samples
+    try:
+        sf.write(path, frames, rate, format=fmt, subtype=subtype)
+    except (sf.LibsndfileError, RuntimeError, OSError, ValueError) as e:
+        raise AudioFileError(f"cannot write {path}: {getattr(e, 'error_string', None) or e}") from None
+    return rate
 
 
 def _audio_format(session: dict[str, Any], direction: str) -> dict[str, Any]:
@@ -143,11 +191,13 @@ async def _talk(args: argparse.Namespace, samples: np.ndarray, wav_rate: int) ->
                 pass
         user = _seen(client, done_type)
 
-    write_wav(args.out, result.audio, out_rate)
+    written = write_audio(args.out, result.audio, out_rate, out_rate=args.out_rate,
+                          channels=args.out_channels)
     stopped = _seen(client, "input_audio_buffer.speech_stopped")
     ref_t = manual_t if manual_t is not None else (stopped or {}).get("_recv_t", start)
     _report(result, user, ref_t, len(pcm) / 2 / in_rate, out_rate, manual_t is not None)
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} ({written} Hz, {args.out_channels} channel"
+          f"{'s' if args.out_channels > 1 else ''})")
     if result.status != "completed":
         details = (result.done.get("response") or {}).get("status_details")
         for err in result.errors:  # usually the reason a response failed
@@ -185,10 +235,11 @@ def _report(result: ResponseResult, user: dict[str, Any] | None, ref_t: float,
 
 
 def run_talk(args: argparse.Namespace) -> int:
-    try:  # read the input first: a bad file should fail before any connection is made
-        samples, wav_rate = read_wav(args.audio)
-    except (OSError, EOFError, ValueError, wave.Error) as e:
-        print(f"error: cannot read {args.audio}: {e}", file=sys.stderr)
+    try:  # the files first: a bad one should fail before any connection is made
+        samples, wav_rate = read_audio(args.audio)
+        output_format(args.out, args.out_rate, args.out_channels)
+    except AudioFileError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         return asyncio.run(_talk(args, samples, wav_rate))
@@ -199,4 +250,6 @@ def run_talk(args: argparse.Namespace) -> int:
               file=sys.stderr)
     except ConnectionClosed as e:
         print(f"error: connection closed by the server: {e}", file=sys.stderr)
+    except AudioFileError as e:
+        print(f"error: {e}", file=sys.stderr)
     return 1

@@ -6,6 +6,8 @@ Routes:
 - ``GET /v1/capabilities``
 - ``GET /health``, ``GET /metrics`` (Prometheus text)
 - the text surfaces: ``text_routes`` (HTTP) and ``WS /v1/generate/stream``
+- ``GET /`` (and ``/playground``): the browser playground, one static page whose
+  files (``static/``) are all served here -- no build step, nothing from elsewhere
 
 A realtime socket is a ``RealtimeConnection`` (``connection``).
 """
@@ -14,12 +16,14 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.host.runtime import Runtime
@@ -30,7 +34,9 @@ from vllm_duplex.realtime.server.owner_header import OwnerHeader
 from vllm_duplex.realtime.server.text_routes import text_routes
 
 log = logging.getLogger(__name__)
-
+STATIC = Path(__file__).resolve().parent / "static"
+# The page is small and changes with the server: always revalidate it.
+_NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 def error_response(err: DuplexError) -> JSONResponse:
@@ -64,7 +70,9 @@ def create_app(engine: Runtime) -> Starlette:
         except DuplexError as err:
             return error_response(err)
         return JSONResponse({"object": "list", "data": [
-            {"id": engine.model, "object": "model", "created": 0, "owned_by": "vllm-duplex"}]})
+            {"id": name, "object": "model", "created": 0, "owned_by": "vllm-duplex",
+             **({} if name == engine.model else {"root": engine.model})}
+            for name in engine.config.model_names]})
 
     async def capabilities(request: Request):
         try:
@@ -72,6 +80,9 @@ def create_app(engine: Runtime) -> Starlette:
         except DuplexError as err:
             return error_response(err)
         return JSONResponse(engine.capabilities())
+
+    async def playground(request: Request):
+        return FileResponse(STATIC / "index.html", headers=_NO_CACHE)
 
     async def realtime(ws: WebSocket):
         await RealtimeConnection(engine, ws).serve()
@@ -96,11 +107,18 @@ def create_app(engine: Runtime) -> Starlette:
 
     return Starlette(
         routes=[
+            Route("/", playground),
+            Route("/playground", playground),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
             Route("/health", health),
             Route("/metrics", metrics),
             Route("/v1/models", models),
             Route("/v1/capabilities", capabilities),
             WebSocketRoute("/v1/realtime", realtime),
+            # A client given the server's base URL instead of the socket's (Pipecat
+            # takes ``base_url`` as the socket URL itself) reaches the same socket.
+            WebSocketRoute("/v1", realtime),
+            WebSocketRoute("/", realtime),
             *text_routes(lambda: engine.text, authorize),
             WebSocketRoute("/v1/generate/stream", generate_stream),
         ],

@@ -44,7 +44,8 @@ class RealtimeConnection:
         self.ws = ws
         beta = "realtime=v1" in ws.headers.get("openai-beta", "")
         self.codec = RealtimeCodec(max_event_bytes=engine.config.limits.max_event_bytes,
-                                   dialect=Dialect.BETA if beta else Dialect.GA)
+                                   dialect=Dialect.BETA if beta else Dialect.GA,
+                                   model_aliases={n: engine.model for n in engine.config.model_names})
         self._send_lock = asyncio.Lock()
         self.session: DuplexSession | None = None
         self.attachment: Attachment | None = None
@@ -64,10 +65,11 @@ class RealtimeConnection:
         try:
             check_key(self.engine, key)
             model = self.ws.query_params.get("model")
-            if model and model != self.engine.model:
+            if model and not self.engine.config.serves(model):
                 raise DuplexError("model_not_found",
                                   f"model {model!r} is not served here; this server serves "
-                                  f"{self.engine.model!r}", param="model")
+                                  f"{', '.join(map(repr, self.engine.config.model_names))}",
+                                  param="model")
             if self.ws.query_params.get("resume") in ("1", "true"):
                 if not await self._resume(key):
                     return

@@ -25,12 +25,13 @@ Every error carries the client's ``event_id`` when it could be read.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import enum
 import itertools
 import json
 import secrets
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields as dc_fields
 from typing import Any
 
@@ -318,9 +319,14 @@ class RealtimeCodec:
     prefix and a counter, so they are unique per connection and cheap.
     """
 
-    def __init__(self, *, max_event_bytes: int = 1 << 20, dialect: Dialect = Dialect.GA) -> None:
+    def __init__(self, *, max_event_bytes: int = 1 << 20, dialect: Dialect = Dialect.GA,
+                 model_aliases: Mapping[str, str] | None = None) -> None:
         self.max_event_bytes = max_event_bytes
         self.dialect = dialect
+        # Other names of the served model (a deployment's ``served_model_names``:
+        # clients send their own default, e.g. ``gpt-realtime``): a session.update
+        # naming one means the served model, not a change of an immutable field.
+        self.model_aliases = dict(model_aliases or {})
         self._prefix = "event_" + secrets.token_hex(4)
         self._counter = itertools.count(1)
         self._plans = _PLANS[dialect]
@@ -346,9 +352,13 @@ class RealtimeCodec:
         if raw_eid is not None and eid is None:
             raise _bad("event_id", "event_id must be a string")
         try:
-            return handler(obj, eid)
+            command = handler(obj, eid)
         except DuplexError as err:
             raise err.with_event_id(eid) from None
+        if isinstance(command, SessionUpdate) and command.patch.model in self.model_aliases:
+            patch = dataclasses.replace(command.patch, model=self.model_aliases[command.patch.model])
+            command = dataclasses.replace(command, patch=patch)
+        return command
 
     def _text(self, frame: str | bytes | bytearray) -> str:
         limit = self.max_event_bytes

@@ -185,6 +185,28 @@ _TD_FIELDS: dict[str, Callable[[Any, str], Any]] = {
 }
 
 
+# ``semantic_vad`` (the default of LiveKit Agents and the OpenAI Agents SDK)
+# is accepted until the engine decides turns from meaning: it runs as
+# server VAD with a silence that follows its eagerness (how soon it may
+# answer), and ``session.updated`` reports that effective server_vad. Refusing
+# it would drop the whole session.update (voice, tools, instructions with it).
+SEMANTIC_VAD_SILENCE_MS = {"high": 300, "auto": 500, "medium": 500, "low": 1000}
+
+
+def _semantic_vad(td: dict[str, Any], p: str) -> TurnDetection:
+    eagerness = td.get("eagerness")
+    if eagerness is None:
+        eagerness = "auto"
+    if not isinstance(eagerness, str) or eagerness not in SEMANTIC_VAD_SILENCE_MS:
+        raise _bad(f"{p}.eagerness", f'{p}.eagerness must be "low", "medium", "high" or "auto"')
+    kw: dict[str, Any] = {"silence_duration_ms": SEMANTIC_VAD_SILENCE_MS[eagerness]}
+    for key in ("create_response", "interrupt_response"):
+        val = _bool(td.get(key), f"{p}.{key}")
+        if val is not _MISSING:
+            kw[key] = val
+    return TurnDetection(**kw)
+
+
 def _turn_detection(v: Any, p: str) -> TurnDetection | None:
     if v is None:
         return None  # manual commits
@@ -192,6 +214,8 @@ def _turn_detection(v: Any, p: str) -> TurnDetection | None:
     kind = td.get("type", "server_vad")
     if not isinstance(kind, str):
         raise _bad(f"{p}.type", f"{p}.type must be a string")
+    if kind == "semantic_vad":
+        return _semantic_vad(td, p)
     if kind != "server_vad":
         raise _bad(f"{p}.type", f"turn detection {kind!r} is not supported", "unsupported_turn_detection")
     kw: dict[str, Any] = {}

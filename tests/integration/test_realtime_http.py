@@ -105,7 +105,10 @@ async def test_models_and_capabilities(http):
     assert models.status_code == 200
     body = models.json()
     assert body["object"] == "list"
-    assert [m["id"] for m in body["data"]] == ["duplex-scripted"]
+    # the served model, then its aliases (configs/scripted.yaml served_model_names)
+    assert [m["id"] for m in body["data"]] == ["duplex-scripted", "gpt-realtime", "gpt-realtime-2",
+                                               "gpt-realtime-2.1", "gpt-realtime-mini"]
+    assert {m.get("root") for m in body["data"][1:]} == {"duplex-scripted"}
 
     caps = (await http.get("/v1/capabilities")).json()
     assert caps["model"] == "duplex-scripted"
@@ -120,10 +123,17 @@ async def test_models_and_capabilities(http):
 
 async def test_wrong_model_on_the_socket_is_model_not_found(server):
     with pytest.raises(RealtimeError) as refused:
-        await RealtimeClient.connect(server.ws_url, model="gpt-realtime")
+        await RealtimeClient.connect(server.ws_url, model="gpt-4o")
     assert_error(refused.value.event, "model_not_found", event_id=None, param="model")
     async with await RealtimeClient.connect(server.ws_url, model="duplex-scripted") as rt:
         await assert_alive(rt)
+
+
+async def test_a_served_alias_is_the_served_model(server):
+    async with await RealtimeClient.connect(server.ws_url, model="gpt-realtime") as rt:
+        assert rt.session["model"] == "duplex-scripted"
+        session = await rt.update_session({"model": "gpt-realtime-2.1", "instructions": "hi"})
+        assert (session["model"], session["instructions"]) == ("duplex-scripted", "hi")
 
 
 # ---- API keys -------------------------------------------------------------------------

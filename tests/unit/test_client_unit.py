@@ -238,7 +238,7 @@ def test_wav_16k_stereo_becomes_24k_mono(tmp_path: Path) -> None:
     tone = (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)
     # Right channel at a third of the left: averaging (not picking a channel) gives 2/3.
     _write_wav(tmp_path / "in.wav", np.stack([tone, tone // 3], axis=1), 16000)
-    pcm = talk.load_wav_pcm16(str(tmp_path / "in.wav"), 24000)
+    pcm = talk.load_audio_pcm16(str(tmp_path / "in.wav"), 24000)
     out = np.frombuffer(pcm, dtype="<i2")
     assert len(out) == 24000  # 1 s at 24 kHz
     peak = np.abs(out[1000:-1000]).max()
@@ -258,10 +258,11 @@ async def test_talk_commits_manually_when_vad_is_off(tmp_path: Path,
         await peer.drain()
 
     _write_wav(tmp_path / "in.wav", np.zeros((8000, 1)), 16000)
-    samples, rate = talk.read_wav(str(tmp_path / "in.wav"))
+    samples, rate = talk.read_audio(str(tmp_path / "in.wav"))
     async with fake_server(script) as (url, peers):
         args = argparse.Namespace(url=url, api_key=None, model=None, chunk_ms=100,
-                                  no_realtime=True, timeout=5.0, out=str(tmp_path / "out.wav"))
+                                  no_realtime=True, timeout=5.0, out=str(tmp_path / "out.wav"),
+                                  out_rate=None, out_channels=1)
         assert await talk._talk(args, samples, rate) == 0
     sent = [e["type"] for e in peers[0].received]
     assert sent[-3:] == ["input_audio_buffer.commit", "response.create", "session.close"]
@@ -289,10 +290,11 @@ async def test_talk_leaves_the_turn_to_server_vad(tmp_path: Path,
         await peer.drain()
 
     _write_wav(tmp_path / "in.wav", np.zeros((4800, 2)), 48000)
-    samples, rate = talk.read_wav(str(tmp_path / "in.wav"))
+    samples, rate = talk.read_audio(str(tmp_path / "in.wav"))
     async with fake_server(script) as (url, peers):
         args = argparse.Namespace(url=url, api_key=None, model=None, chunk_ms=50,
-                                  no_realtime=False, timeout=5.0, out=str(tmp_path / "out.wav"))
+                                  no_realtime=False, timeout=5.0, out=str(tmp_path / "out.wav"),
+                                  out_rate=None, out_channels=1)
         assert await talk._talk(args, samples, rate) == 0
     sent = {e["type"] for e in peers[0].received}
     assert sent == {"input_audio_buffer.append", "session.close"}  # no commit or response.create
@@ -305,6 +307,7 @@ def test_run_talk_reports_connection_failure(tmp_path: Path,
     _write_wav(tmp_path / "in.wav", np.zeros((1600, 1)), 16000)
     args = argparse.Namespace(audio=str(tmp_path / "in.wav"), out=str(tmp_path / "o.wav"),
                               url="ws://127.0.0.1:1/v1/realtime", api_key=None, model=None,
-                              chunk_ms=20, no_realtime=True, timeout=2.0)
+                              chunk_ms=20, no_realtime=True, timeout=2.0, out_rate=None,
+                              out_channels=1)
     assert talk.run_talk(args) == 2
     assert "cannot connect" in capsys.readouterr().err

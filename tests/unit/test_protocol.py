@@ -202,6 +202,48 @@ class TestSessionUpdate:
 # ---- parse: the other client events -------------------------------------------------
 
 
+class TestClientDefaults:
+    """What real clients send by default (LiveKit Agents, the OpenAI Agents SDK:
+    ``semantic_vad``; every client: its own model name) is understood, never refused."""
+
+    @pytest.mark.parametrize(("eagerness", "silence_ms"),
+                             [(None, 500), ("auto", 500), ("medium", 500), ("high", 300), ("low", 1000)])
+    def test_semantic_vad_runs_as_server_vad_with_its_eagerness(self, eagerness, silence_ms) -> None:
+        td = {"type": "semantic_vad", "create_response": True, "interrupt_response": False}
+        if eagerness is not None:
+            td["eagerness"] = eagerness
+        for session in ({"audio": {"input": {"turn_detection": td}}}, {"turn_detection": td}):
+            patch = parse(su(session)).patch
+            assert patch.turn_detection == TurnDetection(
+                "server_vad", silence_duration_ms=silence_ms, create_response=True,
+                interrupt_response=False)
+
+    def test_semantic_vad_keeps_the_rest_of_the_update(self) -> None:
+        patch = parse(su({"instructions": "hi", "audio": {
+            "input": {"turn_detection": {"type": "semantic_vad"}},
+            "output": {"voice": "marin"}}})).patch
+        assert (patch.instructions, patch.voice) == ("hi", "marin")
+        assert patch.turn_detection.type == "server_vad"
+
+    @pytest.mark.parametrize("eagerness", ["eager", 1, True])
+    def test_semantic_vad_bad_eagerness(self, eagerness) -> None:
+        fails(su({"audio": {"input": {"turn_detection": {"type": "semantic_vad",
+                                                          "eagerness": eagerness}}}}),
+              "invalid_value", f"{TD}.eagerness", "e")
+        fails(su({"audio": {"input": {"turn_detection": {"type": "semantic_vad",
+                                                          "create_response": "yes"}}}}),
+              "invalid_value", f"{TD}.create_response", "e")
+
+    def test_model_aliases_mean_the_served_model(self) -> None:
+        c = RealtimeCodec(model_aliases={"gpt-realtime": "duplex-scripted",
+                                         "duplex-scripted": "duplex-scripted"})
+        assert parse(su({"model": "gpt-realtime"}), c).patch.model == "duplex-scripted"
+        assert parse(su({"model": "duplex-scripted"}), c).patch.model == "duplex-scripted"
+        # another name is passed on as sent: the session refuses the change (immutable_field)
+        assert parse(su({"model": "gpt-4o"}), c).patch.model == "gpt-4o"
+        assert fields(parse(su({"instructions": "x"}), c).patch) == {"instructions": "x"}
+
+
 class TestClientEvents:
     def test_append(self) -> None:
         assert parse({"type": "input_audio_buffer.append", "audio": b64(b"\x01\x02\x03"),
@@ -413,7 +455,7 @@ class TestErrors:
         fails(su({"input_audio_format": "pcm24"}), "unsupported_audio_format",
               "session.input_audio_format", "e")
 
-    @pytest.mark.parametrize("kind", ["semantic_vad", "foo"])
+    @pytest.mark.parametrize("kind", ["foo", "none", ""])
     def test_unsupported_turn_detection(self, kind: str) -> None:
         fails(su({"audio": {"input": {"turn_detection": {"type": kind}}}}), "unsupported_turn_detection",
               f"{TD}.type", "e")
