@@ -60,10 +60,10 @@ async def test_a_spoken_question_in_the_browser(vllm_stage, tmp_path):
     shutil.copy(seen["screenshot"], BUILD / "playground.png")
     state = seen["state"]
     assert seen["done"], state
-    # PocketSphinx hears the browser's processed microphone: the last word varies
-    # ("france", "friends"); what matters here is that the page shows what it heard.
+    # Whisper hears the browser's processed microphone; what matters here is
+    # that the page shows what it heard.
     [heard] = state["userFinal"]
-    assert heard.startswith("what is the capital of"), heard
+    assert heard.lower().startswith("what is the capital of"), heard
     [answer] = [a["text"] for a in state["assistant"].values()]
     assert answer.strip()
     assert heard in seen["shown"]["user"] and answer.strip() in seen["shown"]["assistant"]

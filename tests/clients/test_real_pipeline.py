@@ -1,6 +1,6 @@
 """Each real client, unmodified and with its defaults, against the real CPU
-pipeline (configs/cascade-cpu.yaml: Silero VAD -> PocketSphinx -> vLLM
-SmolLM2 -> Flite; one vLLM engine for the test session): Flite asks "What is
+pipeline (configs/cascade-cpu.yaml: Silero VAD -> Whisper -> vLLM
+SmolLM2 -> Piper; one vLLM engine for the test session): Flite asks "What is
 the capital of France?" at real time through the client, and the client gets
 the user's transcript and a spoken answer. The official ``openai`` SDK's run
 also validates every event it read against the SDK's own types."""
@@ -27,7 +27,7 @@ from vllm_duplex.realtime.server.serving import BackgroundServer
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 QUESTION = "What is the capital of France?"
-HEARD = "what is the capital of france"
+HEARD = QUESTION  # Whisper, the default ASR, writes it cased and punctuated
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

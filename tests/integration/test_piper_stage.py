@@ -48,7 +48,7 @@ def spoken(text: str) -> list[str]:
 def stage():
     s = PiperTtsStage(clock=MonotonicClock())
     yield s
-    s.close()
+    s.shutdown_workers()
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ async def test_output_comes_at_the_session_rate():
     try:
         speech = await say(stage24, "Hello there.")
     finally:
-        stage24.close()
+        stage24.shutdown_workers()
     chunks = [o for o in speech.outputs if isinstance(o, AudioOut)]
     assert chunks and all(o.rate == 24000 for o in chunks)
     assert 0.4 < sum(len(o.pcm) for o in chunks) / 24000 < 2.0
@@ -134,7 +134,12 @@ async def test_cancel_stops_the_piece_in_progress(stage):
     async with Speech(stage) as speech:
         await speech.port.submit(item(TextDelta("r1", long)))
         await speech.port.submit(item(EndOfText("r1")))
-        await asyncio.sleep(0.05)  # phonemizing or synthesizing now
+        # The first piece is out: the next one is being phonemized or synthesized
+        # (a fixed sleep is not enough when the machine is busy).
+        for _ in range(200):
+            if any(isinstance(o, AudioOut) for o in speech.outputs):
+                break
+            await asyncio.sleep(0.05)
         await speech.port.cancel(FENCE.next_epoch())
         count = len(speech.outputs)
         await asyncio.sleep(0.3)

@@ -70,7 +70,7 @@ def item(payload: Any) -> StageInput:
 def stage():
     s = WhisperAsrStage(clock=MonotonicClock())
     yield s
-    s.close()
+    s.shutdown_workers()
 
 
 async def transcribe(stage: WhisperAsrStage, pcm: np.ndarray, *, chunk_ms: int = 20,

@@ -100,6 +100,10 @@ class PiperTtsStage(SubprocessTtsStage):
             audio = soxr.resample(audio, self.voice.sample_rate, self.rate)
         return (np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
 
-    def close(self) -> None:
-        """Stop the worker threads (idempotent; ports must be closed first)."""
+    def shutdown_workers(self) -> None:
+        """Stop the worker threads (idempotent; ports must be closed first).
+        Synchronous, for owners outside an event loop."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def close(self) -> None:  # Lifecycle: what Runtime.stop awaits
+        self.shutdown_workers()
