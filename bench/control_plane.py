@@ -116,8 +116,10 @@ class ServerProcess:
     """A fresh ``vllm-duplex serve`` on a free port, with ``limits.max_sessions`` raised to
     fit ``sessions``. Always terminated on exit (exceptions and Ctrl-C included)."""
 
-    def __init__(self, config: str, sessions: int, workers: int = 1) -> None:
+    def __init__(self, config: str, sessions: int, workers: int = 1,
+                 start_timeout_s: float = 60.0) -> None:
         self.config = config
+        self.start_timeout_s = start_timeout_s
         self.sessions = sessions
         self.workers = workers
         self.port = free_port()
@@ -160,7 +162,7 @@ class ServerProcess:
                                      start_new_session=True)
         log.close()
         try:
-            self._wait_healthy()
+            self._wait_healthy(self.start_timeout_s)
         except BaseException:
             self.__exit__(None, None, None)
             raise
