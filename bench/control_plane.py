@@ -2,10 +2,13 @@
 
     python bench/control_plane.py [--sessions 200] [--seconds 20] [--baseline-sessions 1]
                                   [--cancels-per-session 3] [--config configs/scripted.yaml]
-                                  [--deflate] [--json out.json]
+                                  [--workers N] [--deflate] [--json out.json]
 
 Two phases, each against a fresh ``vllm-duplex serve`` subprocess: a baseline
-(``--baseline-sessions``) and the load (``--sessions``). Every client connects
+(``--baseline-sessions``) and the load (``--sessions``). With ``--workers N``
+(N > 1) a third phase runs the same load through the router of ``serve
+--workers N`` (nginx in front of N worker processes), and the table compares it
+with the one-process load of the same run. Every client connects
 with raw ``websockets``, streams one pre-encoded 20 ms PCM16 24 kHz silence
 append on an absolute schedule (t0 + k * 20 ms, a random phase per client), and
 meanwhile runs ``--cancels-per-session`` cancels at random times:
@@ -113,9 +116,12 @@ class ServerProcess:
     """A fresh ``vllm-duplex serve`` on a free port, with ``limits.max_sessions`` raised to
     fit ``sessions``. Always terminated on exit (exceptions and Ctrl-C included)."""
 
-    def __init__(self, config: str, sessions: int) -> None:
+    def __init__(self, config: str, sessions: int, workers: int = 1,
+                 start_timeout_s: float = 60.0) -> None:
         self.config = config
+        self.start_timeout_s = start_timeout_s
         self.sessions = sessions
+        self.workers = workers
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.ps: psutil.Process | None = None
@@ -150,20 +156,38 @@ class ServerProcess:
         self._tmp.append(log.name)
         self.log_path = log.name
         cmd = [sys.executable, "-m", "vllm_duplex.realtime.client.cli", "serve", "--config", cfg,
-               "--host", "127.0.0.1", "--port", str(self.port)]
+               "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
         # Own process group: a terminal Ctrl-C reaches only the bench, which stops the server.
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         log.close()
         try:
-            self._wait_healthy()
+            self._wait_healthy(self.start_timeout_s)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         self.ps = psutil.Process(self.proc.pid)
         return self
 
-    def _wait_healthy(self, timeout: float = 30.0) -> None:
+    def tree(self) -> list[psutil.Process]:
+        """The server and everything it started (workers, nginx): what its CPU
+        and memory are summed over."""
+        assert self.ps is not None
+        try:
+            return [self.ps, *self.ps.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return [self.ps]
+
+    def rss(self) -> int:
+        total = 0
+        for proc in self.tree():
+            try:
+                total += proc.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def _wait_healthy(self, timeout: float = 60.0) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -223,21 +247,40 @@ def quantiles(samples: list[float]) -> tuple[float, float]:
 
 
 class CpuWindow:
-    """CPU seconds of a process (threads and reaped children included) over a window."""
+    """CPU seconds of processes (threads and reaped children included) over a window."""
 
-    def __init__(self, proc: psutil.Process) -> None:
-        self.proc = proc
+    def __init__(self, *procs: psutil.Process) -> None:
+        self.procs = procs
         self.t0 = time.monotonic()
         self.c0 = self._cpu()
 
     def _cpu(self) -> float:
-        t = self.proc.cpu_times()
-        return t.user + t.system + t.children_user + t.children_system
+        total = 0.0
+        for proc in self.procs:
+            try:
+                t = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+        return total
 
     def cores(self) -> tuple[float, float]:
         """(cores busy on average, wall seconds) since construction."""
         wall = time.monotonic() - self.t0
         return (self._cpu() - self.c0) / wall, wall
+
+
+def worst_quantile(metrics: dict[str, float], name: str, q: str) -> float:
+    """A summary quantile; behind the router, the worst worker's (each worker
+    keeps its own summary: the maximum is an upper bound of the fleet's)."""
+    values = [v for k, v in metrics.items()
+              if k.startswith(name + "{") and f'quantile="{q}"' in k]
+    return max(values, default=math.nan)
+
+
+def total(metrics: dict[str, float], name: str) -> float:
+    values = [v for k, v in metrics.items() if k == name or k.startswith(name + "{")]
+    return sum(values) if values else math.nan
 
 
 def machine_busy(t0: Any, t1: Any) -> float:
@@ -382,14 +425,15 @@ def cancel_schedule(rng: random.Random, count: int, start: float, seconds: float
 # ---- one phase ---------------------------------------------------------------------------
 
 
-async def run_phase(n: int, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+async def run_phase(n: int, args: argparse.Namespace, seed: int,
+                    workers: int = 1) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     rng = random.Random(seed)
     me = psutil.Process()
     stats = Stats()
-    with ServerProcess(args.config, n) as server:
+    with ServerProcess(args.config, n, workers) as server:
         assert server.ps is not None
-        rss_idle = server.ps.memory_info().rss
+        rss_idle = server.rss()
         gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
         compression = "deflate" if args.deflate else None
         t_conn = time.monotonic()
@@ -400,7 +444,7 @@ async def run_phase(n: int, args: argparse.Namespace, seed: int) -> dict[str, An
         readers = [asyncio.create_task(c.read()) for c in clients]
         try:
             await asyncio.sleep(0.5)  # let the sessions settle before weighing them
-            rss_connected = server.ps.memory_info().rss
+            rss_connected = server.rss()
             live = json.loads(http_get(server.http_url + "/health"))["sessions"]
 
             start = loop.time() + 0.5
@@ -412,12 +456,13 @@ async def run_phase(n: int, args: argparse.Namespace, seed: int) -> dict[str, An
                                                       start, args.seconds)))
             tasks = [asyncio.create_task(w) for w in work]
             await asyncio.sleep(max(0.0, start - loop.time()))
-            server_cpu, bench_cpu, sys_t0 = CpuWindow(server.ps), CpuWindow(me), psutil.cpu_times()
+            server_cpu = CpuWindow(*server.tree())
+            bench_cpu, sys_t0 = CpuWindow(me), psutil.cpu_times()
             await asyncio.sleep(max(0.0, end - loop.time()))
             server_cores, wall = server_cpu.cores()
             bench_cores, _ = bench_cpu.cores()
             machine_cores = machine_busy(sys_t0, psutil.cpu_times())
-            rss_end = server.ps.memory_info().rss
+            rss_end = server.rss()
             await asyncio.gather(*tasks)
         finally:
             for c in clients:
@@ -426,9 +471,6 @@ async def run_phase(n: int, args: argparse.Namespace, seed: int) -> dict[str, An
             await asyncio.gather(*readers, return_exceptions=True)
         metrics = scrape(http_get(server.http_url + "/metrics"))
 
-    def m(name: str) -> float:
-        return metrics.get(name, math.nan)
-
     ingest = "duplex_ingest_latency_seconds"
     cancel = "duplex_cancel_latency_seconds"
     rtt50, rtt99 = quantiles(stats.cancel_rtt)
@@ -436,6 +478,7 @@ async def run_phase(n: int, args: argparse.Namespace, seed: int) -> dict[str, An
     ncpu = len(os.sched_getaffinity(0))
     return {
         "sessions": n,
+        "workers": workers,
         "connected": len(clients),
         "live_sessions_seen": live,
         "connect_failed": dict(stats.connect_failed),
@@ -447,12 +490,12 @@ async def run_phase(n: int, args: argparse.Namespace, seed: int) -> dict[str, An
         "send_lag_p50_s": lag50,
         "send_lag_p99_s": lag99,
         "send_lag_max_s": max(stats.send_lag, default=math.nan),
-        "ingest_p50_s": m(f'{ingest}{{quantile="0.5"}}'),
-        "ingest_p99_s": m(f'{ingest}{{quantile="0.99"}}'),
-        "ingest_count": m(f"{ingest}_count"),
-        "cancel_p50_s": m(f'{cancel}{{quantile="0.5"}}'),
-        "cancel_p99_s": m(f'{cancel}{{quantile="0.99"}}'),
-        "cancel_count": m(f"{cancel}_count"),
+        "ingest_p50_s": worst_quantile(metrics, ingest, "0.5"),
+        "ingest_p99_s": worst_quantile(metrics, ingest, "0.99"),
+        "ingest_count": total(metrics, f"{ingest}_count"),
+        "cancel_p50_s": worst_quantile(metrics, cancel, "0.5"),
+        "cancel_p99_s": worst_quantile(metrics, cancel, "0.99"),
+        "cancel_count": total(metrics, f"{cancel}_count"),
         "client_cancel_rtt_p50_s": rtt50,
         "client_cancel_rtt_p99_s": rtt99,
         "cancels_timed": len(stats.cancel_rtt),
@@ -509,14 +552,30 @@ def fmt(v: float, spec: str) -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else spec.format(v)
 
 
-def table(base: dict[str, Any], load: dict[str, Any]) -> str:
-    head = ("metric", f"baseline ({base['sessions']})", f"load ({load['sessions']})", "load/base")
-    rows = [head]
+def _label(phase: dict[str, Any]) -> str:
+    workers = phase["workers"]
+    return f"{phase['sessions']} sessions" + (f", {workers} workers" if workers > 1 else "")
+
+
+def table(base: dict[str, Any], load: dict[str, Any], routed: dict[str, Any] | None = None) -> str:
+    """Baseline and load side by side with their ratio; with a routed phase,
+    also that phase and its ratio to the one-process load."""
+    head = ["metric", f"baseline ({_label(base)})", f"load ({_label(load)})", "load/base"]
+    if routed is not None:
+        head += [f"routed ({_label(routed)})", "routed/load"]
+    rows = [tuple(head)]
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b and not math.isnan(b) and not math.isnan(a) else math.nan
+
     for label, key, scale, spec in ROWS:
         b, ld = base[key] * scale, load[key] * scale
-        ratio = ld / b if b and not math.isnan(b) and not math.isnan(ld) else math.nan
-        rows.append((label, fmt(b, spec), fmt(ld, spec), fmt(ratio, "{:.2f}x")))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        row = [label, fmt(b, spec), fmt(ld, spec), fmt(ratio(ld, b), "{:.2f}x")]
+        if routed is not None:
+            r = routed[key] * scale
+            row += [fmt(r, spec), fmt(ratio(r, ld), "{:.2f}x")]
+        rows.append(tuple(row))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = []
     for i, r in enumerate(rows):
         cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]
@@ -532,7 +591,7 @@ def verdicts(load: dict[str, Any]) -> list[str]:
                                ("cancel p99", "cancel_p99_s", CANCEL_TARGET_S)):
         v = load[key]
         ok = not math.isnan(v) and v <= target
-        out.append(f"target {label} <= {target * 1e3:g} ms at {load['sessions']} sessions: "
+        out.append(f"target {label} <= {target * 1e3:g} ms at {_label(load)}: "
                    f"{fmt(v * 1e3, '{:.3f}')} ms -> {'PASS' if ok else 'MISS'}")
     return out
 
@@ -540,7 +599,7 @@ def verdicts(load: dict[str, Any]) -> list[str]:
 def warnings(phase: dict[str, Any]) -> list[str]:
     """Signs that the client side, not the server, limited the run."""
     out = []
-    tag = f"[{phase['sessions']} sessions]"
+    tag = f"[{_label(phase)}]"
     if phase["bench_cpu_cores"] >= 0.85:
         out.append(f"{tag} the bench process used {phase['bench_cpu_cores']:.2f} cores: its single "
                    "event loop is (near) saturated, client-side figures include its own queueing")
@@ -553,7 +612,7 @@ def warnings(phase: dict[str, Any]) -> list[str]:
     if phase["machine_busy_cores"] >= 0.9 * len(os.sched_getaffinity(0)):
         out.append(f"{tag} the machine was saturated ({phase['machine_busy_cores']:.2f} cores "
                    "busy): bench and server competed for CPU")
-    if phase["server_cpu_cores"] >= 0.9:
+    if phase["server_cpu_cores"] >= 0.9 * phase["workers"]:
         out.append(f"{tag} the server used {phase['server_cpu_cores']:.2f} cores: its single event "
                    "loop is saturated, latencies are mostly queueing behind other sessions")
     if phase["ingest_count"] > SUMMARY_WINDOW:
@@ -579,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-sessions", type=int, default=1)
     p.add_argument("--cancels-per-session", type=int, default=3)
     p.add_argument("--config", default=str(REPO / "configs" / "scripted.yaml"))
+    p.add_argument("--workers", type=int, default=1,
+                   help="N > 1: also run the load through `serve --workers N` (the router)")
     p.add_argument("--deflate", action="store_true",
                    help="negotiate permessage-deflate (off by default: measures the control "
                         "plane, not zlib)")
@@ -597,18 +658,23 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.cancels_per_session} cancels per session, deflate "
           f"{'on' if args.deflate else 'off'}", flush=True)
     phases = {}
-    for name, n, seed in (("baseline", args.baseline_sessions, args.seed),
-                          ("load", args.sessions, args.seed + 1)):
-        print(f"running {name}: {n} session(s) ...", flush=True)
-        phases[name] = asyncio.run(run_phase(n, args, seed))
-    base, load = phases["baseline"], phases["load"]
+    plan = [("baseline", args.baseline_sessions, args.seed, 1),
+            ("load", args.sessions, args.seed + 1, 1)]
+    if args.workers > 1:
+        plan.append(("routed", args.sessions, args.seed + 1, args.workers))
+    for name, n, seed, workers in plan:
+        print(f"running {name}: {n} session(s), {workers} worker(s) ...", flush=True)
+        phases[name] = asyncio.run(run_phase(n, args, seed, workers))
+    base, load, routed = phases["baseline"], phases["load"], phases.get("routed")
     print()
-    print(table(base, load))
+    print(table(base, load, routed))
     print()
-    for line in verdicts(load):
-        print(line)
-    for line in warnings(base) + warnings(load):
-        print("note:", line)
+    for phase in (load, routed):
+        for line in verdicts(phase) if phase is not None else ():
+            print(line)
+    for phase in (base, load, routed):
+        for line in warnings(phase) if phase is not None else ():
+            print("note:", line)
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-# speech_fixtures (Flite speech, PocketSphinx) lives in the repository's tests/.
+# support.speech_fixtures (Flite speech, PocketSphinx) lives in the repository's tests/.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from speech_fixtures import chunks as pcm_chunks  # noqa: E402
-from speech_fixtures import speak  # noqa: E402
+from support.speech_fixtures import chunks as pcm_chunks  # noqa: E402
+from support.speech_fixtures import speak  # noqa: E402
 from vllm_duplex.realtime.client.realtime import RealtimeClient  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from vllm_duplex.core.devices import Device
 from vllm_duplex.host.topology import Workers
 
 DEFAULT_CONFIG = "cascade-cpu"  # `vllm-duplex serve` with no arguments
@@ -23,6 +24,7 @@ CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "co
 class StageSpec:
     type: str
     options: dict[str, Any] = field(default_factory=dict)
+    device: Device | None = None  # `device:` in the config (core/devices.py); None: the stage's default
 
 
 @dataclass(frozen=True)
@@ -95,9 +97,14 @@ class DeployConfig:
             raise ValueError(f"unknown config keys: {sorted(unknown)}")
         server = raw.get("server") or {}
         stages = []
-        for spec in raw.get("stages") or []:
+        for i, spec in enumerate(raw.get("stages") or []):
             spec = dict(spec)
-            stages.append(StageSpec(type=spec.pop("type"), options=spec))
+            device = spec.pop("device", None)
+            try:
+                placed = Device.parse(device) if device is not None else None
+            except ValueError as e:
+                raise ValueError(f"stages[{i}].device: {e}") from None
+            stages.append(StageSpec(type=spec.pop("type"), options=spec, device=placed))
         limits_raw = raw.get("limits") or {}
         bad = set(limits_raw) - {f.name for f in fields(Limits)}
         if bad:

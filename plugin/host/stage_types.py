@@ -10,6 +10,7 @@ which keeps product code from ever importing the testing package.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -43,4 +44,13 @@ def build_stage(spec: StageSpec, clock: Clock) -> Stage:
     if not found:
         raise ValueError(f"unknown stage type {spec.type!r}; known: {stage_types()}")
     cls = found[0].load()
-    return cls(clock=clock, **spec.options)
+    options = dict(spec.options)
+    if spec.device is not None:
+        if "device" in inspect.signature(cls).parameters:
+            options["device"] = spec.device
+        elif spec.device.is_gpu:
+            raise ValueError(
+                f"stage type {spec.type!r} cannot be placed on {spec.device}: it has no device "
+                "option and runs on the CPU (a vLLM engine is placed by its process's "
+                "CUDA_VISIBLE_DEVICES and engine_kwargs; docs/deploy.md)")
+    return cls(clock=clock, **options)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from vllm_duplex.assets.locate import whisper_model_dir
 from vllm_duplex.core.clock import Clock
+from vllm_duplex.core.devices import CPU, Device
 from vllm_duplex.core.payloads import (
     AudioIn,
     TranscriptFinal,
@@ -82,6 +83,7 @@ class WhisperAsrStage(ListeningStage):
         compute_type: str = "int8",
         workers: int | None = None,
         warm_up: bool = True,
+        device: Device | str = CPU,
     ) -> None:
         if prebuffer_ms < 0 or tail_ms < 0 or max_utterance_s <= 0:
             raise ValueError("prebuffer_ms and tail_ms must be >= 0, max_utterance_s > 0")
@@ -103,10 +105,13 @@ class WhisperAsrStage(ListeningStage):
         # for it: it may use two cores. Partials run while the user speaks,
         # beside everything else: one.
         final_threads = threads or min(2, os.cpu_count() or 1)
-        self.model: WhisperModel = load(final_dir, threads=final_threads, compute_type=compute_type)
+        self.device = Device.parse(device)
+        self.model: WhisperModel = load(final_dir, threads=final_threads, compute_type=compute_type,
+                                        device=self.device)
         self.partial_model: WhisperModel | None = None
         if partial_dir is not None:
-            self.partial_model = load(partial_dir, threads=1, compute_type=compute_type)
+            self.partial_model = load(partial_dir, threads=1, compute_type=compute_type,
+                                      device=self.device)
         if warm_up:
             for loaded in (self.model, self.partial_model):
                 if loaded is not None:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from vllm_duplex.core.devices import CPU, Device
 
 SAMPLE_RATE = 16000
 MAX_WINDOW_S = 30.0  # Whisper's positional embeddings end here
@@ -75,14 +76,16 @@ class WhisperModel:
     thread-safe (run it on a worker thread, never on the event loop)."""
 
     def __init__(self, model_dir: Path, *, threads: int = 1, workers: int = 1,
-                 compute_type: str = "int8") -> None:
+                 compute_type: str = "int8", device: Device = CPU) -> None:
         from faster_whisper import WhisperModel as FasterWhisper
         from faster_whisper.tokenizer import Tokenizer
         from faster_whisper.transcribe import get_suppressed_tokens
 
         self.model_dir = model_dir
-        self._fw = FasterWhisper(str(model_dir), device="cpu", compute_type=compute_type,
-                                 cpu_threads=threads, num_workers=workers, local_files_only=True)
+        self.device = device
+        self._fw = FasterWhisper(str(model_dir), device=device.kind, device_index=device.index,
+                                 compute_type=compute_type, cpu_threads=threads,
+                                 num_workers=workers, local_files_only=True)
         self.multilingual = bool(self._fw.model.is_multilingual)
         self._tokenizers: dict[str, Any] = {}
         self._tokenizer_cls = Tokenizer
@@ -164,18 +167,18 @@ class WhisperModel:
         return Transcription(" ".join(t for t in texts if t), window_s=MAX_WINDOW_S)
 
 
-_loaded: dict[tuple[str, int, int, str], WhisperModel] = {}
+_loaded: dict[tuple[str, int, int, str, Device], WhisperModel] = {}
 _load_lock = threading.Lock()
 
 
 def load(model_dir: Path, *, threads: int = 1, workers: int = 1,
-         compute_type: str = "int8") -> WhisperModel:
+         compute_type: str = "int8", device: Device = CPU) -> WhisperModel:
     """The process's one instance of this model with these settings (loading
     takes 0.3-0.6 s and ~100 MB; every stage and test shares it)."""
-    key = (str(Path(model_dir).resolve()), threads, workers, compute_type)
+    key = (str(Path(model_dir).resolve()), threads, workers, compute_type, device)
     with _load_lock:
         model = _loaded.get(key)
         if model is None:
             model = _loaded[key] = WhisperModel(Path(model_dir), threads=threads, workers=workers,
-                                                compute_type=compute_type)
+                                                compute_type=compute_type, device=device)
         return model

@@ -31,6 +31,7 @@ import numpy as np
 import soxr
 from vllm_duplex.assets.locate import piper_voice_files
 from vllm_duplex.core.clock import Clock
+from vllm_duplex.core.devices import CPU, Device
 from vllm_duplex.core.payloads import INTERNAL_RATE
 from vllm_duplex.stages.speech.piper_voice import (
     PiperVoice,
@@ -39,19 +40,19 @@ from vllm_duplex.stages.speech.piper_voice import (
 )
 from vllm_duplex.stages.speech.subprocess_tts import SubprocessTtsStage, espeak_voice_ok
 
-_loaded: dict[tuple[str, int, float | None], PiperVoice] = {}
+_loaded: dict[tuple[str, int, float | None, Device], PiperVoice] = {}
 _load_lock = threading.Lock()
 
 
 def load_voice(onnx: Path, config: Path, *, threads: int = 1,
-               length_scale: float | None = None) -> PiperVoice:
+               length_scale: float | None = None, device: Device = CPU) -> PiperVoice:
     """The process's one instance of a voice (loading takes ~1-2 s and ~100 MB)."""
-    key = (str(onnx.resolve()), threads, length_scale)
+    key = (str(onnx.resolve()), threads, length_scale, device)
     with _load_lock:
         voice = _loaded.get(key)
         if voice is None:
             voice = _loaded[key] = PiperVoice(onnx, config, threads=threads,
-                                              length_scale=length_scale)
+                                              length_scale=length_scale, device=device)
         return voice
 
 
@@ -65,12 +66,15 @@ class PiperTtsStage(SubprocessTtsStage):
     def __init__(self, name: str = "tts", *, clock: Clock, voice: str | Path = "en_US-joe-medium",
                  rate: int = INTERNAL_RATE, clause_words: int = 4, threads: int = 1,
                  workers: int = 2, length_scale: float | None = None,
-                 espeak_voice: str | None = None, warm_up: bool = True, **kwargs: Any) -> None:
+                 espeak_voice: str | None = None, warm_up: bool = True,
+                 device: Device | str = CPU, **kwargs: Any) -> None:
         super().__init__(name, clock=clock, rate=rate, clause_words=clause_words, **kwargs)
         if workers < 1 or threads < 1 or (length_scale is not None and length_scale <= 0):
             raise ValueError("workers and threads must be >= 1, length_scale > 0")
         onnx, config = piper_voice_files(voice)
-        self.voice = load_voice(onnx, config, threads=threads, length_scale=length_scale)
+        self.device = Device.parse(device)
+        self.voice = load_voice(onnx, config, threads=threads, length_scale=length_scale,
+                                device=self.device)
         self.espeak_voice = espeak_voice or self.voice.config.espeak_voice
         if self.espeak_voice.startswith("-") or not espeak_voice_ok(self.espeak_voice):
             raise ValueError(f"espeak-ng has no voice {self.espeak_voice!r} for the phonemes")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from vllm_duplex.core.devices import CPU, Device
 
 BOS, EOS, PAD = "^", "$", "_"
 # espeak-ng ends a clause at these when whitespace (or the end) follows.
@@ -87,7 +88,7 @@ class PiperVoice:
     run in progress from another thread."""
 
     def __init__(self, onnx_path: Path, config_path: Path, *, threads: int = 1,
-                 length_scale: float | None = None) -> None:
+                 length_scale: float | None = None, device: Device = CPU) -> None:
         import onnxruntime as ort
 
         self.config = VoiceConfig.load(config_path)
@@ -96,7 +97,7 @@ class PiperVoice:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         self._session = ort.InferenceSession(str(onnx_path), options,
-                                             providers=["CPUExecutionProvider"])
+                                             providers=device.onnx_providers())
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._ort = ort
         self._warm = threading.Event()
