@@ -60,4 +60,4 @@ def test_whisper_and_piper_take_the_device_they_are_placed_on() -> None:
     try:
         assert tts.device == CPU and tts.voice._session.get_providers() == ["CPUExecutionProvider"]
     finally:
-        tts.close()
+        tts.shutdown_workers()
