@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import wave
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -62,6 +63,18 @@ def decode_for(seconds: float, pcm: bytes) -> tuple[int, float]:
     return chunks, longest
 
 
+def repeat_for(seconds: float, call: Callable[[], object]) -> tuple[int, float]:
+    """Calls made in ``seconds`` and the longest one (s)."""
+    done, longest = 0, 0.0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t = time.perf_counter()
+        call()
+        longest = max(longest, time.perf_counter() - t)
+        done += 1
+    return done, longest
+
+
 def whisper_for(seconds: float, pcm: bytes) -> tuple[int, float]:
     """Whole-utterance transcriptions done and the longest one (s)."""
     from vllm_duplex.assets.locate import whisper_model_dir
@@ -69,14 +82,7 @@ def whisper_for(seconds: float, pcm: bytes) -> tuple[int, float]:
 
     model = load(whisper_model_dir("whisper-base"), threads=1)
     audio = np.frombuffer(pcm, "<i2")
-    done, longest = 0, 0.0
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        t = time.perf_counter()
-        model.transcribe(audio)
-        longest = max(longest, time.perf_counter() - t)
-        done += 1
-    return done, longest
+    return repeat_for(seconds, lambda: model.transcribe(audio))
 
 
 def piper_for(seconds: float, pcm: bytes) -> tuple[int, float]:
@@ -89,14 +95,7 @@ def piper_for(seconds: float, pcm: bytes) -> tuple[int, float]:
     ipa = subprocess.run(espeak_argv(voice.config.espeak_voice), input=PHRASE.encode(),
                          capture_output=True, check=True).stdout.decode()
     phonemes = ipa_with_punctuation(PHRASE, ipa)
-    done, longest = 0, 0.0
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        t = time.perf_counter()
-        voice.synthesize(phonemes)
-        longest = max(longest, time.perf_counter() - t)
-        done += 1
-    return done, longest
+    return repeat_for(seconds, lambda: voice.synthesize(phonemes))
 
 
 WORK = {"pocketsphinx": decode_for, "whisper": whisper_for, "piper": piper_for}
