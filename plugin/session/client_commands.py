@@ -102,6 +102,13 @@ def _item_truncate(core: SessionCore, c: cmd.ItemTruncate) -> None:
     core.conversation.truncate(c.item_id, c.content_index, c.audio_end_ms)
     core.emit(ev.ConversationItemTruncated(item_id=c.item_id, content_index=c.content_index,
                                            audio_end_ms=c.audio_end_ms))
+    active = core.response
+    if active is not None and active.item.id == c.item_id:
+        # The item is still being generated (CONFORMANCE 39): the client stopped
+        # playing it (the Agents SDK's interrupt() sends only this), so its output
+        # stops and its .done events hold the heard part, as for a cancel.
+        active.truncated()
+        core.interrupt(InterruptReason.CLIENT_CANCELLED)
 
 
 def _duplex_input(core: SessionCore, c: cmd.DuplexInput) -> None:

@@ -295,36 +295,38 @@ class SessionCore:
         modalities = tuple(options.output_modalities or self._config.output_modalities)
         check_modalities(modalities, self.caps, param="response.output_modalities")
         in_conversation = options.conversation != "none"
+        fmt = options.output_format or self._config.output_format
         response = Response(
             id=self.make_id("resp"),
             conversation_id=None if not in_conversation else "conv_" + self.session_id,
-            output_modalities=modalities, output_format=self._config.output_format.wire(),
-            voice=self._config.voice,
+            output_modalities=modalities, output_format=fmt.wire(),
+            voice=options.voice or self._config.voice,
             max_output_tokens=options.max_output_tokens or self._config.max_output_tokens,
             metadata=options.metadata)
         context = self.context(options)
         last = self.conversation.last
         active = ActiveResponse(response, self.make_id("item"), in_conversation=in_conversation,
                                 previous_item_id=last.id if last else None,
-                                encoder_factory=self._encoder)
+                                encoder_factory=lambda rate: AudioEncoder(fmt, in_rate=rate),
+                                add_item=self.conversation.append)
         self.response = active
-        if in_conversation:
-            self.conversation.append(active.item)
         self.emit_all(active.start_events())
         sampling = self.policy.configure_sampling_params(self, options)
+        tools = self._config.tools if options.tools is None else options.tools
         request = GenerateRequest(response_id=active.id, context=context, sampling=sampling,
-                                  tools=self._config.tools, tool_choice=self._config.tool_choice)
+                                  tools=tools, tool_choice=options.tool_choice or self._config.tool_choice)
         fence = self.fence
         active.request_id = fence.request_id("llm")
         self._effects.append(Submit(self._generator, fence, "llm", request))
 
-    def _encoder(self, rate: int) -> AudioEncoder:
-        return AudioEncoder(self._config.output_format, in_rate=rate)
-
     def context(self, options: cmd.ResponseOptions) -> tuple[ContextMessage, ...]:
-        """What the model of a response sees (the policy shapes it last)."""
-        messages = context_messages(self.conversation,
-                                    options.instructions or self._config.instructions)
+        """What the model of a response sees (the policy shapes it last): the
+        conversation, or the response's own ``input`` items in its place."""
+        items: Sequence[ConversationItem] = self.conversation.snapshot()
+        if options.input is not None:
+            items = [self.conversation.get(i, param=f"response.input[{n}].id")
+                     if isinstance(i, str) else i for n, i in enumerate(options.input)]
+        messages = context_messages(items, options.instructions or self._config.instructions)
         return self.policy.shape_context(self, messages)
 
     def interrupt(self, reason: InterruptReason) -> None:

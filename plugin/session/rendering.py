@@ -59,10 +59,14 @@ def _transcript_delta(core: SessionCore, p: TranscriptDelta) -> None:
 
 def _transcript_final(core: SessionCore, p: TranscriptFinal) -> None:
     item_id = core.user.transcript_item(core.conversation)
+    audio_ms = 0
     for item in core.conversation:
         if item.id == item_id and item.content:
             item.content[0].transcript = p.text
-    core.emit(ev.InputTranscriptionCompleted(item_id=item_id, content_index=0, transcript=p.text))
+            audio_ms = item.content[0].audio_ms
+    core.emit(ev.InputTranscriptionCompleted(
+        item_id=item_id, content_index=0, transcript=p.text,
+        usage={"type": "duration", "seconds": round(audio_ms / 1000, 3)}))
 
 
 def _text(core: SessionCore, p: TextDelta) -> None:

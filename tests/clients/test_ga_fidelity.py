@@ -203,29 +203,23 @@ async def test_out_of_band_response_stays_out_of_the_conversation(rt):
     assert not [e for e in result.events if e["type"] == "conversation.item.added"]
 
 
-@pytest.mark.xfail(strict=True, reason="gap: response.create ignores tools (docs/clients.md)")
 async def test_response_create_tools(rt):
     await rt.create_response({"tools": [WEATHER]})
     assert "function_call" in output_types(await rt.collect_response())
 
 
-@pytest.mark.xfail(strict=True, reason="gap: response.create ignores tool_choice (docs/clients.md)")
 async def test_response_create_tool_choice_none(rt):
     await rt.update_session({"tools": [WEATHER]})
     await rt.create_response({"tool_choice": "none"})
     assert output_types(await rt.collect_response()) == ["message"]
 
 
-@pytest.mark.xfail(strict=True, reason="gap: a tool-call response opens an empty assistant message "
-                   "item before its function_call (CONFORMANCE 40, docs/clients.md)")
 async def test_tool_call_response_holds_only_the_call(rt):
     await rt.update_session({"tools": [WEATHER]})
     await rt.create_response()
     assert output_types(await rt.collect_response()) == ["function_call"]
 
 
-@pytest.mark.xfail(strict=True, reason="gap: response.create ignores audio.output (format, voice) "
-                   "(docs/clients.md)")
 async def test_response_create_audio_output_format(rt):
     await rt.create_response({"audio": {"output": {"format": {"type": "audio/pcmu"}}}})
     result = await rt.collect_response()
@@ -233,8 +227,6 @@ async def test_response_create_audio_output_format(rt):
     assert len(result.audio) == 8000 * 1440 // 1000  # G.711: one byte a sample at 8 kHz
 
 
-@pytest.mark.xfail(strict=True, reason="gap: response.create ignores input (out-of-band "
-                   "responses over given items) (docs/clients.md)")
 async def test_response_create_input_items(rt):
     """The scripted LLM calls its tool unless the context ends with a tool's output:
     given as ``input``, that output must be the context, not the conversation."""
@@ -245,26 +237,28 @@ async def test_response_create_input_items(rt):
     assert output_types(await rt.collect_response()) == ["message"]
 
 
-@pytest.mark.xfail(strict=True, reason="gap: conversation.item.truncate of an item still being "
-                   "generated neither stops its output nor cuts its .done events (CONFORMANCE 39)")
 async def test_truncating_the_item_being_generated_stops_it(rt):
     await rt.create_response()
     first = await rt.wait_for("response.output_audio.delta")
     await rt.send({"type": "conversation.item.truncate", "item_id": first["item_id"],
                    "content_index": 0, "audio_end_ms": 40})
     result = await rt.collect_response()
-    after = result.events[result.events.index(await _truncated(rt)):]
-    assert not [e for e in after if e["type"] == "response.output_audio.delta"]
-    assert result.done["response"]["output"][0]["content"][0]["transcript"] != SCRIPTED_REPLY
+    cut = next(i for i, e in enumerate(rt.events) if e["type"] == "conversation.item.truncated")
+    after = [e["type"] for e in rt.events[cut:]]
+    assert "response.output_audio.delta" not in after
+    assert after.index("response.done") > 0 and result.status == "cancelled"
+    heard = result.done["response"]["output"][0]["content"][0]["transcript"]
+    assert heard != SCRIPTED_REPLY and SCRIPTED_REPLY.startswith(heard)
+    done = [e for e in rt.events[cut:] if e["type"] in (
+        "response.output_audio_transcript.done", "conversation.item.done")]
+    assert [e.get("transcript", e.get("item", {}).get("content", [{}])[0].get("transcript"))
+            for e in done] == [heard, heard]
+    # the model's next context holds only the heard part
+    await rt.send({"type": "conversation.item.retrieve", "item_id": first["item_id"]})
+    kept = await rt.wait_for("conversation.item.retrieved")
+    assert kept["item"]["content"][0]["transcript"] == heard
 
 
-async def _truncated(rt: RealtimeClient) -> dict[str, Any]:
-    return next(e for e in rt.events if e["type"] == "conversation.item.truncated")
-
-
-@pytest.mark.xfail(strict=True, reason="gap: after a barge-in the server cuts the item to its own "
-                   "estimate of what was heard, then refuses a client truncate beyond that estimate "
-                   "even within the audio it sent (Pipecat sends its played ms; docs/clients.md)")
 async def test_a_client_truncate_after_a_barge_in_is_accepted(server):
     async with await RealtimeClient.connect(server.ws_url) as client:
         await client.create_response()

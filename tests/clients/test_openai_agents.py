@@ -59,8 +59,6 @@ async def test_tool_round_trip(results):
     assert seen["audio_bytes"] == REPLY_BYTES
 
 
-@pytest.mark.xfail(strict=True, reason="gap: a tool-call response opens an empty assistant message "
-                   "item before its function_call, and the SDK keeps it in history (docs/clients.md)")
 async def test_history_has_no_empty_message_before_the_call(results):
     kinds = [(h["type"], h["role"]) for h in scenario(results, "tool_round_trip")["history"]]
     assert kinds == [("message", "user"), ("function_call", None), ("message", "assistant")]
@@ -71,9 +69,6 @@ async def test_interrupt_sends_a_truncate(results):
     assert seen["truncated"] is not None and seen["server_errors"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="gap: conversation.item.truncate of an item still being "
-                   "generated neither stops its output nor cuts its .done events and history "
-                   "(CONFORMANCE 39, docs/clients.md)")
 async def test_interrupt_stops_the_reply_and_history_keeps_what_was_heard(results):
     seen = scenario(results, "interrupt")
     assert seen["audio_deltas_after_interrupt"] == 0

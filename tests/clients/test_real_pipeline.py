@@ -68,9 +68,6 @@ async def test_pipecat_on_the_real_pipeline(server, question):
     assert seen["context"][2]["role"] == "assistant" and "Paris" in seen["context"][2]["content"]
 
 
-@pytest.mark.xfail(strict=True, reason="gap: conversation.item.input_audio_transcription.completed "
-                   "has no `usage`, so the Agents SDK drops it and history lacks the user's words "
-                   "(docs/clients.md)")
 async def test_openai_agents_on_the_real_pipeline(server, question):
     seen = await _conversation("agents_driver", server, question)
     assert seen["server_errors"] == [] and seen["errors"] == []
@@ -122,9 +119,9 @@ async def test_real_pipeline_events_validate_except_transcription_completed(offi
     assert invalid_events(others) == []
 
 
-@pytest.mark.xfail(strict=True, reason="gap: conversation.item.input_audio_transcription.completed "
-                   "lacks the GA-required `usage` (docs/clients.md)")
 async def test_transcription_completed_validates(official):
+    """GA requires ``usage``; for audio-priced transcription it is the input's duration."""
     completed = [e for e in official
                  if e["type"] == "conversation.item.input_audio_transcription.completed"]
     assert completed and invalid_events(completed) == []
+    assert completed[0]["usage"]["type"] == "duration" and completed[0]["usage"]["seconds"] > 0.5
