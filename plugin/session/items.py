@@ -78,4 +78,4 @@ class ItemStore:
                               f"audio_end_ms {audio_end_ms} is beyond the audio ({sent_ms} ms)",
                               param="audio_end_ms")
         part.transcript = part.heard_text(audio_end_ms)
-        part.audio_ms = audio_end_ms
+        part.audio_ms = part.sent_ms = audio_end_ms  # the client dropped the rest
