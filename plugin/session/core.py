@@ -294,6 +294,7 @@ class SessionCore:
             raise DuplexError("capability_unsupported", "this pipeline has no generating stage")
         modalities = tuple(options.output_modalities or self._config.output_modalities)
         check_modalities(modalities, self.caps, param="response.output_modalities")
+        tools, tool_choice = self._tools_for(options)
         in_conversation = options.conversation != "none"
         fmt = options.output_format or self._config.output_format
         response = Response(
@@ -312,12 +313,24 @@ class SessionCore:
         self.response = active
         self.emit_all(active.start_events())
         sampling = self.policy.configure_sampling_params(self, options)
-        tools = self._config.tools if options.tools is None else options.tools
         request = GenerateRequest(response_id=active.id, context=context, sampling=sampling,
-                                  tools=tools, tool_choice=options.tool_choice or self._config.tool_choice)
+                                  tools=tools, tool_choice=tool_choice)
         fence = self.fence
         active.request_id = fence.request_id("llm")
         self._effects.append(Submit(self._generator, fence, "llm", request))
+
+    def _tools_for(self, options: cmd.ResponseOptions) -> tuple[tuple[dict[str, Any], ...], Any]:
+        """The tools and tool choice of one response: its own, else the session's.
+        A choice that cannot be met is the client's mistake, not a silent no-call."""
+        tools = self._config.tools if options.tools is None else options.tools
+        choice = options.tool_choice or self._config.tool_choice
+        param = "response.tool_choice" if options.tool_choice else "response.tools"
+        if choice == "required" and not tools:
+            raise DuplexError("invalid_value", 'tool_choice "required" needs tools', param=param)
+        if isinstance(choice, dict) and choice.get("name") not in {t.get("name") for t in tools}:
+            raise DuplexError("invalid_value", f"tool_choice names no declared tool "
+                              f"({choice.get('name')!r})", param=param)
+        return tools, choice
 
     def context(self, options: cmd.ResponseOptions) -> tuple[ContextMessage, ...]:
         """What the model of a response sees (the policy shapes it last): the

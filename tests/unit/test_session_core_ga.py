@@ -144,3 +144,16 @@ def test_transcription_completed_carries_its_duration_usage():
     core.handle(cmd.AudioCommit(), 0.0)
     [done] = emitted(output(core, TranscriptFinal("hello"), stage="asr"))
     assert done.usage["type"] == "duration" and 0.45 <= done.usage["seconds"] <= 0.5
+
+
+def test_a_tool_choice_that_cannot_be_met_is_refused():
+    core = manual()
+    for options, param in [(cmd.ResponseOptions(tool_choice="required"), "response.tool_choice"),
+                           (cmd.ResponseOptions(tools=(WEATHER,), tool_choice={
+                               "type": "function", "name": "other"}), "response.tool_choice")]:
+        [err] = emitted(core.handle(cmd.ResponseCreate(options=options), 0.0))
+        assert (err.error.code, err.error.param) == ("invalid_value", param)
+        assert core.response is None
+    req = submitted(core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(
+        tools=(WEATHER,), tool_choice={"type": "function", "name": "weather"})), 0.0))
+    assert req.must_call and req.callable_tools() == (WEATHER,)
