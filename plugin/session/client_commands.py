@@ -18,7 +18,7 @@ from vllm_duplex.core.contracts import InputMode, InterruptReason
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.input_sequence import Accepted
-from vllm_duplex.core.payloads import TextIn
+from vllm_duplex.core.payloads import INTERNAL_RATE, TextIn
 from vllm_duplex.session.effects import DecodeImage, FeedVideo, PollVideo
 from vllm_duplex.session.video_input import data_url_bytes
 
@@ -37,6 +37,8 @@ def _append_audio(core: SessionCore, data: bytes) -> None:
     chunk = core.input.append(data)
     if chunk is None:
         return
+    core.latency.audio_arrived(chunk.start_ms + chunk.pcm.size * 1000 // INTERNAL_RATE,
+                               core.received_at)
     td = core.config.turn_detection
     if td is not None and not core.user.speaking:
         core.input.trim_idle(td.prefix_padding_ms)

@@ -69,6 +69,7 @@ from vllm_duplex.session.effects import (
 )
 from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.session.items import ItemStore
+from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session.responses import ActiveResponse
 from vllm_duplex.session.user_turn import UserTurn
@@ -114,6 +115,7 @@ class SessionCore:
         self.user = UserTurn(make_id)
         self.video = VideoAdmission(limits.video, started_at=now)
         self.response: ActiveResponse | None = None
+        self.latency = TurnLatency(metrics.stage_latency)
         self._effects: list[Effect] = []
         self._now = now
         self._received_at = now
@@ -214,6 +216,11 @@ class SessionCore:
         """The time of the message being handled."""
         return self._now
 
+    @property
+    def received_at(self) -> float:
+        """When the message being handled entered the mailbox."""
+        return self._received_at
+
     def emit(self, event: ev.ServerEvent) -> None:
         self._seq += 1
         self._effects.append(Emit(ev.Envelope(self._seq, self.gate.fence, event)))
@@ -251,6 +258,7 @@ class SessionCore:
         for err in errors:  # e.g. an odd PCM16 byte count: reported, the turn is kept
             self.error(err)
         item, committed = self.user.commit(audio)
+        self.latency.committed(self._now)
         previous = self.conversation.insert(item)
         self.emit(ev.InputAudioBufferCommitted(item_id=item.id, previous_item_id=previous))
         self.emit(ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous))
@@ -310,6 +318,7 @@ class SessionCore:
                                 previous_item_id=last.id if last else None,
                                 encoder_factory=lambda rate: AudioEncoder(fmt, in_rate=rate),
                                 add_item=self.conversation.append)
+        active.times = self.latency.response_created(self._now)
         self.response = active
         self.emit_all(active.start_events())
         sampling = self.policy.configure_sampling_params(self, options)

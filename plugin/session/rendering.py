@@ -45,10 +45,12 @@ def _reply(core: SessionCore, response_id: str) -> ActiveResponse | None:
 
 
 def _speech_started(core: SessionCore, p: VadSpeechStarted) -> None:
+    core.latency.speech_started(p.audio_ms, core.now)
     core.emit(core.user.speech_started(p.audio_ms))
 
 
 def _speech_stopped(core: SessionCore, p: VadSpeechStopped) -> None:
+    core.latency.speech_stopped(p.audio_ms)
     core.emit(core.user.speech_stopped(p.audio_ms))
 
 
@@ -58,6 +60,7 @@ def _transcript_delta(core: SessionCore, p: TranscriptDelta) -> None:
 
 
 def _transcript_final(core: SessionCore, p: TranscriptFinal) -> None:
+    core.latency.transcript_final(core.now)
     item_id = core.user.transcript_item(core.conversation)
     audio_ms = 0
     for item in core.conversation:
@@ -71,6 +74,8 @@ def _transcript_final(core: SessionCore, p: TranscriptFinal) -> None:
 
 def _text(core: SessionCore, p: TextDelta) -> None:
     if (active := _reply(core, p.response_id)) is not None:
+        if p.text:
+            core.latency.first_words(active.times, core.now)
         core.emit_all(active.on_text(p.text))
 
 
@@ -78,6 +83,8 @@ def _audio(core: SessionCore, p: AudioOut) -> None:
     if (active := _reply(core, p.response_id)) is not None:
         if active.first_audio_at is None:
             active.first_audio_at = core.now
+        if active.audio and p.pcm.size:
+            core.latency.first_audio(active.times, core.now)
         core.emit_all(active.on_audio(p))
 
 
@@ -88,6 +95,7 @@ def _generation_done(core: SessionCore, p: GenerationDone) -> None:
 
 def _tool_call(core: SessionCore, p: ToolCall) -> None:
     if (active := _reply(core, p.response_id)) is not None:
+        core.latency.first_words(active.times, core.now)
         item, events = active.on_tool_call(p)
         if active.in_conversation:
             core.conversation.append(item)

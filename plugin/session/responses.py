@@ -25,6 +25,7 @@ from vllm_duplex.core.conversation import (
 )
 from vllm_duplex.core.payloads import AudioOut, GenerationDone, ToolCall
 from vllm_duplex.media.audio import AudioEncoder
+from vllm_duplex.session.latency import ResponseTimes
 
 # Makes an encoder for PCM at a given rate into the response's output format.
 EncoderFactory = Callable[[int], AudioEncoder]
@@ -61,6 +62,7 @@ class ActiveResponse:
         self.request_id: str | None = None
         self.finish_reason: str | None = None
         self.first_audio_at: float | None = None  # when the client got the first audio
+        self.times = ResponseTimes(created_at=0.0, turn_end_at=None)  # the core sets its own
         self.text = ""
 
     @property
@@ -188,6 +190,8 @@ class ActiveResponse:
         out: list[ev.ServerEvent] = [] if only_calls else self._open()  # a reply with no words has one
         self.response.status = status
         self.response.status_details = details
+        if figures := self.times.metadata():  # the client's metadata is kept beside them
+            self.response.metadata = {**(self.response.metadata or {}), **figures}
         self.item.status = "completed" if status is ResponseStatus.COMPLETED else "incomplete"
         if only_calls:
             return [ev.ResponseDone(response=self.response.wire())]

@@ -23,7 +23,10 @@ from vllm_duplex.core.payloads import (
     ToolCall,
     TranscriptFinal,
     VadSpeechStarted,
+    VadSpeechStopped,
 )
+from vllm_duplex.core.metrics import STAGE_LATENCIES
+from vllm_duplex.session.effects import Emit
 from vllm_duplex.core.session_config import AudioEncoding, AudioFormat
 from vllm_duplex.models.cascade import CascadePolicy
 
@@ -157,3 +160,45 @@ def test_a_tool_choice_that_cannot_be_met_is_refused():
     req = submitted(core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(
         tools=(WEATHER,), tool_choice={"type": "function", "name": "weather"})), 0.0))
     assert req.must_call and req.callable_tools() == (WEATHER,)
+
+
+# ---- per-stage latency (issue 14 item 7) -------------------------------------------------
+
+
+def test_a_turn_s_stage_latencies_reach_metrics_and_response_done():
+    """100 ms chunks arrive at 0.1 s .. 1.0 s; each figure is measured from
+    the arrival of the audio it is about (or the stage before) on the core's clock."""
+    core = make_core()
+    for i in range(10):
+        t = 0.1 * (i + 1)
+        core.handle(cmd.AudioAppend(audio=TEN_MS * 10), t, received_at=t)
+    output(core, VadSpeechStarted(audio_ms=150), stage="vad", now=1.05)  # audio of 0.2 s
+    effects = output(core, VadSpeechStopped(audio_ms=750), stage="vad", now=1.2)  # of 0.8 s
+    assert "response.created" in types(effects)
+    rid = core.response.id
+    output(core, TranscriptFinal("hello"), stage="asr", now=1.3)
+    output(core, TextDelta(rid, "Hi."), now=1.5)
+    output(core, AudioOut(rid, ONE_SECOND, text="Hi."), stage="tts", now=1.6)
+    output(core, GenerationDone(rid, "stop"), now=1.7)
+    [done] = [e.envelope.event for e in output(core, SpeechDone(rid), stage="tts", now=2.0)
+              if isinstance(e, Emit) and e.envelope.event.type == "response.done"]
+    assert done.response["metadata"] == {
+        "duplex_vad_onset_ms": "850", "duplex_end_of_turn_ms": "400", "duplex_asr_final_ms": "100",
+        "duplex_llm_ttft_ms": "300", "duplex_tts_first_audio_ms": "100", "duplex_turn_gap_ms": "800"}
+    hist = core.metrics.stage_latency
+    assert all(hist.count(stage=s) == 1 for s in STAGE_LATENCIES)
+    text = core.metrics.render()
+    assert 'duplex_stage_latency_seconds_bucket{stage="turn_gap",le="1.0"} 1' in text
+    assert 'duplex_stage_latency_seconds_bucket{stage="turn_gap",le="0.75"} 0' in text
+
+
+def test_a_response_without_a_turn_has_no_turn_figures_and_keeps_the_client_metadata():
+    core = manual(output_modalities=("text",))
+    core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(metadata={"k": "v"})), 0.0)
+    rid = core.response.id
+    output(core, TextDelta(rid, "Hi."), now=0.25)
+    [done] = [e.envelope.event for e in output(core, GenerationDone(rid, "stop"), now=0.5)
+              if isinstance(e, Emit) and e.envelope.event.type == "response.done"]
+    assert done.response["metadata"] == {"k": "v", "duplex_llm_ttft_ms": "250"}
+    assert core.metrics.stage_latency.count(stage="turn_gap") == 0
+    assert 'duplex_stage_latency_seconds_count{stage="turn_gap"} 0' in core.metrics.render()
