@@ -52,7 +52,7 @@ class Summary:
         self.count, self.total = 0, 0.0
 
 
-# The stages of duplex_stage_latency_seconds (session/latency.py measures them).
+# The stages of duplex_turn_latency_seconds (session/latency.py measures them).
 STAGE_LATENCIES = ("vad_onset", "end_of_turn", "asr_final", "llm_ttft", "tts_first_audio", "turn_gap")
 # Seconds: from a VAD's few ms to a slow CPU turn's seconds.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
@@ -135,7 +135,7 @@ class Metrics:
         # what each measures); label stage=vad_onset|end_of_turn|asr_final|
         # llm_ttft|tts_first_audio|turn_gap.
         self.stage_latency = self.histogram(
-            "duplex_stage_latency_seconds", "Per-stage latency of a turn, by stage")
+            "duplex_turn_latency_seconds", "Per-stage latency of a turn, by stage")
         for stage in STAGE_LATENCIES:
             self.stage_latency.declare(stage=stage)
 

@@ -188,8 +188,8 @@ def test_a_turn_s_stage_latencies_reach_metrics_and_response_done():
     hist = core.metrics.stage_latency
     assert all(hist.count(stage=s) == 1 for s in STAGE_LATENCIES)
     text = core.metrics.render()
-    assert 'duplex_stage_latency_seconds_bucket{stage="turn_gap",le="1.0"} 1' in text
-    assert 'duplex_stage_latency_seconds_bucket{stage="turn_gap",le="0.75"} 0' in text
+    assert 'duplex_turn_latency_seconds_bucket{stage="turn_gap",le="1.0"} 1' in text
+    assert 'duplex_turn_latency_seconds_bucket{stage="turn_gap",le="0.75"} 0' in text
 
 
 def test_a_response_without_a_turn_has_no_turn_figures_and_keeps_the_client_metadata():
@@ -201,4 +201,4 @@ def test_a_response_without_a_turn_has_no_turn_figures_and_keeps_the_client_meta
               if isinstance(e, Emit) and e.envelope.event.type == "response.done"]
     assert done.response["metadata"] == {"k": "v", "duplex_llm_ttft_ms": "250"}
     assert core.metrics.stage_latency.count(stage="turn_gap") == 0
-    assert 'duplex_stage_latency_seconds_count{stage="turn_gap"} 0' in core.metrics.render()
+    assert 'duplex_turn_latency_seconds_count{stage="turn_gap"} 0' in core.metrics.render()
