@@ -4,7 +4,7 @@ The session core reports what happened and when (the handled message's
 time; input audio by when it arrived); this observes the per-stage
 histogram (``duplex_turn_latency_seconds``) and gives each response its own
 figures, which ``response.done`` carries in its ``metadata`` (strings, as
-the GA type requires; docs/api.md "Latency figures").
+the GA type requires; docs/clients.md "Latency figures").
 
 Each figure, by its ``stage`` label:
 
