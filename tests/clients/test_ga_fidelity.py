@@ -18,6 +18,7 @@ import base64
 from collections import defaultdict
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 from support.clients import SDK_CLASSES, invalid_events, tools_config
@@ -31,6 +32,7 @@ from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks: the mod
     tone,
     utterance,
 )
+from support.metrics import metric
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -273,3 +275,25 @@ async def test_a_client_truncate_after_a_barge_in_is_accepted(server):
         await stream_audio(client, silence(1.0))
         await client.collect_response()
     assert answer["type"] == "conversation.item.truncated", answer
+
+
+# ---- per-stage latency (issue 14, item 7) ---------------------------------------------------
+
+VAD_TURN_FIGURES = {"duplex_vad_onset_ms", "duplex_end_of_turn_ms", "duplex_llm_ttft_ms",
+                    "duplex_tts_first_audio_ms", "duplex_turn_gap_ms"}
+
+
+async def test_a_spoken_turn_s_response_done_carries_its_latency_figures(emitted, server):
+    """The first response answers a server-VAD turn (the scripted pipeline has no
+    ASR stage, so no asr_final); its figures are whole ms as strings, and
+    /metrics counts each stage."""
+    meta = emitted["response.done"][0]["response"]["metadata"]
+    figures = {k: v for k, v in meta.items() if k.startswith("duplex_")}
+    assert set(figures) == VAD_TURN_FIGURES, meta
+    assert all(v.isdigit() for v in figures.values())
+    assert int(figures["duplex_turn_gap_ms"]) >= int(figures["duplex_end_of_turn_ms"])
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        text = (await http.get("/metrics")).text
+    for stage in ("vad_onset", "end_of_turn", "llm_ttft", "tts_first_audio", "turn_gap"):
+        assert metric(text, "duplex_turn_latency_seconds_count", stage=stage) >= 1
+    assert metric(text, "duplex_turn_latency_seconds_count", stage="asr_final") == 0
