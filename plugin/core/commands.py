@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.contracts import InputMode
 from vllm_duplex.core.conversation import ConversationItem
-from vllm_duplex.core.session_config import SessionPatch
+from vllm_duplex.core.session_config import AudioFormat, SessionPatch
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,15 @@ class ResponseOptions:
     max_output_tokens: int | None = None
     metadata: dict[str, Any] | None = None
     conversation: str = "auto"  # "auto" or "none" (out-of-band)
+    # None: the session's. Given, they hold for this response only.
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # accepted; the models make one call per response
+    output_format: AudioFormat | None = None
+    voice: str | None = None
+    # The model's context instead of the conversation: new items, or the id
+    # (a ``str``) of a conversation item (GA ``item_reference``).
+    input: tuple[ConversationItem | str, ...] | None = None
 
 
 @dataclass(frozen=True)

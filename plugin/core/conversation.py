@@ -45,6 +45,9 @@ class ContentPart:
     text: str | None = None
     transcript: str | None = None
     audio_ms: int = 0  # duration of audio that belongs to this part
+    # Audio the client was sent: a truncate may reach up to it even after a
+    # barge-in cut ``audio_ms`` to the server's estimate of what was heard.
+    sent_ms: int = 0
     image_url: str | None = None
     spoken: list[SpokenSegment] = field(default_factory=list)
 

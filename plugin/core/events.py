@@ -114,6 +114,9 @@ class InputTranscriptionCompleted(ServerEvent):
     item_id: str
     content_index: int
     transcript: str
+    # GA requires it: {"type": "duration", "seconds": S} for audio-priced
+    # transcription (strict validators such as the Agents SDK drop the event without it).
+    usage: dict[str, Any] = field(default_factory=lambda: {"type": "duration", "seconds": 0.0})
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Process metrics in Prometheus text format (no client library needed).
 
 Latencies are kept as bounded reservoirs of recent samples and exposed as
-summaries with p50/p99 quantiles, which is what the benchmarks read.
+summaries with p50/p99 quantiles, which is what the benchmarks read. The
+per-stage latencies of a turn are histograms (fixed buckets, one series per
+stage): they add up across workers and over time, which dashboards need.
 """
 
 from __future__ import annotations
@@ -50,6 +52,52 @@ class Summary:
         self.count, self.total = 0, 0.0
 
 
+# The stages of duplex_turn_latency_seconds (session/latency.py measures them).
+STAGE_LATENCIES = ("vad_onset", "end_of_turn", "asr_final", "llm_ttft", "tts_first_audio", "turn_gap")
+# Seconds: from a VAD's few ms to a slow CPU turn's seconds.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
+
+
+class Histogram:
+    """Cumulative buckets by label set (Prometheus ``histogram``)."""
+
+    def __init__(self, name: str, help: str, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        self.name, self.help, self.buckets = name, help, buckets
+        # labels -> (count per bucket, +Inf included; sum)
+        self.series: dict[tuple[tuple[str, str], ...], tuple[list[int], list[float]]] = {}
+
+    def _series(self, labels: dict[str, str]) -> tuple[list[int], list[float]]:
+        return self.series.setdefault(tuple(sorted(labels.items())),
+                                      ([0] * (len(self.buckets) + 1), [0.0]))
+
+    def declare(self, **labels: str) -> None:
+        """A series listed (all zero) before its first sample."""
+        self._series(labels)
+
+    def observe(self, seconds: float, **labels: str) -> None:
+        counts, total = self._series(labels)
+        for i, bound in enumerate(self.buckets):
+            if seconds <= bound:
+                counts[i] += 1
+        counts[-1] += 1
+        total[0] += seconds
+
+    def count(self, **labels: str) -> int:
+        got = self.series.get(tuple(sorted(labels.items())))
+        return got[0][-1] if got else 0
+
+    def lines(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        for key, (counts, total) in sorted(self.series.items()):
+            base = ",".join(f'{k}="{v}"' for k, v in key)
+            sep = "," if base else ""
+            for bound, n in zip((*map(str, self.buckets), "+Inf"), counts):
+                out.append(f'{self.name}_bucket{{{base}{sep}le="{bound}"}} {n}')
+            out += [f"{self.name}_sum{_labels(key)} {total[0]:.9g}",
+                    f"{self.name}_count{_labels(key)} {counts[-1]}"]
+        return out
+
+
 def _labels(key: tuple[tuple[str, str], ...]) -> str:
     if not key:
         return ""
@@ -82,6 +130,14 @@ class Metrics:
         self.ingest_latency = s("duplex_ingest_latency_seconds", "Frame received -> stage submit")
         self.cancel_latency = s("duplex_cancel_latency_seconds",
                                 "Cancel or barge-in received -> response.done(cancelled) sent")
+        self.histograms: dict[str, Histogram] = {}
+        # The stages of a turn on the server's clock (session/latency.py says
+        # what each measures); label stage=vad_onset|end_of_turn|asr_final|
+        # llm_ttft|tts_first_audio|turn_gap.
+        self.stage_latency = self.histogram(
+            "duplex_turn_latency_seconds", "Per-stage latency of a turn, by stage")
+        for stage in STAGE_LATENCIES:
+            self.stage_latency.declare(stage=stage)
 
     def counter(self, name: str, help: str) -> Counter:
         with self._lock:
@@ -90,6 +146,10 @@ class Metrics:
     def summary(self, name: str, help: str) -> Summary:
         with self._lock:
             return self.summaries.setdefault(name, Summary(name, help))
+
+    def histogram(self, name: str, help: str) -> Histogram:
+        with self._lock:
+            return self.histograms.setdefault(name, Histogram(name, help))
 
     def gauge(self, name: str, help: str, read: Callable[[], float], **labels: str) -> None:
         with self._lock:
@@ -104,6 +164,8 @@ class Metrics:
         for name, (help, readers) in self.gauges.items():
             lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge"]
             lines += [f"{name}{_labels(key)} {read():g}" for key, read in sorted(readers.items())]
+        for hist in self.histograms.values():
+            lines += hist.lines()
         for summ in self.summaries.values():
             lines += [f"# HELP {summ.name} {summ.help}", f"# TYPE {summ.name} summary"]
             for q in (0.5, 0.99):

@@ -18,7 +18,7 @@ from vllm_duplex.core.contracts import InputMode, InterruptReason
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.input_sequence import Accepted
-from vllm_duplex.core.payloads import TextIn
+from vllm_duplex.core.payloads import INTERNAL_RATE, TextIn
 from vllm_duplex.session.effects import DecodeImage, FeedVideo, PollVideo
 from vllm_duplex.session.video_input import data_url_bytes
 
@@ -37,6 +37,8 @@ def _append_audio(core: SessionCore, data: bytes) -> None:
     chunk = core.input.append(data)
     if chunk is None:
         return
+    core.latency.audio_arrived(chunk.start_ms + chunk.pcm.size * 1000 // INTERNAL_RATE,
+                               core.received_at)
     td = core.config.turn_detection
     if td is not None and not core.user.speaking:
         core.input.trim_idle(td.prefix_padding_ms)
@@ -102,6 +104,13 @@ def _item_truncate(core: SessionCore, c: cmd.ItemTruncate) -> None:
     core.conversation.truncate(c.item_id, c.content_index, c.audio_end_ms)
     core.emit(ev.ConversationItemTruncated(item_id=c.item_id, content_index=c.content_index,
                                            audio_end_ms=c.audio_end_ms))
+    active = core.response
+    if active is not None and active.item.id == c.item_id:
+        # The item is still being generated (CONFORMANCE 39): the client stopped
+        # playing it (the Agents SDK's interrupt() sends only this), so its output
+        # stops and its .done events hold the heard part, as for a cancel.
+        active.truncated()
+        core.interrupt(InterruptReason.CLIENT_CANCELLED)
 
 
 def _duplex_input(core: SessionCore, c: cmd.DuplexInput) -> None:

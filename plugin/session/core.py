@@ -69,6 +69,7 @@ from vllm_duplex.session.effects import (
 )
 from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.session.items import ItemStore
+from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session.responses import ActiveResponse
 from vllm_duplex.session.user_turn import UserTurn
@@ -114,6 +115,7 @@ class SessionCore:
         self.user = UserTurn(make_id)
         self.video = VideoAdmission(limits.video, started_at=now)
         self.response: ActiveResponse | None = None
+        self.latency = TurnLatency(metrics.stage_latency)
         self._effects: list[Effect] = []
         self._now = now
         self._received_at = now
@@ -214,6 +216,11 @@ class SessionCore:
         """The time of the message being handled."""
         return self._now
 
+    @property
+    def received_at(self) -> float:
+        """When the message being handled entered the mailbox."""
+        return self._received_at
+
     def emit(self, event: ev.ServerEvent) -> None:
         self._seq += 1
         self._effects.append(Emit(ev.Envelope(self._seq, self.gate.fence, event)))
@@ -251,6 +258,7 @@ class SessionCore:
         for err in errors:  # e.g. an odd PCM16 byte count: reported, the turn is kept
             self.error(err)
         item, committed = self.user.commit(audio)
+        self.latency.committed(self._now)
         previous = self.conversation.insert(item)
         self.emit(ev.InputAudioBufferCommitted(item_id=item.id, previous_item_id=previous))
         self.emit(ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous))
@@ -294,37 +302,53 @@ class SessionCore:
             raise DuplexError("capability_unsupported", "this pipeline has no generating stage")
         modalities = tuple(options.output_modalities or self._config.output_modalities)
         check_modalities(modalities, self.caps, param="response.output_modalities")
+        tools, tool_choice = self._tools_for(options)
         in_conversation = options.conversation != "none"
+        fmt = options.output_format or self._config.output_format
         response = Response(
             id=self.make_id("resp"),
             conversation_id=None if not in_conversation else "conv_" + self.session_id,
-            output_modalities=modalities, output_format=self._config.output_format.wire(),
-            voice=self._config.voice,
+            output_modalities=modalities, output_format=fmt.wire(),
+            voice=options.voice or self._config.voice,
             max_output_tokens=options.max_output_tokens or self._config.max_output_tokens,
             metadata=options.metadata)
         context = self.context(options)
         last = self.conversation.last
         active = ActiveResponse(response, self.make_id("item"), in_conversation=in_conversation,
                                 previous_item_id=last.id if last else None,
-                                encoder_factory=self._encoder)
+                                encoder_factory=lambda rate: AudioEncoder(fmt, in_rate=rate),
+                                add_item=self.conversation.append)
+        active.times = self.latency.response_created(self._now)
         self.response = active
-        if in_conversation:
-            self.conversation.append(active.item)
         self.emit_all(active.start_events())
         sampling = self.policy.configure_sampling_params(self, options)
         request = GenerateRequest(response_id=active.id, context=context, sampling=sampling,
-                                  tools=self._config.tools, tool_choice=self._config.tool_choice)
+                                  tools=tools, tool_choice=tool_choice)
         fence = self.fence
         active.request_id = fence.request_id("llm")
         self._effects.append(Submit(self._generator, fence, "llm", request))
 
-    def _encoder(self, rate: int) -> AudioEncoder:
-        return AudioEncoder(self._config.output_format, in_rate=rate)
+    def _tools_for(self, options: cmd.ResponseOptions) -> tuple[tuple[dict[str, Any], ...], Any]:
+        """The tools and tool choice of one response: its own, else the session's.
+        A choice that cannot be met is the client's mistake, not a silent no-call."""
+        tools = self._config.tools if options.tools is None else options.tools
+        choice = options.tool_choice or self._config.tool_choice
+        param = "response.tool_choice" if options.tool_choice else "response.tools"
+        if choice == "required" and not tools:
+            raise DuplexError("invalid_value", 'tool_choice "required" needs tools', param=param)
+        if isinstance(choice, dict) and choice.get("name") not in {t.get("name") for t in tools}:
+            raise DuplexError("invalid_value", f"tool_choice names no declared tool "
+                              f"({choice.get('name')!r})", param=param)
+        return tools, choice
 
     def context(self, options: cmd.ResponseOptions) -> tuple[ContextMessage, ...]:
-        """What the model of a response sees (the policy shapes it last)."""
-        messages = context_messages(self.conversation,
-                                    options.instructions or self._config.instructions)
+        """What the model of a response sees (the policy shapes it last): the
+        conversation, or the response's own ``input`` items in its place."""
+        items: Sequence[ConversationItem] = self.conversation.snapshot()
+        if options.input is not None:
+            items = [self.conversation.get(i, param=f"response.input[{n}].id")
+                     if isinstance(i, str) else i for n, i in enumerate(options.input)]
+        messages = context_messages(items, options.instructions or self._config.instructions)
         return self.policy.shape_context(self, messages)
 
     def interrupt(self, reason: InterruptReason) -> None:

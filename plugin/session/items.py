@@ -72,9 +72,10 @@ class ItemStore:
             raise DuplexError("invalid_value", "content_index does not name an audio part",
                               param="content_index")
         part = item.content[content_index]
-        if audio_end_ms > part.audio_ms:
+        sent_ms = max(part.audio_ms, part.sent_ms)
+        if audio_end_ms > sent_ms:
             raise DuplexError("invalid_value",
-                              f"audio_end_ms {audio_end_ms} is beyond the audio ({part.audio_ms} ms)",
+                              f"audio_end_ms {audio_end_ms} is beyond the audio ({sent_ms} ms)",
                               param="audio_end_ms")
         part.transcript = part.heard_text(audio_end_ms)
-        part.audio_ms = audio_end_ms
+        part.audio_ms = part.sent_ms = audio_end_ms  # the client dropped the rest

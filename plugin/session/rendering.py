@@ -45,10 +45,12 @@ def _reply(core: SessionCore, response_id: str) -> ActiveResponse | None:
 
 
 def _speech_started(core: SessionCore, p: VadSpeechStarted) -> None:
+    core.latency.speech_started(p.audio_ms, core.now)
     core.emit(core.user.speech_started(p.audio_ms))
 
 
 def _speech_stopped(core: SessionCore, p: VadSpeechStopped) -> None:
+    core.latency.speech_stopped(p.audio_ms)
     core.emit(core.user.speech_stopped(p.audio_ms))
 
 
@@ -58,15 +60,22 @@ def _transcript_delta(core: SessionCore, p: TranscriptDelta) -> None:
 
 
 def _transcript_final(core: SessionCore, p: TranscriptFinal) -> None:
+    core.latency.transcript_final(core.now)
     item_id = core.user.transcript_item(core.conversation)
+    audio_ms = 0
     for item in core.conversation:
         if item.id == item_id and item.content:
             item.content[0].transcript = p.text
-    core.emit(ev.InputTranscriptionCompleted(item_id=item_id, content_index=0, transcript=p.text))
+            audio_ms = item.content[0].audio_ms
+    core.emit(ev.InputTranscriptionCompleted(
+        item_id=item_id, content_index=0, transcript=p.text,
+        usage={"type": "duration", "seconds": round(audio_ms / 1000, 3)}))
 
 
 def _text(core: SessionCore, p: TextDelta) -> None:
     if (active := _reply(core, p.response_id)) is not None:
+        if p.text:
+            core.latency.first_words(active.times, core.now)
         core.emit_all(active.on_text(p.text))
 
 
@@ -74,6 +83,8 @@ def _audio(core: SessionCore, p: AudioOut) -> None:
     if (active := _reply(core, p.response_id)) is not None:
         if active.first_audio_at is None:
             active.first_audio_at = core.now
+        if active.audio and p.pcm.size:
+            core.latency.first_audio(active.times, core.now)
         core.emit_all(active.on_audio(p))
 
 
@@ -84,6 +95,7 @@ def _generation_done(core: SessionCore, p: GenerationDone) -> None:
 
 def _tool_call(core: SessionCore, p: ToolCall) -> None:
     if (active := _reply(core, p.response_id)) is not None:
+        core.latency.first_words(active.times, core.now)
         item, events = active.on_tool_call(p)
         if active.in_conversation:
             core.conversation.append(item)

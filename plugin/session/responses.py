@@ -5,6 +5,8 @@ Pure (no awaits): the session feeds it stage payloads and sends what it
 returns. Event order follows OpenAI Realtime: response.created,
 output_item.added, conversation.item.added, content_part.added, deltas,
 the matching .done events, output_item.done, exactly one response.done.
+The assistant message opens with its first words or audio, so a response
+that only calls a tool holds only the call (CONFORMANCE 40).
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from vllm_duplex.core.conversation import (
 )
 from vllm_duplex.core.payloads import AudioOut, GenerationDone, ToolCall
 from vllm_duplex.media.audio import AudioEncoder
+from vllm_duplex.session.latency import ResponseTimes
 
-# Makes an encoder for PCM at a given rate into the session's output format.
+# Makes an encoder for PCM at a given rate into the response's output format.
 EncoderFactory = Callable[[int], AudioEncoder]
+# Puts an item of the response into the conversation (when it opens).
+AddItem = Callable[[ConversationItem], None]
 
 
 class ActiveResponse:
@@ -37,6 +42,7 @@ class ActiveResponse:
         in_conversation: bool,
         previous_item_id: str | None,
         encoder_factory: EncoderFactory,
+        add_item: AddItem = lambda item: None,
     ) -> None:
         self.response = response
         self.audio = "audio" in response.output_modalities
@@ -48,10 +54,15 @@ class ActiveResponse:
         self.item = ConversationItem(id=item_id, type=ItemType.MESSAGE, role=Role.ASSISTANT,
                                      status="in_progress", content=[self.part])
         self._encoder_factory = encoder_factory
+        self._add_item = add_item
+        self.opened = False  # the message item was announced
+        self.index = 0  # its output_index
+        self._last_item_id = previous_item_id  # what the next item follows
         self._encoders: dict[int, AudioEncoder] = {}
         self.request_id: str | None = None
         self.finish_reason: str | None = None
         self.first_audio_at: float | None = None  # when the client got the first audio
+        self.times = ResponseTimes(created_at=0.0, turn_end_at=None)  # the core sets its own
         self.text = ""
 
     @property
@@ -59,7 +70,7 @@ class ActiveResponse:
         return self.response.id
 
     def _ids(self) -> dict[str, object]:
-        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0,
+        return {"response_id": self.id, "item_id": self.item.id, "output_index": self.index,
                 "content_index": 0}
 
     def _part_event_wire(self) -> dict:
@@ -70,43 +81,54 @@ class ActiveResponse:
         return wire
 
     def start_events(self) -> list[ev.ServerEvent]:
+        return [ev.ResponseCreated(response=self.response.wire())]
+
+    def _open(self) -> list[ev.ServerEvent]:
+        """Announce the message item (once), before its first delta."""
+        if self.opened:
+            return []
+        self.opened = True
+        self.index = len(self.response.output)
         self.response.output.append(self.item)
         out: list[ev.ServerEvent] = [
-            ev.ResponseCreated(response=self.response.wire()),
-            ev.OutputItemAdded(response_id=self.id, output_index=0, item=self.item.wire()),
-        ]
+            ev.OutputItemAdded(response_id=self.id, output_index=self.index, item=self.item.wire())]
         if self.in_conversation:
+            self._add_item(self.item)
             out.append(ev.ConversationItemAdded(item=self.item.wire(),
-                                                previous_item_id=self.previous_item_id))
+                                                previous_item_id=self._last_item_id))
+        self.previous_item_id = self._last_item_id
+        self._last_item_id = self.item.id
         out.append(ev.ContentPartAdded(**self._ids(), part=self._part_event_wire()))
         return out
 
     def on_text(self, text: str) -> list[ev.ServerEvent]:
         if not text:
             return []
+        opened = self._open()
         self.text += text
         self.response.output_tokens += 1
         if self.audio:
             self.part.transcript = self.text
-            return [ev.OutputAudioTranscriptDelta(**self._ids(), delta=text)]
+            return [*opened, ev.OutputAudioTranscriptDelta(**self._ids(), delta=text)]
         self.part.text = self.text
-        return [ev.OutputTextDelta(**self._ids(), delta=text)]
+        return [*opened, ev.OutputTextDelta(**self._ids(), delta=text)]
 
     def on_audio(self, out: AudioOut) -> list[ev.ServerEvent]:
         if not self.audio or out.pcm.size == 0:
             return []
+        opened = self._open()
         encoder = self._encoders.get(out.rate)
         if encoder is None:
             encoder = self._encoders[out.rate] = self._encoder_factory(out.rate)
         start = self.part.audio_ms
-        self.part.audio_ms = start + int(round(out.pcm.size * 1000 / out.rate))
+        self.part.audio_ms = self.part.sent_ms = start + int(round(out.pcm.size * 1000 / out.rate))
         if out.text or not self.part.spoken:
             self.part.spoken.append(SpokenSegment(start, self.part.audio_ms, out.text))
         else:
             last = self.part.spoken[-1]
             self.part.spoken[-1] = SpokenSegment(last.start_ms, self.part.audio_ms, last.text)
         data = encoder.encode(out.pcm)
-        return [ev.OutputAudioDelta(**self._ids(), delta=data)] if data else []
+        return [*opened, ev.OutputAudioDelta(**self._ids(), delta=data)] if data else opened
 
     def on_tool_call(self, call: ToolCall) -> tuple[ConversationItem, list[ev.ServerEvent]]:
         """A complete function call: its own output item, with the arguments
@@ -119,17 +141,18 @@ class ActiveResponse:
         base = {"response_id": self.id, "item_id": item.id, "output_index": index,
                 "call_id": call.call_id}
         in_progress = {**item.wire(), "status": "in_progress", "arguments": ""}
+        previous, self._last_item_id = self._last_item_id, item.id
         out: list[ev.ServerEvent] = [
             ev.OutputItemAdded(response_id=self.id, output_index=index, item=in_progress)]
         if self.in_conversation:
-            out.append(ev.ConversationItemAdded(item=in_progress, previous_item_id=self.item.id))
+            out.append(ev.ConversationItemAdded(item=in_progress, previous_item_id=previous))
         out += [
             ev.FunctionCallArgumentsDelta(**base, delta=call.arguments),
             ev.FunctionCallArgumentsDone(**base, name=call.name, arguments=call.arguments),
             ev.OutputItemDone(response_id=self.id, output_index=index, item=item.wire()),
         ]
         if self.in_conversation:
-            out.append(ev.ConversationItemDone(item=item.wire(), previous_item_id=self.item.id))
+            out.append(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
         return item, out
 
     def on_generation_done(self, done: GenerationDone) -> None:
@@ -153,15 +176,25 @@ class ActiveResponse:
         return ev.ConversationItemTruncated(item_id=self.item.id, content_index=0,
                                             audio_end_ms=heard_ms)
 
+    def truncated(self) -> None:
+        """The client cut this item while it was generated (its part is
+        already cut to what was heard): the .done events carry only that."""
+        self.text = self.part.transcript or ""
+
     def finish(self, status: ResponseStatus, details: dict | None = None) -> list[ev.ServerEvent]:
         """Close every open part; exactly one response.done."""
         if status is ResponseStatus.COMPLETED and self.finish_reason == "length":
             status = ResponseStatus.INCOMPLETE
             details = {"type": "incomplete", "reason": "max_output_tokens"}
+        only_calls = not self.opened and len(self.response.output) > 0  # no message to close
+        out: list[ev.ServerEvent] = [] if only_calls else self._open()  # a reply with no words has one
         self.response.status = status
         self.response.status_details = details
+        if figures := self.times.metadata():  # the client's metadata is kept beside them
+            self.response.metadata = {**(self.response.metadata or {}), **figures}
         self.item.status = "completed" if status is ResponseStatus.COMPLETED else "incomplete"
-        out: list[ev.ServerEvent] = []
+        if only_calls:
+            return [ev.ResponseDone(response=self.response.wire())]
         if status is ResponseStatus.COMPLETED:
             # The resampler holds the last few ms of the reply: send them too.
             for encoder in self._encoders.values():
@@ -174,7 +207,7 @@ class ActiveResponse:
             out.append(ev.OutputTextDone(**self._ids(), text=self.text))
         out += [
             ev.ContentPartDone(**self._ids(), part=self._part_event_wire()),
-            ev.OutputItemDone(response_id=self.id, output_index=0, item=self.item.wire()),
+            ev.OutputItemDone(response_id=self.id, output_index=self.index, item=self.item.wire()),
         ]
         if self.in_conversation:
             out.append(ev.ConversationItemDone(item=self.item.wire(),

@@ -62,6 +62,7 @@ from vllm_duplex.core.fence import Fence
 from vllm_duplex.realtime.wire.aliases import (
     _BETA_DOCS,
     _MISSING,
+    _dig,
     BETA_AUDIO_FORMATS,
     BETA_EVENT_TYPES,
     RESPONSE_BETA_TO_GA,
@@ -71,8 +72,10 @@ from vllm_duplex.realtime.wire.aliases import (
     session_to_beta,
 )
 from vllm_duplex.realtime.wire.fields import (
+    _audio_format,
     _b64,
     _bad,
+    _bool,
     _int,
     _item,
     _max_tokens,
@@ -83,6 +86,9 @@ from vllm_duplex.realtime.wire.fields import (
     _req_str,
     _session_patch,
     _str,
+    _tool_choice,
+    _tools,
+    _voice,
 )
 
 __all__ = [
@@ -200,7 +206,41 @@ def _on_response_create(o: dict[str, Any], eid: str | None) -> Command:
         if conv not in ("auto", "none") or not isinstance(conv, str):
             raise _bad("response.conversation", 'conversation must be "auto" or "none"')
         kw["conversation"] = conv
+    kw.update(_response_overrides(r))
     return ResponseCreate(options=ResponseOptions(**kw), event_id=eid)
+
+
+def _response_overrides(r: dict[str, Any]) -> dict[str, Any]:
+    """What a ``response.create`` sets for itself instead of the session's:
+    tools, tool choice, the output audio, the context (``input``)."""
+    kw: dict[str, Any] = {}
+    for key, parse in (("tools", _tools), ("tool_choice", _tool_choice),
+                       ("parallel_tool_calls", _bool)):
+        val = parse(r.get(key), f"response.{key}")
+        if val is not _MISSING:
+            kw[key] = val
+    for key, beta, parse in (("format", "output_audio_format", _audio_format), ("voice", "voice", _voice)):
+        raw, param = _dig(r, ("audio", "output", key), "response"), f"response.audio.output.{key}"
+        if raw is _MISSING or raw is None:  # the beta name, flat
+            raw, param = r.get(beta), f"response.{beta}"
+        if raw is not None:
+            kw["output_format" if key == "format" else "voice"] = parse(raw, param)
+    if r.get("input") is not None:
+        kw["input"] = _input_items(r["input"])
+    return kw
+
+
+def _input_items(raw: Any) -> tuple[Any, ...]:
+    if not isinstance(raw, list):
+        raise _bad("response.input", "response.input must be a list of items")
+    out: list[Any] = []
+    for i, entry in enumerate(raw):
+        p = f"response.input[{i}]"
+        if isinstance(entry, dict) and entry.get("type") == "item_reference":
+            out.append(_req_str(entry, "id", f"{p}.id"))
+        else:
+            out.append(_item(entry, p))
+    return tuple(out)
 
 
 def _on_duplex_input(o: dict[str, Any], eid: str | None) -> Command:

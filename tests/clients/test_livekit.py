@@ -80,14 +80,10 @@ async def test_function_tool_round_trip(results):
     assert seen["second"]["messages"][0]["text"] == SCRIPTED_REPLY
 
 
-@pytest.mark.xfail(strict=True, reason="gap: a tool-call response opens an empty assistant message "
-                   "item before its function_call (docs/clients.md)")
 async def test_a_tool_call_response_has_no_message(results):
     assert scenario(results, "tool_round_trip")["first"]["messages"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="gap: response.create ignores tool_choice "
-                   "(generate_reply(tool_choice=...)) (docs/clients.md)")
 async def test_generate_reply_tool_choice_none_calls_nothing(results):
     seen = scenario(results, "tool_choice_none")
     assert seen["reply"]["calls"] == []

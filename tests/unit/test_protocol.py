@@ -303,7 +303,7 @@ class TestClientEvents:
             "metadata": {"k": "v"}, "conversation": "none", "tools": []}})
         assert ga == ResponseCreate(event_id="r", options=ResponseOptions(
             output_modalities=("text",), instructions="x", max_output_tokens=5,
-            metadata={"k": "v"}, conversation="none"))
+            metadata={"k": "v"}, conversation="none", tools=()))
         beta = parse({"type": "response.create", "response": {
             "modalities": ["audio", "text"], "max_response_output_tokens": "inf"}})
         assert beta.options == ResponseOptions(output_modalities=("audio", "text"))

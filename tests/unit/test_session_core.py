@@ -195,10 +195,10 @@ def test_a_new_turn_detection_reconfigures_the_vad_before_the_update_is_echoed()
 
 
 def test_a_response_is_its_start_events_then_one_submission_to_the_generator():
+    """The message item opens with the first words (a tool call needs none)."""
     core = manual()
     effects = core.handle(cmd.ResponseCreate(), 0.0)
-    assert types(effects) == ["response.created", "response.output_item.added",
-                              "conversation.item.added", "response.content_part.added", "Submit"]
+    assert types(effects) == ["response.created", "Submit"]
     submit = effects[-1]
     assert (submit.stage, submit.fence, submit.role) == ("llm", F0, "llm")
     assert isinstance(submit.payload, GenerateRequest) and submit.payload.response_id == "resp_1"
@@ -246,7 +246,8 @@ def test_barge_in_during_speech_cuts_the_reply_to_what_was_heard():
     rid = create_response(core, now=0.0)
     tone = np.zeros(16000, np.int16)  # one second of speech for "one two three four"
     assert types(output(core, AudioOut(rid, tone, text="one two three four"), stage="tts",
-                        now=10.0)) == ["response.output_audio.delta"]
+                        now=10.0)) == ["response.output_item.added", "conversation.item.added",
+                                       "response.content_part.added", "response.output_audio.delta"]
     effects = output(core, VadSpeechStarted(audio_ms=40), stage="vad", now=10.3)
     f1 = F0.next_epoch()
     assert types(effects) == [
@@ -266,6 +267,7 @@ def test_spoken_reply_ends_with_the_speech_not_the_text():
     core = manual()
     rid = create_response(core)
     assert types(output(core, TextDelta(rid, "Hi."))) == [
+        "response.output_item.added", "conversation.item.added", "response.content_part.added",
         "response.output_audio_transcript.delta", "Forward"]
     assert types(output(core, GenerationDone(rid, "stop", 3, 1))) == ["Forward"]
     assert core.response is not None

@@ -155,7 +155,9 @@ async def interrupt(args) -> dict[str, Any]:
     async def body(session, seen: Observed) -> None:
         await until(lambda: "session.updated" in seen.raw.types(), 10)
         await session.send_message("Tell me a story.")
-        await until(lambda: seen.audio_bytes > 0, 10)
+        # half a second in (24 kHz PCM16): the SDK's truncate then names a part
+        # with words in it, which its history must keep (and no more)
+        await until(lambda: seen.audio_bytes >= 24000, 10)
         seen.interrupted_at = len(seen.raw.events)
         await session.interrupt()
         await until(_done(seen), 10)
@@ -165,9 +167,14 @@ async def interrupt(args) -> dict[str, Any]:
     after = seen.raw.events[seen.interrupted_at or 0:]
     done = seen.raw.first("response.done") or {}
     item_done = [e for e in seen.raw.events if e.get("type") == "response.output_item.done"]
+    # Deltas the server sent before the truncate reached it are in flight: what must
+    # stop is what follows the server's answer to it.
+    types = [e.get("type") for e in seen.raw.events]
+    cut = types.index("conversation.item.truncated") if "conversation.item.truncated" in types else 0
     return {**seen.raw.summary(), "audio_bytes": seen.audio_bytes,
             "audio_deltas_after_interrupt": sum(e.get("type") == "response.output_audio.delta"
                                                 for e in after),
+            "audio_deltas_after_truncated": types[cut:].count("response.output_audio.delta"),
             "truncated": seen.raw.first("conversation.item.truncated"),
             "done_status": (done.get("response") or {}).get("status"),
             "item_done_transcripts": [(p.get("transcript") or p.get("text"))
