@@ -137,6 +137,13 @@ class TextService:
                 timer.cancel()
             await events.aclose()  # type: ignore[attr-defined]
 
+    def generate(self, spec: Any, key_id: str | None) -> AsyncIterator[TextEvent]:
+        """A stateless generation's events, registered for abort, stopped at
+        its deadline; closing the iterator (a client gone) aborts the engine request."""
+        run = self.generator.start(spec, spec.control())
+        self.reserve(key_id, spec.request_id)
+        return self.run(key_id, spec.request_id, run, run.events(), spec.deadline_ms)
+
     # ---- resumable streams -----------------------------------------------
 
     def open_stream(self, stream_id: str, key_id: str | None, request_id: str) -> ResumableStream:
