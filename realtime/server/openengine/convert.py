@@ -45,8 +45,9 @@ def _one(field: FieldDescriptor, value: Any) -> Any:
         if isinstance(value, struct_pb2.Struct):
             return json_format.MessageToDict(value)
         return to_body(value)
-    if field.type == FieldDescriptor.TYPE_ENUM:
-        return field.enum_type.values_by_number[value].name
+    if field.type == FieldDescriptor.TYPE_ENUM:  # open enums: an unknown number stays a number
+        known = field.enum_type.values_by_number.get(value)
+        return known.name if known is not None else value
     return value
 
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from vllm_duplex.realtime.server.openengine.services import Engine, Sessions, Streaming
-from vllm_duplex.realtime.wire.openengine.v1 import engine_pb2, engine_pb2_grpc, sessions_pb2, sessions_pb2_grpc
+from vllm_duplex.realtime.server.openengine.services import Engine, Sessions, Streaming, register
+from vllm_duplex.realtime.wire.openengine.v1 import engine_pb2, sessions_pb2
 
 if TYPE_CHECKING:
     from vllm_duplex.host.runtime import Runtime
@@ -33,9 +33,8 @@ class GrpcServer:
         self.health = health.aio.HealthServicer()
         limit = engine.config.limits.max_request_bytes
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit)])
-        sessions_pb2_grpc.add_OpenEngineSessionsServicer_to_server(Sessions(engine), self.server)
-        engine_pb2_grpc.add_OpenEngineServicer_to_server(Engine(engine), self.server)
-        engine_pb2_grpc.add_OpenEngineStreamingServicer_to_server(Streaming(engine), self.server)
+        for name, servicer in zip(SERVICES, (Sessions(engine), Engine(engine), Streaming(engine))):
+            register(self.server, name, servicer)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)

@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf import descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.realtime.server.auth import bearer_key, check_key
 from vllm_duplex.realtime.server.openengine import convert
@@ -56,6 +58,43 @@ class Call:
         self.owner = meta.get(OWNER_KEY) or None
 
 
+class Undecodable:
+    """A request whose bytes are not its message: answered ``invalid_event``
+    by the method (typed, like every other bad input), not by grpc's INTERNAL."""
+
+
+UNDECODABLE = Undecodable()
+def _not_decoded() -> DuplexError:
+    return DuplexError("invalid_event", "the request does not decode as its protobuf message")
+
+
+def _decoder(cls: Any) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except (DecodeError, RuntimeError, ValueError):
+            return UNDECODABLE
+    return decode
+
+
+def register(server: grpc.aio.Server, service_name: str, servicer: Any) -> None:
+    """Add ``servicer``'s methods of ``service_name`` (the generated
+    ``add_*_to_server``, but with decoders that never fail the call untyped)."""
+    service = descriptor_pool.Default().FindServiceByName(service_name)
+    handlers = {}
+    for method in service.methods:
+        decode = _decoder(message_factory.GetMessageClass(method.input_type))
+        encode = message_factory.GetMessageClass(method.output_type).SerializeToString
+        fn = getattr(servicer, method.name)
+        if method.client_streaming and method.server_streaming:
+            handler = grpc.stream_stream_rpc_method_handler(fn, decode, encode)
+        else:
+            handler = grpc.unary_unary_rpc_method_handler(fn, decode, encode)
+        handlers[method.name] = handler
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service_name, handlers),))
+    server.add_registered_method_handlers(service_name, handlers)
+
+
 def _ref(ref: Any) -> tuple[str, str | None]:
     """A ``GenerationSessionRef`` -> (session id, claimed owner)."""
     return ref.session_id, ref.owner_instance_id or None
@@ -65,7 +104,10 @@ def typed(method: Callable) -> Callable:
     """A unary method whose ``DuplexError`` is answered as its status."""
     async def run(self, request, context):
         try:
-            return await method(self, Call(self.engine, context), request)
+            call = Call(self.engine, context)
+            if request is UNDECODABLE:
+                raise _not_decoded()
+            return await method(self, call, request)
         except DuplexError as err:
             await abort(context, err)
     run.__name__ = method.__name__
@@ -164,6 +206,9 @@ class Streaming(engine_pb2_grpc.OpenEngineStreamingServicer):
         async def read() -> None:
             ended = False
             async for req in requests:
+                if req is UNDECODABLE:
+                    await core.error(_not_decoded())
+                    continue
                 frame, owner = convert.stream_frame(req)
                 if owner is not None:
                     core.owner = owner
