@@ -31,6 +31,7 @@ import statistics
 import time
 import uuid
 
+import grpc
 import httpx
 import websockets
 from vllm_duplex.realtime.client.grpc_client import OpenEngineClient
@@ -110,14 +111,9 @@ async def grpc_streamed(g: OpenEngineClient, sid: str) -> float:
     while not (await call.read()).HasField("text_delta"):
         pass
     took = time.perf_counter() - start
-    while await call.read() is not grpc_eof():
+    while await call.read() is not grpc.aio.EOF:
         pass
     return took
-
-
-def grpc_eof():
-    import grpc
-    return grpc.aio.EOF
 
 
 async def main(reps: int) -> None:
