@@ -16,6 +16,7 @@ disconnect does), and a session the call continued stays open.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,13 @@ if TYPE_CHECKING:
     from vllm_duplex.host.runtime import Runtime
     from vllm_duplex.text.service import TextService
 
+log = logging.getLogger(__name__)
+
 OWNER_KEY = "duplex-owner-instance"
+
+
+def _internal() -> DuplexError:
+    return DuplexError("internal_error", "the server failed on this request")
 
 
 class Call:
@@ -110,6 +117,9 @@ def typed(method: Callable) -> Callable:
             return await method(self, call, request)
         except DuplexError as err:
             await abort(context, err)
+        except Exception:  # a bug is still a typed status, and the server goes on
+            log.exception("gRPC %s failed", method.__name__)
+            await abort(context, _internal())
     run.__name__ = method.__name__
     return run
 
@@ -183,6 +193,7 @@ class Engine(engine_pb2_grpc.OpenEngineServicer):
 
 
 _CLOSED = object()
+_FAILED = object()
 
 
 class Streaming(engine_pb2_grpc.OpenEngineStreamingServicer):
@@ -225,13 +236,25 @@ class Streaming(engine_pb2_grpc.OpenEngineStreamingServicer):
                                  terminal=True)
                 out.put_nowait(_CLOSED)
 
+        def read_done(task: asyncio.Task[None]) -> None:
+            if task.cancelled():
+                return
+            if task.exception() is not None:
+                log.error("GenerateStream reader failed", exc_info=task.exception())
+                out.put_nowait(_FAILED)
+            elif core.terminal_sent:
+                out.put_nowait(_CLOSED)
+
         reader = asyncio.create_task(read(), name="duplex-grpc-stream-reader")
-        reader.add_done_callback(lambda _: out.put_nowait(_CLOSED) if core.terminal_sent else None)
+        reader.add_done_callback(read_done)
         terminal: DuplexError | None = None
         try:
             while True:
                 frame = await out.get()
                 if frame is _CLOSED:
+                    break
+                if frame is _FAILED:
+                    terminal = _internal()
                     break
                 if frame["type"] == "error" and frame.get("terminal"):
                     terminal = from_wire("error", frame).error
