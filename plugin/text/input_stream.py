@@ -69,6 +69,7 @@ class StreamingInput:
         self.terminal_sent = False
         self._send_lock = asyncio.Lock()
         self._deadline: asyncio.TimerHandle | None = None
+        self._finished = False
 
     async def send(self, frame: dict[str, Any]) -> None:
         if self.terminal_sent:
@@ -186,7 +187,12 @@ class StreamingInput:
             await self.service.sessions.manager.close(self.session.session_id, self.api_key, "client")
 
     async def finish(self) -> None:
-        """Whatever way the stream ended: no engine work, no registration left."""
+        """Whatever way the stream ended: no engine work, no registration left.
+        Idempotent: a shell may release the session before it sends the terminal
+        frame (so a client that reads it can go on at once), and again on exit."""
+        if self._finished:
+            return
+        self._finished = True
         if self._deadline is not None:
             self._deadline.cancel()
         turn, session = self.turn, self.session

@@ -16,7 +16,6 @@ of the rich status).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
@@ -145,7 +144,11 @@ class InputStream:
         self.call = self.client.streaming.GenerateStream(metadata=self.client.metadata,
                                                          timeout=self.timeout)
         await self.send(e.GenerateStreamRequest(start=self.start))
-        self.started = (await self.receive()).started
+        first = await self.receive()
+        if first.WhichOneof("event") == "error":  # refused: nothing started
+            self.call.cancel()
+            raise OpenEngineStreamError(first.error)
+        self.started = first.started
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -195,9 +198,13 @@ class InputStream:
                                         finish_reason=f.finish_reason, usage=f.usage)
         raise EOFError("the stream ended without finish")
 
-    async def cancel(self, close_session: bool = False) -> None:
+    async def cancel(self, close_session: bool = False) -> e.Finish:
+        """Stop the generation; its terminal ``finish`` (``cancelled``, or how it ended)."""
         await self.send(e.GenerateStreamRequest(cancel=e.CancelStream(close_session=close_session)))
-        await asyncio.sleep(0)
+        async for got in self.events():
+            if got.WhichOneof("event") == "finish":
+                return got.finish
+        raise EOFError("the stream ended without finish")
 
 
 class OpenEngineStreamError(Exception):

@@ -168,7 +168,7 @@ async def test_a_bound_session_continues_and_survives_cancel(text_server):
         call.cancel()
         async with g.stream(session=s.ref, max_tokens=8) as stream:
             assert stream.started.session_id == s.ref.session_id
-            await stream.cancel()
+            assert (await stream.cancel()).finish_reason == "cancelled"
         got = await g.get_session(s.ref)
         assert got.state in ("active", "detached") and got.turns == 0
         async with g.stream(session=s.ref, max_tokens=8) as stream:

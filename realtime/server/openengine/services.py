@@ -259,9 +259,11 @@ class Streaming(engine_pb2_grpc.OpenEngineStreamingServicer):
                 if frame["type"] == "error" and frame.get("terminal"):
                     terminal = from_wire("error", frame).error
                     break
-                yield convert.response(frame)
                 if frame["type"] == "finish":
+                    await core.finish()  # the session is free before the client hears the end
+                    yield convert.response(frame)
                     break
+                yield convert.response(frame)
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
