@@ -82,6 +82,15 @@ setup(
             "six>=1.15",
             "tqdm>=4",
         ],
+        # The OpenEngine gRPC surface (`serve --grpc-port`, realtime/server/openengine)
+        # and its client; grpcio-tools regenerates the stubs (scripts/gen_protos.py).
+        "grpc": [
+            "grpcio>=1.85,<1.86",
+            "grpcio-tools>=1.85,<1.86",
+            "grpcio-health-checking>=1.85,<1.86",
+            "grpcio-reflection>=1.85,<1.86",
+            "grpcio-status>=1.85,<1.86",
+        ],
         "test": [
             "scikit-image>=0.21",  # its bundled astronaut portrait: a real face
             "pytest>=8",

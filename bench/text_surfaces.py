@@ -10,6 +10,11 @@ the same process: the stateless ``POST /v1/generate`` with the whole history
   a word; TTFT from ``end`` to the first ``text-delta``.
 - **stateless, prefix cached**: the same stateless request twice (vLLM's
   prefix cache), for reference.
+- **gRPC** (``serve --grpc-port``, same process, same engine): the session
+  continuation by unary ``OpenEngine.Generate`` with ``max_tokens: 1`` (its
+  answer *is* the first token: unary has no earlier event), and streaming
+  input into a session by ``OpenEngineStreaming.GenerateStream`` (from
+  ``end`` to the first ``text_delta``), beside the HTTP paths.
 
 Every figure is the median over ``--reps`` fresh histories (a nonce at the
 start of the system prompt defeats the prefix cache). Run::
@@ -26,8 +31,12 @@ import statistics
 import time
 import uuid
 
+import grpc
 import httpx
 import websockets
+from vllm_duplex.realtime.client.grpc_client import OpenEngineClient
+from vllm_duplex.realtime.client.grpc_client import request as grpc_request
+from vllm_duplex.realtime.wire.openengine.v1 import engine_pb2 as e
 from vllm_duplex.core.payloads import ContextMessage
 from vllm_duplex.host.deploy import load_config
 from vllm_duplex.host.runtime import Runtime
@@ -82,14 +91,41 @@ async def streamed(base_ws: str, sid: str) -> float:
         return time.perf_counter() - start
 
 
+async def grpc_continuation(g: OpenEngineClient, sid: str) -> float:
+    start = time.perf_counter()
+    await g.generate(messages=[{"role": "user", "content": QUESTION}], session=sid, max_tokens=1)
+    return time.perf_counter() - start
+
+
+async def grpc_streamed(g: OpenEngineClient, sid: str) -> float:
+    call = g.streaming.GenerateStream(metadata=g.metadata)
+    await call.write(e.GenerateStreamRequest(start=grpc_request(session=sid, **OPTIONS)))
+    await call.read()
+    for seq, word in enumerate(QUESTION.split(), start=1):
+        await call.write(e.GenerateStreamRequest(input=e.InputChunk(seq=seq, text=word + " ")))
+        await call.read()
+        await asyncio.sleep(0.3)
+    start = time.perf_counter()
+    await call.write(e.GenerateStreamRequest(end=e.EndOfInput()))
+    await call.done_writing()
+    while not (await call.read()).HasField("text_delta"):
+        pass
+    took = time.perf_counter() - start
+    while await call.read() is not grpc.aio.EOF:
+        pass
+    return took
+
+
 async def main(reps: int) -> None:
     engine = Runtime(load_config("cascade-cpu"))
-    async with BackgroundServer(engine) as server:
+    async with BackgroundServer(engine, grpc_port=0) as server, \
+            OpenEngineClient(server.grpc_target) as g:
         model = engine.model
         base_ws = server.http_url.replace("http", "ws", 1)
         stage = engine.text.generator.stage
         ask = {"role": "user", "content": QUESTION}
-        figures: dict[str, list[float]] = {k: [] for k in ("stateless", "cached", "session", "streamed")}
+        figures: dict[str, list[float]] = {k: [] for k in (
+            "stateless", "cached", "session", "streamed", "grpc_session", "grpc_streamed")}
         async with httpx.AsyncClient(base_url=server.http_url, timeout=300) as http:
             await stateless(http, model, [ask])  # warm-up
             for _ in range(reps):
@@ -103,6 +139,12 @@ async def main(reps: int) -> None:
                 sid = await warm_session(http, model, uuid.uuid4().hex)
                 figures["streamed"].append(await streamed(base_ws, sid))
                 await http.delete(f"/v1/sessions/{sid}")
+                sid = await warm_session(http, model, uuid.uuid4().hex)
+                figures["grpc_session"].append(await grpc_continuation(g, sid))
+                await http.delete(f"/v1/sessions/{sid}")
+                sid = await warm_session(http, model, uuid.uuid4().hex)
+                figures["grpc_streamed"].append(await grpc_streamed(g, sid))
+                await http.delete(f"/v1/sessions/{sid}")
         context = tuple(ContextMessage(m["role"], m["content"]) for m in [*history("x" * 32), ask])
         chat = stage.host.chat
         tokens = len(chat.encode(chat.render(context, True)))
@@ -111,7 +153,9 @@ async def main(reps: int) -> None:
     for name, label in (("stateless", "stateless /v1/generate (baseline)"),
                         ("cached", "stateless, prefix cached"),
                         ("session", "session continuation"),
-                        ("streamed", "streaming input into a session (from end)")):
+                        ("streamed", "streaming input into a session (from end)"),
+                        ("grpc_session", "gRPC session continuation (unary, 1 token)"),
+                        ("grpc_streamed", "gRPC GenerateStream into a session (from end)")):
         med = statistics.median(figures[name])
         print(f"  {label:45s} {med * 1000:7.1f} ms  ({med / base:.2f}x)")
 

@@ -31,5 +31,5 @@ async def text_server(vllm_stage):
     from support.text_fixtures import text_engine
     from vllm_duplex.realtime.server.serving import BackgroundServer
 
-    async with BackgroundServer(text_engine(vllm_stage, stream_ttl_s=2.0)) as server:
+    async with BackgroundServer(text_engine(vllm_stage, stream_ttl_s=2.0), grpc_port=0) as server:
         yield server

@@ -166,10 +166,40 @@ class ErrorSpec:
     kind: type[DuplexError]
 
     @property
+    def grpc_status(self) -> str:
+        """The gRPC status code name (``grpc.StatusCode``) a gRPC surface answers with."""
+        return _GRPC_BY_CODE.get(self.code) or next(
+            name for kind, name in _GRPC_BY_KIND if issubclass(self.kind, kind))
+
+    @property
     def terminal(self) -> bool:
         """Terminal errors end the session (the socket is closed after the event)."""
         return self.kind.terminal
 
+
+# gRPC status names (the core does not import grpc): by kind, first match wins,
+# with the codes whose kind alone does not say it.
+_GRPC_BY_KIND: tuple[tuple[type[DuplexError], str], ...] = (
+    (Unsupported, "UNIMPLEMENTED"),  # a capability error: this engine does not offer it
+    (InvalidRequest, "INVALID_ARGUMENT"),
+    (AccessDenied, "UNAUTHENTICATED"),
+    (NotFound, "NOT_FOUND"),
+    (Expired, "NOT_FOUND"),  # told apart from unknown by the ErrorInfo reason
+    (ResyncRequired, "OUT_OF_RANGE"),
+    (Closed, "FAILED_PRECONDITION"),
+    (Conflict, "FAILED_PRECONDITION"),
+    (Capacity, "RESOURCE_EXHAUSTED"),
+    (EngineDead, "UNAVAILABLE"),
+    (EngineError, "INTERNAL"),
+)
+_GRPC_BY_CODE = {
+    "payload_too_large": "INVALID_ARGUMENT",
+    "duplicate_id": "ALREADY_EXISTS",
+    "lease_conflict": "ABORTED",  # a lost compare-and-swap: re-read, then retry
+    "conversation_already_has_active_response": "ABORTED",
+    "deadline_exceeded": "DEADLINE_EXCEEDED",
+    "stage_failed": "UNAVAILABLE",
+}
 
 _INVALID = "invalid_request_error"
 _SERVER = "server_error"
@@ -206,6 +236,7 @@ ERRORS: dict[str, ErrorSpec] = {
         ErrorSpec("session_closed", _INVALID, False, 409, Closed),
         ErrorSpec("invalid_resume_token", _INVALID, False, 401, AccessDenied),
         ErrorSpec("lease_conflict", _INVALID, True, 409, Conflict),
+        ErrorSpec("duplicate_id", _INVALID, False, 409, Conflict),
         ErrorSpec("model_not_found", _INVALID, False, 404, NotFound),
         ErrorSpec("model_mismatch", _INVALID, False, 409, Conflict),
         ErrorSpec("wrong_instance", _INVALID, True, 421, Conflict),

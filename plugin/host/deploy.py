@@ -75,6 +75,7 @@ class DeployConfig:
     limits: Limits = Limits()
     host: str = "127.0.0.1"
     port: int = 8000
+    grpc_port: int | None = None  # server.grpc_port: the OpenEngine gRPC services; unset: off
     api_keys: tuple[str, ...] = ()
     workers: Workers = Workers()  # `serve --workers N` behind a router (host/topology.py)
     # Other names clients may use for ``model`` (like vLLM's --served-model-name):
@@ -121,6 +122,7 @@ class DeployConfig:
             policy_options=dict(raw.get("policy_options") or {}),
             session=dict(raw.get("session") or {}), limits=Limits(**limits_raw),
             host=server.get("host", "127.0.0.1"), port=int(server.get("port", 8000)),
+            grpc_port=int(server["grpc_port"]) if server.get("grpc_port") is not None else None,
             api_keys=keys, workers=Workers.from_raw(raw.get("workers")),
             served_model_names=tuple(aliases),
         )

@@ -255,7 +255,7 @@ class SessionManager(Generic[S]):
             )
         elif session_id in self._live or session_id in self._tombs:
             raise DuplexError(
-                "invalid_value", f"session_id {session_id!r} is a duplicate", param="session_id"
+                "duplicate_id", f"session_id {session_id!r} is a duplicate", param="session_id"
             )
         key_id = self._key_id(api_key)
         if self._stopped or len(self._live) >= self.max_sessions:

@@ -15,7 +15,7 @@ with the seq it got (``/control`` answers where its change took effect).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -157,3 +157,23 @@ def from_wire(type: str, data: Mapping[str, Any]) -> TextEvent:
         return ErrorEvent(DuplexError(known["code"], known["message"], param=known["param"],
                                       event_id=known["event_id"], details=e))
     raise ValueError(f"unknown text event type {type!r}")
+
+
+async def collect(events: AsyncIterator[TextEvent]) -> dict[str, Any]:
+    """A whole step as one JSON answer (``stream: false``)."""
+    text: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
+    async for ev in events:
+        if isinstance(ev, TextDeltaEvent):
+            text.append(ev.delta)
+        elif isinstance(ev, ReasoningDeltaEvent):
+            reasoning.append(ev.delta)
+        elif isinstance(ev, ToolCallEvent):
+            calls.append({"id": ev.id, "type": "function", "function": {
+                "name": ev.name, "arguments": ev.arguments}})
+        elif isinstance(ev, (FinishEvent, ErrorEvent)):
+            result = ev.data()
+    return {"output": {"text": "".join(text), "reasoning": "".join(reasoning), "tool_calls": calls},
+            **result}

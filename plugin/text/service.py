@@ -98,7 +98,7 @@ class TextService:
     def track(self, key_id: str | None, request_id: str, run: Stoppable):
         slot = (key_id, request_id)
         if slot in self._running:
-            raise DuplexError("invalid_value", f"request_id {request_id!r} is already running",
+            raise DuplexError("duplicate_id", f"request_id {request_id!r} is already running",
                               param="request_id")
         self._running[slot] = run
         try:
@@ -117,7 +117,7 @@ class TextService:
     def reserve(self, key_id: str | None, request_id: str) -> None:
         """Fail early (before a response starts) when the id is in use."""
         if (key_id, request_id) in self._running:
-            raise DuplexError("invalid_value", f"request_id {request_id!r} is already running",
+            raise DuplexError("duplicate_id", f"request_id {request_id!r} is already running",
                               param="request_id")
 
     async def run(self, key_id: str | None, request_id: str, run: Stoppable,
@@ -136,6 +136,13 @@ class TextService:
             if timer is not None:
                 timer.cancel()
             await events.aclose()  # type: ignore[attr-defined]
+
+    def generate(self, spec: Any, key_id: str | None) -> AsyncIterator[TextEvent]:
+        """A stateless generation's events, registered for abort, stopped at
+        its deadline; closing the iterator (a client gone) aborts the engine request."""
+        run = self.generator.start(spec, spec.control())
+        self.reserve(key_id, spec.request_id)
+        return self.run(key_id, spec.request_id, run, run.events(), spec.deadline_ms)
 
     # ---- resumable streams -----------------------------------------------
 

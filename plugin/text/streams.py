@@ -318,7 +318,7 @@ class StreamStore:
             raise DuplexError("invalid_value", msg, param="stream_id")
         self.collect()
         if stream_id in self._live or stream_id in self._tombs:  # any owner: ids are global
-            raise DuplexError("invalid_value", f"stream_id {stream_id!r} is a duplicate", param="stream_id")
+            raise DuplexError("duplicate_id", f"stream_id {stream_id!r} is a duplicate", param="stream_id")
         if self._stopped:
             raise DuplexError("resource_exhausted", "stream store is shutting down; retry later")
         if len(self._live) >= self.max_streams:

@@ -1,7 +1,7 @@
 """``vllm-duplex``: serve | edge | talk | prepare.
 
     vllm-duplex prepare [--force] [--name NAME ...]
-    vllm-duplex serve [--config configs/<name>.yaml] [--host H] [--port P] [--workers N]
+    vllm-duplex serve [--config configs/<name>.yaml] [--host H] [--port P] [--grpc-port G] [--workers N]
     vllm-duplex edge --machine m1=HOST:PORT --machine m2=HOST:PORT [--listen H:P]
     vllm-duplex talk --audio in.flac --out reply.mp3 [--url ws://127.0.0.1:8000/v1/realtime]
 """
@@ -20,15 +20,21 @@ def _serve(args: argparse.Namespace) -> int:
     workers = config.workers if args.workers is None else config.workers.with_count(args.workers)
     host = args.host or config.host
     port = args.port if args.port is not None else config.port
+    grpc_port = args.grpc_port if args.grpc_port is not None else config.grpc_port
     if workers.count > 1:
+        if grpc_port is not None:
+            print("vllm-duplex: --grpc-port is served by a single server (not with --workers)",
+                  file=sys.stderr)
+            return 2
         from vllm_duplex.host.workers import serve_workers
 
         return serve_workers(config, resolve_config_path(args.config), workers, host=host,
                              port=port, log_level=args.log_level)
-    return _serve_one(args, config, workers, host, port)
+    return _serve_one(args, config, workers, host, port, grpc_port)
 
 
-def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int) -> int:
+def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int,
+               grpc_port: int | None = None) -> int:
     """One server process: a plain ``serve``, or one worker of ``serve --workers N``."""
     import uvicorn
     from vllm_duplex.assets.files import AssetError
@@ -48,8 +54,9 @@ def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int) 
     try:
         if not supervised:
             print(f"vllm-duplex: serving {config.name!r} (model {config.model!r}, policy "
-                  f"{config.policy!r}) on ws://{host}:{port}/v1/realtime", flush=True)
-        uvicorn.Server(uvicorn_config(engine, host, port, args.log_level)).run()
+                  f"{config.policy!r}) on ws://{host}:{port}/v1/realtime"
+                  + (f" and gRPC {host}:{grpc_port}" if grpc_port is not None else ""), flush=True)
+        uvicorn.Server(uvicorn_config(engine, host, port, args.log_level, grpc_port)).run()
     finally:
         close()
     return 0
@@ -130,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument("--grpc-port", type=int, default=None,
+                       help="also serve the OpenEngine gRPC services on this port "
+                            "(default: server.grpc_port of the config; unset: off)")
     serve.add_argument("--workers", type=int, default=None,
                        help="worker processes behind nginx, on one vLLM engine core "
                             "(default: the config's `workers`, else 1: one process)")

@@ -8,6 +8,7 @@ Routes:
 - the text surfaces: ``text_routes`` (HTTP) and ``WS /v1/generate/stream``
 - ``GET /`` (and ``/playground``): the browser playground, one static page whose
   files (``static/``) are all served here -- no build step, nothing from elsewhere
+- with a ``grpc_port``, the OpenEngine gRPC services beside them (``openengine``)
 
 A realtime socket is a ``RealtimeConnection`` (``connection``).
 """
@@ -43,13 +44,25 @@ def error_response(err: DuplexError) -> JSONResponse:
     return JSONResponse({"error": err.to_wire()}, status_code=err.spec.http_status)
 
 
-def create_app(engine: Runtime) -> Starlette:
+def create_app(engine: Runtime, grpc_port: int | None = None, grpc_host: str = "127.0.0.1"
+               ) -> Starlette:
+    """``grpc_port``: also serve the OpenEngine gRPC services there, in this
+    process and on this engine (started after it, stopped before it)."""
+
     @asynccontextmanager
     async def lifespan(app):
         await engine.start()
+        grpc_server = None
         try:
+            if grpc_port is not None:
+                from vllm_duplex.realtime.server.openengine.server import GrpcServer
+
+                grpc_server = GrpcServer(engine, grpc_host, grpc_port)
+                await grpc_server.start()
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop()
             await engine.stop()
 
     async def health(request: Request):

@@ -1,79 +1,39 @@
-"""``WS /v1/generate/stream``: one generation whose input streams in.
-
-Client frames (JSON text)::
-
-    {"type": "start", "model": ..., "request_id"?, "session_id"?, "messages"?, "instructions"?,
-     "tools"?, "tool_choice"?, "options"?, "deadline_ms"?}          first and only once
-    {"type": "input", "seq": 1, "text": "What is the"}              seq 1, 2, 3 ...
-    {"type": "end", "last_seq"?: 3}                                  end of input: generate
-    {"type": "cancel", "close_session"?: false}
-
-Server frames: ``started``, ``ack {seq, duplicate}``, ``error {error, terminal}``,
-then the generate events (``text-delta`` ... ``finish``) as ``{"type": <event>, ...}``.
-
-The input is the user's next message. Complete words go into the live vLLM
-request as they arrive (streaming input), so at ``end`` only the rest and the
-assistant prefix are prefilled. No output is sent before end-of-input (the
-capability ``early_output`` says so). Exactly one terminal frame — ``finish``
-or an ``error`` with ``terminal: true`` — then the socket closes (1000).
-Cancel, deadline, disconnect and ``POST /v1/requests/{id}/abort`` stop the
-engine work; a bound application session stays open unless the cancel asks
-to close it. Frame-level errors (bad JSON, gaps, input after end) are not
-terminal: the stream goes on.
+"""``WS /v1/generate/stream``: the WebSocket shell of streaming input
+(``vllm_duplex.text.input_stream``, which documents the frames). Frames are
+JSON text; bad JSON is ``invalid_json``, answered and not terminal; after the
+one terminal frame the socket closes (1000). A disconnect stops the engine
+work.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.input_sequence import Accepted, InputSequence
-from vllm_duplex.text.app_sessions import AppSession, Turn, TurnRequest
-from vllm_duplex.text.events import ErrorEvent, FinishEvent, Usage, wire
-from vllm_duplex.text.requests import Message, check_id, check_text, parse_generate
+from vllm_duplex.text.input_stream import StreamingInput
 
 if TYPE_CHECKING:
     from vllm_duplex.text.service import TextService
 
-log = logging.getLogger(__name__)
-
-START_FIELDS = ("type", "session_id")
-
 
 class GenerateStream:
     def __init__(self, service: TextService, ws: WebSocket, api_key: str | None) -> None:
-        self.service = service
         self.ws = ws
-        self.api_key = api_key
-        self.key_id = service.key_id(api_key)
-        limits = service.limits
-        self.sequence = InputSequence(limits.max_input_chunk_bytes, limits.max_input_bytes)
-        self.session: AppSession | None = None
-        self.bound = False
-        self.turn: Turn | None = None
-        self.generating: asyncio.Task[None] | None = None
-        self.terminal_sent = False
-        self._send_lock = asyncio.Lock()
-        self._deadline: asyncio.TimerHandle | None = None
+        self.core = StreamingInput(service, api_key, ws.headers.get("duplex-owner-instance"),
+                                   self._send, self._close)
 
-    async def send(self, frame: dict[str, Any]) -> None:
-        if self.terminal_sent:
-            return
-        if frame["type"] == "finish" or (frame["type"] == "error" and frame.get("terminal")):
-            self.terminal_sent = True
-        async with self._send_lock:
-            await self.ws.send_text(json.dumps(frame, separators=(",", ":")))
+    async def _send(self, frame: dict[str, Any]) -> None:
+        await self.ws.send_text(json.dumps(frame, separators=(",", ":")))
 
-    async def error(self, err: DuplexError, terminal: bool = False) -> None:
-        await self.send({**wire(ErrorEvent(err)), "terminal": terminal})
+    async def _close(self) -> None:
+        await self.ws.close(code=1000)
 
     async def serve(self) -> None:
+        core = self.core
         try:
-            while not self.terminal_sent:
+            while not core.terminal_sent:
                 try:
                     message = await self.ws.receive()
                 except (WebSocketDisconnect, RuntimeError):
@@ -81,136 +41,15 @@ class GenerateStream:
                 if message["type"] == "websocket.disconnect":
                     return
                 try:
-                    await self.handle(message.get("text") or message.get("bytes") or b"")
+                    await core.handle(_decode(message.get("text") or message.get("bytes") or b""))
                 except DuplexError as err:
-                    await self.error(err)
+                    await core.error(err)
         finally:
-            await self.finish()
+            await core.finish()
 
-    async def handle(self, raw: str | bytes) -> None:
-        try:
-            frame = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise DuplexError("invalid_json", "the frame is not JSON") from None
-        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
-            raise DuplexError("invalid_event", "a frame is a JSON object with a string type")
-        kind = frame["type"]
-        if kind == "start":
-            await self.start(frame)
-        elif self.turn is None:
-            raise DuplexError("invalid_event", "the first frame must be start", param="type")
-        elif kind == "input":
-            text = check_text(frame.get("text"), "text")
-            seq = frame.get("seq")
-            got = self.sequence.accept(seq, len(text.encode()))
-            if got is Accepted.NEW:
-                await self.turn.push(text)
-            await self.send({"type": "ack", "seq": seq, "duplicate": got is Accepted.DUPLICATE})
-        elif kind == "end":
-            self.sequence.end(frame.get("last_seq"))
-            self.generating = asyncio.create_task(self.generate(), name="duplex-generate-stream")
-        elif kind == "cancel":
-            await self.cancel(bool(frame.get("close_session", False)))
-        else:
-            raise DuplexError("unknown_event", f"unknown frame type {kind!r}", param="type")
 
-    async def start(self, frame: dict[str, Any]) -> None:
-        if self.turn is not None:
-            raise DuplexError("invalid_event", "start comes once per stream (one generation)",
-                              param="type")
-        service = self.service
-        sid = frame.get("session_id")
-        if sid is not None:
-            check_id(sid, "session_id")
-            session, _ = service.sessions.get(sid, self.api_key,
-                                              self.ws.headers.get("duplex-owner-instance"))
-            if frame.get("model") is not None and frame["model"] != session.model:
-                raise DuplexError("model_mismatch", f"session {sid!r} is bound to model "
-                                  f"{session.model!r}", param="model")
-        spec = parse_generate(frame, served_model=service.model,
-                              max_tokens_cap=service.max_tokens_cap, extra_fields=START_FIELDS,
-                              model_required=sid is None, messages_required=False,
-                              owner=service.sessions.instance_id)
-        if spec.reasoning or spec.parallel_tool_calls or spec.stream_id:
-            raise DuplexError("unsupported_option", "reasoning, parallel_tool_calls and stream_id "
-                              "are not supported on streaming input", param="type")
-        service.reserve(self.key_id, spec.request_id)
-        if sid is None:
-            session = AppSession(f"stream.{spec.request_id}", service.generator.stage,
-                                 model=service.model)
-            await session.open()
-        request = TurnRequest(spec.request_id, spec.messages, spec.sampling, spec.tools,
-                              spec.tool_choice)
-        try:
-            turn = session.begin(request)
-        except DuplexError:
-            if sid is None:
-                await session.close("refused")
-            raise
-        self.session, self.bound, self.turn = session, sid is not None, turn
-        if self.bound:
-            service.sessions.manager.pin(session.session_id)
-        self._tracking = service.track(self.key_id, spec.request_id, turn)
-        self._tracking.__enter__()
-        if spec.deadline_ms is not None:
-            loop = asyncio.get_running_loop()
-            self._deadline = loop.call_later(spec.deadline_ms / 1000,
-                                             lambda: loop.create_task(self.stop("deadline")))
-        await self.send({"type": "started", "request_id": spec.request_id,
-                         "session_id": session.session_id if self.bound else None,
-                         "early_output": False})
-
-    async def generate(self) -> None:
-        turn = self.turn
-        assert turn is not None
-        final = (Message("user", turn.pushed),) if turn.pushed.strip() else ()
-        try:
-            async for ev in turn.events(final):
-                frame = wire(ev)
-                if isinstance(ev, ErrorEvent):  # a reply's error ends the generation: terminal
-                    frame["terminal"] = True
-                await self.send(frame)
-        except Exception:  # the socket went away; finish() cleans up
-            log.debug("generate stream send failed", exc_info=True)
-        if self.terminal_sent:
-            await self.ws.close(code=1000)
-
-    async def stop(self, reason: str) -> None:
-        """Cancel or deadline. Before end-of-input the terminal frame is ours to send."""
-        turn = self.turn
-        if turn is None or self.terminal_sent:
-            return
-        started = self.generating is not None
-        await turn.stop(reason)
-        if not started:
-            if reason == "deadline":
-                await self.error(DuplexError("deadline_exceeded", "the request's deadline passed"),
-                                 terminal=True)
-            else:
-                await self.send(wire(FinishEvent(turn.request.request_id, "cancelled", Usage(0, 0))))
-            await self.ws.close(code=1000)
-
-    async def cancel(self, close_session: bool) -> None:
-        await self.stop("cancelled")
-        if close_session and self.bound and self.session is not None:
-            await self.service.sessions.manager.close(self.session.session_id, self.api_key, "client")
-
-    async def finish(self) -> None:
-        """Whatever way the stream ended: no engine work, no registration left."""
-        if self._deadline is not None:
-            self._deadline.cancel()
-        turn, session = self.turn, self.session
-        if turn is not None and not turn.finished:
-            await turn.stop("cancelled")
-        if self.generating is not None:
-            await asyncio.gather(self.generating, return_exceptions=True)
-        if turn is not None:
-            self._tracking.__exit__(None, None, None)
-            if session is not None and session.turn is turn:
-                session.turn = None
-        if session is not None:
-            if self.bound:
-                self.service.sessions.manager.unpin(session.session_id)
-                await self.service.sessions.finished_turn(session)
-            else:
-                await session.close("stream_end")
+def _decode(raw: str | bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise DuplexError("invalid_json", "the frame is not JSON") from None

@@ -13,9 +13,9 @@ from vllm_duplex.realtime.server.app import create_app
 
 
 def uvicorn_config(engine: Runtime, host: str, port: int,
-                   log_level: str = "warning") -> uvicorn.Config:
+                   log_level: str = "warning", grpc_port: int | None = None) -> uvicorn.Config:
     return uvicorn.Config(
-        create_app(engine),
+        create_app(engine, grpc_port, host),
         host=host,
         port=port,
         ws="websockets-sansio",  # uvicorn's sans-I/O adapter of the `websockets` package
@@ -34,20 +34,29 @@ def free_port(host: str = "127.0.0.1") -> int:
 class BackgroundServer:
     """A real uvicorn server in the current event loop::
 
-        async with BackgroundServer(engine) as server:
+        async with BackgroundServer(engine, grpc_port=0) as server:
             url = server.ws_url  # ws://127.0.0.1:<port>/v1/realtime
+            target = server.grpc_target  # 127.0.0.1:<port> (gRPC)
     """
 
-    def __init__(self, engine: Runtime, host: str = "127.0.0.1", port: int | None = None):
+    def __init__(self, engine: Runtime, host: str = "127.0.0.1", port: int | None = None,
+                 grpc_port: int | None = None):
+        """``grpc_port``: also serve gRPC (0: on a free port, see ``grpc_target``)."""
         self.engine = engine
         self.host = host
         self.port = port or free_port(host)
-        self._server = uvicorn.Server(uvicorn_config(engine, self.host, self.port))
+        self.grpc_port = free_port(host) if grpc_port == 0 else grpc_port
+        self._server = uvicorn.Server(uvicorn_config(engine, self.host, self.port,
+                                                     grpc_port=self.grpc_port))
         self._task: asyncio.Task[None] | None = None
 
     @property
     def http_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
 
     @property
     def ws_url(self) -> str:

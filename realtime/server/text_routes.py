@@ -21,23 +21,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from vllm_duplex.core.errors import ERRORS, DuplexError
 from vllm_duplex.realtime.server.sse import EventStreamResponse, sse_frame
-from vllm_duplex.text.app_sessions import AppSession, TurnRequest
-from vllm_duplex.text.events import (
-    ErrorEvent,
-    FinishEvent,
-    ReasoningDeltaEvent,
-    TextDeltaEvent,
-    TextEvent,
-    ToolCallEvent,
-    from_wire,
-)
-from vllm_duplex.text.requests import (
-    Message,
-    check_model,
-    parse_control,
-    parse_generate,
-    parse_messages,
-)
+from vllm_duplex.text.app_sessions import AppSession
+from vllm_duplex.text import continuation as sessions_api
+from vllm_duplex.text.continuation import SessionTurn, begin_continuation
+from vllm_duplex.text.events import ErrorEvent, TextEvent, collect, from_wire
+from vllm_duplex.text.requests import parse_control, parse_generate
 
 if TYPE_CHECKING:
     from vllm_duplex.text.service import TextService
@@ -83,26 +71,6 @@ async def read_json(request: Request, limit: int) -> Any:
         raise DuplexError("invalid_json", "the body is not JSON") from None
 
 
-async def collect(events: AsyncIterator[TextEvent]) -> dict[str, Any]:
-    """A whole step as one JSON answer (``stream: false``)."""
-    text: list[str] = []
-    reasoning: list[str] = []
-    calls: list[dict[str, Any]] = []
-    result: dict[str, Any] = {}
-    async for ev in events:
-        if isinstance(ev, TextDeltaEvent):
-            text.append(ev.delta)
-        elif isinstance(ev, ReasoningDeltaEvent):
-            reasoning.append(ev.delta)
-        elif isinstance(ev, ToolCallEvent):
-            calls.append({"id": ev.id, "type": "function", "function": {
-                "name": ev.name, "arguments": ev.arguments}})
-        elif isinstance(ev, (FinishEvent, ErrorEvent)):
-            result = ev.data()
-    return {"output": {"text": "".join(text), "reasoning": "".join(reasoning), "tool_calls": calls},
-            **result}
-
-
 async def frames(events: AsyncIterator[TextEvent]) -> AsyncIterator[bytes]:
     try:
         async for ev in events:
@@ -145,15 +113,14 @@ def text_routes(service_of: Callable[[], TextService | None],
             raise DuplexError("invalid_value", "stream must be a boolean", param="stream")
         spec = parse_generate(raw, served_model=service.model, max_tokens_cap=service.max_tokens_cap,
                               owner=service.sessions.instance_id)
-        control = spec.control()
-        run = service.generator.start(spec, control)
         if spec.stream_id is not None:
+            control = spec.control()
+            run = service.generator.start(spec, control)
             target = service.open_stream(spec.stream_id, caller.key_id, spec.request_id)
             service.publish(target, run, service.run(caller.key_id, spec.request_id, run,
                                                      run.events(), spec.deadline_ms), control)
             return follow(target, 1, stream)
-        service.reserve(caller.key_id, spec.request_id)
-        events = service.run(caller.key_id, spec.request_id, run, run.events(), spec.deadline_ms)
+        events = service.generate(spec, caller.key_id)
         if not stream:
             return answer(await collect(events))
         return EventStreamResponse(frames(events), {"x-request-id": spec.request_id})
@@ -188,136 +155,49 @@ def text_routes(service_of: Callable[[], TextService | None],
         return request.headers.get(OWNER_HEADER)
 
     async def open_session(request: Request, caller: Caller) -> Response:
-        service = svc(request)
-        raw = await body_of(request)
-        if not isinstance(raw, dict):
-            raise DuplexError("invalid_value", "the body must be a JSON object", param="body")
-        unknown = set(raw) - {"model", "adapter", "session_id", "ttl_s", "instructions", "messages"}
-        if unknown:
-            name = sorted(unknown)[0]
-            raise DuplexError("unsupported_option", f"{name} is not supported here", param=name)
-        model = check_model(raw.get("model"), service.model)
-        if raw.get("adapter") is not None:
-            raise DuplexError("model_not_found", f"adapter {raw['adapter']!r} is not served here "
-                              "(this engine serves no adapters)", param="adapter")
-        ttl = raw.get("ttl_s")
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float))):
-            raise DuplexError("invalid_value", "ttl_s must be a number", param="ttl_s")
-        messages = parse_messages(raw.get("messages", []), allow_empty=True)
-        instructions = raw.get("instructions")
-        if instructions is not None:
-            if not isinstance(instructions, str):
-                raise DuplexError("invalid_value", "instructions must be a string", param="instructions")
-            messages = (Message("system", instructions), *messages)
-        session, info = await service.sessions.open(
-            api_key=caller.api_key, model=model, session_id=raw.get("session_id"), ttl_s=ttl,
-            messages=messages)
-        return JSONResponse(service.sessions.wire(session, info), status_code=201)
+        body = await sessions_api.open_session(svc(request), await body_of(request), caller.api_key)
+        return JSONResponse(body, status_code=201)
 
     async def get_session(request: Request, caller: Caller) -> Response:
-        sessions = svc(request).sessions
-        sid = request.path_params["session_id"]
-        sessions.check_owner(sid, owner(request))
-        info = sessions.manager.info(sid, caller.api_key)
-        session = sessions.manager.peek(sid) if info.state.value in ("active", "detached") else None
-        body = sessions.wire(session, info)
-        if session is not None and request.query_params.get("messages") == "true":
-            body["history"] = session.wire_messages()
-        return JSONResponse(body)
+        return JSONResponse(sessions_api.describe_session(
+            svc(request), request.path_params["session_id"], caller.api_key, owner(request),
+            history=request.query_params.get("messages") == "true"))
 
     async def renew_session(request: Request, caller: Caller) -> Response:
-        sessions = svc(request).sessions
-        sid = request.path_params["session_id"]
-        sessions.check_owner(sid, owner(request))
-        raw = await body_of(request)
-        raw = raw if isinstance(raw, dict) else {}
-        ttl, generation = raw.get("ttl_s"), raw.get("generation")
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float))):
-            raise DuplexError("invalid_value", "ttl_s must be a number", param="ttl_s")
-        if generation is not None and (isinstance(generation, bool) or not isinstance(generation, int)):
-            raise DuplexError("invalid_value", "generation must be an integer", param="generation")
-        sessions.manager.renew(sid, caller.api_key, ttl_s=ttl, generation=generation)
-        session, info = sessions.manager.get(sid, caller.api_key)
-        return JSONResponse(sessions.wire(session, info))
+        return JSONResponse(sessions_api.renew_session(
+            svc(request), request.path_params["session_id"], await body_of(request),
+            caller.api_key, owner(request)))
 
     async def close_session(request: Request, caller: Caller) -> Response:
-        sessions = svc(request).sessions
-        sid = request.path_params["session_id"]
-        sessions.check_owner(sid, owner(request))
-        info = await sessions.manager.close(sid, caller.api_key, "client")
-        sessions.forget(sid)
-        return JSONResponse(sessions.wire(None, info))
+        return JSONResponse(await sessions_api.close_session(
+            svc(request), request.path_params["session_id"], caller.api_key, owner(request)))
 
     async def session_generate(request: Request, caller: Caller) -> Response:
         service = svc(request)
-        sid = request.path_params["session_id"]
-        raw = await body_of(request)
-        if not isinstance(raw, dict):
-            raise DuplexError("invalid_value", "the body must be a JSON object", param="body")
-        stream = raw.pop("stream", True)
-        if not isinstance(stream, bool):
-            raise DuplexError("invalid_value", "stream must be a boolean", param="stream")
-        mode = raw.pop("mode", "append")
-        replace_from = raw.pop("replace_from", None)
-        if not isinstance(mode, str):
-            raise DuplexError("invalid_value", "mode must be a string", param="mode")
-        if replace_from is not None and (isinstance(replace_from, bool)
-                                         or not isinstance(replace_from, int)):
-            raise DuplexError("invalid_value", "replace_from must be an integer", param="replace_from")
-        session, _ = service.sessions.get(sid, caller.api_key, owner(request))
-        if raw.get("model") is not None and raw["model"] != session.model:
-            raise DuplexError("model_mismatch", f"session {sid!r} is bound to model "
-                              f"{session.model!r}, not {raw['model']!r}", param="model")
-        if raw.get("adapter") is not None:
-            raise DuplexError("model_mismatch", f"session {sid!r} is bound to no adapter",
-                              param="adapter")
-        raw.pop("adapter", None)
-        for unsupported in ("reasoning", "parallel_tool_calls", "instructions"):
-            if raw.get(unsupported) not in (None, False):
-                raise DuplexError("unsupported_option", f"{unsupported} is not supported on "
-                                  "session continuations (use /v1/generate)", param=unsupported)
-            raw.pop(unsupported, None)
-        spec = parse_generate(raw, served_model=session.model, max_tokens_cap=service.max_tokens_cap,
-                              model_required=False, messages_required=mode != "replace",
-                              owner=service.sessions.instance_id)
-        turn = session.begin(TurnRequest(spec.request_id, spec.messages, spec.sampling, spec.tools,
-                                         spec.tool_choice, mode, replace_from))
-        return await start_turn(request, caller, session, turn, spec.stream_id, spec.deadline_ms,
-                                stream)
+        cont = begin_continuation(service, request.path_params["session_id"], await body_of(request),
+                                  caller.api_key, owner(request))
+        return await start_turn(request, caller, cont.session, cont.turn, cont.spec.stream_id,
+                                cont.spec.deadline_ms, cont.stream)
 
     async def start_turn(request: Request, caller: Caller, session: AppSession, turn: Any,
                          stream_id: str | None, deadline_ms: int | None, stream: Any) -> Response:
         service = svc(request)
-        sessions = service.sessions
         rid = turn.request.request_id
-        sessions.manager.pin(session.session_id)  # no expiry mid-turn
-
-        released = False
-
-        async def done() -> None:  # idempotent: the stream may end before it started
-            nonlocal released
-            if released:
-                return
-            released = True
-            if session.turn is turn:
-                session.turn = None
-            sessions.manager.unpin(session.session_id)
-            await sessions.finished_turn(session)
-
+        hold = SessionTurn(service, session, turn)
         try:
             if stream_id is not None:
                 target = service.open_stream(stream_id, caller.key_id, rid)
                 service.publish(target, turn, service.run(caller.key_id, rid, turn, turn.events(),
-                                                          deadline_ms), None, done)
+                                                          deadline_ms), None, hold.release)
                 return follow(target, 1, stream is not False)
             service.reserve(caller.key_id, rid)
         except BaseException:
-            await done()
+            await hold.release()
             raise
-        events = _after(service.run(caller.key_id, rid, turn, turn.events(), deadline_ms), done)
+        events = hold.events(caller.key_id, deadline_ms)
         if stream is False:
             return answer({"session_id": session.session_id, **await collect(events)})
-        return EventStreamResponse(frames(events), {"x-request-id": rid}, on_close=done)
+        return EventStreamResponse(frames(events), {"x-request-id": rid}, on_close=hold.release)
 
     # ---- streams and requests --------------------------------------------------
 
@@ -389,13 +269,3 @@ class _Deferred(Response):
 
     async def __call__(self, scope, receive, send) -> None:
         await (await self._make())(scope, receive, send)
-
-
-async def _after(events: AsyncIterator[TextEvent], done: Callable[[], Awaitable[None]]
-                 ) -> AsyncIterator[TextEvent]:
-    try:
-        async for ev in events:
-            yield ev
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
-        await done()

@@ -70,7 +70,7 @@ async def test_caller_ids_are_unique_and_close_is_idempotent(text_server):
         r = await http.post("/v1/sessions", json={"model": MODEL, "session_id": "my-app.conv:1"})
         assert r.status_code == 201 and r.json()["id"] == "my-app.conv:1"
         r = await http.post("/v1/sessions", json={"model": MODEL, "session_id": "my-app.conv:1"})
-        assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_value")
+        assert (r.status_code, r.json()["error"]["code"]) == (409, "duplicate_id")
         for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/renew"), ("POST", "/generate")):
             r = await bob.request(method, f"/v1/sessions/my-app.conv:1{path}",
                                   json={"messages": FRANCE} if method == "POST" else None)

@@ -95,7 +95,8 @@ async def test_lookup_answers_only_the_named_ids_of_the_caller(text_server):
         # a stream id is unique while retained
         r = await alice.post("/v1/generate", json={"model": MODEL, "messages": FRANCE,
                                                     "stream_id": "lookup-1"})
-        assert (r.status_code, r.json()["error"]["param"]) == (400, "stream_id")
+        assert (r.status_code, r.json()["error"]["param"]) == (409, "stream_id")
+        assert r.json()["error"]["code"] == "duplicate_id"
 
 
 async def test_delete_is_idempotent_and_stops_the_generation(text_server):

@@ -26,3 +26,9 @@ def test_every_error_code_is_documented_with_its_type_status_and_kind():
         assert rows[code][1] == spec.type, code
         assert rows[code][3] == str(spec.http_status), code
         assert rows[code][4] == f"`{spec.kind.__name__}`", code
+
+
+def test_every_error_code_is_documented_with_its_grpc_status():
+    rows = documented_rows()
+    for code, spec in ERRORS.items():
+        assert rows[code][5] == f"`{spec.grpc_status}`", code

@@ -98,11 +98,11 @@ async def test_duplicate_live_and_tombstoned_ids() -> None:
     for key in (KEY, OTHER):
         with pytest.raises(DuplexError) as exc:
             mgr.admit(FakeSession, api_key=key, session_id="dup")
-        assert code_of(exc) == "invalid_value" and "duplicate" in exc.value.message
+        assert code_of(exc) == "duplicate_id" and "duplicate" in exc.value.message
     await mgr.close("dup", KEY)
     with pytest.raises(DuplexError) as exc:
         mgr.admit(FakeSession, api_key=KEY, session_id="dup")
-    assert code_of(exc) == "invalid_value" and "duplicate" in exc.value.message
+    assert code_of(exc) == "duplicate_id" and "duplicate" in exc.value.message
 
 
 @pytest.mark.parametrize("ttl, expected", [(None, 60.0), (0, 60.0), (5.0, 5.0), (10_000.0, 3600.0)])

@@ -300,7 +300,7 @@ async def test_foreign_key_sees_unknown_everywhere() -> None:
                 await store.delete(sid, key)
     assert store.get("mine", KEY).status is StreamStatus.ACTIVE
     assert store.get("anon", None).status is StreamStatus.ACTIVE
-    with raises("invalid_value", param="stream_id"):
+    with raises("duplicate_id", param="stream_id"):
         store.create("mine", OTHER)  # ids are global: a duplicate whoever owns it
 
 
@@ -367,7 +367,7 @@ async def test_delete_is_idempotent_and_stops_the_generation_exactly_once() -> N
     with raises("stream_not_found"):
         s.follow(1)  # a handle obtained before the delete
     assert store.lookup(["s1"], KEY) == {"s1": StreamStatus.DELETED}
-    with raises("invalid_value"):
+    with raises("duplicate_id"):
         store.create("s1", KEY)  # the tombstone keeps the id
 
 
@@ -443,7 +443,7 @@ async def test_completed_stream_expires_after_ttl_active_never() -> None:
     with raises("stream_expired"):
         s.follow(1)
     assert (s.retained_bytes, store.stats["retained_bytes"], store.stats["expired_total"]) == (0, 0, 1)
-    with raises("invalid_value"):
+    with raises("duplicate_id"):
         store.create("s1", KEY)
     await clock.advance(10_000.0)
     assert store.get("act", KEY) is active and store.collect() == 0

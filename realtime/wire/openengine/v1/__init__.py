@@ -1,0 +1,1 @@
+"""OpenEngine protocol stubs (generated: scripts/gen_protos.py)."""
