@@ -54,6 +54,7 @@ from vllm_duplex.core.payloads import (
     TranscriptDelta,
     TranscriptFinal,
     TranscriptPartial,
+    UserPaused,
     VadConfig,
     VadSpeechStarted,
     VadSpeechStopped,
@@ -87,7 +88,7 @@ _CAPABILITIES = Capabilities(
     }),
     input_modalities=frozenset({"audio", "text"}),
     output_modalities=frozenset({"audio", "text"}),
-    turn_detection=frozenset({"server_vad"}),
+    turn_detection=frozenset({"server_vad", "semantic_vad"}),
     early_output=True,
     tools=True,
 )
@@ -194,6 +195,8 @@ class CascadePolicy(PolicyBase[CascadeState]):
             return OutputDecision(forward=False)
         if isinstance(p, TranscriptPartial):
             return self._on_partial(view, p)
+        if isinstance(p, UserPaused):
+            return self._on_pause(view)
         if isinstance(p, TranscriptFinal):
             return self._on_final(view, p)
         if isinstance(p, TextDelta):
@@ -217,6 +220,10 @@ class CascadePolicy(PolicyBase[CascadeState]):
         utt = view.policy_state.utterance
         hypothesis = words(p.text)
         stable = utt.update(hypothesis)
+        return self._on_stable(view, utt, hypothesis, stable)
+
+    def _on_stable(self, view: View, utt: Utterance, hypothesis: list[str],
+                   stable: list[str]) -> OutputDecision:
         render = None
         if extends(utt.shown, stable):
             new_words = stable[len(utt.shown):]
@@ -224,6 +231,15 @@ class CascadePolicy(PolicyBase[CascadeState]):
             utt.shown = stable
         plan = self._push(view, utt, hypothesis, stable)
         return OutputDecision(emit=render is not None, forward=False, render=render, plan=plan)
+
+    def _on_pause(self, view: View) -> OutputDecision:
+        """semantic_vad heard a pause: the last word is no longer being heard,
+        so the whole newest hypothesis is stable. Pushed now, the model judges
+        the whole phrase (its P(end) decides how long the session waits) and
+        a reply would start from all of it."""
+        utt = view.policy_state.utterance
+        hypothesis = list(utt.previous)
+        return self._on_stable(view, utt, hypothesis, hypothesis)
 
     def _push(self, view: View, utt: Utterance, hypothesis: list[str],
               stable: list[str]) -> AppendPlan | None:

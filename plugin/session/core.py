@@ -66,11 +66,14 @@ from vllm_duplex.session.effects import (
     Forward,
     FrameDecoded,
     Submit,
+    TimerFired,
 )
 from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session.responses import ActiveResponse
+from vllm_duplex.session.turn_end import TIMER as TURN_END_TIMER
+from vllm_duplex.session.turn_end import SemanticTurn
 from vllm_duplex.session.user_turn import UserTurn
 from vllm_duplex.session.video_input import VideoAdmission
 
@@ -114,6 +117,10 @@ class SessionCore:
         self.user = UserTurn(make_id)
         self.video = VideoAdmission(limits.video, started_at=now)
         self.response: ActiveResponse | None = None
+        self.turns = SemanticTurn()  # semantic_vad: which pauses end the turn
+        # What a fired timer (effects.ArmTimer) runs, by name.
+        self.timers: dict[str, Callable[[int], None]] = {
+            TURN_END_TIMER: lambda token: self.turns.fired(self, token)}
         self._effects: list[Effect] = []
         self._now = now
         self._received_at = now
@@ -283,6 +290,11 @@ class SessionCore:
     def _on_failed(self, m: Failed) -> None:
         self.error(m.error)
 
+    def _on_timer(self, m: TimerFired) -> None:
+        fire = self.timers.get(m.name)
+        if fire is not None:
+            fire(m.token)
+
     # ---- responses --------------------------------------------------------
 
     def create_response(self, options: cmd.ResponseOptions) -> None:
@@ -359,6 +371,12 @@ class SessionCore:
         if not self.gate.admit(out):  # the one place stale outputs are dropped
             self.metrics.stale_dropped.inc(stage=out.stage)
             return
+        if self.turns.intercept(self, out):  # semantic_vad's pauses and P(end)
+            return
+        self.decide(out)
+
+    def decide(self, out: StageOutput) -> None:
+        """An admitted output, as the policy decides it."""
         payload = out.payload
         if type(payload) is StageFailed and payload.error.spec.terminal:
             # e.g. engine_dead: one terminal error, then the session ends
@@ -393,4 +411,5 @@ _HANDLERS: dict[type, Callable[[SessionCore, Any], None]] = {
     cmd.SessionClose: SessionCore._on_close,
     FrameDecoded: SessionCore._on_frame,
     Failed: SessionCore._on_failed,
+    TimerFired: SessionCore._on_timer,
 }

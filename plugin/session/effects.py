@@ -44,7 +44,35 @@ class Failed:
     error: DuplexError
 
 
+@dataclass(frozen=True, slots=True)
+class TimerFired:
+    """The timer ``name`` armed by ``ArmTimer`` with ``token`` is due. The core
+    ignores one whose token is no longer the armed one (re-armed or cancelled
+    while this message was queued)."""
+
+    name: str
+    token: int
+
+
 # ---- effects ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ArmTimer:
+    """Hand the core ``TimerFired(name, token)`` at clock time ``at`` (the
+    session's clock: a virtual one in tests). Arming a name again replaces
+    its timer."""
+
+    name: str
+    at: float
+    token: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    """Forget the timer ``name`` (nothing when none is armed)."""
+
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,4 +149,5 @@ class PollVideo:
     """Take the frames the stream decoder has ready (one ``FrameDecoded`` each)."""
 
 
-Effect = Emit | Submit | Forward | Cancel | Close | AckEvents | DecodeImage | FeedVideo | PollVideo
+Effect = (Emit | Submit | Forward | Cancel | Close | AckEvents | DecodeImage | FeedVideo | PollVideo
+          | ArmTimer | CancelTimer)

@@ -42,7 +42,9 @@ from vllm_duplex.session.coalesce import merge_queued
 from vllm_duplex.session.core import SessionCore
 from vllm_duplex.session.effects import (
     AckEvents,
+    ArmTimer,
     Cancel,
+    CancelTimer,
     Close,
     DecodeImage,
     Effect,
@@ -53,6 +55,7 @@ from vllm_duplex.session.effects import (
     FrameDecoded,
     PollVideo,
     Submit,
+    TimerFired,
 )
 from vllm_duplex.session.feed import StageFeed
 from vllm_duplex.session.limits import SessionLimits
@@ -113,7 +116,9 @@ class DuplexSession:
             Emit: self._publish, Submit: self._submit, Forward: self._forward,
             Cancel: self._cancel, AckEvents: self._ack, Close: self._close_step,
             DecodeImage: self._decode, FeedVideo: self._feed_video, PollVideo: self._poll_video,
+            ArmTimer: self._arm, CancelTimer: self._disarm,
         }
+        self._timers: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._overtaken_seen = 0
         self._closer: asyncio.Task[None] | None = None
@@ -209,6 +214,8 @@ class DuplexSession:
             return
         self.close_reason = reason
         self.mailbox.close()
+        for name in list(self._timers):
+            self._disarm(CancelTimer(name))
         if self._task is not None and self._task is not asyncio.current_task():
             await asyncio.gather(self._task, return_exceptions=True)
         await self.feed.close()
@@ -314,6 +321,28 @@ class DuplexSession:
         for frame in frames:
             await self._apply(self.core.handle(FrameDecoded(frame), self.clock.now()))
         return True
+
+    def _arm(self, e: ArmTimer) -> None:
+        self._disarm(CancelTimer(e.name))
+        self._timers[e.name] = asyncio.get_running_loop().create_task(
+            self._timer(e), name=f"duplex-timer-{e.name}-{self.session_id}")
+
+    def _disarm(self, e: CancelTimer) -> None:
+        task = self._timers.pop(e.name, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    async def _timer(self, e: ArmTimer) -> None:
+        await self.clock.sleep(e.at - self.clock.now())
+        if self._timers.get(e.name) is asyncio.current_task():
+            del self._timers[e.name]
+        if self.close_reason is None:
+            # The STAGE lane, in order with stage outputs: a speech onset the
+            # VAD reported before the deadline is handled before the timer.
+            try:
+                await self.mailbox.put((self.clock.now(), TimerFired(e.name, e.token)), Lane.STAGE)
+            except MailboxClosed:
+                pass
 
     # ---- wake-ups from other tasks and threads ------------------------------
 

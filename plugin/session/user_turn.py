@@ -17,6 +17,7 @@ from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemTyp
 from vllm_duplex.core.payloads import INTERNAL_RATE, VadConfig
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.session.items import ItemStore
+from vllm_duplex.session.turn_end import PAUSE_DETECT_MS
 
 
 class UserTurn:
@@ -60,5 +61,8 @@ class UserTurn:
     def vad_config(config: SessionConfig) -> VadConfig:
         td = config.turn_detection
         assert td is not None
+        # semantic_vad: the VAD reports every short pause; which one ends the
+        # turn is decided by the session (turn_end.py).
+        silence = PAUSE_DETECT_MS if td.semantic else td.silence_duration_ms
         return VadConfig(threshold=td.threshold, prefix_padding_ms=td.prefix_padding_ms,
-                         silence_duration_ms=td.silence_duration_ms)
+                         silence_duration_ms=silence)
