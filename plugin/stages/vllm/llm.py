@@ -111,7 +111,7 @@ class VllmLlmStage(HostedStage):
         # ends turns on silence alone).
         self.host.probe_logprobs = turn_end_logprobs
         self.default_max_tokens = default_max_tokens
-        self._end_ids: frozenset[int] | None = None
+        self.end_ids: frozenset[int] | None = None  # found from the chat template, once
         # Tools + last message from the user -> a grammar-constrained call (a
         # one-shot request: grammars do not follow streaming-input chunks).
         self.constrain_tools = constrain_tools
@@ -184,10 +184,10 @@ class VllmLlmPort(LivePort):
         else:
             await self._generate(item, payload)
 
-    def end_ids(self) -> frozenset[int]:
+    def _end_ids(self) -> frozenset[int]:
         """The tokens that end a user's turn: the chat template's end of a user
         message (found by rendering one), and sentence-final punctuation."""
-        if self._end_ids is None:
+        if self._llm.end_ids is None:
             chat = self._host.chat
             probe = chat.render((ContextMessage("user", SENTINEL),), False)
             ids: set[int] = set()
@@ -198,8 +198,8 @@ class VllmLlmPort(LivePort):
                 enc = chat.encode(mark)
                 if len(enc) == 1:
                     ids.add(enc[0])
-            self._end_ids = frozenset(ids)
-        return self._end_ids
+            self._llm.end_ids = frozenset(ids)
+        return self._llm.end_ids
 
     def _append(self, live: _Held, item: StageInput, text: str, reply: Reply | None = None,
                 params: SamplingParams | None = None, probe: bool = False) -> None:
@@ -219,7 +219,7 @@ class VllmLlmPort(LivePort):
             reply.base_len = live.held_len
         turn_end = None
         if probe and live.streaming and self._host.probe_logprobs:
-            turn_end = Probe(item, live.user_text, self._llm.end_ids())
+            turn_end = Probe(item, live.user_text, self._end_ids())
         self._push(live, item, tokens_input(ids), reply, params, turn_end)
 
     def _keep_reply(self, live: LiveRequest, reply: Reply, *, continuing: bool) -> None:
