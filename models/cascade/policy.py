@@ -45,6 +45,7 @@ from vllm_duplex.core.payloads import (
     GenerationDone,
     ResetContext,
     SceneDescription,
+    SpeculationDiscarded,
     SpeechDone,
     StageFailed,
     StageOutput,
@@ -197,6 +198,8 @@ class CascadePolicy(PolicyBase[CascadeState]):
             return self._on_partial(view, p)
         if isinstance(p, UserPaused):
             return self._on_pause(view)
+        if isinstance(p, SpeculationDiscarded):
+            return OutputDecision(emit=False, forward=False, plan=self._rehold(view))
         if isinstance(p, TranscriptFinal):
             return self._on_final(view, p)
         if isinstance(p, TextDelta):
@@ -240,6 +243,18 @@ class CascadePolicy(PolicyBase[CascadeState]):
         utt = view.policy_state.utterance
         hypothesis = list(utt.previous)
         return self._on_stable(view, utt, hypothesis, hypothesis)
+
+    def _rehold(self, view: View) -> AppendPlan | None:
+        """A reply started at a pause was discarded, and the live request with
+        it: make the model hold the conversation and the words pushed so far
+        again, so the turn goes on as if nothing had been said."""
+        state = view.policy_state
+        pushed = state.utterance.pushed
+        state.turn_open = bool(pushed)
+        if not pushed:
+            return None
+        return AppendPlan(InputMode.APPEND_TOKENS,
+                          (self._reset(view), StageSubmission(LLM, TextIn(" ".join(pushed)), "llm")))
 
     def _push(self, view: View, utt: Utterance, hypothesis: list[str],
               stable: list[str]) -> AppendPlan | None:

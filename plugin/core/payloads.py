@@ -152,6 +152,13 @@ class UserPaused(InputObservation):
 
 
 @dataclass(frozen=True)
+class SpeculationDiscarded(InputObservation):
+    """Policy input: a reply started at a pause was discarded because the user
+    went on (its request was aborted with it); the policy may make the model
+    context hold the user's words again."""
+
+
+@dataclass(frozen=True)
 class TurnEndProbability:
     """From the LLM stage, for each chunk of user words it prefilled: ``p``,
     the probability that the user's turn ends after ``text`` (the turn's

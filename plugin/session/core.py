@@ -72,6 +72,7 @@ from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session.responses import ActiveResponse
+from vllm_duplex.session.speculation import Speculation
 from vllm_duplex.session.turn_end import TIMER as TURN_END_TIMER
 from vllm_duplex.session.turn_end import SemanticTurn
 from vllm_duplex.session.user_turn import UserTurn
@@ -118,6 +119,7 @@ class SessionCore:
         self.video = VideoAdmission(limits.video, started_at=now)
         self.response: ActiveResponse | None = None
         self.turns = SemanticTurn()  # semantic_vad: which pauses end the turn
+        self.speculation = Speculation()  # a reply started at a pause, held
         # What a fired timer (effects.ArmTimer) runs, by name.
         self.timers: dict[str, Callable[[int], None]] = {
             TURN_END_TIMER: lambda token: self.turns.fired(self, token)}
@@ -157,6 +159,11 @@ class SessionCore:
     @property
     def policy_state(self) -> Any:
         return self._policy_state
+
+    @property
+    def generator(self) -> str:
+        """The stage that writes replies."""
+        return self._generator
 
     # ---- what the runner reads -------------------------------------------
 
@@ -247,6 +254,10 @@ class SessionCore:
         if ingest and plan.submissions:
             self.metrics.ingest_latency.observe(self._now - self._received_at)
 
+    def bump_epoch(self) -> None:
+        """Void every output under way (the gate drops it, the stages abort it)."""
+        self._advance(self.fence.next_epoch())
+
     def _advance(self, fence: Fence) -> None:
         self.gate.advance(fence)
         self.metrics.epoch_bumps.inc()
@@ -307,14 +318,16 @@ class SessionCore:
         modalities = tuple(options.output_modalities or self._config.output_modalities)
         check_modalities(modalities, self.caps, param="response.output_modalities")
         in_conversation = options.conversation != "none"
+        context = self.context(options)
+        # A reply started at the pause with exactly this context is used.
+        held = self.speculation.claim(self, context) if in_conversation else None
         response = Response(
-            id=self.make_id("resp"),
+            id=held.response_id if held is not None else self.make_id("resp"),
             conversation_id=None if not in_conversation else "conv_" + self.session_id,
             output_modalities=modalities, output_format=self._config.output_format.wire(),
             voice=self._config.voice,
             max_output_tokens=options.max_output_tokens or self._config.max_output_tokens,
             metadata=options.metadata)
-        context = self.context(options)
         last = self.conversation.last
         active = ActiveResponse(response, self.make_id("item"), in_conversation=in_conversation,
                                 previous_item_id=last.id if last else None,
@@ -323,6 +336,11 @@ class SessionCore:
         if in_conversation:
             self.conversation.append(active.item)
         self.emit_all(active.start_events())
+        if held is not None:  # its held output goes out now, the rest as it comes
+            active.request_id = held.request_id
+            for out in held.outputs:
+                self.decide(out, forwarded=True)
+            return
         sampling = self.policy.configure_sampling_params(self, options)
         request = GenerateRequest(response_id=active.id, context=context, sampling=sampling,
                                   tools=self._config.tools, tool_choice=self._config.tool_choice)
@@ -371,12 +389,15 @@ class SessionCore:
         if not self.gate.admit(out):  # the one place stale outputs are dropped
             self.metrics.stale_dropped.inc(stage=out.stage)
             return
+        if self.speculation.hold(self, out):  # a reply not asked for yet
+            return
         if self.turns.intercept(self, out):  # semantic_vad's pauses and P(end)
             return
         self.decide(out)
 
-    def decide(self, out: StageOutput) -> None:
-        """An admitted output, as the policy decides it."""
+    def decide(self, out: StageOutput, *, forwarded: bool = False) -> None:
+        """An admitted output, as the policy decides it (``forwarded``: it
+        already went to the next stage, while it was held)."""
         payload = out.payload
         if type(payload) is StageFailed and payload.error.spec.terminal:
             # e.g. engine_dead: one terminal error, then the session ends
@@ -391,7 +412,7 @@ class SessionCore:
             self.execute(decision.plan)
         if decision.interrupt is not None:
             self.interrupt(decision.interrupt)
-        if decision.forward:
+        if decision.forward and not forwarded:
             self._effects.append(Forward(out))
         if decision.commit_turn and self.input.samples > 0:
             self.commit_input()

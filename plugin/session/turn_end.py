@@ -44,6 +44,7 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.session import rendering
 from vllm_duplex.session.effects import ArmTimer, CancelTimer
+from vllm_duplex.session.speculation import SPECULATE_P
 
 if TYPE_CHECKING:
     from vllm_duplex.session.core import SessionCore
@@ -159,6 +160,7 @@ class SemanticTurn:
         if kind is TurnEndProbability:
             self.decider.observe(p.p, p.text)
             if self.held is not None:
+                self._speculate(core)
                 self._rearm(core)
             return True
         td = core.config.turn_detection
@@ -174,6 +176,10 @@ class SemanticTurn:
             self._drop(core)
             core.metrics.turn_end_resumed.inc(eagerness=td.eagerness)
             return True
+        if kind is VadSpeechStarted:
+            # A new turn: a speculation nothing claimed (e.g. the last turn's
+            # words were noise) is void.
+            core.speculation.discard(core)
         return False
 
     def fired(self, core: SessionCore, token: int) -> None:
@@ -193,7 +199,14 @@ class SemanticTurn:
             core.execute(decision.plan)
         pushed = decision.plan is not None and bool(decision.plan.submissions)
         self.decider.pause(core.now - PAUSE_DETECT_MS / 1000.0, words_pending=pushed)
+        self._speculate(core)
         self._rearm(core)
+
+    def _speculate(self, core: SessionCore) -> None:
+        """The words look complete: start the reply now, held until the commit."""
+        d = self.decider
+        if d.p is not None and d.p >= SPECULATE_P:
+            core.speculation.start(core, d.text)
 
     def _rearm(self, core: SessionCore) -> None:
         td = core.config.turn_detection
@@ -210,6 +223,7 @@ class SemanticTurn:
         self.decider.speech()
         self.token += 1
         core.effect(CancelTimer(TIMER))
+        core.speculation.discard(core, user_went_on=True)
 
     def _commit(self, core: SessionCore) -> None:
         held, self.held = self.held, None

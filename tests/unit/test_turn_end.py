@@ -10,13 +10,22 @@ checked exactly, not with sleeps and tolerances.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import (
+    AudioOut,
+    ContextMessage,
+    GenerateRequest,
+    GenerationDone,
+    ResetContext,
+    SpeechDone,
     StageOutput,
+    TextDelta,
     TextIn,
+    TranscriptFinal,
     TranscriptPartial,
     TurnEndProbability,
     VadConfig,
@@ -27,7 +36,7 @@ from vllm_duplex.core.session_config import SessionConfig, SessionPatch, TurnDet
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.models.scripted import ScriptedPolicy
 from vllm_duplex.session.core import SessionCore
-from vllm_duplex.session.effects import ArmTimer, CancelTimer, Emit, Submit, TimerFired
+from vllm_duplex.session.effects import ArmTimer, Cancel, CancelTimer, Emit, Submit, TimerFired
 from vllm_duplex.session.turn_end import (
     EAGERNESS_TIMING,
     PAUSE_DETECT_MS,
@@ -242,3 +251,87 @@ def test_stale_probabilities_die_at_the_gate():
     tl.core.handle(StageOutput(old, old.request_id("llm"), "llm",
                                TurnEndProbability(COMPLETE, "x")), 2.2)
     assert tl.timer == before and tl.core.metrics.stale_dropped.get(stage="llm") == 1
+
+
+# ---- speculative replies ------------------------------------------------------------
+
+
+def emits(effects) -> list[str]:
+    return [e.envelope.event.type for e in effects if isinstance(e, Emit)]
+
+
+def speculate(tl: Timeline, words: str = "what is the capital of france"):
+    """A complete question and a pause: the reply starts, held."""
+    tl.speak(words)
+    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    effects = tl.at(2.12, TurnEndProbability(COMPLETE, words), "llm")
+    [req] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
+    assert req.payload.context[-1] == ContextMessage("user", words)
+    assert emits(effects) == []  # nothing of it for the client
+    rid = req.payload.response_id
+    # Its text goes to the TTS now, its audio into the held buffer.
+    text = tl.at(2.15, TextDelta(rid, "The capital of France is Paris."), "llm")
+    assert types(text) == ["Forward"]
+    assert tl.at(2.3, AudioOut(rid, np.zeros(8000, np.int16), text="The capital"), "tts") == []
+    assert tl.core.metrics.speculations.get(outcome="started") == 1
+    return rid, req
+
+
+def test_a_speculation_is_released_the_moment_the_turn_commits():
+    tl = Timeline("auto")
+    rid, req = speculate(tl)
+    effects = tl.fire()  # 200 ms after the pause began
+    assert "response.created" not in emits(effects)
+    # The ASR's final says the same words (in its spelling): the reply is used,
+    # no second request, and the held audio goes out at once.
+    effects = tl.at(2.35, TranscriptFinal("What is the capital of France?"), "asr")
+    assert [e for e in effects if isinstance(e, Submit)] == []
+    assert emits(effects) == [
+        "conversation.item.input_audio_transcription.completed", "response.created",
+        "response.output_item.added", "conversation.item.added", "response.content_part.added",
+        "response.output_audio_transcript.delta", "response.output_audio.delta"]
+    assert tl.core.response.id == rid
+    assert tl.core.metrics.speculations.get(outcome="used") == 1
+    # The rest streams as any reply's.
+    assert "response.output_audio.delta" in emits(
+        tl.at(2.4, AudioOut(rid, np.zeros(8000, np.int16), text="is Paris."), "tts"))
+    tl.at(2.4, GenerationDone(rid, "stop"), "llm")
+    assert "response.done" in emits(tl.at(2.9, SpeechDone(rid), "tts"))
+
+
+def test_a_speculation_is_discarded_when_the_user_goes_on_and_nothing_of_it_reaches_the_client():
+    tl = Timeline("low")  # a slow commit: the user goes on before it
+    rid, req = speculate(tl, "what is the capital of france")
+    effects = tl.at(2.6, VadSpeechStarted(audio_ms=1600), "vad")
+    f1 = Fence("s").next_epoch()
+    # One epoch bump (its vLLM request aborted), the model given the user's
+    # words again, and no event at all.
+    assert emits(effects) == []
+    assert Cancel(f1) in effects and tl.core.fence == f1
+    assert isinstance(effects[-2].payload, ResetContext) and effects[-1].payload == TextIn(
+        "what is the capital of france")
+    assert tl.core.metrics.speculations.get(outcome="discarded") == 1
+    # What it still produces dies at the gate.
+    late = tl.core.handle(StageOutput(req.fence, req.fence.request_id("tts"), "tts",
+                                      AudioOut(rid, np.zeros(800, np.int16), text="Paris.")), 2.7)
+    assert late == []
+    # The turn goes on and its own reply is asked for afresh.
+    tl.at(3.0, TranscriptPartial("what is the capital of france and of spain"), "asr")
+    tl.at(3.5, VadSpeechStopped(audio_ms=2500), "vad")
+    tl.at(3.6, TurnEndProbability(UNFINISHED, "what is the capital of france and of"), "llm")
+    tl.fire()
+    effects = tl.at(5.0, TranscriptFinal("What is the capital of France and of Spain?"), "asr")
+    [new] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
+    assert new.payload.response_id != rid and "response.output_audio.delta" not in emits(effects)
+
+
+def test_a_speculation_on_other_words_than_the_final_transcript_is_discarded():
+    tl = Timeline("auto")
+    rid, _ = speculate(tl, "what is the capital of france")
+    tl.fire()
+    effects = tl.at(2.4, TranscriptFinal("What is the capital of Spain?"), "asr")
+    [new] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
+    assert new.payload.context[-1].text == "What is the capital of Spain?"
+    assert "response.output_audio.delta" not in emits(effects)
+    assert tl.core.metrics.speculations.get(outcome="discarded") == 1
+    assert tl.core.metrics.speculations.get(outcome="used") == 0
