@@ -45,7 +45,6 @@ from vllm_duplex.core.payloads import (
     GenerationDone,
     ResetContext,
     SceneDescription,
-    SpeculationDiscarded,
     SpeechDone,
     StageFailed,
     StageOutput,
@@ -56,6 +55,7 @@ from vllm_duplex.core.payloads import (
     TranscriptFinal,
     TranscriptPartial,
     UserPaused,
+    UserResumed,
     VadConfig,
     VadSpeechStarted,
     VadSpeechStopped,
@@ -74,6 +74,7 @@ class CascadeState:
     utterance: Utterance = field(default_factory=Utterance)  # the user's words in flight
     turn_open: bool = False  # the live LLM request holds the start of a user turn
     awaiting_final: bool = False  # committed by VAD; respond when the transcript lands
+    paused: bool = False  # semantic_vad: the user is in a pause (no word is still being heard)
     scene: str | None = None  # the newest scene description (camera context)
 
 
@@ -180,7 +181,7 @@ class CascadePolicy(PolicyBase[CascadeState]):
             if td is None:
                 return DROP
             state.utterance = Utterance()
-            state.awaiting_final = False
+            state.awaiting_final = state.paused = False
             barge_in = td.interrupt_response and view.active_response_id is not None
             return OutputDecision(forward=True,
                                   interrupt=InterruptReason.TURN_DETECTED if barge_in else None)
@@ -198,8 +199,10 @@ class CascadePolicy(PolicyBase[CascadeState]):
             return self._on_partial(view, p)
         if isinstance(p, UserPaused):
             return self._on_pause(view)
-        if isinstance(p, SpeculationDiscarded):
-            return OutputDecision(emit=False, forward=False, plan=self._rehold(view))
+        if isinstance(p, UserResumed):
+            state.paused = False
+            plan = self._rehold(view) if p.speculation_discarded else None
+            return OutputDecision(emit=False, forward=False, plan=plan)
         if isinstance(p, TranscriptFinal):
             return self._on_final(view, p)
         if isinstance(p, TextDelta):
@@ -223,6 +226,8 @@ class CascadePolicy(PolicyBase[CascadeState]):
         utt = view.policy_state.utterance
         hypothesis = words(p.text)
         stable = utt.update(hypothesis)
+        if view.policy_state.paused:  # in a pause every word was heard whole
+            stable = hypothesis
         return self._on_stable(view, utt, hypothesis, stable)
 
     def _on_stable(self, view: View, utt: Utterance, hypothesis: list[str],
@@ -240,9 +245,10 @@ class CascadePolicy(PolicyBase[CascadeState]):
         so the whole newest hypothesis is stable. Pushed now, the model judges
         the whole phrase (its P(end) decides how long the session waits) and
         a reply would start from all of it."""
-        utt = view.policy_state.utterance
-        hypothesis = list(utt.previous)
-        return self._on_stable(view, utt, hypothesis, hypothesis)
+        state = view.policy_state
+        state.paused = True
+        hypothesis = list(state.utterance.previous)
+        return self._on_stable(view, state.utterance, hypothesis, hypothesis)
 
     def _rehold(self, view: View) -> AppendPlan | None:
         """A reply started at a pause was discarded, and the live request with
@@ -286,9 +292,15 @@ class CascadePolicy(PolicyBase[CascadeState]):
         utt = state.utterance
         final = words(p.text)
         state.utterance = Utterance()
+        state.paused = False
         awaiting, state.awaiting_final = state.awaiting_final, False
         td = view.config.turn_detection
         plan = None
+        interrupt = None
+        if utt.pushed and utt.revised(final) and view.active_response_id is not None:
+            # A reply released at the commit (semantic_vad) answered words the
+            # final transcript revised: it is cancelled and the final answered.
+            interrupt = InterruptReason.TURN_DETECTED
         if utt.pushed and utt.revised(final):
             # The last revision came with the final transcript: the request
             # that answers will rebuild from the corrected conversation.
@@ -297,4 +309,4 @@ class CascadePolicy(PolicyBase[CascadeState]):
                               checkpoint="turn-start")
         # Silence or noise that the VAD took for speech: no words, no reply.
         respond = awaiting and bool(final) and td is not None and td.create_response
-        return OutputDecision(forward=False, plan=plan, create_response=respond)
+        return OutputDecision(forward=False, plan=plan, create_response=respond, interrupt=interrupt)

@@ -152,10 +152,13 @@ class UserPaused(InputObservation):
 
 
 @dataclass(frozen=True)
-class SpeculationDiscarded(InputObservation):
-    """Policy input: a reply started at a pause was discarded because the user
-    went on (its request was aborted with it); the policy may make the model
-    context hold the user's words again."""
+class UserResumed(InputObservation):
+    """Policy input under ``semantic_vad``: the user spoke on after a pause
+    (it did not end the turn). ``speculation_discarded``: a reply started at
+    that pause was discarded, and the live request with it, so the policy may
+    make the model context hold the user's words again."""
+
+    speculation_discarded: bool = False
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from vllm_duplex.core.payloads import (
     ContextMessage,
     GenerateRequest,
     GenerationDone,
-    SpeculationDiscarded,
     StageFailed,
     StageOutput,
     TextDelta,
@@ -57,8 +56,10 @@ class Held:
 
     response_id: str
     request_id: str
+    words: str  # the user's words it answers
     context: tuple[ContextMessage, ...]
     outputs: list[StageOutput] = field(default_factory=list)
+    committed: bool = False  # the turn it answers was committed: the next reply is it
 
 
 class Speculation:
@@ -72,11 +73,9 @@ class Speculation:
                 or td is None or not td.create_response or core.generator not in core.stage_names):
             return
         options = cmd.ResponseOptions()
-        messages = (*context_messages(core.conversation, core.config.instructions),
-                    ContextMessage("user", words))
-        context = core.policy.shape_context(core, messages)
+        context = _answering(core, words)
         fence = core.fence
-        held = Held(core.make_id("resp"), fence.request_id("llm"), context)
+        held = Held(core.make_id("resp"), fence.request_id("llm"), words, context)
         sampling = core.policy.configure_sampling_params(core, options)
         request = GenerateRequest(response_id=held.response_id, context=context, sampling=sampling,
                                   tools=core.config.tools, tool_choice=core.config.tool_choice)
@@ -100,34 +99,51 @@ class Speculation:
             core.effect(Forward(out))  # synthesized now, into the held buffer
         return True
 
+    def release(self, core: SessionCore) -> None:
+        """The turn was committed: the speculation becomes the reply now (its
+        held output goes out at once) -- unless the conversation changed under
+        it, then it is discarded and the reply waits for the transcript.
+        The final transcript still checks it (the policy cancels a reply to
+        words the final revised)."""
+        held = self.held
+        if held is None or core.response is not None:
+            return
+        if _answering(core, held.words) != held.context:
+            self.discard(core)
+            return
+        held.committed = True
+        core.create_response(cmd.ResponseOptions())
+
     def claim(self, core: SessionCore, context: tuple[ContextMessage, ...]) -> Held | None:
         """The speculation a reply with ``context`` may use (its words are the
-        ones heard), else None -- and any other speculation is discarded."""
+        ones heard, or its turn was just committed), else None -- and any
+        other speculation is discarded."""
         held = self.held
         if held is None:
             return None
-        if _same_context(held.context, context):
+        if held.committed or _same_context(held.context, context):
             self.held = None
             core.metrics.speculations.inc(outcome="used")
             return held
         self.discard(core)
         return None
 
-    def discard(self, core: SessionCore, *, user_went_on: bool = False) -> None:
+    def discard(self, core: SessionCore) -> bool:
         """One epoch bump: nothing of it reaches the client, its request is
-        aborted. ``user_went_on``: the turn continues, so the policy is told
-        (its model context must hold the user's words again)."""
+        aborted. False: there was none."""
         if self.held is None:
-            return
+            return False
         self.held = None
         core.metrics.speculations.inc(outcome="discarded")
         core.bump_epoch()
-        if user_went_on:
-            out = StageOutput(core.fence, core.fence.request_id("llm"), core.generator,
-                              SpeculationDiscarded())
-            decision = core.policy.decide_output(core, out)
-            if decision.plan is not None:
-                core.execute(decision.plan)
+        return True
+
+
+def _answering(core: SessionCore, words: str) -> tuple[ContextMessage, ...]:
+    """The context of a reply to ``words`` after the conversation so far."""
+    messages = (*context_messages(core.conversation, core.config.instructions),
+                ContextMessage("user", words))
+    return core.policy.shape_context(core, messages)
 
 
 def _same_context(a: tuple[ContextMessage, ...], b: tuple[ContextMessage, ...]) -> bool:

@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vllm_duplex.core.contracts import OutputDecision
 from vllm_duplex.core.payloads import (
     StageOutput,
     TurnEndProbability,
     UserPaused,
+    UserResumed,
     VadSpeechStarted,
     VadSpeechStopped,
 )
@@ -192,11 +194,7 @@ class SemanticTurn:
     def _pause(self, core: SessionCore, out: StageOutput) -> None:
         if self.held is None:
             self.held = out
-        decision = core.policy.decide_output(core, replace(out, payload=UserPaused(out.payload.audio_ms)))
-        if decision.emit and decision.render is not None:  # e.g. the last word's transcript delta
-            rendering.render(core, decision.render)
-        if decision.plan is not None:
-            core.execute(decision.plan)
+        decision = self._tell(core, UserPaused(out.payload.audio_ms))
         pushed = decision.plan is not None and bool(decision.plan.submissions)
         self.decider.pause(core.now - PAUSE_DETECT_MS / 1000.0, words_pending=pushed)
         self._speculate(core)
@@ -223,7 +221,18 @@ class SemanticTurn:
         self.decider.speech()
         self.token += 1
         core.effect(CancelTimer(TIMER))
-        core.speculation.discard(core, user_went_on=True)
+        discarded = core.speculation.discard(core)
+        self._tell(core, UserResumed(speculation_discarded=discarded))
+
+    def _tell(self, core: SessionCore, observation: object) -> OutputDecision:
+        """Hand the policy a pause observation; carry out what it decides."""
+        out = StageOutput(core.fence, core.fence.request_id("vad"), "vad", observation)
+        decision = core.policy.decide_output(core, out)
+        if decision.emit and decision.render is not None:  # e.g. the last word's transcript delta
+            rendering.render(core, decision.render)
+        if decision.plan is not None:
+            core.execute(decision.plan)
+        return decision
 
     def _commit(self, core: SessionCore) -> None:
         held, self.held = self.held, None
@@ -241,4 +250,6 @@ class SemanticTurn:
                  "P(end)=%s for %r", core.session_id, decision.reason, decision.silence_ms,
                  decision.needed_ms, td.eagerness,
                  "unknown" if decision.p is None else f"{decision.p:.4f}", decision.text)
-        core.decide(held)
+        core.decide(held)  # speech_stopped, the commit: as server VAD does
+        if core.speculation.held is not None:
+            core.speculation.release(core)  # the reply started at the pause goes out now

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from vllm_duplex.core import commands as cmd
+from vllm_duplex.core.contracts import InputMode
+from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import (
@@ -246,7 +248,7 @@ def test_stale_probabilities_die_at_the_gate():
     tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
     old = Fence("s")
     tl.core.execute(CascadePolicy().plan_append(tl.core, cmd.DuplexInput(
-        mode=__import__("vllm_duplex.core.contracts", fromlist=["InputMode"]).InputMode.REENCODE_CONTEXT)))
+        mode=InputMode.REENCODE_CONTEXT)))
     before = tl.timer
     tl.core.handle(StageOutput(old, old.request_id("llm"), "llm",
                                TurnEndProbability(COMPLETE, "x")), 2.2)
@@ -281,17 +283,19 @@ def test_a_speculation_is_released_the_moment_the_turn_commits():
     tl = Timeline("auto")
     rid, req = speculate(tl)
     effects = tl.fire()  # 200 ms after the pause began
-    assert "response.created" not in emits(effects)
-    # The ASR's final says the same words (in its spelling): the reply is used,
-    # no second request, and the held audio goes out at once.
-    effects = tl.at(2.35, TranscriptFinal("What is the capital of France?"), "asr")
-    assert [e for e in effects if isinstance(e, Submit)] == []
+    # The commit, then at once the reply with what was held: no second request.
     assert emits(effects) == [
-        "conversation.item.input_audio_transcription.completed", "response.created",
+        "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+        "conversation.item.added", "conversation.item.done", "response.created",
         "response.output_item.added", "conversation.item.added", "response.content_part.added",
         "response.output_audio_transcript.delta", "response.output_audio.delta"]
+    assert [e for e in effects if isinstance(e, Submit)] == []
     assert tl.core.response.id == rid
     assert tl.core.metrics.speculations.get(outcome="used") == 1
+    # The ASR's final says the same words (in its spelling): nothing changes.
+    effects = tl.at(2.35, TranscriptFinal("What is the capital of France?"), "asr")
+    assert emits(effects) == ["conversation.item.input_audio_transcription.completed"]
+    assert [e for e in effects if isinstance(e, (Submit, Cancel))] == []
     # The rest streams as any reply's.
     assert "response.output_audio.delta" in emits(
         tl.at(2.4, AudioOut(rid, np.zeros(8000, np.int16), text="is Paris."), "tts"))
@@ -325,13 +329,25 @@ def test_a_speculation_is_discarded_when_the_user_goes_on_and_nothing_of_it_reac
     assert new.payload.response_id != rid and "response.output_audio.delta" not in emits(effects)
 
 
-def test_a_speculation_on_other_words_than_the_final_transcript_is_discarded():
+def test_a_released_reply_to_words_the_final_transcript_revised_is_cancelled_and_redone():
     tl = Timeline("auto")
     rid, _ = speculate(tl, "what is the capital of france")
     tl.fire()
+    assert tl.core.response.id == rid
     effects = tl.at(2.4, TranscriptFinal("What is the capital of Spain?"), "asr")
+    done = [e.envelope.event for e in effects if isinstance(e, Emit) and e.envelope.event.type == "response.done"]
+    assert [d.response["status_details"]["reason"] for d in done] == ["turn_detected"]
     [new] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
     assert new.payload.context[-1].text == "What is the capital of Spain?"
-    assert "response.output_audio.delta" not in emits(effects)
+    assert new.payload.response_id != rid and tl.core.response.id == new.payload.response_id
+
+
+def test_a_speculation_the_conversation_moved_under_is_discarded_at_the_commit():
+    tl = Timeline("auto")
+    speculate(tl)
+    typed = ConversationItem(id="", type=ItemType.MESSAGE, role=Role.USER,
+                             content=[ContentPart("input_text", text="hello")])
+    tl.core.handle(cmd.ItemCreate(item=typed), 2.16)
+    effects = tl.fire()
+    assert "response.created" not in emits(effects)
     assert tl.core.metrics.speculations.get(outcome="discarded") == 1
-    assert tl.core.metrics.speculations.get(outcome="used") == 0

@@ -1,0 +1,110 @@
+"""semantic_vad on the real default pipeline (Silero -> Whisper -> vLLM ->
+Piper; one engine for the test session): Flite speaks into the socket at real
+time, a reader takes the events as they come (so arrival times are true).
+
+* a 900 ms thinking pause inside "What is the capital of ... France?" does
+  not take the turn: one commit, the whole question answered;
+* a complete question is committed after a short silence because the model
+  finds it complete (the decision in /metrics), and its reply, started at the
+  pause, is the one the client gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+import pytest_asyncio
+from support.speech_fixtures import RATE, chunks, speak
+from vllm_duplex.host.deploy import load_config
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.realtime.client.realtime import RealtimeClient
+from vllm_duplex.realtime.server.serving import BackgroundServer
+from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+SEMANTIC = {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "auto"}}}}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def server(vllm_stage):  # noqa: F811
+    config = load_config("cascade-cpu")
+    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, resume_grace_s=0))
+    async with BackgroundServer(Runtime(config, shared_stages={"vllm": vllm_stage})) as srv:
+        yield srv
+
+
+def voiced_end_s(pcm: np.ndarray) -> float:
+    """Where the speech in ``pcm`` ends (its last loud sample)."""
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > 300)
+    return float(loud[-1] + 1) / RATE
+
+
+async def say(client: RealtimeClient, pcm: np.ndarray) -> float:
+    """Stream ``pcm`` in 20 ms chunks at real time; returns when it started."""
+    start = time.monotonic()
+    for i, chunk in enumerate(chunks(pcm)):
+        await client.append_audio(chunk)
+        await asyncio.sleep(max(0.0, start + (i + 1) * 0.02 - time.monotonic()))
+    return start
+
+
+async def converse(client: RealtimeClient, pcm: np.ndarray):
+    """Speak ``pcm`` while reading the reply; (start time, reply)."""
+    speaking = asyncio.create_task(say(client, pcm))
+    try:
+        reply = await client.collect_response(timeout=120)
+    finally:
+        start = await speaking
+    return start, reply
+
+
+def count(client: RealtimeClient, kind: str) -> int:
+    return sum(e["type"] == kind for e in client.events)
+
+
+async def test_a_thinking_pause_does_not_take_the_turn(server):
+    pcm = np.concatenate([speak("What is the capital of", tail_s=0.0), np.zeros(int(0.9 * RATE), np.int16),
+                          speak("France?", lead_s=0.0)])
+    async with await RealtimeClient.connect(server.ws_url) as client:
+        await client.update_session(SEMANTIC)
+        _, reply = await converse(client, pcm)
+    assert count(client, "input_audio_buffer.committed") == 1
+    final = next(e for e in client.events
+                 if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert "capital of france" in final["transcript"].lower()
+    assert reply.status == "completed" and "Paris" in reply.transcript
+
+
+async def test_a_complete_question_is_answered_after_a_short_silence(server):
+    pcm = speak("What is the capital of France?")
+    m = server.engine.metrics
+    before_dec = dict(m.turn_end_decisions.values)
+    before_used = m.speculations.get(outcome="used")
+    async with await RealtimeClient.connect(server.ws_url) as client:
+        await client.update_session(SEMANTIC)
+        start, reply = await converse(client, pcm)
+    assert reply.status == "completed" and "Paris" in reply.transcript
+    first_audio = next(e for e in reply.events if e["type"] == "response.output_audio.delta")
+    gap_ms = (first_audio["_recv_t"] - (start + voiced_end_s(pcm))) * 1000
+    decided = {r: m.turn_end_decisions.get(eagerness="auto", reason=r)
+               - before_dec.get((("eagerness", "auto"), ("reason", r)), 0.0)
+               for r in ("semantic", "silence")}
+    used = m.speculations.get(outcome="used") - before_used
+    end = start + voiced_end_s(pcm)
+    print("timeline (ms after the end of speech):", [
+        (e["type"].split(".")[-1], round((e["_recv_t"] - end) * 1000)) for e in client.events
+        if e["type"] in ("input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+                         "conversation.item.input_audio_transcription.completed",
+                         "conversation.item.input_audio_transcription.delta",
+                         "response.created", "response.output_audio.delta")][:12])
+    assert 'duplex_turn_end_decisions_total{eagerness="auto",reason="semantic"}' in m.render()
+    print(f"turn gap (end of speech -> first reply audio at the client): {gap_ms:.0f} ms; "
+          f"decisions {decided}; speculation used: {used:g}")
+    assert decided == {"semantic": 1, "silence": 0}  # the words ended it, not the cap
+    # The cap alone would have waited 2 s of silence.
+    assert gap_ms < 2000
