@@ -121,8 +121,8 @@ class SessionCore:
         self.turns = SemanticTurn()  # semantic_vad: which pauses end the turn
         self.speculation = Speculation()  # a reply started at a pause, held
         # What a fired timer (effects.ArmTimer) runs, by name.
-        self.timers: dict[str, Callable[[int], None]] = {
-            TURN_END_TIMER: lambda token: self.turns.fired(self, token)}
+        self.timers: dict[str, Callable[[], None]] = {
+            TURN_END_TIMER: lambda: self.turns.fired(self)}
         self._effects: list[Effect] = []
         self._now = now
         self._received_at = now
@@ -304,7 +304,7 @@ class SessionCore:
     def _on_timer(self, m: TimerFired) -> None:
         fire = self.timers.get(m.name)
         if fire is not None:
-            fire(m.token)
+            fire()
 
     # ---- responses --------------------------------------------------------
 

@@ -44,35 +44,7 @@ class Failed:
     error: DuplexError
 
 
-@dataclass(frozen=True, slots=True)
-class TimerFired:
-    """The timer ``name`` armed by ``ArmTimer`` with ``token`` is due. The core
-    ignores one whose token is no longer the armed one (re-armed or cancelled
-    while this message was queued)."""
-
-    name: str
-    token: int
-
-
 # ---- effects ----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ArmTimer:
-    """Hand the core ``TimerFired(name, token)`` at clock time ``at`` (the
-    session's clock: a virtual one in tests). Arming a name again replaces
-    its timer."""
-
-    name: str
-    at: float
-    token: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class CancelTimer:
-    """Forget the timer ``name`` (nothing when none is armed)."""
-
-    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,5 +121,37 @@ class PollVideo:
     """Take the frames the stream decoder has ready (one ``FrameDecoded`` each)."""
 
 
-Effect = (Emit | Submit | Forward | Cancel | Close | AckEvents | DecodeImage | FeedVideo | PollVideo
-          | ArmTimer | CancelTimer)
+Effect = Emit | Submit | Forward | Cancel | Close | AckEvents | DecodeImage | FeedVideo | PollVideo
+
+
+# ---- timers -------------------------------------------------------------------
+# The core asks for a wake-up at a time on the session's clock; the runner
+# sleeps on that clock (the virtual one in tests) and hands back
+# ``TimerFired``. One timer per name: arming a name again replaces it. A fired
+# timer the core no longer wants is ignored there, so a cancel racing the
+# wake-up is harmless.
+
+
+@dataclass(frozen=True, slots=True)
+class ArmTimer:
+    """Hand the core ``TimerFired(name)`` at clock time ``at``."""
+
+    name: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    """Forget the timer called ``name`` (if armed)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFired:
+    """Message: the timer called ``name`` is due."""
+
+    name: str
+
+
+Effect = Effect | ArmTimer | CancelTimer

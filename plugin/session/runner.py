@@ -116,7 +116,7 @@ class DuplexSession:
             Emit: self._publish, Submit: self._submit, Forward: self._forward,
             Cancel: self._cancel, AckEvents: self._ack, Close: self._close_step,
             DecodeImage: self._decode, FeedVideo: self._feed_video, PollVideo: self._poll_video,
-            ArmTimer: self._arm, CancelTimer: self._disarm,
+            ArmTimer: self._arm_timer, CancelTimer: self._cancel_timer,
         }
         self._timers: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -214,8 +214,9 @@ class DuplexSession:
             return
         self.close_reason = reason
         self.mailbox.close()
-        for name in list(self._timers):
-            self._disarm(CancelTimer(name))
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         if self._task is not None and self._task is not asyncio.current_task():
             await asyncio.gather(self._task, return_exceptions=True)
         await self.feed.close()
@@ -289,6 +290,29 @@ class DuplexSession:
     def _cancel(self, e: Cancel) -> None:
         self.feed.cancel(e.fence)
 
+    def _arm_timer(self, e: ArmTimer) -> None:
+        self._cancel_timer(CancelTimer(e.name))
+        if self.close_reason is None:
+            self._timers[e.name] = asyncio.get_running_loop().create_task(
+                self._timer(e.name, e.at), name=f"duplex-timer-{e.name}-{self.session_id}")
+
+    def _cancel_timer(self, e: CancelTimer) -> None:
+        timer = self._timers.pop(e.name, None)
+        if timer is not None and timer is not asyncio.current_task():
+            timer.cancel()
+
+    async def _timer(self, name: str, at: float) -> None:
+        """Sleep on the session's clock (virtual in tests), then wake the core
+        on the control lane: a paced frame must not wait behind queued audio."""
+        await self.clock.sleep(at - self.clock.now())
+        if self._timers.get(name) is asyncio.current_task():
+            del self._timers[name]
+        if self.close_reason is None:
+            try:
+                self.mailbox.put_nowait((self.clock.now(), TimerFired(name)), Lane.CONTROL)
+            except (MailboxClosed, MailboxFull):
+                pass  # closing
+
     def _ack(self, e: AckEvents) -> None:
         self.journal.ack(e.seq)
 
@@ -321,28 +345,6 @@ class DuplexSession:
         for frame in frames:
             await self._apply(self.core.handle(FrameDecoded(frame), self.clock.now()))
         return True
-
-    def _arm(self, e: ArmTimer) -> None:
-        self._disarm(CancelTimer(e.name))
-        self._timers[e.name] = asyncio.get_running_loop().create_task(
-            self._timer(e), name=f"duplex-timer-{e.name}-{self.session_id}")
-
-    def _disarm(self, e: CancelTimer) -> None:
-        task = self._timers.pop(e.name, None)
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-
-    async def _timer(self, e: ArmTimer) -> None:
-        await self.clock.sleep(e.at - self.clock.now())
-        if self._timers.get(e.name) is asyncio.current_task():
-            del self._timers[e.name]
-        if self.close_reason is None:
-            # The STAGE lane, in order with stage outputs: a speech onset the
-            # VAD reported before the deadline is handled before the timer.
-            try:
-                await self.mailbox.put((self.clock.now(), TimerFired(e.name, e.token)), Lane.STAGE)
-            except MailboxClosed:
-                pass
 
     # ---- wake-ups from other tasks and threads ------------------------------
 

@@ -152,7 +152,7 @@ class SemanticTurn:
     def __init__(self) -> None:
         self.decider = TurnEndDecider()
         self.held: StageOutput | None = None  # the VAD's end of speech, while the pause lasts
-        self.token = 0  # the armed timer's; a fired timer with another is stale
+        self.deadline = 0.0  # of the armed timer; one that fires before it is stale
         self.last: TurnEndDecision | None = None
 
     def intercept(self, core: SessionCore, out: StageOutput) -> bool:
@@ -184,9 +184,9 @@ class SemanticTurn:
             core.speculation.discard(core)
         return False
 
-    def fired(self, core: SessionCore, token: int) -> None:
-        if token != self.token or self.held is None:
-            return  # re-armed or dropped since
+    def fired(self, core: SessionCore) -> None:
+        if self.held is None or core.now < self.deadline - 1e-6:
+            return  # dropped since, or re-armed later (that timer fires then)
         self._commit(core)
 
     # ---- inside ---------------------------------------------------------------
@@ -210,16 +210,15 @@ class SemanticTurn:
         td = core.config.turn_detection
         assert td is not None
         at = self.decider.deadline(td.eagerness)
-        self.token += 1
+        self.deadline = at
         if at <= core.now:
             self._commit(core)
             return
-        core.effect(ArmTimer(TIMER, at, self.token))
+        core.effect(ArmTimer(TIMER, at))
 
     def _drop(self, core: SessionCore) -> None:
         self.held = None
         self.decider.speech()
-        self.token += 1
         core.effect(CancelTimer(TIMER))
         discarded = core.speculation.discard(core)
         self._tell(core, UserResumed(speculation_discarded=discarded))

@@ -96,15 +96,14 @@ async def test_a_complete_question_is_answered_after_a_short_silence(server):
                for r in ("semantic", "silence")}
     used = m.speculations.get(outcome="used") - before_used
     end = start + voiced_end_s(pcm)
-    print("timeline (ms after the end of speech):", [
-        (e["type"].split(".")[-1], round((e["_recv_t"] - end) * 1000)) for e in client.events
-        if e["type"] in ("input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
-                         "conversation.item.input_audio_transcription.completed",
-                         "conversation.item.input_audio_transcription.delta",
-                         "response.created", "response.output_audio.delta")][:12])
+    stopped = next(e for e in client.events if e["type"] == "input_audio_buffer.speech_stopped")
+    stopped_ms = (stopped["_recv_t"] - end) * 1000
+    print(f"end of speech -> speech_stopped {stopped_ms:.0f} ms, -> first reply audio at the client "
+          f"{gap_ms:.0f} ms; decisions {decided}; speculations used: {used:g}")
     assert 'duplex_turn_end_decisions_total{eagerness="auto",reason="semantic"}' in m.render()
-    print(f"turn gap (end of speech -> first reply audio at the client): {gap_ms:.0f} ms; "
-          f"decisions {decided}; speculation used: {used:g}")
     assert decided == {"semantic": 1, "silence": 0}  # the words ended it, not the cap
-    # The cap alone would have waited 2 s of silence.
-    assert gap_ms < 2000
+    # Sooner than silence alone would have (the cap at auto is 2 s); the
+    # figures on an idle machine are bench/turn_end.py's.
+    assert stopped_ms < 2000
+    # The reply started at the pause is the one the client got.
+    assert used == 1

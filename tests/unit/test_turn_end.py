@@ -91,7 +91,7 @@ class Timeline:
     def fire(self) -> list:
         timer, self.timer = self.timer, None
         assert timer is not None, "no timer armed"
-        return self._track(self.core.handle(TimerFired(timer.name, timer.token), timer.at))
+        return self._track(self.core.handle(TimerFired(timer.name), timer.at))
 
     def speak(self, words: str, t: float = 1.0) -> None:
         """Speech onset, then the ASR's partials as a user says ``words``."""
@@ -188,7 +188,7 @@ def test_a_thinking_pause_inside_a_phrase_does_not_take_the_turn(eagerness):
     assert types(effects) == ["CancelTimer"]
     assert tl.timer is None
     # A timer that was already queued when the speech came is stale.
-    assert tl.core.handle(TimerFired(armed.name, armed.token), armed.at) == []
+    assert tl.core.handle(TimerFired(armed.name), armed.at) == []
     assert tl.core.metrics.turn_end_resumed.get(eagerness=eagerness) == 1
     # The words go on into the same turn, and its end commits it once.
     tl.at(3.0, TranscriptPartial("what is the capital of france"), "asr")
