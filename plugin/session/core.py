@@ -20,6 +20,7 @@ the session-level rest here.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 from collections.abc import Callable, Collection, Sequence
@@ -100,9 +101,12 @@ class SessionCore:
         make_id: Callable[[str], str] = new_id,
     ) -> None:
         self.session_id = session_id
-        self._config = config
         self.policy = policy
         self.caps = policy.capabilities()
+        td = config.turn_detection
+        if td is not None and td.semantic and td.type not in self.caps.turn_detection:
+            config = dataclasses.replace(config, turn_detection=td.as_server_vad())  # what runs
+        self._config = config
         self.metrics = metrics
         self.limits = limits
         self.extra_wire = extra_wire or {}
