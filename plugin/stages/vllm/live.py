@@ -360,7 +360,7 @@ class LivePort(PortBase):
     async def _on_output(self, live: LiveRequest, out: RequestOutput) -> None:
         comp = out.outputs[0]
         ids = list(comp.token_ids)
-        logprobs = comp.logprobs
+        logprobs = getattr(comp, "logprobs", None)  # (a fake engine may not have them)
         n = 0
         while ids and live.pending and not isinstance(live.pending[0], Reply):
             entry = live.pending.popleft()

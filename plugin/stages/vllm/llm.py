@@ -184,22 +184,22 @@ class VllmLlmPort(LivePort):
         else:
             await self._generate(item, payload)
 
-    def _end_ids(self) -> frozenset[int]:
-        """The tokens that end a user's turn: the chat template's end of a user
-        message (found by rendering one), and sentence-final punctuation."""
-        if self._llm.end_ids is None:
-            chat = self._host.chat
-            probe = chat.render((ContextMessage("user", SENTINEL),), False)
-            ids: set[int] = set()
-            tail = probe[probe.find(SENTINEL) + len(SENTINEL):]
-            if tail.strip():
-                ids.add(chat.encode(tail)[0])
-            for mark in ("?", ".", "!"):
-                enc = chat.encode(mark)
-                if len(enc) == 1:
-                    ids.add(enc[0])
-            self._llm.end_ids = frozenset(ids)
-        return self._llm.end_ids
+    def _learn_end_ids(self, probe: str) -> None:
+        """The tokens that end a user's turn, once: the chat template's end of
+        a user message (what follows the sentinel in ``probe``, a rendered
+        user message), and sentence-final punctuation."""
+        if self._llm.end_ids is not None:
+            return
+        chat = self._host.chat
+        ids: set[int] = set()
+        tail = probe[probe.find(SENTINEL) + len(SENTINEL):]
+        if tail.strip():
+            ids.add(chat.encode(tail)[0])
+        for mark in ("?", ".", "!"):
+            enc = chat.encode(mark)
+            if len(enc) == 1:
+                ids.add(enc[0])
+        self._llm.end_ids = frozenset(ids)
 
     def _append(self, live: _Held, item: StageInput, text: str, reply: Reply | None = None,
                 params: SamplingParams | None = None, probe: bool = False) -> None:
@@ -218,8 +218,9 @@ class VllmLlmPort(LivePort):
         if reply is not None:
             reply.base_len = live.held_len
         turn_end = None
-        if probe and live.streaming and self._host.probe_logprobs:
-            turn_end = Probe(item, live.user_text, self._end_ids())
+        end_ids = self._llm.end_ids
+        if probe and live.streaming and self._host.probe_logprobs and end_ids:
+            turn_end = Probe(item, live.user_text, end_ids)
         self._push(live, item, tokens_input(ids), reply, params, turn_end)
 
     def _keep_reply(self, live: LiveRequest, reply: Reply, *, continuing: bool) -> None:
@@ -273,6 +274,7 @@ class VllmLlmPort(LivePort):
             self._chat.render, (*messages, ContextMessage("user", SENTINEL)), False)
         if self._voided(item):
             return
+        self._learn_end_ids(probe)
         if self._live is not live:  # dropped meanwhile (a cancel, an eviction): start over
             await self._text_in(item, text)
             return
