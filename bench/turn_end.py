@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -46,6 +47,19 @@ COMPLETE = ("What is the capital of France?", "Tell me a joke.", "What is the la
             "How are you today?")
 PAUSES_MS = (300, 600, 900, 1200)
 BEFORE, AFTER = "What is the capital of", "France?"
+
+
+def voiced(pcm: np.ndarray) -> np.ndarray:
+    """``pcm`` cut to its speech (Flite pads each utterance with its own silence)."""
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > 300)
+    return pcm[loud[0]:loud[-1] + 1]
+
+
+def with_pause(before: str, pause_ms: int, after: str) -> np.ndarray:
+    """``before``, exactly ``pause_ms`` of silence, ``after`` (with the usual lead and tail)."""
+    gap = np.zeros(int(pause_ms / 1000 * RATE), np.int16)
+    lead, tail = np.zeros(int(0.3 * RATE), np.int16), np.zeros(int(1.2 * RATE), np.int16)
+    return np.concatenate([lead, voiced(speak(before)), gap, voiced(speak(after)), tail])
 
 
 def voiced_end_s(pcm: np.ndarray) -> float:
@@ -98,8 +112,7 @@ async def run(args: argparse.Namespace) -> None:
         (f"semantic_vad ({e})", {"type": "semantic_vad", "eagerness": e}) for e in args.eagerness]
     modes.append(("server_vad (500 ms)", {"type": "server_vad", "silence_duration_ms": 500}))
     complete = [speak(t) for t in COMPLETE]
-    paused = {ms: np.concatenate([speak(BEFORE, tail_s=0.0), np.zeros(int(ms / 1000 * RATE), np.int16),
-                                  speak(AFTER, lead_s=0.0)]) for ms in PAUSES_MS}
+    paused = {ms: with_pause(BEFORE, ms, AFTER) for ms in PAUSES_MS}
     rows = []
     async with BackgroundServer(Runtime(config)) as server:
         m = server.engine.metrics
@@ -136,6 +149,12 @@ async def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Each decision's inputs (P(end), the words, silence) as they happen.
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("  decision: %(message)s"))
+    decisions = logging.getLogger("vllm_duplex.session.turn_end")
+    decisions.setLevel(logging.INFO)
+    decisions.addHandler(handler)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="cascade-cpu")
     p.add_argument("--eagerness", nargs="+", default=["auto"])

@@ -61,7 +61,13 @@ from vllm_duplex.core.payloads import (
     VadSpeechStopped,
     VideoFrame,
 )
-from vllm_duplex.models.cascade.transcript import Utterance, extends, same_words, words
+from vllm_duplex.models.cascade.transcript import (
+    Utterance,
+    extends,
+    same_words,
+    unclosed,
+    words,
+)
 from vllm_duplex.policy import PolicyBase, SessionView
 
 VAD, ASR, LLM, TTS, VISION = "vad", "asr", "llm", "tts", "vision"
@@ -227,7 +233,7 @@ class CascadePolicy(PolicyBase[CascadeState]):
         hypothesis = words(p.text)
         stable = utt.update(hypothesis)
         if view.policy_state.paused:  # in a pause every word was heard whole
-            stable = hypothesis
+            stable = hypothesis = unclosed(hypothesis)
         return self._on_stable(view, utt, hypothesis, stable)
 
     def _on_stable(self, view: View, utt: Utterance, hypothesis: list[str],
@@ -247,7 +253,7 @@ class CascadePolicy(PolicyBase[CascadeState]):
         a reply would start from all of it."""
         state = view.policy_state
         state.paused = True
-        hypothesis = list(state.utterance.previous)
+        hypothesis = unclosed(state.utterance.previous)
         return self._on_stable(view, state.utterance, hypothesis, hypothesis)
 
     def _rehold(self, view: View) -> AppendPlan | None:

@@ -38,6 +38,12 @@ async def server(vllm_stage):  # noqa: F811
         yield srv
 
 
+def voiced(pcm: np.ndarray) -> np.ndarray:
+    """``pcm`` cut to its speech."""
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > 300)
+    return pcm[loud[0]:loud[-1] + 1]
+
+
 def voiced_end_s(pcm: np.ndarray) -> float:
     """Where the speech in ``pcm`` ends (its last loud sample)."""
     loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > 300)
@@ -68,8 +74,10 @@ def count(client: RealtimeClient, kind: str) -> int:
 
 
 async def test_a_thinking_pause_does_not_take_the_turn(server):
-    pcm = np.concatenate([speak("What is the capital of", tail_s=0.0), np.zeros(int(0.9 * RATE), np.int16),
-                          speak("France?", lead_s=0.0)])
+    # Exactly 900 ms of silence between the words (Flite pads each utterance).
+    pcm = np.concatenate([np.zeros(int(0.3 * RATE), np.int16), voiced(speak("What is the capital of")),
+                          np.zeros(int(0.9 * RATE), np.int16), voiced(speak("France?")),
+                          np.zeros(int(1.2 * RATE), np.int16)])
     async with await RealtimeClient.connect(server.ws_url) as client:
         await client.update_session(SEMANTIC)
         _, reply = await converse(client, pcm)

@@ -351,3 +351,12 @@ def test_a_speculation_the_conversation_moved_under_is_discarded_at_the_commit()
     effects = tl.fire()
     assert "response.created" not in emits(effects)
     assert tl.core.metrics.speculations.get(outcome="discarded") == 1
+
+
+def test_in_a_pause_whispers_closing_guess_is_not_pushed_as_the_users_words():
+    """Whisper closes the sentence at the end of what it heard ("capital of?"):
+    pushed to the model, that "?" would make an unfinished phrase look complete."""
+    tl = Timeline()
+    tl.speak("What is the capital of?")
+    assert pushed(tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")) == ["of"]
+    assert pushed(tl.at(2.3, TranscriptPartial("What is the capital of France?"), "asr")) == ["France"]
