@@ -141,9 +141,11 @@ class TurnEndDecider:
     def decide(self, now: float, eagerness: str) -> TurnEndDecision:
         assert self.paused_at is not None
         silence = round((now - self.paused_at) * 1000)
-        self.paused_at = None
-        return TurnEndDecision(self.p, self.text, silence, needed_silence_ms(self.p, eagerness),
-                               eagerness)
+        decision = TurnEndDecision(self.p, self.text, silence, needed_silence_ms(self.p, eagerness),
+                                   eagerness)
+        # The next turn is judged on its own words only.
+        self.paused_at, self.p, self.text = None, None, ""
+        return decision
 
 
 class SemanticTurn:

@@ -360,3 +360,16 @@ def test_in_a_pause_whispers_closing_guess_is_not_pushed_as_the_users_words():
     tl.speak("What is the capital of?")
     assert pushed(tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")) == ["of"]
     assert pushed(tl.at(2.3, TranscriptPartial("What is the capital of France?"), "asr")) == ["France"]
+
+
+def test_the_next_turn_is_not_judged_on_the_last_turns_words():
+    tl = Timeline()
+    tl.speak("what is the capital of france")
+    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    tl.at(2.12, TurnEndProbability(COMPLETE, "what is the capital of france"), "llm")
+    tl.fire()
+    # A new turn whose words the ASR has not written yet: its pause waits for the cap.
+    tl.audio(5.0)
+    tl.at(5.0, VadSpeechStarted(audio_ms=4000), "vad")
+    tl.at(5.5, VadSpeechStopped(audio_ms=4400), "vad")
+    assert tl.timer.at == pytest.approx(5.4 + EAGERNESS_TIMING["auto"].cap_ms / 1000)
