@@ -28,6 +28,7 @@ from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 SEMANTIC = {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "auto"}}}}
+LOW = {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -89,18 +90,21 @@ async def test_a_thinking_pause_does_not_take_the_turn(server):
 
 
 async def test_a_complete_question_is_answered_after_a_short_silence(server):
+    """At eagerness low (400 ms for a complete turn, 3 s cap) so that a busy CI
+    machine, where the partials and P(end) come late, still shows the words
+    ending the turn well before silence alone would."""
     pcm = speak("What is the capital of France?")
     m = server.engine.metrics
     before_dec = dict(m.turn_end_decisions.values)
     before_used = m.speculations.get(outcome="used")
     async with await RealtimeClient.connect(server.ws_url) as client:
-        await client.update_session(SEMANTIC)
+        await client.update_session(LOW)
         start, reply = await converse(client, pcm)
     assert reply.status == "completed" and "Paris" in reply.transcript
     first_audio = next(e for e in reply.events if e["type"] == "response.output_audio.delta")
     gap_ms = (first_audio["_recv_t"] - (start + voiced_end_s(pcm))) * 1000
-    decided = {r: m.turn_end_decisions.get(eagerness="auto", reason=r)
-               - before_dec.get((("eagerness", "auto"), ("reason", r)), 0.0)
+    decided = {r: m.turn_end_decisions.get(eagerness="low", reason=r)
+               - before_dec.get((("eagerness", "low"), ("reason", r)), 0.0)
                for r in ("semantic", "silence")}
     used = m.speculations.get(outcome="used") - before_used
     end = start + voiced_end_s(pcm)
@@ -108,10 +112,10 @@ async def test_a_complete_question_is_answered_after_a_short_silence(server):
     stopped_ms = (stopped["_recv_t"] - end) * 1000
     print(f"end of speech -> speech_stopped {stopped_ms:.0f} ms, -> first reply audio at the client "
           f"{gap_ms:.0f} ms; decisions {decided}; speculations used: {used:g}")
-    assert 'duplex_turn_end_decisions_total{eagerness="auto",reason="semantic"}' in m.render()
+    assert 'duplex_turn_end_decisions_total{eagerness="low",reason="semantic"}' in m.render()
     assert decided == {"semantic": 1, "silence": 0}  # the words ended it, not the cap
-    # Sooner than silence alone would have (the cap at auto is 2 s); the
-    # figures on an idle machine are bench/turn_end.py's.
-    assert stopped_ms < 2000
+    # Sooner than silence alone would have (the cap at low is 3 s); the
+    # figures are bench/turn_end.py's.
+    assert stopped_ms < 3000
     # The reply started at the pause is the one the client got.
     assert used == 1
