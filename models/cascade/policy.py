@@ -54,12 +54,20 @@ from vllm_duplex.core.payloads import (
     TranscriptDelta,
     TranscriptFinal,
     TranscriptPartial,
+    UserPaused,
+    UserResumed,
     VadConfig,
     VadSpeechStarted,
     VadSpeechStopped,
     VideoFrame,
 )
-from vllm_duplex.models.cascade.transcript import Utterance, extends, same_words, words
+from vllm_duplex.models.cascade.transcript import (
+    Utterance,
+    extends,
+    same_words,
+    unclosed,
+    words,
+)
 from vllm_duplex.policy import PolicyBase, SessionView
 
 VAD, ASR, LLM, TTS, VISION = "vad", "asr", "llm", "tts", "vision"
@@ -72,6 +80,7 @@ class CascadeState:
     utterance: Utterance = field(default_factory=Utterance)  # the user's words in flight
     turn_open: bool = False  # the live LLM request holds the start of a user turn
     awaiting_final: bool = False  # committed by VAD; respond when the transcript lands
+    paused: bool = False  # semantic_vad: the user is in a pause (no word is still being heard)
     scene: str | None = None  # the newest scene description (camera context)
 
 
@@ -87,7 +96,7 @@ _CAPABILITIES = Capabilities(
     }),
     input_modalities=frozenset({"audio", "text"}),
     output_modalities=frozenset({"audio", "text"}),
-    turn_detection=frozenset({"server_vad"}),
+    turn_detection=frozenset({"server_vad", "semantic_vad"}),
     early_output=True,
     tools=True,
 )
@@ -178,7 +187,7 @@ class CascadePolicy(PolicyBase[CascadeState]):
             if td is None:
                 return DROP
             state.utterance = Utterance()
-            state.awaiting_final = False
+            state.awaiting_final = state.paused = False
             barge_in = td.interrupt_response and view.active_response_id is not None
             return OutputDecision(forward=True,
                                   interrupt=InterruptReason.TURN_DETECTED if barge_in else None)
@@ -194,6 +203,12 @@ class CascadePolicy(PolicyBase[CascadeState]):
             return OutputDecision(forward=False)
         if isinstance(p, TranscriptPartial):
             return self._on_partial(view, p)
+        if isinstance(p, UserPaused):
+            return self._on_pause(view)
+        if isinstance(p, UserResumed):
+            state.paused = False
+            plan = self._rehold(view) if p.speculation_discarded else None
+            return OutputDecision(emit=False, forward=False, plan=plan)
         if isinstance(p, TranscriptFinal):
             return self._on_final(view, p)
         if isinstance(p, TextDelta):
@@ -217,6 +232,12 @@ class CascadePolicy(PolicyBase[CascadeState]):
         utt = view.policy_state.utterance
         hypothesis = words(p.text)
         stable = utt.update(hypothesis)
+        if view.policy_state.paused:  # in a pause every word was heard whole
+            stable = hypothesis = unclosed(hypothesis)
+        return self._on_stable(view, utt, hypothesis, stable)
+
+    def _on_stable(self, view: View, utt: Utterance, hypothesis: list[str],
+                   stable: list[str]) -> OutputDecision:
         render = None
         if extends(utt.shown, stable):
             new_words = stable[len(utt.shown):]
@@ -224,6 +245,28 @@ class CascadePolicy(PolicyBase[CascadeState]):
             utt.shown = stable
         plan = self._push(view, utt, hypothesis, stable)
         return OutputDecision(emit=render is not None, forward=False, render=render, plan=plan)
+
+    def _on_pause(self, view: View) -> OutputDecision:
+        """semantic_vad heard a pause: the last word is no longer being heard,
+        so the whole newest hypothesis is stable. Pushed now, the model judges
+        the whole phrase (its P(end) decides how long the session waits) and
+        a reply would start from all of it."""
+        state = view.policy_state
+        state.paused = True
+        hypothesis = unclosed(state.utterance.previous)
+        return self._on_stable(view, state.utterance, hypothesis, hypothesis)
+
+    def _rehold(self, view: View) -> AppendPlan | None:
+        """A reply started at a pause was discarded, and the live request with
+        it: make the model hold the conversation and the words pushed so far
+        again, so the turn goes on as if nothing had been said."""
+        state = view.policy_state
+        pushed = state.utterance.pushed
+        state.turn_open = bool(pushed)
+        if not pushed:
+            return None
+        return AppendPlan(InputMode.APPEND_TOKENS,
+                          (self._reset(view), StageSubmission(LLM, TextIn(" ".join(pushed)), "llm")))
 
     def _push(self, view: View, utt: Utterance, hypothesis: list[str],
               stable: list[str]) -> AppendPlan | None:
@@ -255,9 +298,15 @@ class CascadePolicy(PolicyBase[CascadeState]):
         utt = state.utterance
         final = words(p.text)
         state.utterance = Utterance()
+        state.paused = False
         awaiting, state.awaiting_final = state.awaiting_final, False
         td = view.config.turn_detection
         plan = None
+        interrupt = None
+        if utt.pushed and utt.revised(final) and view.active_response_id is not None:
+            # A reply released at the commit (semantic_vad) answered words the
+            # final transcript revised: it is cancelled and the final answered.
+            interrupt = InterruptReason.TURN_DETECTED
         if utt.pushed and utt.revised(final):
             # The last revision came with the final transcript: the request
             # that answers will rebuild from the corrected conversation.
@@ -266,4 +315,4 @@ class CascadePolicy(PolicyBase[CascadeState]):
                               checkpoint="turn-start")
         # Silence or noise that the VAD took for speech: no words, no reply.
         respond = awaiting and bool(final) and td is not None and td.create_response
-        return OutputDecision(forward=False, plan=plan, create_response=respond)
+        return OutputDecision(forward=False, plan=plan, create_response=respond, interrupt=interrupt)

@@ -37,6 +37,21 @@ def words(text: str) -> list[str]:
     return [w for w in text.split() if spoken(w)]
 
 
+_CLOSING = re.compile(r"[.?!,;:]+$")
+
+
+def unclosed(hypothesis: list[str]) -> list[str]:
+    """``hypothesis`` without the punctuation that closes its last word. At
+    the end of the audio heard so far Whisper tends to close the sentence
+    ("What is the capital?"): that is its guess, not the user's words, and
+    pushed into the model it would make an unfinished phrase look like a
+    complete turn (P(end) follows a "?" almost surely)."""
+    if not hypothesis:
+        return []
+    last = _CLOSING.sub("", hypothesis[-1])
+    return [*hypothesis[:-1], last] if last else list(hypothesis[:-1])
+
+
 def same_words(a: list[str], b: list[str]) -> bool:
     return len(a) == len(b) and all(spoken(x) == spoken(y) for x, y in zip(a, b))
 

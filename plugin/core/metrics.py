@@ -138,6 +138,20 @@ class Metrics:
             "duplex_turn_latency_seconds", "Per-stage latency of a turn, by stage")
         for stage in STAGE_LATENCIES:
             self.stage_latency.declare(stage=stage)
+        # semantic_vad (session/turn_end.py): each decision and its inputs.
+        self.turn_end_decisions = c("duplex_turn_end_decisions_total",
+                                    "Turns ended by semantic_vad, by eagerness and reason "
+                                    "(semantic: the words; silence: the cap)")
+        self.turn_end_resumed = c("duplex_turn_end_pauses_resumed_total",
+                                  "Pauses under semantic_vad that the user spoke on after "
+                                  "(did not take the turn)")
+        self.turn_end_probability = s("duplex_turn_end_probability",
+                                      "P(end of turn) from the LLM when a turn ended (not seconds)")
+        self.turn_end_silence = s("duplex_turn_end_silence_seconds",
+                                  "Silence heard when semantic_vad ended a turn")
+        self.speculations = c("duplex_speculations_total",
+                              "Speculative replies started at a pause, and whether they were "
+                              "used (released at commit) or discarded")
 
     def counter(self, name: str, help: str) -> Counter:
         with self._lock:

@@ -142,6 +142,38 @@ class VadSpeechStopped(InputObservation):
 
 
 @dataclass(frozen=True)
+class UserPaused(InputObservation):
+    """Policy input under ``semantic_vad``: the VAD heard a pause starting at
+    ``audio_ms``, which may or may not end the turn (the session decides,
+    ``session/turn_end.py``). The policy may push the words it held back as
+    still being heard, so the model judges the whole phrase."""
+
+    audio_ms: int
+
+
+@dataclass(frozen=True)
+class UserResumed(InputObservation):
+    """Policy input under ``semantic_vad``: the user spoke on after a pause
+    (it did not end the turn). ``speculation_discarded``: a reply started at
+    that pause was discarded, and the live request with it, so the policy may
+    make the model context hold the user's words again."""
+
+    speculation_discarded: bool = False
+
+
+@dataclass(frozen=True)
+class TurnEndProbability:
+    """From the LLM stage, for each chunk of user words it prefilled: ``p``,
+    the probability that the user's turn ends after ``text`` (the turn's
+    words so far), read from the sampled-and-dropped token's distribution
+    (the chat template's end-of-turn token plus sentence-final punctuation).
+    Fenced like a reply: a rebuilt context voids it."""
+
+    p: float
+    text: str
+
+
+@dataclass(frozen=True)
 class TranscriptDelta(InputObservation):
     text: str
 

@@ -36,17 +36,39 @@ class AudioFormat:
         return 2 if self.encoding is AudioEncoding.PCM16 else 1
 
 
+EAGERNESS = ("low", "medium", "high", "auto")
+
+# What ``semantic_vad`` runs as under a policy that cannot decide turns from
+# meaning: server VAD with a silence that follows the eagerness (how soon it
+# may answer); ``session.updated`` then says ``server_vad``, honestly.
+SEMANTIC_FALLBACK_SILENCE_MS = {"high": 300, "auto": 500, "medium": 500, "low": 1000}
+
+
 @dataclass(frozen=True)
 class TurnDetection:
-    type: str = "server_vad"
+    type: str = "server_vad"  # or "semantic_vad"
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int | None = None
+    eagerness: str = "auto"  # semantic_vad only
+
+    @property
+    def semantic(self) -> bool:
+        return self.type == "semantic_vad"
+
+    def as_server_vad(self) -> TurnDetection:
+        """The silence-only equivalent of a ``semantic_vad`` setting."""
+        return replace(self, type="server_vad",
+                       silence_duration_ms=SEMANTIC_FALLBACK_SILENCE_MS[self.eagerness])
 
     def wire(self) -> dict[str, Any]:
+        if self.semantic:  # the GA shape of semantic_vad
+            return {"type": self.type, "eagerness": self.eagerness,
+                    "create_response": self.create_response,
+                    "interrupt_response": self.interrupt_response}
         return {
             "type": self.type,
             "threshold": self.threshold,
@@ -181,6 +203,11 @@ def updated_config(config: SessionConfig, patch: SessionPatch, caps: Capabilitie
         raise DuplexError("immutable_field", f"{name} cannot change after the session opened",
                           param=f"session.{name}") from None
     td = new.turn_detection
+    if td is not None and td.semantic and td.type not in caps.turn_detection:
+        # A valid GA setting this policy cannot honour: accepted as what runs
+        # instead (never the whole update refused for it).
+        new = replace(new, turn_detection=td.as_server_vad())
+        td = new.turn_detection
     if td is not None and td.type not in caps.turn_detection:
         raise DuplexError("unsupported_turn_detection",
                           f"turn_detection {td.type!r} is not supported by policy {policy!r}",

@@ -5,6 +5,7 @@ manager, the clock and the metrics. Transports open sessions through it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -15,7 +16,7 @@ from vllm_duplex.core.commands import SessionResume
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.owner_ids import mint
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.core.session_config import EAGERNESS, SessionConfig, TurnDetection
 from vllm_duplex.host.deploy import DeployConfig
 from vllm_duplex.host.stage_types import build_stage
 from vllm_duplex.leases.manager import SessionManager
@@ -29,7 +30,25 @@ from vllm_duplex.stages.lifecycle import Lifecycle, Metered, ServesText, StageCo
 from vllm_duplex.stages.port import Stage
 
 _SESSION_DEFAULT_KEYS = ("instructions", "output_modalities", "voice", "temperature",
-                         "max_output_tokens")
+                         "max_output_tokens", "turn_detection")
+
+
+def _turn_detection(raw: Any) -> TurnDetection | None:
+    """A deploy config's default ``turn_detection`` (the GA shape; null: manual commits)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError("session.turn_detection must be a mapping or null")
+    fields = {f.name for f in dataclasses.fields(TurnDetection)}
+    unknown = set(raw) - fields
+    if unknown:
+        raise ValueError(f"unknown session.turn_detection keys: {sorted(unknown)}")
+    td = TurnDetection(**raw)
+    if td.type not in ("server_vad", "semantic_vad"):
+        raise ValueError(f"session.turn_detection.type {td.type!r} is not server_vad or semantic_vad")
+    if td.eagerness not in EAGERNESS:
+        raise ValueError(f"session.turn_detection.eagerness must be one of {EAGERNESS}")
+    return td
 
 
 class Runtime:
@@ -78,6 +97,8 @@ class Runtime:
         defaults = dict(config.session)
         if "output_modalities" in defaults:
             defaults["output_modalities"] = tuple(defaults["output_modalities"])
+        if "turn_detection" in defaults:
+            defaults["turn_detection"] = _turn_detection(defaults["turn_detection"])
         self.session_defaults = SessionConfig(model=config.model, policy=config.policy, **defaults)
         self.metrics.gauge("duplex_sessions_live", "Live sessions", lambda: len(self.manager))
         # The HTTP text surfaces need a vLLM text stage (a scripted pipeline has none).

@@ -20,6 +20,7 @@ the session-level rest here.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 from collections.abc import Callable, Collection, Sequence
@@ -66,12 +67,16 @@ from vllm_duplex.session.effects import (
     Forward,
     FrameDecoded,
     Submit,
+    TimerFired,
 )
 from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session.responses import ActiveResponse
+from vllm_duplex.session.speculation import Speculation
+from vllm_duplex.session.turn_end import TIMER as TURN_END_TIMER
+from vllm_duplex.session.turn_end import SemanticTurn
 from vllm_duplex.session.user_turn import UserTurn
 from vllm_duplex.session.video_input import VideoAdmission
 
@@ -97,9 +102,12 @@ class SessionCore:
         make_id: Callable[[str], str] = new_id,
     ) -> None:
         self.session_id = session_id
-        self._config = config
         self.policy = policy
         self.caps = policy.capabilities()
+        td = config.turn_detection
+        if td is not None and td.semantic and td.type not in self.caps.turn_detection:
+            config = dataclasses.replace(config, turn_detection=td.as_server_vad())  # what runs
+        self._config = config
         self.metrics = metrics
         self.limits = limits
         self.extra_wire = extra_wire or {}
@@ -116,6 +124,11 @@ class SessionCore:
         self.video = VideoAdmission(limits.video, started_at=now)
         self.response: ActiveResponse | None = None
         self.latency = TurnLatency(metrics.stage_latency)
+        self.turns = SemanticTurn()  # semantic_vad: which pauses end the turn
+        self.speculation = Speculation()  # a reply started at a pause, held
+        # What a fired timer (effects.ArmTimer) runs, by name.
+        self.timers: dict[str, Callable[[], None]] = {
+            TURN_END_TIMER: lambda: self.turns.fired(self)}
         self._effects: list[Effect] = []
         self._now = now
         self._received_at = now
@@ -152,6 +165,11 @@ class SessionCore:
     @property
     def policy_state(self) -> Any:
         return self._policy_state
+
+    @property
+    def generator(self) -> str:
+        """The stage that writes replies."""
+        return self._generator
 
     # ---- what the runner reads -------------------------------------------
 
@@ -247,6 +265,10 @@ class SessionCore:
         if ingest and plan.submissions:
             self.metrics.ingest_latency.observe(self._now - self._received_at)
 
+    def bump_epoch(self) -> None:
+        """Void every output under way (the gate drops it, the stages abort it)."""
+        self._advance(self.fence.next_epoch())
+
     def _advance(self, fence: Fence) -> None:
         self.gate.advance(fence)
         self.metrics.epoch_bumps.inc()
@@ -291,6 +313,11 @@ class SessionCore:
     def _on_failed(self, m: Failed) -> None:
         self.error(m.error)
 
+    def _on_timer(self, m: TimerFired) -> None:
+        fire = self.timers.get(m.name)
+        if fire is not None:
+            fire()
+
     # ---- responses --------------------------------------------------------
 
     def create_response(self, options: cmd.ResponseOptions) -> None:
@@ -305,14 +332,19 @@ class SessionCore:
         tools, tool_choice = self._tools_for(options)
         in_conversation = options.conversation != "none"
         fmt = options.output_format or self._config.output_format
+        context = self.context(options)
+        # A reply started at the pause with exactly this context (and the
+        # session's tools, which it ran with) is used.
+        own_tools = options.tools is not None or options.tool_choice is not None
+        held = (self.speculation.claim(self, context)
+                if in_conversation and not own_tools else None)
         response = Response(
-            id=self.make_id("resp"),
+            id=held.response_id if held is not None else self.make_id("resp"),
             conversation_id=None if not in_conversation else "conv_" + self.session_id,
             output_modalities=modalities, output_format=fmt.wire(),
             voice=options.voice or self._config.voice,
             max_output_tokens=options.max_output_tokens or self._config.max_output_tokens,
             metadata=options.metadata)
-        context = self.context(options)
         last = self.conversation.last
         active = ActiveResponse(response, self.make_id("item"), in_conversation=in_conversation,
                                 previous_item_id=last.id if last else None,
@@ -321,6 +353,11 @@ class SessionCore:
         active.times = self.latency.response_created(self._now)
         self.response = active
         self.emit_all(active.start_events())
+        if held is not None:  # its held output goes out now, the rest as it comes
+            active.request_id = held.request_id
+            for out in held.outputs:
+                self.decide(out, forwarded=True)
+            return
         sampling = self.policy.configure_sampling_params(self, options)
         request = GenerateRequest(response_id=active.id, context=context, sampling=sampling,
                                   tools=tools, tool_choice=tool_choice)
@@ -383,6 +420,15 @@ class SessionCore:
         if not self.gate.admit(out):  # the one place stale outputs are dropped
             self.metrics.stale_dropped.inc(stage=out.stage)
             return
+        if self.speculation.hold(self, out):  # a reply not asked for yet
+            return
+        if self.turns.intercept(self, out):  # semantic_vad's pauses and P(end)
+            return
+        self.decide(out)
+
+    def decide(self, out: StageOutput, *, forwarded: bool = False) -> None:
+        """An admitted output, as the policy decides it (``forwarded``: it
+        already went to the next stage, while it was held)."""
         payload = out.payload
         if type(payload) is StageFailed and payload.error.spec.terminal:
             # e.g. engine_dead: one terminal error, then the session ends
@@ -397,7 +443,7 @@ class SessionCore:
             self.execute(decision.plan)
         if decision.interrupt is not None:
             self.interrupt(decision.interrupt)
-        if decision.forward:
+        if decision.forward and not forwarded:
             self._effects.append(Forward(out))
         if decision.commit_turn and self.input.samples > 0:
             self.commit_input()
@@ -417,4 +463,5 @@ _HANDLERS: dict[type, Callable[[SessionCore, Any], None]] = {
     cmd.SessionClose: SessionCore._on_close,
     FrameDecoded: SessionCore._on_frame,
     Failed: SessionCore._on_failed,
+    TimerFired: SessionCore._on_timer,
 }

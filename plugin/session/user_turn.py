@@ -17,6 +17,7 @@ from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemTyp
 from vllm_duplex.core.payloads import INTERNAL_RATE, VadConfig
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.session.items import ItemStore
+from vllm_duplex.session.turn_end import PAUSE_DETECT_MS
 
 
 class UserTurn:
@@ -24,6 +25,7 @@ class UserTurn:
         self._make_id = make_id
         self.speaking = False
         self.pending_item: str | None = None  # minted at speech onset, used at commit
+        self.committed_item: str | None = None  # the last turn committed
 
     def _pending(self) -> str:
         if self.pending_item is None:
@@ -42,6 +44,11 @@ class UserTurn:
         """The item a transcript belongs to: the turn being heard, else the
         user item just committed (the final transcript lands after it)."""
         if self.pending_item is None:
+            # The reply may already follow it (semantic_vad releases a reply
+            # at the commit, before the final transcript).
+            if self.committed_item is not None and any(
+                    item.id == self.committed_item for item in conversation):
+                return self.committed_item
             last = conversation.last
             if last is not None and last.role is Role.USER:
                 return last.id
@@ -51,6 +58,7 @@ class UserTurn:
         """The turn's audio became a user item; the next turn gets a new id."""
         item_id = self._pending()
         self.pending_item = None
+        self.committed_item = item_id
         audio_ms = int(audio.size * 1000 // INTERNAL_RATE)
         item = ConversationItem(id=item_id, type=ItemType.MESSAGE, role=Role.USER,
                                 content=[ContentPart(type="input_audio", audio_ms=audio_ms)])
@@ -60,5 +68,8 @@ class UserTurn:
     def vad_config(config: SessionConfig) -> VadConfig:
         td = config.turn_detection
         assert td is not None
+        # semantic_vad: the VAD reports every short pause; which one ends the
+        # turn is decided by the session (turn_end.py).
+        silence = PAUSE_DETECT_MS if td.semantic else td.silence_duration_ms
         return VadConfig(threshold=td.threshold, prefix_padding_ms=td.prefix_padding_ms,
-                         silence_duration_ms=td.silence_duration_ms)
+                         silence_duration_ms=silence)

@@ -195,7 +195,12 @@ async def _talk(args: argparse.Namespace, samples: np.ndarray, wav_rate: int) ->
                           channels=args.out_channels)
     stopped = _seen(client, "input_audio_buffer.speech_stopped")
     ref_t = manual_t if manual_t is not None else (stopped or {}).get("_recv_t", start)
-    _report(result, user, ref_t, len(pcm) / 2 / in_rate, out_rate, manual_t is not None)
+    # Where the user's speech ended on this clock: the audio streamed at real
+    # time, so the VAD's audio_end_ms after the start of sending.
+    speech_end_t = None
+    if stopped is not None and manual_t is None and not args.no_realtime:
+        speech_end_t = start + stopped.get("audio_end_ms", 0) / 1000
+    _report(result, user, ref_t, len(pcm) / 2 / in_rate, out_rate, manual_t is not None, speech_end_t)
     print(f"wrote {args.out} ({written} Hz, {args.out_channels} channel"
           f"{'s' if args.out_channels > 1 else ''})")
     if result.status != "completed":
@@ -213,7 +218,7 @@ _TEXT_DELTAS = ("response.output_audio_transcript.delta", "response.output_text.
 
 
 def _report(result: ResponseResult, user: dict[str, Any] | None, ref_t: float,
-            in_s: float, out_rate: int, manual: bool) -> None:
+            in_s: float, out_rate: int, manual: bool, speech_end_t: float | None = None) -> None:
     if user is not None:
         print(f"user:      {user.get('transcript', '')}")
     print(f"assistant: {result.transcript or result.text}")
@@ -223,6 +228,10 @@ def _report(result: ResponseResult, user: dict[str, Any] | None, ref_t: float,
     out_s = len(result.audio) / 2 / out_rate
     ref = "commit" if manual else "speech_stopped"
     ttfa = f"{(first['_recv_t'] - ref_t) * 1000:.0f} ms" if first else "n/a (no audio)"
+    if first is not None and speech_end_t is not None:
+        # What a user notices: the silence after their last word (the turn
+        # decision included, which TTFA from speech_stopped leaves out).
+        print(f"turn gap (end of speech -> first audio): {(first['_recv_t'] - speech_end_t) * 1000:.0f} ms")
     print(f"TTFA ({ref} -> first audio): {ttfa}")
     # The first word of the reply: the LLM's time to first token as the client sees it.
     word = next((e for e in result.events if e.get("type") in _TEXT_DELTAS), None)

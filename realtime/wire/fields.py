@@ -15,6 +15,7 @@ from typing import Any
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.session_config import (
+    EAGERNESS,
     AudioEncoding,
     AudioFormat,
     SessionPatch,
@@ -176,30 +177,40 @@ def _transcription(v: Any, p: str) -> Transcription | None:
     return Transcription(**kw)
 
 
+def _ms(hi: int) -> Callable[[Any, str], Any]:
+    """A duration in ms, at most ``hi`` (anything longer is a mistake, not a wish)."""
+    def parse(v: Any, p: str) -> Any:
+        if v is None:
+            return _MISSING
+        if not _is_int(v) or not 0 <= v <= hi:
+            raise _bad(p, f"{p} must be an integer number of milliseconds in [0, {hi}]")
+        return v
+
+    return parse
+
+
 _TD_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     "threshold": _ranged(0.0, 1.0),
-    "prefix_padding_ms": _int,
-    "silence_duration_ms": _int,
+    "prefix_padding_ms": _ms(5_000),
+    "silence_duration_ms": _ms(10_000),
     "create_response": _bool,
     "interrupt_response": _bool,
 }
+_IDLE_TIMEOUT_MAX_MS = 3_600_000
 
 
-# ``semantic_vad`` (the default of LiveKit Agents and the OpenAI Agents SDK)
-# is accepted until the engine decides turns from meaning: it runs as
-# server VAD with a silence that follows its eagerness (how soon it may
-# answer), and ``session.updated`` reports that effective server_vad. Refusing
-# it would drop the whole session.update (voice, tools, instructions with it).
-SEMANTIC_VAD_SILENCE_MS = {"high": 300, "auto": 500, "medium": 500, "low": 1000}
-
-
+# ``semantic_vad`` (OpenAI GA; the default of LiveKit Agents and the OpenAI
+# Agents SDK): the end of a turn is decided from what was said as well as the
+# silence (``session/turn_end.py``); ``eagerness`` says how soon it may answer.
+# A policy that cannot decide from meaning runs it as server VAD and says so in
+# ``session.updated`` (``session_config.updated_config``).
 def _semantic_vad(td: dict[str, Any], p: str) -> TurnDetection:
     eagerness = td.get("eagerness")
     if eagerness is None:
         eagerness = "auto"
-    if not isinstance(eagerness, str) or eagerness not in SEMANTIC_VAD_SILENCE_MS:
+    if not isinstance(eagerness, str) or eagerness not in EAGERNESS:
         raise _bad(f"{p}.eagerness", f'{p}.eagerness must be "low", "medium", "high" or "auto"')
-    kw: dict[str, Any] = {"silence_duration_ms": SEMANTIC_VAD_SILENCE_MS[eagerness]}
+    kw: dict[str, Any] = {"type": "semantic_vad", "eagerness": eagerness}
     for key in ("create_response", "interrupt_response"):
         val = _bool(td.get(key), f"{p}.{key}")
         if val is not _MISSING:
@@ -224,7 +235,7 @@ def _turn_detection(v: Any, p: str) -> TurnDetection | None:
         if val is not _MISSING:
             kw[key] = val
     if "idle_timeout_ms" in td:  # null is meaningful: no idle timeout
-        val = _int(td["idle_timeout_ms"], f"{p}.idle_timeout_ms")
+        val = _ms(_IDLE_TIMEOUT_MAX_MS)(td["idle_timeout_ms"], f"{p}.idle_timeout_ms")
         kw["idle_timeout_ms"] = None if val is _MISSING else val
     return TurnDetection(**kw)
 

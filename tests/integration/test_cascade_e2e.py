@@ -25,6 +25,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
+from vllm_duplex.core.session_config import SessionPatch, TurnDetection
 from vllm_duplex.host.deploy import load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.client.realtime import RealtimeClient
@@ -137,6 +138,9 @@ async def test_an_asr_revision_rolls_back_and_the_answer_is_still_right(vllm_sta
     await engine.start()
     session = await engine.open_realtime_session(None)
     try:
+        # Server VAD: the scripted VadSpeechStopped below is the end of the turn
+        # (under the default semantic_vad it would be a pause to judge).
+        session.deliver(cmd.SessionUpdate(patch=SessionPatch(turn_detection=TurnDetection())))
         session.deliver(cmd.AudioAppend(audio=bytes(9600)))  # 200 ms of silence to commit
         fence = session.fence
         rid = fence.request_id("in")

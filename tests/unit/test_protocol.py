@@ -206,16 +206,15 @@ class TestClientDefaults:
     """What real clients send by default (LiveKit Agents, the OpenAI Agents SDK:
     ``semantic_vad``; every client: its own model name) is understood, never refused."""
 
-    @pytest.mark.parametrize(("eagerness", "silence_ms"),
-                             [(None, 500), ("auto", 500), ("medium", 500), ("high", 300), ("low", 1000)])
-    def test_semantic_vad_runs_as_server_vad_with_its_eagerness(self, eagerness, silence_ms) -> None:
+    @pytest.mark.parametrize("eagerness", [None, "auto", "medium", "high", "low"])
+    def test_semantic_vad_is_parsed_with_its_eagerness(self, eagerness) -> None:
         td = {"type": "semantic_vad", "create_response": True, "interrupt_response": False}
         if eagerness is not None:
             td["eagerness"] = eagerness
         for session in ({"audio": {"input": {"turn_detection": td}}}, {"turn_detection": td}):
             patch = parse(su(session)).patch
             assert patch.turn_detection == TurnDetection(
-                "server_vad", silence_duration_ms=silence_ms, create_response=True,
+                "semantic_vad", eagerness=eagerness or "auto", create_response=True,
                 interrupt_response=False)
 
     def test_semantic_vad_keeps_the_rest_of_the_update(self) -> None:
@@ -223,7 +222,14 @@ class TestClientDefaults:
             "input": {"turn_detection": {"type": "semantic_vad"}},
             "output": {"voice": "marin"}}})).patch
         assert (patch.instructions, patch.voice) == ("hi", "marin")
-        assert patch.turn_detection.type == "server_vad"
+        assert patch.turn_detection.type == "semantic_vad"
+
+    @pytest.mark.parametrize(("field", "value"), [
+        ("silence_duration_ms", -1), ("silence_duration_ms", 10_001), ("silence_duration_ms", 1.5),
+        ("prefix_padding_ms", 86_400_000), ("idle_timeout_ms", 10**9)])
+    def test_absurd_durations_are_refused_naming_the_field(self, field, value) -> None:
+        fails(su({"audio": {"input": {"turn_detection": {"type": "server_vad", field: value}}}}),
+              "invalid_value", f"{TD}.{field}", "e")
 
     @pytest.mark.parametrize("eagerness", ["eager", 1, True])
     def test_semantic_vad_bad_eagerness(self, eagerness) -> None:

@@ -171,7 +171,9 @@ def test_duplicate_numbered_audio_is_ignored_and_a_gap_refused():
 
 @pytest.mark.parametrize("patch, code, param", [
     (SessionPatch(model="other"), "immutable_field", "session.model"),
-    (SessionPatch(turn_detection=TurnDetection(type="semantic_vad")),
+    # (semantic_vad is not refused: a policy without it runs it as server
+    # VAD, tests/unit/test_turn_end.py)
+    (SessionPatch(turn_detection=TurnDetection(type="push_to_talk")),
      "unsupported_turn_detection", "session.audio.input.turn_detection.type"),
     (SessionPatch(output_modalities=("video",)), "invalid_value", "session.output_modalities"),
 ])

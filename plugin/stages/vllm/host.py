@@ -46,10 +46,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def prefill_params() -> SamplingParams:
+def prefill_params(logprobs: int | None = None) -> SamplingParams:
     """A chunk that only fills the KV: one greedy token, which vLLM drops when
-    the next chunk arrives. ``detokenize=False``: see ``decode.py``."""
-    return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+    the next chunk arrives. ``detokenize=False``: see ``decode.py``.
+    ``logprobs``: the top ones of that token's distribution come back (the
+    turn-end probe, ``live.Probe``)."""
+    return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, logprobs=logprobs,
                           output_kind=RequestOutputKind.DELTA)
 
 
@@ -139,6 +141,10 @@ class EngineHost:
         self.settings = settings
         self.clock = clock or MonotonicClock()
         self.counters = HostCounters()
+        # Top logprobs on every chunk of a streaming request (None: none). The
+        # LLM stage reads P(end of turn) from them; every chunk asks for the
+        # same, since vLLM 0.32 sets a request's logprobs up from its first chunk.
+        self.probe_logprobs: int | None = None
         self.engine_start_s: float | None = None
         self._engine = engine
         self._owns_engine = engine is None

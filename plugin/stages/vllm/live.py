@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -53,6 +54,7 @@ from vllm_duplex.core.payloads import (
     StageInput,
     TextDelta,
     ToolCall,
+    TurnEndProbability,
 )
 from vllm_duplex.stages.port import PortBase
 from vllm_duplex.stages.vllm.decode import Call, Piece, ReplyDecoder, Text
@@ -61,6 +63,24 @@ from vllm_duplex.stages.vllm.host import HostedStage, prefill_params
 log = logging.getLogger(__name__)
 
 _PREFILL: Any = object()  # a pending prefill chunk: one sampled token that vLLM drops
+
+
+@dataclass(eq=False)
+class Probe:
+    """A pending prefill chunk of user words whose dropped token is read: the
+    probability mass of ``end_ids`` (the chat template's end of turn, and
+    sentence-final punctuation) in its distribution is P(the user's turn ends
+    after ``text``), sent as ``TurnEndProbability`` under ``item``'s fence."""
+
+    item: StageInput
+    text: str
+    end_ids: frozenset[int]
+
+    def probability(self, logprobs: Any) -> TurnEndProbability | None:
+        if not logprobs:
+            return None
+        p = sum(math.exp(lp.logprob) for tid, lp in logprobs.items() if tid in self.end_ids)
+        return TurnEndProbability(min(1.0, p), self.text)
 
 
 @dataclass(eq=False)
@@ -110,7 +130,7 @@ class LiveRequest:
     streaming: bool = True
     inputs: asyncio.Queue[tuple[Any, SamplingParams] | None] = field(default_factory=asyncio.Queue)
     one_shot: tuple[Any, SamplingParams] | None = None
-    pending: deque[Any] = field(default_factory=deque)  # _PREFILL | Reply, in order
+    pending: deque[Any] = field(default_factory=deque)  # _PREFILL | Probe | Reply, in order
     reply: Reply | None = None
     dropped: bool = False
     abort_sent: bool = False
@@ -252,14 +272,16 @@ class LivePort(PortBase):
         return live
 
     def _push(self, live: LiveRequest, item: StageInput, chunk: Any,
-              reply: Reply | None = None, params: SamplingParams | None = None) -> None:
-        """Send ``chunk`` on ``live``: a prefill, or (with ``reply``) the chunk
-        that asks for the reply with ``params``."""
+              reply: Reply | None = None, params: SamplingParams | None = None,
+              probe: Probe | None = None) -> None:
+        """Send ``chunk`` on ``live``: a prefill (``probe``: one whose dropped
+        token is read), or (with ``reply``) the chunk that asks for the reply
+        with ``params``."""
         if item.fence > live.fence:
             live.fence = item.fence
         if reply is None:
-            live.pending.append(_PREFILL)
-            params = prefill_params()
+            live.pending.append(_PREFILL if probe is None else probe)
+            params = prefill_params(self._host.probe_logprobs)
         else:
             live.pending.append(reply)
             live.reply = reply
@@ -309,7 +331,7 @@ class LivePort(PortBase):
 
     async def _consume(self, live: LiveRequest) -> None:
         if live.streaming:
-            source, params = live.stream(self._render), prefill_params()
+            source, params = live.stream(self._render), prefill_params(self._host.probe_logprobs)
         else:
             assert live.one_shot is not None
             source, params = live.one_shot
@@ -338,9 +360,16 @@ class LivePort(PortBase):
     async def _on_output(self, live: LiveRequest, out: RequestOutput) -> None:
         comp = out.outputs[0]
         ids = list(comp.token_ids)
-        while ids and live.pending and live.pending[0] is _PREFILL:
-            live.pending.popleft()
+        logprobs = getattr(comp, "logprobs", None)  # (a fake engine may not have them)
+        n = 0
+        while ids and live.pending and not isinstance(live.pending[0], Reply):
+            entry = live.pending.popleft()
             ids.pop(0)
+            if isinstance(entry, Probe) and logprobs is not None and n < len(logprobs):
+                p = entry.probability(logprobs[n])
+                if p is not None:
+                    await self._emit_for(entry.item, p)
+            n += 1
         reply = live.reply
         if reply is None or reply.done:
             return

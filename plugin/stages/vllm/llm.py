@@ -57,7 +57,7 @@ from vllm_duplex.core.payloads import (
 from vllm_duplex.stages.vllm.chat import SENTINEL, ChatTemplate, sampling_options
 from vllm_duplex.stages.vllm.decode import ReplyDecoder
 from vllm_duplex.stages.vllm.host import EngineHost, EngineSettings, HostedStage
-from vllm_duplex.stages.vllm.live import LivePort, LiveRequest, Reply
+from vllm_duplex.stages.vllm.live import LivePort, LiveRequest, Probe, Reply
 from vllm_duplex.stages.vllm.tools import (
     parse_tool_call as parse_tool_call,  # re-exported: tests
 )
@@ -99,13 +99,19 @@ class VllmLlmStage(HostedStage):
         engine_kwargs: dict[str, Any] | None = None,
         restart_on_failure: bool = True,
         restart_backoff_s: float = 1.0,
+        turn_end_logprobs: int | None = 20,
     ) -> None:
         settings = EngineSettings(str(model) if model is not None else None, dtype, enforce_eager,
                                   max_model_len, enable_prefix_caching, dict(engine_kwargs or {}))
         self.host = EngineHost(name, settings, engine=engine, clock=clock,
                                restart_on_failure=restart_on_failure,
                                restart_backoff_s=restart_backoff_s, warm_prompt=_warm_prompt)
+        # P(end of turn) is read from the top ``turn_end_logprobs`` of each
+        # user-words chunk's dropped token (None: not read; semantic_vad then
+        # ends turns on silence alone).
+        self.host.probe_logprobs = turn_end_logprobs
         self.default_max_tokens = default_max_tokens
+        self.end_ids: frozenset[int] | None = None  # found from the chat template, once
         # Tools + last message from the user -> a grammar-constrained call (a
         # one-shot request: grammars do not follow streaming-input chunks).
         self.constrain_tools = constrain_tools
@@ -125,6 +131,7 @@ class _Held(LiveRequest):
     held_len: int = 0
     messages: tuple[ContextMessage, ...] = ()  # the conversation held_text renders
     user_turn_open: bool = False  # a TextIn opened a user message nothing closed yet
+    user_text: str = ""  # the words of that open user message
 
 
 def opener_after(probe: str, held_text: str) -> str | None:
@@ -177,8 +184,25 @@ class VllmLlmPort(LivePort):
         else:
             await self._generate(item, payload)
 
+    def _learn_end_ids(self, probe: str) -> None:
+        """The tokens that end a user's turn, once: the chat template's end of
+        a user message (what follows the sentinel in ``probe``, a rendered
+        user message), and sentence-final punctuation."""
+        if self._llm.end_ids is not None:
+            return
+        chat = self._host.chat
+        ids: set[int] = set()
+        tail = probe[probe.find(SENTINEL) + len(SENTINEL):]
+        if tail.strip():
+            ids.add(chat.encode(tail)[0])
+        for mark in ("?", ".", "!"):
+            enc = chat.encode(mark)
+            if len(enc) == 1:
+                ids.add(enc[0])
+        self._llm.end_ids = frozenset(ids)
+
     def _append(self, live: _Held, item: StageInput, text: str, reply: Reply | None = None,
-                params: SamplingParams | None = None) -> None:
+                params: SamplingParams | None = None, probe: bool = False) -> None:
         """Append ``text`` to ``live`` as one chunk (a prefill, or ``reply``'s prompt)."""
         ids = self._chat.encode(text)
         if not ids:
@@ -193,7 +217,11 @@ class VllmLlmPort(LivePort):
         live.held_len += len(ids)
         if reply is not None:
             reply.base_len = live.held_len
-        self._push(live, item, tokens_input(ids), reply, params)
+        turn_end = None
+        end_ids = self._llm.end_ids
+        if probe and live.streaming and self._host.probe_logprobs and end_ids:
+            turn_end = Probe(item, live.user_text, end_ids)
+        self._push(live, item, tokens_input(ids), reply, params, turn_end)
 
     def _keep_reply(self, live: LiveRequest, reply: Reply, *, continuing: bool) -> None:
         """A request that goes on holds the prompt and every reply token but
@@ -235,7 +263,8 @@ class VllmLlmPort(LivePort):
         if live is not None and live.user_turn_open:
             # Words joined by one space, as a transcript joins them; a leading
             # space also makes each word tokenize as it does in the whole text.
-            self._append(live, item, text if text[:1].isspace() else " " + text)
+            live.user_text = f"{live.user_text} {text.strip()}".strip()
+            self._append(live, item, text if text[:1].isspace() else " " + text, probe=True)
             return
         words = text.lstrip()
         if not words:
@@ -245,6 +274,7 @@ class VllmLlmPort(LivePort):
             self._chat.render, (*messages, ContextMessage("user", SENTINEL)), False)
         if self._voided(item):
             return
+        self._learn_end_ids(probe)
         if self._live is not live:  # dropped meanwhile (a cancel, an eviction): start over
             await self._text_in(item, text)
             return
@@ -258,7 +288,8 @@ class VllmLlmPort(LivePort):
             if opener is None:
                 raise DuplexError("stage_failed", "the chat template has no user message prefix")
         live.user_turn_open = True
-        self._append(live, item, opener + words)
+        live.user_text = words.strip()
+        self._append(live, item, opener + words, probe=True)
 
     async def _generate(self, item: StageInput, req: GenerateRequest) -> None:
         counters, chat = self._host.counters, self._chat
@@ -292,12 +323,13 @@ class VllmLlmPort(LivePort):
                 counters.fresh_prefills += 1
             live, text = self._start(item), prompt
         live.user_turn_open = False
+        live.user_text = ""
         live.messages = req.context
-        self._append(live, item, text, reply, self._sampling(req))
+        self._append(live, item, text, reply, self._sampling(req, logprobs=self._host.probe_logprobs))
 
-    def _sampling(self, req: GenerateRequest,
-                  structured: StructuredOutputsParams | None = None) -> SamplingParams:
+    def _sampling(self, req: GenerateRequest, structured: StructuredOutputsParams | None = None,
+                  logprobs: int | None = None) -> SamplingParams:
         # max_tokens is clamped to the room left in the context by _append.
-        return SamplingParams(detokenize=False, structured_outputs=structured,
+        return SamplingParams(detokenize=False, structured_outputs=structured, logprobs=logprobs,
                               output_kind=RequestOutputKind.DELTA,
                               **sampling_options(req.sampling, self._llm.default_max_tokens))

@@ -1,0 +1,375 @@
+"""semantic_vad through the session core, on a virtual timeline.
+
+A ``SessionCore`` with the real cascade policy is driven with the stage
+outputs a real pipeline makes (VAD pauses, ASR partials, the LLM's
+``TurnEndProbability``) at chosen times; the core's ``ArmTimer`` effects are
+the only clock it has, and ``TimerFired`` is delivered when the test says
+the time has come -- so "a complete question commits after 200 ms" is
+checked exactly, not with sleeps and tolerances.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from vllm_duplex.core import commands as cmd
+from vllm_duplex.core.contracts import InputMode
+from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.core.payloads import (
+    AudioOut,
+    ContextMessage,
+    GenerateRequest,
+    GenerationDone,
+    ResetContext,
+    SpeechDone,
+    StageOutput,
+    TextDelta,
+    TextIn,
+    TranscriptFinal,
+    TranscriptPartial,
+    TurnEndProbability,
+    VadConfig,
+    VadSpeechStarted,
+    VadSpeechStopped,
+)
+from vllm_duplex.core.session_config import SessionConfig, SessionPatch, TurnDetection
+from vllm_duplex.models.cascade import CascadePolicy
+from vllm_duplex.models.scripted import ScriptedPolicy
+from vllm_duplex.session.core import SessionCore
+from vllm_duplex.session.effects import ArmTimer, Cancel, CancelTimer, Emit, Submit, TimerFired
+from vllm_duplex.session.turn_end import (
+    EAGERNESS_TIMING,
+    PAUSE_DETECT_MS,
+    TIMER,
+    needed_silence_ms,
+)
+
+SECOND = bytes(2 * 24000)  # one second of PCM16 24 kHz
+COMPLETE, UNFINISHED = 0.9, 0.0004  # SmolLM2's P(end) after "...of france" / "...capital of"
+
+
+class Ids:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, prefix: str) -> str:
+        self.n += 1
+        return f"{prefix}_{self.n}"
+
+
+class Timeline:
+    """A core and the timer it has armed; ``at(t, payload)`` hands it a stage output."""
+
+    def __init__(self, eagerness: str = "auto", policy=None) -> None:
+        policy = policy or CascadePolicy()
+        td = TurnDetection(type="semantic_vad", eagerness=eagerness)
+        self.core = SessionCore("s", config=SessionConfig(model="m", policy=policy.name,
+                                                          turn_detection=td),
+                                policy=policy, stage_names=("vad", "asr", "llm", "tts"),
+                                metrics=Metrics(), now=0.0, make_id=Ids())
+        self.timer: ArmTimer | None = None
+        self.effects = self._track(self.core.start("tok", 0.0))
+
+    def _track(self, effects):
+        for e in effects:
+            if isinstance(e, ArmTimer) and e.name == TIMER:
+                self.timer = e
+            elif isinstance(e, CancelTimer) and e.name == TIMER:
+                self.timer = None
+        return effects
+
+    def at(self, t: float, payload, stage: str) -> list:
+        fence = self.core.fence
+        return self._track(self.core.handle(StageOutput(fence, fence.request_id(stage), stage,
+                                                        payload), t))
+
+    def audio(self, t: float) -> list:
+        return self._track(self.core.handle(cmd.AudioAppend(audio=SECOND), t))
+
+    def fire(self) -> list:
+        timer, self.timer = self.timer, None
+        assert timer is not None, "no timer armed"
+        return self._track(self.core.handle(TimerFired(timer.name), timer.at))
+
+    def speak(self, words: str, t: float = 1.0) -> None:
+        """Speech onset, then the ASR's partials as a user says ``words``."""
+        self.audio(t)
+        self.at(t, VadSpeechStarted(audio_ms=0), "vad")
+        ws = words.split()
+        for n in range(1, len(ws) + 1):
+            self.at(t + 0.1 * n, TranscriptPartial(" ".join(ws[:n])), "asr")
+
+
+def types(effects) -> list[str]:
+    return [e.envelope.event.type if isinstance(e, Emit) else type(e).__name__ for e in effects]
+
+
+def pushed(effects) -> list[str]:
+    return [e.payload.text for e in effects if isinstance(e, Submit) and isinstance(e.payload, TextIn)]
+
+
+# ---- the rule ---------------------------------------------------------------------
+
+
+def test_the_silence_needed_falls_with_p_end_from_the_cap_to_the_fast_silence():
+    for eagerness, t in EAGERNESS_TIMING.items():
+        assert needed_silence_ms(None, eagerness) == t.cap_ms  # not judged yet: the cap
+        assert needed_silence_ms(UNFINISHED, eagerness) == t.cap_ms
+        assert needed_silence_ms(COMPLETE, eagerness) == t.fast_ms
+        ladder = [needed_silence_ms(p, eagerness) for p in (0.001, 0.005, 0.02, 0.05, 0.1)]
+        assert ladder == sorted(ladder, reverse=True) and len(set(ladder)) == 5
+    assert 150 <= needed_silence_ms(COMPLETE, "auto") <= 250
+    assert 150 <= needed_silence_ms(COMPLETE, "high") <= 250
+    assert 1500 <= needed_silence_ms(UNFINISHED, "low") <= 3000
+    assert needed_silence_ms(UNFINISHED, "high") > 900  # a 900 ms thinking pause keeps the turn
+
+
+# ---- decisions through the core, at each eagerness ----------------------------------
+
+
+def test_start_sets_the_vad_to_report_short_pauses():
+    tl = Timeline()
+    [vad] = [e for e in tl.effects if isinstance(e, Submit)]
+    assert vad.payload == VadConfig(silence_duration_ms=PAUSE_DETECT_MS)
+    wire = tl.core.session_object()["audio"]["input"]["turn_detection"]
+    assert wire == {"type": "semantic_vad", "eagerness": "auto", "create_response": True,
+                    "interrupt_response": True}
+
+
+@pytest.mark.parametrize("eagerness", ["low", "medium", "high", "auto"])
+@pytest.mark.parametrize(("p", "complete"), [(COMPLETE, True), (UNFINISHED, False)])
+def test_a_pause_ends_the_turn_after_the_silence_its_words_need(eagerness, p, complete):
+    tl = Timeline(eagerness)
+    tl.speak("what is the capital of france")
+    # The VAD reports the pause PAUSE_DETECT_MS after it began (at t=2.0).
+    effects = tl.at(2.0 + PAUSE_DETECT_MS / 1000, VadSpeechStopped(audio_ms=1000), "vad")
+    # Not the end of the turn yet: nothing for the client; the last word
+    # (held back as still being heard) goes to the model to be judged.
+    assert "input_audio_buffer.speech_stopped" not in types(effects)
+    assert pushed(effects) == ["france"]
+    cap = EAGERNESS_TIMING[eagerness].cap_ms
+    assert tl.timer.at == pytest.approx(2.0 + cap / 1000)  # unjudged words: the cap
+    tl.at(2.12, TurnEndProbability(p, "what is the capital of france"), "llm")
+    needed = needed_silence_ms(p, eagerness)
+    assert tl.timer.at == pytest.approx(2.0 + needed / 1000)
+    effects = tl.fire()
+    # Then exactly what server VAD does at its end of speech: the ASR is told
+    # (it finalizes the transcript) and the turn commits.
+    assert types(effects)[:5] == ["input_audio_buffer.speech_stopped", "Forward",
+                                  "input_audio_buffer.committed", "conversation.item.added",
+                                  "conversation.item.done"]
+    assert effects[0].envelope.event.audio_end_ms == 1000
+    assert effects[1].output.payload == VadSpeechStopped(audio_ms=1000)
+    m = tl.core.metrics
+    reason = "semantic" if complete else "silence"
+    assert m.turn_end_decisions.get(eagerness=eagerness, reason=reason) == 1
+    assert list(m.turn_end_silence.samples) == [pytest.approx(needed / 1000)]
+    assert list(m.turn_end_probability.samples) == [p]
+    assert tl.core.turns.last.wire() == {
+        "p_end": p, "text": "what is the capital of france", "silence_ms": needed,
+        "needed_ms": needed, "eagerness": eagerness, "reason": reason}
+    if complete:
+        assert needed <= 400
+    else:
+        assert needed >= 1200
+
+
+@pytest.mark.parametrize("eagerness", ["low", "medium", "high", "auto"])
+def test_a_thinking_pause_inside_a_phrase_does_not_take_the_turn(eagerness):
+    tl = Timeline(eagerness)
+    tl.speak("what is the capital of")
+    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    tl.at(2.2, TurnEndProbability(UNFINISHED, "what is the capital of"), "llm")
+    armed = tl.timer
+    # The user goes on after 900 ms: the pause is dropped, the client never heard of it.
+    effects = tl.at(2.9, VadSpeechStarted(audio_ms=1900), "vad")
+    assert types(effects) == ["CancelTimer"]
+    assert tl.timer is None
+    # A timer that was already queued when the speech came is stale.
+    assert tl.core.handle(TimerFired(armed.name), armed.at) == []
+    assert tl.core.metrics.turn_end_resumed.get(eagerness=eagerness) == 1
+    # The words go on into the same turn, and its end commits it once.
+    tl.at(3.0, TranscriptPartial("what is the capital of france"), "asr")
+    tl.at(3.2, VadSpeechStopped(audio_ms=2200), "vad")
+    tl.at(3.12, TurnEndProbability(COMPLETE, "what is the capital of france"), "llm")
+    effects = tl.fire()
+    assert types(effects).count("input_audio_buffer.committed") == 1
+    assert effects[0].envelope.event.audio_end_ms == 2200
+
+
+def test_a_probability_that_comes_after_the_deadline_commits_at_once():
+    tl = Timeline("high")
+    tl.speak("tell me a joke")
+    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    # The model was slow (a busy CPU): by the time it says "complete", the
+    # fast silence has long passed.
+    effects = tl.at(2.5, TurnEndProbability(COMPLETE, "tell me a joke"), "llm")
+    assert "input_audio_buffer.committed" in types(effects)
+    assert tl.core.turns.last.silence_ms == 500
+
+
+def test_silence_alone_ends_the_turn_at_the_cap():
+    tl = Timeline("low")
+    tl.speak("so um")
+    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")  # no P(end) ever comes
+    assert tl.timer.at == pytest.approx(2.0 + EAGERNESS_TIMING["low"].cap_ms / 1000)
+    assert "input_audio_buffer.committed" in types(tl.fire())
+    assert tl.core.turns.last.reason == "silence" and tl.core.turns.last.p is None
+
+
+def test_server_vad_commits_on_the_vads_silence_and_ignores_probabilities():
+    tl = Timeline()
+    tl.core.handle(cmd.SessionUpdate(patch=SessionPatch(turn_detection=TurnDetection())), 0.5)
+    tl.speak("what is the capital of france")
+    assert tl.at(2.0, TurnEndProbability(COMPLETE, "x"), "llm") == []
+    effects = tl.at(2.5, VadSpeechStopped(audio_ms=1000), "vad")
+    assert "input_audio_buffer.committed" in types(effects) and tl.timer is None
+
+
+def test_a_policy_without_semantic_turns_runs_it_as_server_vad_and_says_so():
+    policy = ScriptedPolicy()
+    core = SessionCore("s", config=SessionConfig(model="m", policy=policy.name), policy=policy,
+                       stage_names=("vad", "llm", "tts"), metrics=Metrics(), now=0.0)
+    patch = SessionPatch(turn_detection=TurnDetection(type="semantic_vad", eagerness="low"),
+                         instructions="be brief")
+    effects = core.handle(cmd.SessionUpdate(patch=patch), 0.0)
+    assert types(effects) == ["Submit", "session.updated"]
+    assert effects[0].payload.silence_duration_ms == 1000
+    session = effects[1].envelope.event.session
+    assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    assert session["instructions"] == "be brief"  # the rest of the update applies
+
+
+def test_stale_probabilities_die_at_the_gate():
+    tl = Timeline()
+    tl.speak("what is the capital of france")
+    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    old = Fence("s")
+    tl.core.execute(CascadePolicy().plan_append(tl.core, cmd.DuplexInput(
+        mode=InputMode.REENCODE_CONTEXT)))
+    before = tl.timer
+    tl.core.handle(StageOutput(old, old.request_id("llm"), "llm",
+                               TurnEndProbability(COMPLETE, "x")), 2.2)
+    assert tl.timer == before and tl.core.metrics.stale_dropped.get(stage="llm") == 1
+
+
+# ---- speculative replies ------------------------------------------------------------
+
+
+def emits(effects) -> list[str]:
+    return [e.envelope.event.type for e in effects if isinstance(e, Emit)]
+
+
+def speculate(tl: Timeline, words: str = "what is the capital of france"):
+    """A complete question and a pause: the reply starts, held."""
+    tl.speak(words)
+    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    effects = tl.at(2.12, TurnEndProbability(COMPLETE, words), "llm")
+    [req] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
+    assert req.payload.context[-1] == ContextMessage("user", words)
+    assert emits(effects) == []  # nothing of it for the client
+    rid = req.payload.response_id
+    # Its text goes to the TTS now, its audio into the held buffer.
+    text = tl.at(2.15, TextDelta(rid, "The capital of France is Paris."), "llm")
+    assert types(text) == ["Forward"]
+    assert tl.at(2.3, AudioOut(rid, np.zeros(8000, np.int16), text="The capital"), "tts") == []
+    assert tl.core.metrics.speculations.get(outcome="started") == 1
+    return rid, req
+
+
+def test_a_speculation_is_released_the_moment_the_turn_commits():
+    tl = Timeline("auto")
+    rid, req = speculate(tl)
+    effects = tl.fire()  # 200 ms after the pause began
+    # The commit, then at once the reply with what was held: no second request.
+    assert emits(effects) == [
+        "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+        "conversation.item.added", "conversation.item.done", "response.created",
+        "response.output_item.added", "conversation.item.added", "response.content_part.added",
+        "response.output_audio_transcript.delta", "response.output_audio.delta"]
+    assert [e for e in effects if isinstance(e, Submit)] == []
+    assert tl.core.response.id == rid
+    assert tl.core.metrics.speculations.get(outcome="used") == 1
+    # The ASR's final says the same words (in its spelling): nothing changes.
+    effects = tl.at(2.35, TranscriptFinal("What is the capital of France?"), "asr")
+    assert emits(effects) == ["conversation.item.input_audio_transcription.completed"]
+    assert [e for e in effects if isinstance(e, (Submit, Cancel))] == []
+    # The rest streams as any reply's.
+    assert "response.output_audio.delta" in emits(
+        tl.at(2.4, AudioOut(rid, np.zeros(8000, np.int16), text="is Paris."), "tts"))
+    tl.at(2.4, GenerationDone(rid, "stop"), "llm")
+    assert "response.done" in emits(tl.at(2.9, SpeechDone(rid), "tts"))
+
+
+def test_a_speculation_is_discarded_when_the_user_goes_on_and_nothing_of_it_reaches_the_client():
+    tl = Timeline("low")  # a slow commit: the user goes on before it
+    rid, req = speculate(tl, "what is the capital of france")
+    effects = tl.at(2.6, VadSpeechStarted(audio_ms=1600), "vad")
+    f1 = Fence("s").next_epoch()
+    # One epoch bump (its vLLM request aborted), the model given the user's
+    # words again, and no event at all.
+    assert emits(effects) == []
+    assert Cancel(f1) in effects and tl.core.fence == f1
+    assert isinstance(effects[-2].payload, ResetContext) and effects[-1].payload == TextIn(
+        "what is the capital of france")
+    assert tl.core.metrics.speculations.get(outcome="discarded") == 1
+    # What it still produces dies at the gate.
+    late = tl.core.handle(StageOutput(req.fence, req.fence.request_id("tts"), "tts",
+                                      AudioOut(rid, np.zeros(800, np.int16), text="Paris.")), 2.7)
+    assert late == []
+    # The turn goes on and its own reply is asked for afresh.
+    tl.at(3.0, TranscriptPartial("what is the capital of france and of spain"), "asr")
+    tl.at(3.5, VadSpeechStopped(audio_ms=2500), "vad")
+    tl.at(3.6, TurnEndProbability(UNFINISHED, "what is the capital of france and of"), "llm")
+    tl.fire()
+    effects = tl.at(5.0, TranscriptFinal("What is the capital of France and of Spain?"), "asr")
+    [new] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
+    assert new.payload.response_id != rid and "response.output_audio.delta" not in emits(effects)
+
+
+def test_a_released_reply_to_words_the_final_transcript_revised_is_cancelled_and_redone():
+    tl = Timeline("auto")
+    rid, _ = speculate(tl, "what is the capital of france")
+    tl.fire()
+    assert tl.core.response.id == rid
+    effects = tl.at(2.4, TranscriptFinal("What is the capital of Spain?"), "asr")
+    done = [e.envelope.event for e in effects if isinstance(e, Emit) and e.envelope.event.type == "response.done"]
+    assert [d.response["status_details"]["reason"] for d in done] == ["turn_detected"]
+    [new] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
+    assert new.payload.context[-1].text == "What is the capital of Spain?"
+    assert new.payload.response_id != rid and tl.core.response.id == new.payload.response_id
+
+
+def test_a_speculation_the_conversation_moved_under_is_discarded_at_the_commit():
+    tl = Timeline("auto")
+    speculate(tl)
+    typed = ConversationItem(id="", type=ItemType.MESSAGE, role=Role.USER,
+                             content=[ContentPart("input_text", text="hello")])
+    tl.core.handle(cmd.ItemCreate(item=typed), 2.16)
+    effects = tl.fire()
+    assert "response.created" not in emits(effects)
+    assert tl.core.metrics.speculations.get(outcome="discarded") == 1
+
+
+def test_in_a_pause_whispers_closing_guess_is_not_pushed_as_the_users_words():
+    """Whisper closes the sentence at the end of what it heard ("capital of?"):
+    pushed to the model, that "?" would make an unfinished phrase look complete."""
+    tl = Timeline()
+    tl.speak("What is the capital of?")
+    assert pushed(tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")) == ["of"]
+    assert pushed(tl.at(2.3, TranscriptPartial("What is the capital of France?"), "asr")) == ["France"]
+
+
+def test_the_next_turn_is_not_judged_on_the_last_turns_words():
+    tl = Timeline()
+    tl.speak("what is the capital of france")
+    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    tl.at(2.12, TurnEndProbability(COMPLETE, "what is the capital of france"), "llm")
+    tl.fire()
+    # A new turn whose words the ASR has not written yet: its pause waits for the cap.
+    tl.audio(5.0)
+    tl.at(5.0, VadSpeechStarted(audio_ms=4000), "vad")
+    tl.at(5.5, VadSpeechStopped(audio_ms=4400), "vad")
+    assert tl.timer.at == pytest.approx(5.4 + EAGERNESS_TIMING["auto"].cap_ms / 1000)
