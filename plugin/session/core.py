@@ -41,6 +41,7 @@ from vllm_duplex.core.gate import FenceGate
 from vllm_duplex.core.input_sequence import InputSequence
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import (
+    AudioOut,
     ContextMessage,
     GenerateRequest,
     StageFailed,
@@ -54,7 +55,7 @@ from vllm_duplex.core.session_config import (
 )
 from vllm_duplex.media.audio import AudioEncoder
 from vllm_duplex.policy import ModelPolicy
-from vllm_duplex.session import rendering
+from vllm_duplex.session import paced_output, rendering
 from vllm_duplex.session.client_commands import COMMANDS
 from vllm_duplex.session.effects import (
     AckEvents,
@@ -66,6 +67,7 @@ from vllm_duplex.session.effects import (
     Forward,
     FrameDecoded,
     Submit,
+    TimerFired,
 )
 from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.session.items import ItemStore
@@ -150,6 +152,11 @@ class SessionCore:
     @property
     def policy_state(self) -> Any:
         return self._policy_state
+
+    @property
+    def output_paused(self) -> bool:
+        """The reply is paused by speech over it (adaptive interruptions)."""
+        return self.response is not None and self.response.barge_pending
 
     # ---- what the runner reads -------------------------------------------
 
@@ -283,6 +290,9 @@ class SessionCore:
     def _on_failed(self, m: Failed) -> None:
         self.error(m.error)
 
+    def _on_timer(self, m: TimerFired) -> None:
+        paced_output.on_timer(self, m.name)
+
     # ---- responses --------------------------------------------------------
 
     def create_response(self, options: cmd.ResponseOptions) -> None:
@@ -308,6 +318,8 @@ class SessionCore:
                                 previous_item_id=last.id if last else None,
                                 encoder_factory=self._encoder)
         self.response = active
+        if "audio" in modalities:
+            active.pacer = paced_output.new_pacer(self)
         if in_conversation:
             self.conversation.append(active.item)
         self.emit_all(active.start_events())
@@ -340,16 +352,27 @@ class SessionCore:
         self.gate.advance(fence)
         self.metrics.epoch_bumps.inc()
         self.metrics.interrupts.inc(reason=reason.value)
-        truncated = active.cut_to_heard(self._now) if reason is InterruptReason.TURN_DETECTED else None
+        if active.barge_pending:
+            self.metrics.barge_ins.inc(outcome="interrupted")
+        truncated = (active.cut_to_heard(self._now, paced_output.heard_ms(active, self._now))
+                     if reason is InterruptReason.TURN_DETECTED else None)
         self.emit_all(active.finish(ResponseStatus.CANCELLED,
                                     {"type": "cancelled", "reason": reason.value}))
         if truncated is not None:
             self.emit(truncated)
         self.metrics.cancel_latency.observe(self._now - self._received_at)
         self._effects.append(Cancel(fence))
+        paced_output.stop_timers(self, active)
 
     def finish_response(self) -> None:
-        active, self.response = self.response, None
+        active = self.response
+        if active is not None and (active.barge_pending or (
+                active.pacer is not None and not active.pacer.drained)):
+            # response.done goes after its last audio, and not while speech
+            # over it may still cancel it
+            active.finish_pending = True
+            return
+        self.response = None
         if active is not None:
             self.emit_all(active.finish(ResponseStatus.COMPLETED))
 
@@ -368,7 +391,13 @@ class SessionCore:
             return
         decision = self.policy.decide_output(self, out)
         if decision.emit:
-            rendering.render(self, payload if decision.render is None else decision.render)
+            shown = payload if decision.render is None else decision.render
+            if type(shown) is AudioOut:
+                paced_output.deliver_audio(self, shown)
+            else:
+                rendering.render(self, shown)
+        if decision.pause_output:
+            paced_output.pause(self)
         if decision.plan is not None:
             self.execute(decision.plan)
         if decision.interrupt is not None:
@@ -379,6 +408,8 @@ class SessionCore:
             self.commit_input()
         if decision.create_response and self.response is None:
             self.create_response(cmd.ResponseOptions())
+        if decision.dismiss is not None:
+            paced_output.dismiss(self, decision.dismiss, getattr(payload, "text", ""))
         if decision.finish_response:
             self.finish_response()
 
@@ -393,4 +424,5 @@ _HANDLERS: dict[type, Callable[[SessionCore, Any], None]] = {
     cmd.SessionClose: SessionCore._on_close,
     FrameDecoded: SessionCore._on_frame,
     Failed: SessionCore._on_failed,
+    TimerFired: SessionCore._on_timer,
 }

@@ -122,3 +122,36 @@ class PollVideo:
 
 
 Effect = Emit | Submit | Forward | Cancel | Close | AckEvents | DecodeImage | FeedVideo | PollVideo
+
+
+# ---- timers -------------------------------------------------------------------
+# The core asks for a wake-up at a time on the session's clock; the runner
+# sleeps on that clock (the virtual one in tests) and hands back
+# ``TimerFired``. One timer per name: arming a name again replaces it. A fired
+# timer the core no longer wants is ignored there, so a cancel racing the
+# wake-up is harmless.
+
+
+@dataclass(frozen=True, slots=True)
+class ArmTimer:
+    """Hand the core ``TimerFired(name)`` at clock time ``at``."""
+
+    name: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    """Forget the timer called ``name`` (if armed)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFired:
+    """Message: the timer called ``name`` is due."""
+
+    name: str
+
+
+Effect = Effect | ArmTimer | CancelTimer

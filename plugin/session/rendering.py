@@ -62,6 +62,9 @@ def _transcript_final(core: SessionCore, p: TranscriptFinal) -> None:
     for item in core.conversation:
         if item.id == item_id and item.content:
             item.content[0].transcript = p.text
+            break
+    else:  # not committed yet: the commit takes it
+        core.user.early_transcript = (item_id, p.text)
     core.emit(ev.InputTranscriptionCompleted(item_id=item_id, content_index=0, transcript=p.text))
 
 

@@ -42,7 +42,9 @@ from vllm_duplex.session.coalesce import merge_queued
 from vllm_duplex.session.core import SessionCore
 from vllm_duplex.session.effects import (
     AckEvents,
+    ArmTimer,
     Cancel,
+    CancelTimer,
     Close,
     DecodeImage,
     Effect,
@@ -53,6 +55,7 @@ from vllm_duplex.session.effects import (
     FrameDecoded,
     PollVideo,
     Submit,
+    TimerFired,
 )
 from vllm_duplex.session.feed import StageFeed
 from vllm_duplex.session.limits import SessionLimits
@@ -113,7 +116,9 @@ class DuplexSession:
             Emit: self._publish, Submit: self._submit, Forward: self._forward,
             Cancel: self._cancel, AckEvents: self._ack, Close: self._close_step,
             DecodeImage: self._decode, FeedVideo: self._feed_video, PollVideo: self._poll_video,
+            ArmTimer: self._arm_timer, CancelTimer: self._cancel_timer,
         }
+        self._timers: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._overtaken_seen = 0
         self._closer: asyncio.Task[None] | None = None
@@ -209,6 +214,9 @@ class DuplexSession:
             return
         self.close_reason = reason
         self.mailbox.close()
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         if self._task is not None and self._task is not asyncio.current_task():
             await asyncio.gather(self._task, return_exceptions=True)
         await self.feed.close()
@@ -281,6 +289,29 @@ class DuplexSession:
 
     def _cancel(self, e: Cancel) -> None:
         self.feed.cancel(e.fence)
+
+    def _arm_timer(self, e: ArmTimer) -> None:
+        self._cancel_timer(CancelTimer(e.name))
+        if self.close_reason is None:
+            self._timers[e.name] = asyncio.get_running_loop().create_task(
+                self._timer(e.name, e.at), name=f"duplex-timer-{e.name}-{self.session_id}")
+
+    def _cancel_timer(self, e: CancelTimer) -> None:
+        timer = self._timers.pop(e.name, None)
+        if timer is not None and timer is not asyncio.current_task():
+            timer.cancel()
+
+    async def _timer(self, name: str, at: float) -> None:
+        """Sleep on the session's clock (virtual in tests), then wake the core
+        on the control lane: a paced frame must not wait behind queued audio."""
+        await self.clock.sleep(at - self.clock.now())
+        if self._timers.get(name) is asyncio.current_task():
+            del self._timers[name]
+        if self.close_reason is None:
+            try:
+                self.mailbox.put_nowait((self.clock.now(), TimerFired(name)), Lane.CONTROL)
+            except (MailboxClosed, MailboxFull):
+                pass  # closing
 
     def _ack(self, e: AckEvents) -> None:
         self.journal.ack(e.seq)

@@ -24,6 +24,9 @@ class UserTurn:
         self._make_id = make_id
         self.speaking = False
         self.pending_item: str | None = None  # minted at speech onset, used at commit
+        # A final transcript that came before its commit (the commit waited
+        # for it: adaptive interruptions decide from the words).
+        self.early_transcript: tuple[str, str] | None = None
 
     def _pending(self) -> str:
         if self.pending_item is None:
@@ -51,10 +54,20 @@ class UserTurn:
         """The turn's audio became a user item; the next turn gets a new id."""
         item_id = self._pending()
         self.pending_item = None
+        early, self.early_transcript = self.early_transcript, None
         audio_ms = int(audio.size * 1000 // INTERNAL_RATE)
+        transcript = early[1] if early is not None and early[0] == item_id else None
         item = ConversationItem(id=item_id, type=ItemType.MESSAGE, role=Role.USER,
-                                content=[ContentPart(type="input_audio", audio_ms=audio_ms)])
+                                content=[ContentPart(type="input_audio", audio_ms=audio_ms,
+                                                     transcript=transcript)])
         return item, TurnCommitted(item_id, audio)
+
+    def dismiss(self) -> None:
+        """The speech heard was not a turn (a backchannel, noise): the next
+        speech gets a new item id."""
+        self.speaking = False
+        self.pending_item = None
+        self.early_transcript = None
 
     @staticmethod
     def vad_config(config: SessionConfig) -> VadConfig:
