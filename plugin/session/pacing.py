@@ -6,7 +6,7 @@ a time, and arms a timer for ``next_at``. The pacer models the client's
 player: audio sent at ``t`` plays from ``max(t, end of what it holds)``, so
 ``play_end`` is when the client runs dry and ``play_end - now`` is the lead
 it holds. A frame goes out while that lead is under ``lead_s``: the client
-never holds more than ``lead_s`` plus one frame unplayed, and what it has
+never holds more than ``lead_s`` unplayed (one frame, if a frame is longer), and what it has
 *heard* at any time is exact (``heard_ms``) -- what a barge-in keeps.
 
 Pausing (speech over the reply) stops the sending and freezes ``heard_ms``;
@@ -25,6 +25,7 @@ from typing import Any
 from vllm_duplex.core.payloads import AudioOut
 
 FRAME_MS = 100  # longer TTS chunks are cut to this, so the lead bound is tight
+_EPS = 1e-6  # timers fire at float times: "due at t" must hold at t
 
 
 @dataclass
@@ -33,6 +34,10 @@ class Frame:
     end_ms: int
     audio: AudioOut
     events: list[Any] = field(default_factory=list)  # what it rendered to (resent on resume)
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ms - self.start_ms) / 1000.0
 
 
 class OutputPacer:
@@ -77,7 +82,7 @@ class OutputPacer:
     def due(self, now: float) -> list[Frame]:
         """The frames to send now (empty while paused)."""
         out: list[Frame] = []
-        while self._queue and not self.paused and self.lead(now) < self.lead_s:
+        while self._queue and not self.paused and self._may_send(self._queue[0], now):
             frame = self._queue.popleft()
             start = now if self.play_end is None else max(self.play_end, now)
             self.play_end = start + (frame.end_ms - frame.start_ms) / 1000.0
@@ -87,11 +92,19 @@ class OutputPacer:
         self._forget_heard(now)
         return out
 
+    def _may_send(self, frame: Frame, now: float) -> bool:
+        """Whether the client may take ``frame`` now: it still holds at most
+        the lead once the frame is in, or it has run dry (a frame longer
+        than the lead goes out when the player needs it)."""
+        lead = self.lead(now)
+        return lead + frame.seconds <= self.lead_s + _EPS or lead <= _EPS
+
     def next_at(self, now: float) -> float | None:
         """When the next queued frame may go (None: nothing to wait for)."""
         if not self._queue or self.paused or self.play_end is None:
             return None
-        return max(now, self.play_end - self.lead_s)
+        room = max(0.0, self.lead_s - self._queue[0].seconds)
+        return max(now, self.play_end - room)
 
     def heard_ms(self, now: float) -> int:
         """The item position the client has played up to (frozen while paused)."""
