@@ -20,6 +20,7 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.models.cascade import CascadePolicy
+from vllm_duplex.models.cascade.policy import CascadeState
 from vllm_duplex.models.cascade.transcript import (
     Utterance,
     extends,
@@ -75,8 +76,9 @@ class View:
     items: list[Any] = field(default_factory=list)
     active_response_id: str | None = None
     user_speaking: bool = False
-    policy_state: dict[str, Any] = field(default_factory=dict)
+    policy_state: CascadeState = field(default_factory=CascadeState)
     fence: Fence = Fence("s")
+    output_paused: bool = False
 
     @property
     def output_modalities(self) -> tuple[str, ...]:
