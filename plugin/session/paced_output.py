@@ -7,8 +7,9 @@ run inside ``handle`` and only add effects.
   (``pacing.py``) and out when due; a ``pacing`` timer wakes the core for the
   next frame. Unpaced sessions render it at once, as before.
 - ``pause``: speech over the reply (adaptive mode): sending stops, and a
-  ``barge_in`` timer is armed at ``min_speech_ms``: still speaking then means
-  a real interruption.
+  ``barge_in`` timer is armed at ``min_speech_ms`` plus the VAD's silence
+  window: no ``speech_stopped`` by then means more than ``min_speech_ms`` of
+  speech, a real interruption.
 - ``dismiss``: the speech was a backchannel or noise: its audio is dropped
   (no user turn), and the reply resumes where it was heard up to
   (``duplex.output_audio.resumed``).
@@ -87,7 +88,13 @@ def pause(core: SessionCore) -> None:
     if active.pacer is not None:
         active.pacer.pause(core.now)
         core.effect(CancelTimer(PACING))
-    core.effect(ArmTimer(BARGE_IN, core.now + core.config.interruption.min_speech_ms / 1000.0))
+    # The VAD reports the end of speech only after its silence window, so
+    # "still speaking at min_speech_ms" is known that much later: a short
+    # backchannel followed by silence must not count as long speech.
+    td = core.config.turn_detection
+    tail_ms = td.silence_duration_ms if td is not None else 0
+    wait_s = (core.config.interruption.min_speech_ms + tail_ms) / 1000.0
+    core.effect(ArmTimer(BARGE_IN, core.now + wait_s))
 
 
 def dismiss(core: SessionCore, reason: str, transcript: str) -> None:
