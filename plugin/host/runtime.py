@@ -5,6 +5,7 @@ manager, the clock and the metrics. Transports open sessions through it.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -132,7 +133,9 @@ class Runtime:
         await self.manager.stop()
         for stage in self._owned:  # their resources: worker threads, the vLLM engine
             if isinstance(stage, Lifecycle):
-                await stage.close()
+                closing = stage.close()
+                if inspect.isawaitable(closing):  # Piper's close is synchronous (threads)
+                    await closing
 
     async def open_realtime_session(self, api_key: str | None) -> DuplexSession:
         """Admit (may raise ``resource_exhausted``) and start a session; it is
