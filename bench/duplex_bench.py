@@ -43,10 +43,11 @@ from typing import Any
 
 import numpy as np
 
+# speech_fixtures (Flite speech) lives in tests/support/; voice_scenarios imports it too.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from voice_scenarios import CHUNK_S, ONSET_DBFS, RATE, SILENCE, Conn  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from speech_fixtures import chunks as pcm_chunks  # noqa: E402
 from speech_fixtures import speak  # noqa: E402
 from vllm_duplex.host.deploy import load_config  # noqa: E402
