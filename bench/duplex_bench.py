@@ -21,7 +21,8 @@ Scenarios (Full-Duplex-Bench v1's categories, arXiv 2503.04721):
   (a client stops playback there), onset -> last old audio delta read;
   handled = the story cancelled and the new question answered right;
 - backchannel: "okay", "yeah", "mm-hmm", "right", "uh-huh" while a reply
-  plays; kept = that reply still completes;
+  plays; kept = that reply is not cancelled (completed, or incomplete at
+  its max_output_tokens);
 - greeting: the user speaks over the assistant's greeting; handled = the
   greeting cancelled and the question answered.
 
@@ -242,7 +243,8 @@ async def backchannel_trial(url: str, session: dict, story: Speech, bc: Speech) 
         done = _done(conn, rid)
         status = done["response"]["status"] if done else "no response.done"
         resumed = conn.find(0, "duplex.output_audio.resumed") is not None
-        return Trial("backchannel", bc.text, ok=status == "completed",
+        # kept: not cancelled (incomplete = it ran to max_output_tokens)
+        return Trial("backchannel", bc.text, ok=status in ("completed", "incomplete"),
                      note=f"{status}{', resumed' if resumed else ''}")
     finally:
         await conn.close()
