@@ -38,6 +38,7 @@ from vllm_duplex.core.contracts import (
 )
 from vllm_duplex.core.conversation import context_messages
 from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.interruption import is_backchannel
 from vllm_duplex.core.payloads import (
     AudioIn,
     AudioOut,
@@ -81,6 +82,9 @@ class CascadeState:
     turn_open: bool = False  # the live LLM request holds the start of a user turn
     awaiting_final: bool = False  # committed by VAD; respond when the transcript lands
     paused: bool = False  # semantic_vad: the user is in a pause (no word is still being heard)
+    # Speech over a paused reply ended: commit (or dismiss) when the final
+    # transcript says whether it was a turn (adaptive interruptions).
+    deferred_commit: bool = False
     scene: str | None = None  # the newest scene description (camera context)
 
 
@@ -188,13 +192,20 @@ class CascadePolicy(PolicyBase[CascadeState]):
                 return DROP
             state.utterance = Utterance()
             state.awaiting_final = state.paused = False
+            state.deferred_commit = False
             barge_in = td.interrupt_response and view.active_response_id is not None
+            if barge_in and view.config.interruption.mode == "adaptive":
+                # pause now; the words (or how long it lasts) decide
+                return OutputDecision(forward=True, pause_output=True)
             return OutputDecision(forward=True,
                                   interrupt=InterruptReason.TURN_DETECTED if barge_in else None)
         if isinstance(p, VadSpeechStopped):
             if td is None:
                 return DROP
             state.awaiting_final = True
+            if view.output_paused:
+                state.deferred_commit = True  # a backchannel must not become a turn
+                return OutputDecision(forward=True)
             # Commit now (OpenAI order: speech_stopped, committed); the reply
             # waits for the final transcript, which the ASR sends next.
             return OutputDecision(forward=True, commit_turn=True)
@@ -244,7 +255,12 @@ class CascadePolicy(PolicyBase[CascadeState]):
             render = TranscriptDelta((" " if utt.shown else "") + " ".join(new_words))
             utt.shown = stable
         plan = self._push(view, utt, hypothesis, stable)
-        return OutputDecision(emit=render is not None, forward=False, render=render, plan=plan)
+        # Words over a paused reply that are not a backchannel: a real turn.
+        interrupt = (InterruptReason.TURN_DETECTED if view.output_paused and stable
+                     and not is_backchannel(stable, view.config.interruption.backchannels)
+                     else None)
+        return OutputDecision(emit=render is not None, forward=False, render=render, plan=plan,
+                              interrupt=interrupt)
 
     def _on_pause(self, view: View) -> OutputDecision:
         """semantic_vad heard a pause: the last word is no longer being heard,
@@ -300,7 +316,15 @@ class CascadePolicy(PolicyBase[CascadeState]):
         state.utterance = Utterance()
         state.paused = False
         awaiting, state.awaiting_final = state.awaiting_final, False
+        deferred, state.deferred_commit = state.deferred_commit, False
         td = view.config.turn_detection
+        if deferred and view.output_paused:
+            if not final or is_backchannel(final, view.config.interruption.backchannels):
+                return OutputDecision(emit=False, forward=False,
+                                      dismiss="backchannel" if final else "noise")
+            respond = bool(td is not None and td.create_response)
+            return OutputDecision(forward=False, interrupt=InterruptReason.TURN_DETECTED,
+                                  commit_turn=True, create_response=respond)
         plan = None
         interrupt = None
         if utt.pushed and utt.revised(final) and view.active_response_id is not None:
@@ -315,4 +339,6 @@ class CascadePolicy(PolicyBase[CascadeState]):
                               checkpoint="turn-start")
         # Silence or noise that the VAD took for speech: no words, no reply.
         respond = awaiting and bool(final) and td is not None and td.create_response
-        return OutputDecision(forward=False, plan=plan, create_response=respond, interrupt=interrupt)
+        # A deferred commit whose reply was cancelled meanwhile: commit it now.
+        return OutputDecision(forward=False, plan=plan, create_response=respond,
+                              interrupt=interrupt, commit_turn=deferred)

@@ -73,6 +73,11 @@ class OutputDecision:
     create_response: bool = False  # ... and answer it
     interrupt: InterruptReason | None = None  # cancel the active response, bump epoch
     finish_response: bool = False  # the active response is complete
+    # Adaptive interruptions (core/interruption.py): speech over the reply
+    # pauses its output until the policy decides; ``dismiss`` ("backchannel"
+    # or "noise") resumes it and forgets that speech.
+    pause_output: bool = False
+    dismiss: str | None = None
 
 
 DROP = OutputDecision(emit=False)

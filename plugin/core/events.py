@@ -250,3 +250,19 @@ class Envelope:
     seq: int
     fence: Fence
     event: ServerEvent
+
+
+@dataclass(frozen=True)
+class OutputAudioResumed(ServerEvent):
+    """Extension (adaptive interruptions): the speech that paused the reply
+    was a backchannel or noise, so the reply goes on. The audio deltas after
+    this event start at ``audio_start_ms`` of the item (what was heard when
+    it paused): a client that stopped playback at ``speech_started`` plays
+    them; one that kept its buffer drops what it holds past that point."""
+
+    type: ClassVar[str] = "duplex.output_audio.resumed"
+    response_id: str
+    item_id: str
+    audio_start_ms: int
+    reason: str  # "backchannel" | "noise"
+    transcript: str  # what the dismissed speech said ("" for noise)

@@ -123,6 +123,8 @@ class Metrics:
         self.resumes = c("duplex_resumes_total", "Realtime sessions resumed, by outcome")
         self.stale_dropped = c("duplex_stale_outputs_dropped_total", "Stage outputs dropped by the fence gate")
         self.interrupts = c("duplex_interrupts_total", "Responses interrupted, by reason")
+        self.barge_ins = c("duplex_barge_ins_total",
+                           "Speech over a reply in adaptive mode, by outcome (interrupted, dismissed)")
         self.epoch_bumps = c("duplex_epoch_bumps_total", "Epoch increments")
         self.incarnation_bumps = c("duplex_incarnation_bumps_total", "Incarnation increments")
         self.control_overtakes = c("duplex_control_overtakes_total",

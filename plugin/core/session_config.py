@@ -13,6 +13,7 @@ from typing import Any
 
 from vllm_duplex.core.contracts import Capabilities
 from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.interruption import Interruption, OutputPacing
 
 
 class AudioEncoding(str, enum.Enum):
@@ -111,6 +112,8 @@ class SessionPatch:
     tool_choice: Any = _UNSET
     temperature: Any = _UNSET
     max_output_tokens: Any = _UNSET
+    interruption: Any = _UNSET  # Interruption (duplex extension)
+    pacing: Any = _UNSET  # OutputPacing (duplex extension)
 
     def fields_set(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not _UNSET}
@@ -135,6 +138,8 @@ class SessionConfig:
     tool_choice: str | dict[str, Any] = "auto"
     temperature: float = 0.8
     max_output_tokens: int | None = None  # None means "inf"
+    interruption: Interruption = Interruption()
+    pacing: OutputPacing = OutputPacing()
 
     def apply(self, patch: SessionPatch) -> SessionConfig:
         """Merge a patch. Raises ``ValueError(field)`` naming an immutable
@@ -173,12 +178,14 @@ def session_wire(
                 "format": config.output_format.wire(),
                 "voice": config.voice,
                 "speed": config.speed,
+                "pacing": config.pacing.wire(),  # duplex extension
             },
         },
         "tools": list(config.tools),
         "tool_choice": config.tool_choice,
         "max_output_tokens": "inf" if config.max_output_tokens is None else config.max_output_tokens,
         "temperature": config.temperature,
+        "interruption": config.interruption.wire(),  # duplex extension
     }
     if extra:
         out.update(extra)

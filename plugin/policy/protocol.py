@@ -55,6 +55,12 @@ class SessionView(Protocol[S_co]):
         ...
 
     @property
+    def output_paused(self) -> bool:
+        """The reply's output is paused by speech over it, waiting for the
+        policy to interrupt or dismiss (adaptive interruptions)."""
+        ...
+
+    @property
     def policy_state(self) -> S_co:
         """This session's state of the policy (what ``new_state`` made): e.g.
         which words were already pushed to the LLM. It dies with the session."""

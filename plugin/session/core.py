@@ -42,6 +42,7 @@ from vllm_duplex.core.gate import FenceGate
 from vllm_duplex.core.input_sequence import InputSequence
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import (
+    AudioOut,
     ContextMessage,
     GenerateRequest,
     StageFailed,
@@ -55,7 +56,7 @@ from vllm_duplex.core.session_config import (
 )
 from vllm_duplex.media.audio import AudioEncoder
 from vllm_duplex.policy import ModelPolicy
-from vllm_duplex.session import rendering
+from vllm_duplex.session import paced_output, rendering
 from vllm_duplex.session.client_commands import COMMANDS
 from vllm_duplex.session.effects import (
     AckEvents,
@@ -128,7 +129,9 @@ class SessionCore:
         self.speculation = Speculation()  # a reply started at a pause, held
         # What a fired timer (effects.ArmTimer) runs, by name.
         self.timers: dict[str, Callable[[], None]] = {
-            TURN_END_TIMER: lambda: self.turns.fired(self)}
+            TURN_END_TIMER: lambda: self.turns.fired(self),
+            paced_output.PACING: lambda: paced_output.on_timer(self, paced_output.PACING),
+            paced_output.BARGE_IN: lambda: paced_output.on_timer(self, paced_output.BARGE_IN)}
         self._effects: list[Effect] = []
         self._now = now
         self._received_at = now
@@ -170,6 +173,11 @@ class SessionCore:
     def generator(self) -> str:
         """The stage that writes replies."""
         return self._generator
+
+    @property
+    def output_paused(self) -> bool:
+        """The reply is paused by speech over it (adaptive interruptions)."""
+        return self.response is not None and self.response.barge_pending
 
     # ---- what the runner reads -------------------------------------------
 
@@ -352,6 +360,8 @@ class SessionCore:
                                 add_item=self.conversation.append)
         active.times = self.latency.response_created(self._now)
         self.response = active
+        if "audio" in modalities:
+            active.pacer = paced_output.new_pacer(self)
         self.emit_all(active.start_events())
         if held is not None:  # its held output goes out now, the rest as it comes
             active.request_id = held.request_id
@@ -401,16 +411,27 @@ class SessionCore:
         self.gate.advance(fence)
         self.metrics.epoch_bumps.inc()
         self.metrics.interrupts.inc(reason=reason.value)
-        truncated = active.cut_to_heard(self._now) if reason is InterruptReason.TURN_DETECTED else None
+        if active.barge_pending:
+            self.metrics.barge_ins.inc(outcome="interrupted")
+        truncated = (active.cut_to_heard(self._now, paced_output.heard_ms(active, self._now))
+                     if reason is InterruptReason.TURN_DETECTED else None)
         self.emit_all(active.finish(ResponseStatus.CANCELLED,
                                     {"type": "cancelled", "reason": reason.value}))
         if truncated is not None:
             self.emit(truncated)
         self.metrics.cancel_latency.observe(self._now - self._received_at)
         self._effects.append(Cancel(fence))
+        paced_output.stop_timers(self, active)
 
     def finish_response(self) -> None:
-        active, self.response = self.response, None
+        active = self.response
+        if active is not None and (active.barge_pending or (
+                active.pacer is not None and not active.pacer.drained)):
+            # response.done goes after its last audio, and not while speech
+            # over it may still cancel it
+            active.finish_pending = True
+            return
+        self.response = None
         if active is not None:
             self.emit_all(active.finish(ResponseStatus.COMPLETED))
 
@@ -438,7 +459,13 @@ class SessionCore:
             return
         decision = self.policy.decide_output(self, out)
         if decision.emit:
-            rendering.render(self, payload if decision.render is None else decision.render)
+            shown = payload if decision.render is None else decision.render
+            if type(shown) is AudioOut:
+                paced_output.deliver_audio(self, shown)
+            else:
+                rendering.render(self, shown)
+        if decision.pause_output:
+            paced_output.pause(self)
         if decision.plan is not None:
             self.execute(decision.plan)
         if decision.interrupt is not None:
@@ -449,6 +476,8 @@ class SessionCore:
             self.commit_input()
         if decision.create_response and self.response is None:
             self.create_response(cmd.ResponseOptions())
+        if decision.dismiss is not None:
+            paced_output.dismiss(self, decision.dismiss, getattr(payload, "text", ""))
         if decision.finish_response:
             self.finish_response()
 

@@ -67,6 +67,10 @@ def _transcript_final(core: SessionCore, p: TranscriptFinal) -> None:
         if item.id == item_id and item.content:
             item.content[0].transcript = p.text
             audio_ms = item.content[0].audio_ms
+            break
+    else:  # not committed yet: the commit takes it (and its audio length)
+        core.user.early_transcript = (item_id, p.text)
+        audio_ms = core.user.spoken_ms
     core.emit(ev.InputTranscriptionCompleted(
         item_id=item_id, content_index=0, transcript=p.text,
         usage={"type": "duration", "seconds": round(audio_ms / 1000, 3)}))

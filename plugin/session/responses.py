@@ -26,6 +26,7 @@ from vllm_duplex.core.conversation import (
 from vllm_duplex.core.payloads import AudioOut, GenerationDone, ToolCall
 from vllm_duplex.media.audio import AudioEncoder
 from vllm_duplex.session.latency import ResponseTimes
+from vllm_duplex.session.pacing import OutputPacer
 
 # Makes an encoder for PCM at a given rate into the response's output format.
 EncoderFactory = Callable[[int], AudioEncoder]
@@ -63,6 +64,9 @@ class ActiveResponse:
         self.finish_reason: str | None = None
         self.first_audio_at: float | None = None  # when the client got the first audio
         self.times = ResponseTimes(created_at=0.0, turn_end_at=None)  # the core sets its own
+        self.pacer: OutputPacer | None = None  # paced output (None: as fast as made)
+        self.finish_pending = False  # complete, but the pacer still holds audio
+        self.barge_pending = False  # paused by speech over it (adaptive interruptions)
         self.text = ""
 
     @property
@@ -160,15 +164,18 @@ class ActiveResponse:
         self.response.input_tokens = done.input_tokens
         self.response.output_tokens = max(self.response.output_tokens, done.output_tokens)
 
-    def cut_to_heard(self, now: float) -> ev.ServerEvent | None:
-        """Barge-in: the client plays audio in real time from the first delta,
-        so it cannot have heard more than the time since then. Cut the
-        assistant item to those words, so the next turn's context holds only
-        what the user heard (a client that knows better sends truncate)."""
+    def cut_to_heard(self, now: float, heard_ms: int | None = None) -> ev.ServerEvent | None:
+        """Barge-in: cut the assistant item to the words heard, so the next
+        turn's context holds only those (a client that knows better sends
+        truncate). Paced output knows ``heard_ms`` exactly; unpaced, the
+        client plays audio in real time from the first delta, so it cannot
+        have heard more than the time since then."""
         if not self.audio or self.first_audio_at is None:
             return None
         part = self.part
-        heard_ms = min(part.audio_ms, int((now - self.first_audio_at) * 1000))
+        if heard_ms is None:
+            heard_ms = int((now - self.first_audio_at) * 1000)
+        heard_ms = min(part.audio_ms, heard_ms)
         part.transcript = self.text = part.heard_text(heard_ms)
         part.audio_ms = heard_ms
         if not self.in_conversation:

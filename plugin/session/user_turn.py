@@ -26,6 +26,11 @@ class UserTurn:
         self.speaking = False
         self.pending_item: str | None = None  # minted at speech onset, used at commit
         self.committed_item: str | None = None  # the last turn committed
+        # A final transcript that came before its commit (the commit waited
+        # for it: adaptive interruptions decide from the words).
+        self.early_transcript: tuple[str, str] | None = None
+        self._started_ms = 0  # the VAD's span of the turn being heard (its length
+        self.spoken_ms = 0  # before the commit says it exactly)
 
     def _pending(self) -> str:
         if self.pending_item is None:
@@ -34,10 +39,12 @@ class UserTurn:
 
     def speech_started(self, audio_ms: int) -> ev.ServerEvent:
         self.speaking = True
+        self._started_ms = audio_ms
         return ev.SpeechStarted(audio_start_ms=audio_ms, item_id=self._pending())
 
     def speech_stopped(self, audio_ms: int) -> ev.ServerEvent:
         self.speaking = False
+        self.spoken_ms = max(0, audio_ms - self._started_ms)
         return ev.SpeechStopped(audio_end_ms=audio_ms, item_id=self._pending())
 
     def transcript_item(self, conversation: ItemStore) -> str:
@@ -59,10 +66,20 @@ class UserTurn:
         item_id = self._pending()
         self.pending_item = None
         self.committed_item = item_id
+        early, self.early_transcript = self.early_transcript, None
         audio_ms = int(audio.size * 1000 // INTERNAL_RATE)
+        transcript = early[1] if early is not None and early[0] == item_id else None
         item = ConversationItem(id=item_id, type=ItemType.MESSAGE, role=Role.USER,
-                                content=[ContentPart(type="input_audio", audio_ms=audio_ms)])
+                                content=[ContentPart(type="input_audio", audio_ms=audio_ms,
+                                                     transcript=transcript)])
         return item, TurnCommitted(item_id, audio)
+
+    def dismiss(self) -> None:
+        """The speech heard was not a turn (a backchannel, noise): the next
+        speech gets a new item id."""
+        self.speaking = False
+        self.pending_item = None
+        self.early_transcript = None
 
     @staticmethod
     def vad_config(config: SessionConfig) -> VadConfig:

@@ -31,6 +31,7 @@ Event = dict[str, Any]
 
 # GA names first; beta (``OpenAI-Beta: realtime=v1``) aliases so a beta session collects too.
 _AUDIO_DELTA = {"response.output_audio.delta", "response.audio.delta"}
+RESUMED = "duplex.output_audio.resumed"  # extension: the reply goes on after a backchannel
 _TRANSCRIPT_DELTA = {"response.output_audio_transcript.delta", "response.audio_transcript.delta"}
 _TRANSCRIPT_DONE = {"response.output_audio_transcript.done", "response.audio_transcript.done"}
 _TEXT_DELTA = {"response.output_text.delta", "response.text.delta"}
@@ -272,6 +273,13 @@ class RealtimeClient:
 
     # -- responses ----------------------------------------------------------------------
 
+    def _output_samples(self) -> tuple[int, int]:
+        """(rate, bytes per sample) of the session's output audio."""
+        fmt = ((self.session.get("audio") or {}).get("output") or {}).get("format") or {}
+        if fmt.get("type", "audio/pcm") == "audio/pcm":
+            return int(fmt.get("rate") or 24000), 2
+        return 8000, 1  # G.711
+
     async def collect_response(self, timeout: float = 60.0) -> ResponseResult:
         """Read until the next ``response.done`` and assemble that response, including
         its events already read by earlier calls. Raises ``RealtimeError`` if an error
@@ -300,16 +308,30 @@ class RealtimeClient:
         window = self.events[start:i]
         mine = [e for e in window
                 if e.get("response_id") == rid or (e.get("response") or {}).get("id") == rid]
-        audio = b"".join(base64.b64decode(e.get("delta", "")) for e in mine
-                         if e.get("type") in _AUDIO_DELTA)
         return ResponseResult(
-            audio=audio,
+            audio=assemble_audio(mine, *self._output_samples()),
             transcript=_joined(mine, _TRANSCRIPT_DELTA, _TRANSCRIPT_DONE, "transcript"),
             text=_joined(mine, _TEXT_DELTA, _TEXT_DONE, "text"),
             done=done,
             events=mine,
             errors=[e for e in window if e.get("type") == "error"],
         )
+
+
+def assemble_audio(events: list[Event], rate: int, sample_bytes: int) -> bytes:
+    """The reply's audio as a listener gets it: the deltas in order, and at a
+    ``duplex.output_audio.resumed`` (speech over the reply was a backchannel)
+    the audio cut back to its ``audio_start_ms``, where the resent audio
+    continues."""
+    audio = bytearray()
+    for e in events:
+        etype = e.get("type")
+        if etype in _AUDIO_DELTA:
+            audio += base64.b64decode(e.get("delta", ""))
+        elif etype == RESUMED:
+            cut = int(e.get("audio_start_ms", 0)) * rate // 1000 * sample_bytes
+            del audio[max(0, cut):]
+    return bytes(audio)
 
 
 def _joined(events: list[Event], delta: set[str], done: set[str], key: str) -> str:

@@ -14,6 +14,16 @@ from typing import Any
 
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
 from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.interruption import (
+    INTERRUPTION_MODES,
+    MAX_BACKCHANNEL_CHARS,
+    MAX_BACKCHANNELS,
+    MAX_LEAD_MS,
+    MAX_MIN_SPEECH_MS,
+    PACING_TYPES,
+    Interruption,
+    OutputPacing,
+)
 from vllm_duplex.core.session_config import (
     EAGERNESS,
     AudioEncoding,
@@ -240,6 +250,58 @@ def _turn_detection(v: Any, p: str) -> TurnDetection | None:
     return TurnDetection(**kw)
 
 
+def _bounded_int(v: Any, p: str, hi: int, lo: int = 0) -> Any:
+    if v is None:
+        return _MISSING
+    if not _is_int(v) or not lo <= v <= hi:
+        raise _bad(p, f"{p} must be an integer in [{lo}, {hi}]")
+    return v
+
+
+def _interruption(v: Any, p: str) -> Any:
+    """Duplex extension ``session.interruption``: fields not given take their
+    defaults (core/interruption.py), as ``turn_detection``'s do."""
+    if v is None:
+        return _MISSING
+    obj = _obj(v, p)
+    kw: dict[str, Any] = {}
+    mode = obj.get("mode")
+    if mode is not None:
+        if not isinstance(mode, str) or mode not in INTERRUPTION_MODES:
+            raise _bad(f"{p}.mode", f'{p}.mode must be "adaptive" or "immediate"')
+        kw["mode"] = mode
+    ms = _bounded_int(obj.get("min_speech_ms"), f"{p}.min_speech_ms", MAX_MIN_SPEECH_MS)
+    if ms is not _MISSING:
+        kw["min_speech_ms"] = ms
+    words = obj.get("backchannels")
+    if words is not None:
+        bp = f"{p}.backchannels"
+        if not isinstance(words, list) or len(words) > MAX_BACKCHANNELS:
+            raise _bad(bp, f"{bp} must be a list of at most {MAX_BACKCHANNELS} strings")
+        for i, w in enumerate(words):
+            if (not isinstance(w, str) or not w.strip() or len(w) > MAX_BACKCHANNEL_CHARS
+                    or not any(c.isalnum() for c in w)):
+                raise _bad(f"{bp}[{i}]", f"{bp}[{i}] must be a word or short phrase "
+                           f"(1-{MAX_BACKCHANNEL_CHARS} characters, with a letter)")
+            _str(w, f"{bp}[{i}]")
+        kw["backchannels"] = tuple(w.strip().lower() for w in words)
+    return Interruption(**kw)
+
+
+def _pacing(v: Any, p: str) -> Any:
+    """Duplex extension ``session.audio.output.pacing``: ``{type: realtime,
+    lead_ms}`` or ``{type: none}`` (as fast as made, OpenAI's way)."""
+    if v is None:
+        return _MISSING
+    obj = _obj(v, p)
+    kind = obj.get("type", "realtime")
+    if not isinstance(kind, str) or kind not in PACING_TYPES:
+        raise _bad(f"{p}.type", f'{p}.type must be "realtime" or "none"')
+    # at least one 20 ms frame ahead, or the client would underrun every frame
+    lead = _bounded_int(obj.get("lead_ms"), f"{p}.lead_ms", MAX_LEAD_MS, lo=20)
+    return OutputPacing(kind, lead) if lead is not _MISSING else OutputPacing(kind)
+
+
 def _voice(v: Any, p: str) -> Any:
     if isinstance(v, dict):  # GA custom voice {"id": ...}
         return _req_str(v, "id", f"{p}.id")
@@ -299,6 +361,8 @@ _SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], An
     ("audio", "output", "format"): ("output_format", _audio_format),
     ("audio", "output", "voice"): ("voice", _voice),
     ("audio", "output", "speed"): ("speed", _ranged(0.25, 1.5)),
+    ("audio", "output", "pacing"): ("pacing", _pacing),  # duplex extension
+    ("interruption",): ("interruption", _interruption),  # duplex extension
     ("tools",): ("tools", _tools),
     ("tool_choice",): ("tool_choice", _tool_choice),
     ("max_output_tokens",): ("max_output_tokens", _max_tokens),

@@ -40,7 +40,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 # Duplex extensions (README "Duplex extensions"): not in the SDK's union.
 EXTENSIONS = frozenset({"session.closed", "session.resumed", "session.replaced",
-                        "session.resync_required", "duplex.video.scene"})
+                        "session.resync_required", "duplex.video.scene",
+                        "duplex.output_audio.resumed"})
 MANUAL = {"audio": {"input": {"turn_detection": None}}}
 TEXT_TURN = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
 # A 1x1 PNG: a frame the scripted policy (which takes no video) refuses with a typed error.

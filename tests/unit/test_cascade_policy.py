@@ -13,6 +13,7 @@ from vllm_duplex.core.contracts import FenceBump, InputMode, InterruptReason
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.interruption import Interruption
 from vllm_duplex.core.payloads import (
     AudioIn,
     GenerationDone,
@@ -44,6 +45,7 @@ class View:
     user_speaking: bool = False
     policy_state: CascadeState = field(default_factory=CascadeState)
     fence: Fence = Fence("s")
+    output_paused: bool = False
 
     @property
     def output_modalities(self) -> tuple[str, ...]:
@@ -124,10 +126,42 @@ def test_noise_without_words_gets_no_reply(text):
     assert not policy.decide_output(view, out(TranscriptFinal(text))).create_response
 
 
-def test_speech_during_a_reply_interrupts_it():
-    view = View(active_response_id="resp_1")
+def test_speech_during_a_reply_interrupts_it_in_immediate_mode():
+    view = View(active_response_id="resp_1", config=SessionConfig(
+        model="m", policy="cascade", interruption=Interruption("immediate")))
     d = policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
+    assert d.interrupt is InterruptReason.TURN_DETECTED and not d.pause_output
+
+
+def test_adaptive_speech_over_a_reply_pauses_then_words_decide():
+    view = View(active_response_id="resp_1")  # adaptive is the default
+    d = policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
+    assert d.pause_output and d.interrupt is None
+    view.output_paused = True
+    # a backchannel: the commit waits for the final, which dismisses it
+    d = policy.decide_output(view, out(TranscriptPartial("Okay."), "asr"))
+    d = policy.decide_output(view, out(TranscriptPartial("Okay."), "asr"))
+    assert d.interrupt is None
+    d = policy.decide_output(view, out(VadSpeechStopped(400), "vad"))
+    assert not d.commit_turn
+    d = policy.decide_output(view, out(TranscriptFinal("Okay."), "asr"))
+    assert d.dismiss == "backchannel" and not d.commit_turn and not d.create_response
+    # real words: the stable ones interrupt at once
+    policy.decide_output(view, out(VadSpeechStarted(900), "vad"))
+    policy.decide_output(view, out(TranscriptPartial("wait what"), "asr"))
+    d = policy.decide_output(view, out(TranscriptPartial("wait what is"), "asr"))
     assert d.interrupt is InterruptReason.TURN_DETECTED
+
+
+def test_adaptive_final_decides_when_partials_did_not():
+    view = View(active_response_id="resp_1", output_paused=True)
+    policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
+    policy.decide_output(view, out(VadSpeechStopped(300), "vad"))
+    d = policy.decide_output(view, out(TranscriptFinal("stop"), "asr"))
+    assert d.interrupt is InterruptReason.TURN_DETECTED and d.commit_turn and d.create_response
+    policy.decide_output(view, out(VadSpeechStarted(1000), "vad"))
+    policy.decide_output(view, out(VadSpeechStopped(1200), "vad"))
+    assert policy.decide_output(view, out(TranscriptFinal(""), "asr")).dismiss == "noise"
 
 
 def test_reply_text_streams_to_tts_and_speech_done_finishes():

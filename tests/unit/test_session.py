@@ -325,14 +325,18 @@ async def test_manual_buffer_is_capped_with_a_typed_error(engine):
 
 
 async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
-    """Virtual clock: the user barges in exactly 500 ms after the first audio
-    delta; the first sentence is 6 words x 120 ms, so 4 words were heard."""
+    """Virtual clock, unpaced output: the user barges in exactly 500 ms after
+    the first audio delta; the first sentence is 6 words x 120 ms, so 4 words
+    were heard. (Paced output knows what was heard from the pacer:
+    tests/unit/test_paced_output.py.)"""
+    from vllm_duplex.core.interruption import OutputPacing
     from vllm_duplex.testing.clock import VirtualClock
 
     clock = VirtualClock()
     engine = Runtime(load_config("scripted"), clock=clock)
     await engine.start()
     session = await engine.open_realtime_session(None)
+    session.deliver(cmd.SessionUpdate(patch=SessionPatch(pacing=OutputPacing("none"))))
     session.deliver(cmd.ResponseCreate())
     while session.core.response is None or session.core.response.first_audio_at is None:
         await clock.advance(0.01)

@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 from vllm_duplex.core import commands as cmd
+from vllm_duplex.core.interruption import Interruption, OutputPacing
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
@@ -68,6 +69,11 @@ class Ids:
 
 
 def make_core(policy=None, *, stages=("vad", "llm", "tts"), **config) -> SessionCore:
+    """Unpaced output and immediate interruptions unless a test asks: these
+    tests pin the rest of the core (pacing and adaptive interruptions:
+    test_paced_output.py)."""
+    config.setdefault("pacing", OutputPacing("none"))
+    config.setdefault("interruption", Interruption("immediate"))
     policy = policy or ScriptedPolicy()
     return SessionCore("s", config=SessionConfig(model="m", policy=policy.name, **config),
                        policy=policy, stage_names=stages, metrics=Metrics(), now=0.0,

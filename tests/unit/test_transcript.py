@@ -78,6 +78,7 @@ class View:
     user_speaking: bool = False
     policy_state: CascadeState = field(default_factory=CascadeState)
     fence: Fence = Fence("s")
+    output_paused: bool = False
 
     @property
     def output_modalities(self) -> tuple[str, ...]:

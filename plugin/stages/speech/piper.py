@@ -5,8 +5,9 @@ The port is the sentence-streaming port of the subprocess synthesizers
 ``AudioOut`` per piece and one ``SpeechDone`` per response out, a cancel stops
 the piece being made). Piper is fast enough (real-time factor ~0.07 on one
 core) to speak clause by clause, so pieces are cut at clause punctuation
-from ``clause_words`` (4) words on: the first audio of a reply starts on its
-first phrase, not its first sentence.
+from ``clause_words`` (4) words on, and the reply's first piece is its first
+phrase (``first_words``, 4: a clause mark or its first four words), so the
+first audio follows the first few words, not the first sentence.
 
 Each piece: phonemes from the ``espeak-ng`` program (an asynchronous
 subprocess, killed on cancel), then the ONNX graph on this stage's worker

@@ -2,8 +2,9 @@
 
 ``FliteTtsStage`` (Debian ``flite``: clearer voices) and ``EspeakTtsStage``
 (``espeak-ng``) share one port: text deltas are buffered per response, cut
-into sentences (and long sentences into clauses, so audio starts early),
-and each piece is synthesized by a subprocess as soon as it is complete.
+into pieces -- the reply's first phrase (its first clause mark or its first
+``first_words`` words), then sentences, long ones cut into clauses -- and
+each piece is synthesized by a subprocess as soon as it is complete.
 Subprocesses are asynchronous by nature (no thread, nothing on the loop but
 pipe I/O); a cancel kills the running one. Text goes to the binary as one
 argv element or on stdin, never through a shell.
@@ -49,6 +50,25 @@ _FLUSH: Any = object()  # "no more text" marker in a speech's work queue
 _SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+")
 _WORD = re.compile(r"\S+\s+")
 _CLAUSE_PUNCT = (",", ";", ":", "-", "\u2013", "\u2014")
+
+
+def first_piece(buffer: str, first_words: int, clause_words: int, *, final: bool = False) -> int:
+    """Length of the reply's first piece in ``buffer`` (0: none yet): up to its
+    first sentence end, or first clause mark with 2+ words before it, else its first
+    ``first_words`` complete words -- so the first audio waits for a few words,
+    never for the whole first sentence. ``first_words`` 0: no early cut (the
+    first piece is cut like the others, ``next_piece``)."""
+    if first_words <= 0:
+        return next_piece(buffer, clause_words, final=final)
+    words = list(_WORD.finditer(buffer))
+    for i, w in enumerate(words[:first_words]):
+        if _SENTENCE_END.search(w.group()):  # "Yes. ...": a short sentence is a phrase
+            return w.end()
+        if i >= 1 and w.group().rstrip().endswith(_CLAUSE_PUNCT):
+            return w.end()
+    if len(words) >= first_words:
+        return words[first_words - 1].end()
+    return len(buffer) if final else 0
 
 
 def next_piece(buffer: str, clause_words: int, *, final: bool = False) -> int:
@@ -112,6 +132,7 @@ class _Speech:
 
     response_id: str
     buffer: str = ""
+    pieces: int = 0  # pieces cut so far (the first is cut early)
     finished: bool = False  # GenerationDone / EndOfText received
     work: asyncio.Queue[tuple[StageInput, Any]] = field(default_factory=asyncio.Queue)
 
@@ -125,15 +146,17 @@ class SubprocessTtsStage(StageBase):
     binary: ClassVar[str] = ""
 
     def __init__(self, name: str, *, clock: Clock, rate: int = INTERNAL_RATE,
-                 chunk_ms: int = 100, clause_words: int = 12) -> None:
+                 chunk_ms: int = 100, clause_words: int = 12, first_words: int = 4) -> None:
         super().__init__(name, clock)
-        if rate <= 0 or chunk_ms <= 0 or clause_words < 4:
-            raise ValueError("rate and chunk_ms must be > 0, clause_words >= 4")
+        if rate <= 0 or chunk_ms <= 0 or clause_words < 4 or not 0 <= first_words <= 64:
+            raise ValueError("rate and chunk_ms must be > 0, clause_words >= 4, "
+                             "first_words in 0..64")
         if shutil.which(self.binary) is None:
             raise RuntimeError(f"TTS binary {self.binary!r} is not installed")
         self.rate = rate
         self.chunk_ms = chunk_ms
         self.clause_words = clause_words
+        self.first_words = first_words  # the first piece's length in words (0: a sentence)
         self.killed_processes = 0  # synthesizers killed by cancel/close
         self.synthesized = 0  # pieces synthesized
 
@@ -264,10 +287,14 @@ class _SynthPort(FencedPort):
         final = not isinstance(payload, TextDelta)
         if not final:
             speech.buffer += payload.text
-        while speech.buffer and (n := next_piece(speech.buffer, self._stage.clause_words,
-                                                 final=final)):
+        stage = self._stage
+        while speech.buffer and (n := (
+                first_piece(speech.buffer, stage.first_words, stage.clause_words, final=final)
+                if speech.pieces == 0 else next_piece(speech.buffer, stage.clause_words,
+                                                      final=final))):
             speech.work.put_nowait((item, speech.buffer[:n]))
             speech.buffer = speech.buffer[n:]
+            speech.pieces += 1
         if final:
             speech.finished = True
             self._finished[rid] = None

@@ -1,0 +1,108 @@
+"""The LLM's decode settings side by side on this CPU: dtype (float32 /
+bfloat16), eager vs compiled (``enforce_eager``), and OpenMP thread binding
+(``VLLM_CPU_OMP_THREADS_BIND``), each in a fresh process with vLLM's offline
+``LLM`` on the prepared SmolLM2-135M-Instruct.
+
+Per setting: engine start, time to first token (``max_tokens=1``) and decode
+speed (greedy, 48 tokens) over spoken-style questions, and the answers.
+Correctness: greedy answers are compared with the float32/eager baseline's
+(same text), and each must contain the expected word ("Paris"...). The
+figures print beside the baseline as ratios; nothing is asserted.
+
+    .venv/bin/python bench/decode_settings.py [--settings all|f32-eager,bf16-eager,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+QUESTIONS = (("What is the capital of France?", "paris"), ("What is the largest ocean?", "pacific"),
+             ("What is the capital of Italy?", "rome"), ("How many legs does a spider have?", "eight"))
+SYSTEM = "You are a helpful voice assistant. Answer in one short sentence."
+SETTINGS = {
+    "f32-eager": {"dtype": "float32", "enforce_eager": True, "bind": None},
+    "bf16-eager": {"dtype": "bfloat16", "enforce_eager": True, "bind": None},
+    "f32-compiled": {"dtype": "float32", "enforce_eager": False, "bind": None},
+    "f32-eager-bind": {"dtype": "float32", "enforce_eager": True, "bind": "0-1"},
+}
+
+
+def child(setting: dict) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm_duplex.assets.prepare import prepared_model_dir
+
+    t0 = time.monotonic()
+    llm = LLM(model=str(prepared_model_dir()), dtype=setting["dtype"],
+              enforce_eager=setting["enforce_eager"], max_model_len=2048, seed=0)
+    start_s = time.monotonic() - t0
+    tok = llm.get_tokenizer()
+    prompts = [tok.apply_chat_template([{"role": "system", "content": SYSTEM},
+                                        {"role": "user", "content": q}],
+                                       tokenize=False, add_generation_prompt=True)
+               for q, _ in QUESTIONS]
+    one, full = SamplingParams(max_tokens=1, temperature=0.0), SamplingParams(
+        max_tokens=48, temperature=0.0)
+    llm.generate(prompts[:1], full, use_tqdm=False)  # warm-up
+    ttft, tps, answers = [], [], []
+    for p in prompts:
+        for _ in range(3):
+            t = time.monotonic()
+            llm.generate([p], one, use_tqdm=False)
+            ttft.append(time.monotonic() - t)
+        t = time.monotonic()
+        out = llm.generate([p], full, use_tqdm=False)[0].outputs[0]
+        dt = time.monotonic() - t
+        tps.append(len(out.token_ids) / dt)
+        answers.append(out.text.strip())
+    print("RESULT " + json.dumps({"start_s": start_s, "ttft_ms": statistics.median(ttft) * 1000,
+                                  "tok_s": statistics.median(tps), "answers": answers}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--settings", default="all")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(SETTINGS[args.child])
+        return
+    names = list(SETTINGS) if args.settings == "all" else args.settings.split(",")
+    results: dict[str, dict] = {}
+    for name in names:
+        env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
+        if SETTINGS[name]["bind"]:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = SETTINGS[name]["bind"]
+        print(f"[{name}] ...", flush=True)
+        proc = subprocess.run([sys.executable, __file__, "--child", name], env=env,
+                              capture_output=True, text=True, timeout=900)
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            results[name] = {"error": " | ".join(tail)}
+            print(f"  failed: {results[name]['error']}", flush=True)
+            continue
+        results[name] = json.loads(line[len("RESULT "):])
+        print(f"  {results[name]}", flush=True)
+    base = results.get(names[0], {})
+    print(f"\n{'setting':16s} {'start s':>8s} {'TTFT ms':>8s} {'x base':>7s} {'tok/s':>7s} "
+          f"{'x base':>7s}  same answers as {names[0]} / right")
+    for name in names:
+        r = results[name]
+        if "error" in r:
+            print(f"{name:16s} failed: {r['error'][:90]}")
+            continue
+        same = sum(a == b for a, b in zip(r["answers"], base.get("answers", [])))
+        right = sum(exp in a.lower() for a, (_, exp) in zip(r["answers"], QUESTIONS))
+        print(f"{name:16s} {r['start_s']:8.1f} {r['ttft_ms']:8.1f} "
+              f"{r['ttft_ms'] / base['ttft_ms']:7.2f} {r['tok_s']:7.1f} {r['tok_s'] / base['tok_s']:7.2f}"
+              f"  {same}/{len(QUESTIONS)} / {right}/{len(QUESTIONS)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""``OutputPacer``: a reply's audio goes to the client at playback speed
+plus a bounded lead, instead of as fast as TTS makes it.
+
+Sans-I/O: the core pushes ``AudioOut`` frames in, asks which are ``due`` at
+a time, and arms a timer for ``next_at``. The pacer models the client's
+player: audio sent at ``t`` plays from ``max(t, end of what it holds)``, so
+``play_end`` is when the client runs dry and ``play_end - now`` is the lead
+it holds. A frame goes out while that lead is under ``lead_s``: the client
+never holds more than ``lead_s`` unplayed (one frame, if a frame is longer), and what it has
+*heard* at any time is exact (``heard_ms``) -- what a barge-in keeps.
+
+Pausing (speech over the reply) stops the sending and freezes ``heard_ms``;
+``resume`` sends again from the frame holding the heard point, since a
+client that stopped its playback at ``speech_started`` dropped what it held
+(OpenAI clients do). Positions are the item's audio milliseconds, counted
+as ``ActiveResponse.on_audio`` counts them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_duplex.core.payloads import AudioOut
+
+FRAME_MS = 100  # longer TTS chunks are cut to this, so the lead bound is tight
+_EPS = 1e-6  # timers fire at float times: "due at t" must hold at t
+
+
+@dataclass
+class Frame:
+    start_ms: int
+    end_ms: int
+    audio: AudioOut
+    events: list[Any] = field(default_factory=list)  # what it rendered to (resent on resume)
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ms - self.start_ms) / 1000.0
+
+
+class OutputPacer:
+    def __init__(self, lead_ms: int) -> None:
+        self.lead_s = lead_ms / 1000.0
+        self._queue: deque[Frame] = deque()  # made, not yet sent
+        self._sent: deque[Frame] = deque()  # sent, maybe not yet heard
+        self._made_ms = 0  # item position after the last frame made
+        self._sent_end_ms = 0  # item position after the last frame sent
+        self.play_end: float | None = None  # when the client's player runs dry
+        self.paused_at: float | None = None
+        self._heard_at_pause = 0
+
+    # ---- in ---------------------------------------------------------------
+
+    def push(self, audio: AudioOut) -> None:
+        """A TTS chunk: queued as frames of at most ``FRAME_MS``."""
+        step = max(1, audio.rate * FRAME_MS // 1000)
+        pcm = audio.pcm
+        for i, begin in enumerate(range(0, max(1, pcm.size), step)):
+            piece = AudioOut(audio.response_id, pcm[begin:begin + step], audio.rate,
+                             audio.text if i == 0 else "")
+            # the same rounding as ActiveResponse.on_audio: positions agree
+            end = self._made_ms + int(round(piece.pcm.size * 1000 / piece.rate))
+            self._queue.append(Frame(self._made_ms, end, piece))
+            self._made_ms = end
+
+    # ---- out --------------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+    @property
+    def drained(self) -> bool:
+        return not self._queue
+
+    def lead(self, now: float) -> float:
+        """Seconds of sent audio the client holds unplayed at ``now``."""
+        return 0.0 if self.play_end is None else max(0.0, self.play_end - now)
+
+    def due(self, now: float) -> list[Frame]:
+        """The frames to send now (empty while paused)."""
+        out: list[Frame] = []
+        while self._queue and not self.paused and self._may_send(self._queue[0], now):
+            frame = self._queue.popleft()
+            start = now if self.play_end is None else max(self.play_end, now)
+            self.play_end = start + (frame.end_ms - frame.start_ms) / 1000.0
+            self._sent_end_ms = frame.end_ms
+            self._sent.append(frame)
+            out.append(frame)
+        self._forget_heard(now)
+        return out
+
+    def _may_send(self, frame: Frame, now: float) -> bool:
+        """Whether the client may take ``frame`` now: it still holds at most
+        the lead once the frame is in, or it has run dry (a frame longer
+        than the lead goes out when the player needs it)."""
+        lead = self.lead(now)
+        return lead + frame.seconds <= self.lead_s + _EPS or lead <= _EPS
+
+    def next_at(self, now: float) -> float | None:
+        """When the next queued frame may go (None: nothing to wait for)."""
+        if not self._queue or self.paused or self.play_end is None:
+            return None
+        room = max(0.0, self.lead_s - self._queue[0].seconds)
+        return max(now, self.play_end - room)
+
+    def heard_ms(self, now: float) -> int:
+        """The item position the client has played up to (frozen while paused)."""
+        if self.paused:
+            return self._heard_at_pause
+        return max(0, self._sent_end_ms - int(round(self.lead(now) * 1000)))
+
+    def _forget_heard(self, now: float) -> None:
+        heard = self.heard_ms(now)
+        while self._sent and self._sent[0].end_ms <= heard:
+            self._sent.popleft()
+
+    # ---- barge-in -----------------------------------------------------------
+
+    def pause(self, now: float) -> None:
+        if not self.paused:
+            self._heard_at_pause = self.heard_ms(now)
+            self.paused_at = now
+
+    def resume(self, now: float) -> int:
+        """Send again from the frame holding the heard point; returns its
+        item position (where the client's playback resumes)."""
+        heard = self.heard_ms(now)
+        self.paused_at = None
+        unheard = [f for f in self._sent if f.end_ms > heard]
+        self._sent.clear()
+        self._queue.extendleft(reversed(unheard))
+        start = self._queue[0].start_ms if self._queue else self._sent_end_ms
+        self._sent_end_ms = start
+        self.play_end = None  # the client's player is empty again
+        return start

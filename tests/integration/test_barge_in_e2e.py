@@ -1,0 +1,88 @@
+"""Speech over the assistant's reply on the real default pipeline (Silero,
+Whisper, vLLM, Piper), spoken by Flite at real time into the socket: a
+backchannel is forgiven and the reply goes on to its end; a new question
+cancels the reply and is answered. Paced output, adaptive interruptions:
+the defaults."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+
+import numpy as np
+import pytest
+import pytest_asyncio
+from support.speech_fixtures import chunks, speak
+from vllm_duplex.realtime.client.realtime import RealtimeClient
+from vllm_duplex.realtime.server.serving import BackgroundServer
+from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
+
+from test_cascade_e2e import cascade_engine
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def server(vllm_stage):  # noqa: F811
+    async with BackgroundServer(cascade_engine(vllm_stage)) as srv:
+        yield srv
+
+
+async def say(client: RealtimeClient, pcm: np.ndarray) -> None:
+    start = time.monotonic()
+    for i, chunk in enumerate(chunks(pcm)):
+        await client.append_audio(chunk)
+        await asyncio.sleep(max(0.0, start + (i + 1) * 0.02 - time.monotonic()))
+
+
+async def reply_playing(client: RealtimeClient, question: str) -> str:
+    await client.update_session({"max_output_tokens": 96})
+    await say(client, speak(question, tail_s=0.8))
+    created = await client.wait_for("response.created", timeout=60)
+    await client.wait_for("response.output_audio.delta", timeout=60)
+    await asyncio.sleep(0.6)  # the user listens for a moment
+    return created["response"]["id"]
+
+
+async def test_a_backchannel_is_forgiven_and_the_reply_goes_on(server):
+    async with await RealtimeClient.connect(server.ws_url) as client:
+        rid = await reply_playing(client, "Tell me a long story about a dragon.")
+        mark = len(client.events)
+        await say(client, speak("Okay.", lead_s=0.1, tail_s=1.0))
+        resumed = await client.wait_for("duplex.output_audio.resumed", timeout=30)
+        reply = await client.collect_response(timeout=120)
+    during = [e["type"] for e in client.events[mark:]]
+    assert "input_audio_buffer.speech_started" in during  # the pause was announced
+    assert (resumed["response_id"], resumed["reason"]) == (rid, "backchannel"), resumed
+    assert reply.response_id == rid and reply.status == "completed"
+    assert "input_audio_buffer.committed" not in during  # "okay" made no user turn
+    assert during.count("response.created") == 0
+    # the audio resumed where it was heard: the client's copy (cut back at
+    # audio_start_ms, then the resent rest) is the whole reply, once
+    sent_ms = sum(len(base64.b64decode(e["delta"])) for e in reply.events
+                  if e["type"] == "response.output_audio.delta") / 48
+    resent_ms = sent_ms - len(reply.audio) / 48
+    assert 0 <= resent_ms <= 300 + 100 + 1, (sent_ms, len(reply.audio) / 48)  # at most the lead
+
+
+async def test_a_new_question_cancels_the_reply_and_is_answered(server):
+    async with await RealtimeClient.connect(server.ws_url) as client:
+        rid = await reply_playing(client, "Tell me a long story about a dragon.")
+        mark = len(client.events)
+        await say(client, speak("What is the capital of France?", lead_s=0.1, tail_s=1.0))
+        done = await client.wait_for("response.done", timeout=60)
+        assert done["response"]["id"] == rid
+        assert done["response"]["status_details"]["reason"] == "turn_detected"
+        answer = await client.collect_response(timeout=120)
+        if answer.response_id == rid:  # the cancelled story first, then the answer
+            answer = await client.collect_response(timeout=120)
+    started = next(i for i, e in enumerate(client.events[mark:], mark)
+                   if e["type"] == "input_audio_buffer.speech_started")
+    stopped_at = client.events.index(done)
+    # nothing of the old reply after its response.done
+    assert not any(e.get("response_id") == rid and e["type"].endswith(".delta")
+                   for e in client.events[stopped_at + 1:])
+    assert started < stopped_at
+    assert answer.response_id != rid and answer.status == "completed"
+    assert "Paris" in answer.transcript, answer.transcript
