@@ -16,6 +16,7 @@ from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.contracts import InputMode
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
 from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.interruption import OutputPacing
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import (
     AudioOut,
@@ -38,7 +39,14 @@ from vllm_duplex.core.session_config import SessionConfig, SessionPatch, TurnDet
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.models.scripted import ScriptedPolicy
 from vllm_duplex.session.core import SessionCore
-from vllm_duplex.session.effects import ArmTimer, Cancel, CancelTimer, Emit, Submit, TimerFired
+from vllm_duplex.session.effects import (
+    ArmTimer,
+    Cancel,
+    CancelTimer,
+    Emit,
+    Submit,
+    TimerFired,
+)
 from vllm_duplex.session.turn_end import (
     EAGERNESS_TIMING,
     PAUSE_DETECT_MS,
@@ -65,8 +73,11 @@ class Timeline:
     def __init__(self, eagerness: str = "auto", policy=None) -> None:
         policy = policy or CascadePolicy()
         td = TurnDetection(type="semantic_vad", eagerness=eagerness)
+        # Unpaced output: these tests are about when the turn ends and what a
+        # speculation holds (pacing has its own, test_paced_output.py).
         self.core = SessionCore("s", config=SessionConfig(model="m", policy=policy.name,
-                                                          turn_detection=td),
+                                                          turn_detection=td,
+                                                          pacing=OutputPacing(type="none")),
                                 policy=policy, stage_names=("vad", "asr", "llm", "tts"),
                                 metrics=Metrics(), now=0.0, make_id=Ids())
         self.timer: ArmTimer | None = None
