@@ -347,7 +347,8 @@ def table(phases: list[Phase]) -> str:
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="cascade-cpu")
-    ap.add_argument("--turn-detection", default="server_vad", choices=("server_vad", "semantic_vad"))
+    ap.add_argument("--turn-detection", default="semantic_vad", choices=("server_vad", "semantic_vad"),
+                    help="the duplex phase's (the baseline is always server_vad)")
     ap.add_argument("--eagerness", default=None, choices=("low", "medium", "high", "auto"))
     ap.add_argument("--trials", type=int, default=2, help="trials per scenario variant (1-3)")
     ap.add_argument("--phases", default="duplex,baseline")
