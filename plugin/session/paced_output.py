@@ -69,8 +69,7 @@ def release(core: SessionCore) -> None:
 
 def _send(core: SessionCore, active: ActiveResponse, frame: Frame) -> None:
     if not frame.events:  # first time: render it (on_audio counts the item's audio)
-        if active.first_audio_at is None:
-            active.first_audio_at = core.now
+        rendering.audio_going_out(core, active, frame.audio)
         frame.events = active.on_audio(frame.audio)
     core.emit_all(frame.events)
 
@@ -121,8 +120,11 @@ def on_timer(core: SessionCore, name: str) -> None:
         return  # the reply ended before its timer fired
     if name == PACING:
         release(core)
-    elif name == BARGE_IN and active.barge_pending and core.user.speaking:
-        # speech longer than min_speech_ms: an interruption, words or not
+    elif (name == BARGE_IN and active.barge_pending and core.user.speaking
+          and not core.turns.pausing):
+        # Speech longer than min_speech_ms: an interruption, words or not.
+        # (A pause semantic_vad is judging is silence, though no
+        # speech_stopped went out yet.)
         core.interrupt(InterruptReason.TURN_DETECTED)
 
 

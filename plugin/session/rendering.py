@@ -85,11 +85,17 @@ def _text(core: SessionCore, p: TextDelta) -> None:
 
 def _audio(core: SessionCore, p: AudioOut) -> None:
     if (active := _reply(core, p.response_id)) is not None:
-        if active.first_audio_at is None:
-            active.first_audio_at = core.now
-        if active.audio and p.pcm.size:
-            core.latency.first_audio(active.times, core.now)
+        audio_going_out(core, active, p)
         core.emit_all(active.on_audio(p))
+
+
+def audio_going_out(core: SessionCore, active: ActiveResponse, p: AudioOut) -> None:
+    """Reply audio is sent now (unpaced here, or a paced frame): the first
+    of it is the response's first audio and a latency figure."""
+    if active.first_audio_at is None:
+        active.first_audio_at = core.now
+    if active.audio and p.pcm.size:
+        core.latency.first_audio(active.times, core.now)
 
 
 def _generation_done(core: SessionCore, p: GenerationDone) -> None:

@@ -157,6 +157,11 @@ class SemanticTurn:
         self.deadline = 0.0  # of the armed timer; one that fires before it is stale
         self.last: TurnEndDecision | None = None
 
+    @property
+    def pausing(self) -> bool:
+        """The user has stopped speaking and the pause is being judged."""
+        return self.held is not None
+
     def intercept(self, core: SessionCore, out: StageOutput) -> bool:
         """Take ``out`` when it is semantic_vad's business; True: consumed."""
         p = out.payload

@@ -109,13 +109,14 @@ async def test_a_reply_is_spoken_clause_by_clause_before_its_text_ends(stage):
     async with Speech(stage) as speech:
         for word in "Sure thing, the answer is four, and that is all I know about it.".split(" "):
             await speech.port.submit(item(TextDelta("r1", word + " ")))
-        await speech.wait(AudioOut)  # the first clause is spoken: the reply is not over
+        await speech.wait(AudioOut)  # the first phrase is spoken: the reply is not over
         first = next(o for o in speech.outputs if isinstance(o, AudioOut))
-        assert first.text == "Sure thing, the answer is four, "
+        assert first.text == "Sure thing, "  # its first clause mark, two words in
         await speech.port.submit(item(EndOfText("r1")))
         await speech.wait(SpeechDone)
     pieces = [o.text for o in speech.outputs if isinstance(o, AudioOut) and o.text]
-    assert pieces == ["Sure thing, the answer is four, ", "and that is all I know about it. "]
+    assert pieces[0] == "Sure thing, " and len(pieces) >= 2
+    assert "".join(pieces) == "Sure thing, the answer is four, and that is all I know about it. "
 
 
 async def test_output_comes_at_the_session_rate():

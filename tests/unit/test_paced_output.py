@@ -22,7 +22,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.core.session_config import AudioFormat, SessionConfig
+from vllm_duplex.core.session_config import AudioFormat, SessionConfig, TurnDetection
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.session.core import SessionCore
 from vllm_duplex.session.effects import ArmTimer, CancelTimer, Emit, TimerFired
@@ -233,3 +233,23 @@ def test_immediate_mode_cancels_at_onset():
 ])
 def test_backchannel_matching(text, expected):
     assert is_backchannel(text, Interruption().backchannels) is expected
+
+
+def test_under_semantic_vad_a_pause_being_judged_is_not_long_speech():
+    # semantic_vad holds the VAD's end of speech while it judges the pause:
+    # the barge-in timer must not take that silence for speech going on.
+    client = Client(turn_detection=TurnDetection(type="semantic_vad", eagerness="auto"))
+    rid = speak(client, 4.0, "one two three four five six seven eight nine ten")
+    client.advance(1.0)
+    client.stage(VadSpeechStarted(audio_ms=1000), "vad")
+    client.advance(1.3)
+    client.stage(VadSpeechStopped(audio_ms=1300), "vad")  # "okay", then silence
+    client.advance(2.6)  # past min_speech_ms + the silence window, the pause still judged
+    assert "response.done" not in client.types()
+    client.advance(3.5)  # the cap: semantic_vad lets the pause end the speech
+    client.stage(TranscriptFinal("Okay."), "asr")
+    [resumed] = [e for _, e in client.sent if isinstance(e, ev.OutputAudioResumed)]
+    assert (resumed.response_id, resumed.reason) == (rid, "backchannel")
+    client.advance(9.0)
+    done = [e for _, e in client.sent if isinstance(e, ev.ResponseDone)]
+    assert [d.response["status"] for d in done] == ["completed"]
