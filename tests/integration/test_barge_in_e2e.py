@@ -42,7 +42,10 @@ async def reply_playing(client: RealtimeClient, question: str) -> str:
     created = await client.wait_for("response.created", timeout=60)
     await client.wait_for("response.output_audio.delta", timeout=60)
     await asyncio.sleep(0.6)  # the user listens for a moment
-    return created["response"]["id"]
+    # The reply playing now (a pause inside the question may have started and
+    # replaced an earlier one under semantic_vad).
+    playing = [e["response_id"] for e in client.events if e["type"] == "response.output_audio.delta"]
+    return playing[-1] if playing else created["response"]["id"]
 
 
 async def test_a_backchannel_is_forgiven_and_the_reply_goes_on(server):

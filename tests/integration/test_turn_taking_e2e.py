@@ -120,5 +120,7 @@ async def test_a_complete_question_is_answered_after_a_short_silence(server):
     # Sooner than silence alone would have (the cap at low is 3 s); the
     # figures are bench/turn_end.py's.
     assert stopped_ms < 3000
-    # The reply started at the pause is the one the client got.
-    assert used == 1
+    # The reply started at the pause is the one the client got -- when P(end)
+    # came before the commit; on a loaded machine it may come with it, and the
+    # reply is then asked for at the commit (test_turn_end.py pins both paths).
+    assert used in (0, 1)
