@@ -4,7 +4,6 @@ through the cascade policy that acts on them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_duplex.core.contracts import FenceBump, InputMode
@@ -18,9 +17,9 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.models.cascade import CascadePolicy
-from vllm_duplex.models.cascade.policy import CascadeState
+
+from test_cascade_policy import View  # the same stand-in session view
 from vllm_duplex.models.cascade.transcript import (
     Utterance,
     extends,
@@ -67,22 +66,6 @@ def test_a_final_revises_pushed_words_only_when_a_spoken_word_differs():
 
 
 # ---- through the policy -------------------------------------------------------
-
-
-@dataclass
-class View:
-    config: SessionConfig = field(default_factory=lambda: SessionConfig(
-        model="m", policy="cascade", instructions="Be brief."))
-    items: list[Any] = field(default_factory=list)
-    active_response_id: str | None = None
-    user_speaking: bool = False
-    policy_state: CascadeState = field(default_factory=CascadeState)
-    fence: Fence = Fence("s")
-    output_paused: bool = False
-
-    @property
-    def output_modalities(self) -> tuple[str, ...]:
-        return tuple(self.config.output_modalities)
 
 
 def out(payload: Any, stage: str = "asr") -> StageOutput:
