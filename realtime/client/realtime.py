@@ -280,12 +280,15 @@ class RealtimeClient:
             return int(fmt.get("rate") or 24000), 2
         return 8000, 1  # G.711
 
-    async def collect_response(self, timeout: float = 60.0) -> ResponseResult:
+    async def collect_response(self, timeout: float = 60.0, *,
+                               response_id: str | None = None) -> ResponseResult:
         """Read until the next ``response.done`` and assemble that response, including
-        its events already read by earlier calls. Raises ``RealtimeError`` if an error
-        arrives during this call while no response has started (the request was refused:
-        no ``response.done`` would follow) and ``TimeoutError`` if no ``response.done``
-        comes within ``timeout`` seconds."""
+        its events already read by earlier calls; with ``response_id``, until that
+        response's ``response.done`` (others done before it are passed over: a reply
+        cancelled when the user went on speaking, say). Raises ``RealtimeError`` if an
+        error arrives during this call while no response has started (the request was
+        refused: no ``response.done`` would follow) and ``TimeoutError`` if no
+        ``response.done`` comes within ``timeout`` seconds."""
         start, fresh = self._collected, len(self.events)
         async with asyncio.timeout(timeout):
             i = start
@@ -295,7 +298,7 @@ class RealtimeClient:
                 event = self.events[i]
                 i += 1
                 etype = event.get("type")
-                if etype == "response.done":
+                if etype == "response.done" and response_id in (None, event["response"].get("id")):
                     break
                 # Errors read before this call were already the caller's to handle.
                 if etype == "error" and i > fresh and not any(
