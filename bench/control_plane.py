@@ -34,27 +34,32 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import random
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
-import yaml
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-REPO = Path(__file__).resolve().parent.parent
+from serve_process import (  # bench/, the script's directory
+    REPO,
+    CpuWindow,
+    ServerProcess,
+    http_get,
+    machine,
+    machine_busy,
+    quantiles,
+    scrape,
+    total,
+    worst_quantile,
+)
+
 CHUNK_S = 0.020
 RATE = 24000
 INGEST_TARGET_S = 0.002
@@ -82,212 +87,6 @@ ERROR = b"error"
 
 def event_type(msg: bytes) -> bytes:
     return msg[_TYPE_AT:msg.find(b'"', _TYPE_AT)]
-
-
-# ---- machine and server process ---------------------------------------------------------
-
-
-def machine() -> dict[str, Any]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": model,
-            "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
-            "python": platform.python_version(), "kernel": platform.release()}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_get(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (loopback only)
-        return r.read().decode()
-
-
-class ServerProcess:
-    """A fresh ``vllm-duplex serve`` on a free port, with ``limits.max_sessions`` raised to
-    fit ``sessions``. Always terminated on exit (exceptions and Ctrl-C included)."""
-
-    def __init__(self, config: str, sessions: int, workers: int = 1,
-                 start_timeout_s: float = 60.0) -> None:
-        self.config = config
-        self.start_timeout_s = start_timeout_s
-        self.sessions = sessions
-        self.workers = workers
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.ps: psutil.Process | None = None
-        self._tmp: list[str] = []
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/realtime"
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _write_config(self) -> str:
-        raw = yaml.safe_load(Path(self.config).read_text()) or {}
-        limits = dict(raw.get("limits") or {})
-        limits["max_sessions"] = max(int(limits.get("max_sessions", 0)), self.sessions + 8)
-        if limits.get("max_sessions_per_key") is not None:
-            limits["max_sessions_per_key"] = max(int(limits["max_sessions_per_key"]),
-                                                 self.sessions + 8)
-        raw["limits"] = limits
-        fd, path = tempfile.mkstemp(prefix="bench-control-plane-", suffix=".yaml")
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(raw, f, sort_keys=False)
-        self._tmp.append(path)
-        return path
-
-    def __enter__(self) -> ServerProcess:
-        cfg = self._write_config()
-        log = tempfile.NamedTemporaryFile(prefix="bench-control-plane-", suffix=".log",
-                                          delete=False)
-        self._tmp.append(log.name)
-        self.log_path = log.name
-        cmd = [sys.executable, "-m", "vllm_duplex.realtime.client.cli", "serve", "--config", cfg,
-               "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
-        # Own process group: a terminal Ctrl-C reaches only the bench, which stops the server.
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        log.close()
-        try:
-            self._wait_healthy(self.start_timeout_s)
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        self.ps = psutil.Process(self.proc.pid)
-        return self
-
-    def tree(self) -> list[psutil.Process]:
-        """The server and everything it started (workers, nginx): what its CPU
-        and memory are summed over."""
-        assert self.ps is not None
-        try:
-            return [self.ps, *self.ps.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return [self.ps]
-
-    def rss(self) -> int:
-        total = 0
-        for proc in self.tree():
-            try:
-                total += proc.memory_info().rss
-            except psutil.NoSuchProcess:
-                pass
-        return total
-
-    def _wait_healthy(self, timeout: float = 60.0) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if json.loads(http_get(self.http_url + "/health", 1.0)).get("status") == "ok":
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server not healthy after {timeout:.0f} s:\n{self.log_tail()}")
-
-    def log_tail(self, n: int = 2000) -> str:
-        try:
-            return Path(self.log_path).read_text()[-n:]
-        except OSError:
-            return ""
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        for path in self._tmp:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-
-
-# ---- metrics -----------------------------------------------------------------------------
-
-
-def scrape(text: str) -> dict[str, float]:
-    """Prometheus text -> {'name{labels}': value} (comments skipped)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            continue
-    return out
-
-
-def quantiles(samples: list[float]) -> tuple[float, float]:
-    if not samples:
-        return math.nan, math.nan
-    a = np.asarray(samples)
-    return float(np.quantile(a, 0.5)), float(np.quantile(a, 0.99))
-
-
-class CpuWindow:
-    """CPU seconds of processes (threads and reaped children included) over a window."""
-
-    def __init__(self, *procs: psutil.Process) -> None:
-        self.procs = procs
-        self.t0 = time.monotonic()
-        self.c0 = self._cpu()
-
-    def _cpu(self) -> float:
-        total = 0.0
-        for proc in self.procs:
-            try:
-                t = proc.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += t.user + t.system + t.children_user + t.children_system
-        return total
-
-    def cores(self) -> tuple[float, float]:
-        """(cores busy on average, wall seconds) since construction."""
-        wall = time.monotonic() - self.t0
-        return (self._cpu() - self.c0) / wall, wall
-
-
-def worst_quantile(metrics: dict[str, float], name: str, q: str) -> float:
-    """A summary quantile; behind the router, the worst worker's (each worker
-    keeps its own summary: the maximum is an upper bound of the fleet's)."""
-    values = [v for k, v in metrics.items()
-              if k.startswith(name + "{") and f'quantile="{q}"' in k]
-    return max(values, default=math.nan)
-
-
-def total(metrics: dict[str, float], name: str) -> float:
-    values = [v for k, v in metrics.items() if k == name or k.startswith(name + "{")]
-    return sum(values) if values else math.nan
-
-
-def machine_busy(t0: Any, t1: Any) -> float:
-    """Busy CPUs (not idle/iowait) between two ``psutil.cpu_times()`` samples."""
-    idle = (t1.idle - t0.idle) + (getattr(t1, "iowait", 0) - getattr(t0, "iowait", 0))
-    total = sum(t1) - sum(t0)
-    return (total - idle) / total * psutil.cpu_count() if total > 0 else math.nan
 
 
 # ---- clients -----------------------------------------------------------------------------

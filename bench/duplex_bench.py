@@ -20,9 +20,11 @@ Scenarios (Full-Duplex-Bench v1's categories, arXiv 2503.04721):
 - interruption: a new question while a story plays; onset -> speech_started
   (a client stops playback there), onset -> last old audio delta read;
   handled = the story cancelled and the new question answered right;
-- backchannel: "okay", "yeah", "mm-hmm", "right", "uh-huh" while a reply
+- backchannel: "okay", "yeah", "I see", "right", "uh-huh" while a reply
   plays; kept = that reply is not cancelled (completed, or incomplete at
-  its max_output_tokens);
+  its max_output_tokens). No hum ("mm-hmm", "mhm", "hmm"): Flite spells
+  those out letter by letter ("em em aitch em em", over a second of speech),
+  which no listener would take for a backchannel;
 - greeting: the user speaks over the assistant's greeting; handled = the
   greeting cancelled and the question answered.
 
@@ -63,7 +65,7 @@ QUESTIONS = (("What is the capital of France?", "paris"), ("What is the largest 
              ("What is the capital of Italy?", "rome"), ("Where is the Eiffel Tower?", "paris"),
              ("What is the capital of Spain?", "madrid"))
 STORY = "Tell me a long story about a dragon."
-BACKCHANNELS = ("Okay.", "Yeah.", "Mm-hmm.", "Right.", "Uh-huh.")
+BACKCHANNELS = ("Okay.", "Yeah.", "I see.", "Right.", "Uh-huh.")
 NEW_QUESTION = ("What is the capital of France?", "paris")
 
 # Published Full-Duplex-Bench v1 figures (bench/README.md "duplex_bench.py" cites them).

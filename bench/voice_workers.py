@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from control_plane import CpuWindow, ServerProcess, http_get, machine, scrape, worst_quantile
+from serve_process import CpuWindow, ServerProcess, http_get, machine, scrape, worst_quantile
 from voice_scenarios import QUESTIONS, Turn, run_turns, utterance
 from vllm_duplex.host.deploy import resolve_config_path
 

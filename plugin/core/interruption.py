@@ -57,6 +57,10 @@ class OutputPacing:
 
 
 _WORD = re.compile(r"[a-z0-9']+")
+# A hum: a word of nothing but m and h, with an m ("mhm", "mmhmm", "hmm", "hm"),
+# or one letter of a spelled-out hum ("M-M-H-M"): how ASR writes a closed-mouth
+# "mm-hmm" in many ways; no English word is made of these letters only.
+_HUM = re.compile(r"h*m[mh]*|h")
 
 
 def _words(text: str) -> list[str]:
@@ -66,15 +70,18 @@ def _words(text: str) -> list[str]:
 
 
 def is_backchannel(text: str | Sequence[str], backchannels: Iterable[str]) -> bool:
-    """Whether ``text`` (or its words) is nothing but backchannels, e.g.
-    "Okay." or "yeah, right" -- not "okay stop" and not "" (no words is noise,
-    not a backchannel)."""
+    """Whether ``text`` (or its words) is nothing but backchannels and hums,
+    e.g. "Okay.", "yeah, right" or "MMHMM" -- not "okay stop" and not "" (no
+    words is noise, not a backchannel)."""
     words = _words(text if isinstance(text, str) else " ".join(text))
-    if not words:
+    if not words or all(w == "h" for w in words):
         return False
     phrases = sorted({tuple(_words(b)) for b in backchannels if _words(b)}, key=len, reverse=True)
     i = 0
     while i < len(words):
+        if _HUM.fullmatch(words[i]):
+            i += 1
+            continue
         for phrase in phrases:
             if tuple(words[i:i + len(phrase)]) == phrase:
                 i += len(phrase)

@@ -230,6 +230,9 @@ def test_immediate_mode_cancels_at_onset():
 @pytest.mark.parametrize(("text", "expected"), [
     ("Okay.", True), ("mm-hmm", True), ("Mm hmm.", True), ("yeah, right", True), ("I see.", True),
     ("okay stop", False), ("", False), ("what is that", False), ("uh-huh uh-huh", True),
+    # hums as Whisper writes them (heard from Flite's "Mm-hmm.", "Mhm.", "Hmm.")
+    ("MMHMM", True), ("M-HM", True), ("m m h m m m", True), ("hmm.", True), ("Hm, okay.", True),
+    ("H.", False), ("hmm what", False), ("M and H and M", False), ("him", False), ("ham", False),
 ])
 def test_backchannel_matching(text, expected):
     assert is_backchannel(text, Interruption().backchannels) is expected
