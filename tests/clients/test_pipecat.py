@@ -7,6 +7,7 @@ here; its model is its own ``gpt-realtime-2.1``. The driver is
 
 from __future__ import annotations
 
+import json
 import pytest
 import pytest_asyncio
 from support.clients import run_driver, scenario, tools_config, write_wav
@@ -57,7 +58,7 @@ async def test_barge_in_then_the_answer(results):
     estimate) is checked against the audio sent: no error, which Pipecat treats as fatal."""
     seen = scenario(results, "barge_in")
     assert seen["errors"] == []
-    assert seen["answered"] and seen["audio_after_interruption_ms"] == REPLY_MS
+    assert seen["answered"] and seen["audio_after_interruption_ms"] == REPLY_MS, json.dumps(seen)
 
 
 async def test_function_call_round_trip(results):

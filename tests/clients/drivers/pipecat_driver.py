@@ -135,13 +135,14 @@ class Run:
         except TimeoutError:
             await self.task.cancel()
 
-    async def say(self, args) -> None:
+    async def say(self, args, *, realtime: bool | None = None) -> None:
         pcm, rate = read_wav(args.audio)
         step = rate * FRAME_MS // 1000 * 2
+        realtime = args.realtime if realtime is None else realtime
         for i in range(0, len(pcm), step):
             await self.task.queue_frame(InputAudioRawFrame(audio=pcm[i:i + step], sample_rate=rate,
                                                            num_channels=1))
-            await asyncio.sleep(FRAME_MS / 1000 if args.realtime else 0.001)
+            await asyncio.sleep(FRAME_MS / 1000 if realtime else 0.001)
 
 
 async def conversation(args) -> dict[str, Any]:
@@ -167,7 +168,12 @@ async def barge_in(args) -> dict[str, Any]:
     async with Run(args) as run:
         await run.task.queue_frame(LLMRunFrame())
         await run.sink.until(lambda: run.sink.audio_ms > 0 or run.sink.errors)
-        await run.say(args)
+        # At the pace of a voice: Pipecat's interruption (which truncates the
+        # audio response it is playing) reaches its realtime service through
+        # the pipeline some time after speech_started; words pushed at 50x
+        # real time get the answer going before it arrives, and Pipecat then
+        # truncates the answer instead of the reply it meant.
+        await run.say(args, realtime=True)
         # the answer to what the user said over the reply
         answered = await run.sink.until(lambda: run.sink.audio_after_interruption_ms > 0
                                         and run.sink.responses >= 2, 5)
