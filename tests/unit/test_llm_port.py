@@ -56,6 +56,7 @@ class FakeEngine:
     errored: bool = False
     calls: list[tuple[str, list[tuple[str, int]]]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
+    warmups: list[list[tuple[str, int | None]]] = field(default_factory=list)
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
@@ -65,7 +66,12 @@ class FakeEngine:
 
     async def generate(self, prompt: Any, params: Any, request_id: str):
         if request_id.startswith("duplex-warmup"):
-            yield Out([Completion([7], "length")], finished=True)
+            warm: list[tuple[str, int | None]] = []
+            self.warmups.append(warm)
+            async for inp in prompt if inspect.isasyncgen(prompt) else _one(prompt, params):
+                text = self.tokenizer.decode(inp.prompt["prompt_token_ids"], skip_special_tokens=False)
+                warm.append((text, inp.sampling_params.logprobs))
+                yield Out([Completion([7], "length")])
             return
         chunks: list[tuple[str, int]] = []
         self.calls.append((request_id, chunks))
@@ -196,3 +202,21 @@ async def test_input_during_a_render_waits_its_turn_and_a_cancel_voids_it(tokeni
     text, outs = await reply(port)
     assert text == "Paris." and all(o.fence == newer for o in outs)
     await port.close()
+
+
+async def test_the_warm_up_streams_a_turn_as_a_session_does(tokenizer):
+    """A fresh engine's first prompt of a turn's length and its first logprobs
+    cost seconds on CPU: the warm-up pays them, in one streaming-input request
+    (the instructions, then the user's words, each chunk with the turn-end
+    logprobs), so the first user's P(end) comes in time."""
+    engine = FakeEngine(tokenizer)
+    stage = VllmLlmStage(engine=engine)  # type: ignore[arg-type]
+    await stage.start()
+    try:
+        (warm,) = engine.warmups
+        texts = [text for text, _ in warm]
+        assert len(texts) == 2 and "<|im_start|>system" in texts[0]
+        assert texts[0].rstrip().endswith("What is the") and texts[1] == " capital of France"
+        assert all(logprobs == stage.host.probe_logprobs == 20 for _, logprobs in warm)
+    finally:
+        await stage.shutdown()

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from vllm import SamplingParams
-from vllm.engine.protocol import EngineClient
+from vllm.engine.protocol import EngineClient, StreamingInput
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm_duplex.core.clock import Clock, MonotonicClock
@@ -131,7 +131,8 @@ class HostCounters:
 class EngineHost:
     """One engine (built from ``settings`` or the borrowed ``engine``) and what
     every user of it shares. ``warm_prompt`` makes the warm-up prompt from the
-    chat template (default: the text "Hi")."""
+    chat template (default: the text "Hi"), or a list of them: the chunks of
+    one streaming-input request."""
 
     def __init__(self, name: str, settings: EngineSettings, *, engine: EngineClient | None = None,
                  clock: Clock | None = None, restart_on_failure: bool = True,
@@ -233,10 +234,23 @@ class EngineHost:
                 self.supervisor.start()
 
     async def _warm_up(self, engine: EngineClient) -> None:
-        # One token through the engine: starts its output handler on this
-        # loop (it must exist before sessions) and proves the engine works.
+        # Through the engine before any session: starts its output handler on
+        # this loop (it must exist before sessions) and proves the engine
+        # works. A list of prompts goes as the chunks of one streaming-input
+        # request, with the logprobs every live request asks for.
         prompt = self._warm_prompt(self.chat) if self._warm_prompt else {"prompt": "Hi"}
-        async for _ in engine.generate(prompt, prefill_params(), f"duplex-warmup.{uuid.uuid4().hex}"):
+        request_id = f"duplex-warmup.{uuid.uuid4().hex}"
+        if not isinstance(prompt, list):
+            async for _ in engine.generate(prompt, prefill_params(), request_id):
+                pass
+            return
+        params = prefill_params(self.probe_logprobs)
+
+        async def chunks() -> AsyncIterator[StreamingInput]:
+            for chunk in prompt:
+                yield StreamingInput(chunk, params)
+
+        async for _ in engine.generate(chunks(), params, request_id):
             pass
 
     async def _restart(self) -> None:

@@ -64,8 +64,15 @@ from vllm_duplex.stages.vllm.tools import (
 from vllm_duplex.stages.vllm.tools import tool_call_schema
 
 
-def _warm_prompt(chat: ChatTemplate) -> Any:
-    return tokens_input(chat.encode(chat.render((ContextMessage("user", "Hi"),), True)))
+def _warm_prompt(chat: ChatTemplate) -> list[Any]:
+    """A turn as a session's live request streams it: the instructions, then
+    the user's words in chunks whose turn-end logprobs are read. A fresh
+    engine's first prompt of this length and first logprobs cost seconds on
+    CPU (2.4 s on 2 cores, measured); paid here, not by the first user."""
+    system = ContextMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
+    probe = chat.render((system, ContextMessage("user", SENTINEL)), False)
+    head, _, _ = probe.partition(SENTINEL)
+    return [tokens_input(chat.encode(text)) for text in (head + "What is the", " capital of France")]
 
 
 class VllmLlmStage(HostedStage):
