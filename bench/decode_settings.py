@@ -23,7 +23,7 @@ import sys
 import time
 
 QUESTIONS = (("What is the capital of France?", "paris"), ("What is the largest ocean?", "pacific"),
-             ("What is the capital of Italy?", "rome"), ("How many legs does a spider have?", "eight"))
+             ("What is the capital of Italy?", "rome"), ("How many legs does a spider have?", "eight|8"))
 SYSTEM = "You are a helpful voice assistant. Answer in one short sentence."
 SETTINGS = {
     "f32-eager": {"dtype": "float32", "enforce_eager": True, "bind": None},
@@ -98,7 +98,8 @@ def main() -> None:
             print(f"{name:16s} failed: {r['error'][:90]}")
             continue
         same = sum(a == b for a, b in zip(r["answers"], base.get("answers", [])))
-        right = sum(exp in a.lower() for a, (_, exp) in zip(r["answers"], QUESTIONS))
+        right = sum(any(w in a.lower() for w in exp.split("|"))  # "eight" or "8"
+                    for a, (_, exp) in zip(r["answers"], QUESTIONS))
         print(f"{name:16s} {r['start_s']:8.1f} {r['ttft_ms']:8.1f} "
               f"{r['ttft_ms'] / base['ttft_ms']:7.2f} {r['tok_s']:7.1f} {r['tok_s'] / base['tok_s']:7.2f}"
               f"  {same}/{len(QUESTIONS)} / {right}/{len(QUESTIONS)}")

@@ -212,10 +212,12 @@ async def interruption_trial(url: str, session: dict, story: Speech, q: Speech, 
         slots = await conn.send(q.chunks)
         onset_t = slots[q.onset]
 
-        def answered() -> bool:
-            return any(e.get("type") == "response.done" and (e.get("response") or {}).get("id") != rid
-                       for e in conn.events[mark:])
-        await _wait(conn, answered, 40)
+        def answers() -> list[dict]:
+            # A reply a revised transcript (or a pause inside the question)
+            # cancelled is not the answer: the one that ran to its end is.
+            return [e for e in conn.events[mark:] if e.get("type") == "response.done"
+                    and e["response"]["id"] != rid and e["response"]["status"] != "cancelled"]
+        await _wait(conn, lambda: bool(answers()), 40)
         started = next((e for e in conn.events[mark:]
                         if e.get("type") == "input_audio_buffer.speech_started"), None)
         old = [e for e in conn.events if e.get("type") == "response.output_audio.delta"
@@ -223,13 +225,15 @@ async def interruption_trial(url: str, session: dict, story: Speech, q: Speech, 
         done = _done(conn, rid)
         cancelled = bool(done) and done["response"]["status"] == "cancelled" and \
             done["_recv_t"] >= onset_t
-        new = next((e for e in conn.events[mark:] if e.get("type") == "response.created"
-                    and e["response"]["id"] != rid), None)
-        text = _reply_text(conn, new["response"]["id"]) if new else ""
+        answer = answers()
+        text = _reply_text(conn, answer[0]["response"]["id"]) if answer else ""
+        restarts = sum(e.get("type") == "response.created" and e["response"]["id"] != rid
+                       for e in conn.events[mark:]) - bool(answer)
         return Trial(scenario, q.text, ok=cancelled and expect in text,
                      gap_ms=(started["_recv_t"] - onset_t) * 1000 if started else math.nan,
                      after_ms=max(0.0, (old[-1]["_recv_t"] - onset_t) * 1000) if old else math.nan,
-                     note=f"old {done['response']['status'] if done else '?'}; new: {text[:50]}")
+                     note=f"old {done['response']['status'] if done else '?'}; "
+                          f"{restarts} cancelled before the answer; new: {text[:50]}")
     finally:
         await conn.close()
 
