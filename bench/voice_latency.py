@@ -55,7 +55,6 @@ import asyncio
 import datetime as dt
 import json
 import math
-import platform
 import statistics
 import subprocess
 import sys
@@ -70,6 +69,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below
 
+import serve_process  # noqa: E402
 from vllm_duplex.host.deploy import DeployConfig, load_config, resolve_config_path  # noqa: E402
 from vllm_duplex.host.runtime import Runtime  # noqa: E402
 from vllm_duplex.realtime.server.serving import BackgroundServer  # noqa: E402
@@ -99,14 +99,7 @@ SCRIPTED_REPLY = " ".join(["Hello from the scripted duplex engine."] * 40)
 
 
 def machine() -> dict[str, Any]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """``serve_process.machine()`` and the commit measured."""
     try:
         commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True, timeout=5).stdout.strip()
@@ -114,10 +107,7 @@ def machine() -> dict[str, Any]:
                                capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "unknown", ""
-    return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": model,
-            "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
-            "python": platform.python_version(), "kernel": platform.release(),
-            "commit": commit + (" (modified tree)" if dirty else "")}
+    return {**serve_process.machine(), "commit": commit + (" (modified tree)" if dirty else "")}
 
 
 def loadavg() -> str:

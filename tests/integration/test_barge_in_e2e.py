@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 
-import numpy as np
 import pytest
 import pytest_asyncio
-from support.speech_fixtures import chunks, speak
+from support.speech_fixtures import speak
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.realtime.server.serving import BackgroundServer
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 
-from test_cascade_e2e import cascade_engine
+from test_cascade_e2e import cascade_engine, say
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -27,13 +25,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 async def server(vllm_stage):  # noqa: F811
     async with BackgroundServer(cascade_engine(vllm_stage)) as srv:
         yield srv
-
-
-async def say(client: RealtimeClient, pcm: np.ndarray) -> None:
-    start = time.monotonic()
-    for i, chunk in enumerate(chunks(pcm)):
-        await client.append_audio(chunk)
-        await asyncio.sleep(max(0.0, start + (i + 1) * 0.02 - time.monotonic()))
 
 
 async def reply_playing(client: RealtimeClient, question: str) -> str:

@@ -47,6 +47,7 @@ from vllm_duplex.session.effects import (
     Submit,
     TimerFired,
 )
+from test_session_core import Ids
 from vllm_duplex.session.turn_end import (
     EAGERNESS_TIMING,
     PAUSE_DETECT_MS,
@@ -56,15 +57,6 @@ from vllm_duplex.session.turn_end import (
 
 SECOND = bytes(2 * 24000)  # one second of PCM16 24 kHz
 COMPLETE, UNFINISHED = 0.9, 0.0004  # SmolLM2's P(end) after "...of france" / "...capital of"
-
-
-class Ids:
-    def __init__(self) -> None:
-        self.n = 0
-
-    def __call__(self, prefix: str) -> str:
-        self.n += 1
-        return f"{prefix}_{self.n}"
 
 
 class Timeline:

@@ -145,14 +145,15 @@ async def interrupt(args) -> dict[str, Any]:
             "done": done.get("response")}
 
 
+@llm.function_tool
+async def get_weather(city: str) -> str:
+    """The weather in a city (the tool both tool scenarios register)."""
+    return "sunny"
+
+
 async def tool_round_trip(args) -> dict[str, Any]:
     """A function tool: the model calls it, the agent returns its output, the model answers."""
     model, session, rec, errors = new_session(args)
-
-    @llm.function_tool
-    async def get_weather(city: str) -> str:
-        """The weather in a city."""
-        return "sunny"
 
     try:
         await wait_for(rec, "session.updated")
@@ -176,11 +177,6 @@ async def tool_round_trip(args) -> dict[str, Any]:
 async def tool_choice_none(args) -> dict[str, Any]:
     """``generate_reply(tool_choice="none")`` with a tool registered: no call."""
     model, session, rec, errors = new_session(args)
-
-    @llm.function_tool
-    async def get_weather(city: str) -> str:
-        """The weather in a city."""
-        return "sunny"
 
     try:
         await wait_for(rec, "session.updated")
