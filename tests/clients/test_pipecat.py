@@ -58,7 +58,7 @@ async def test_barge_in_then_the_answer(results):
     estimate) is checked against the audio sent: no error, which Pipecat treats as fatal."""
     seen = scenario(results, "barge_in")
     assert seen["errors"] == []
-    assert seen["answered"] and seen["audio_after_interruption_ms"] == REPLY_MS, json.dumps(seen)
+    assert seen["answered"] and seen["answer_audio_ms"] == REPLY_MS, json.dumps(seen)
 
 
 async def test_function_call_round_trip(results):

@@ -158,7 +158,7 @@ async def test_a_long_utterance_is_not_truncated():
     try:
         words = spoken(final_text(await transcribe(stage, pcm, chunk_ms=500, paced=False)))
     finally:
-        stage.close()
+        await stage.close()
     assert words[:4] == ["the", "first", "thing", "i"], words
     assert {"bakery", "storm", "football", "rome", "sister", "garden", "pasta", "bed"} <= set(words), words
 
@@ -194,5 +194,5 @@ async def test_any_faster_whisper_directory_loads(stage):
     try:
         text = final_text(await transcribe(other, padded(flite("Good morning.")), chunk_ms=100))
     finally:
-        other.close()
+        await other.close()
     assert spoken(text) == ["good", "morning"]

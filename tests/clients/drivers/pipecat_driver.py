@@ -21,6 +21,7 @@ from pipecat.frames.frames import (
     LLMRunFrame,
     TranscriptionFrame,
     TTSAudioRawFrame,
+    TTSStartedFrame,
     TTSTextFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline
@@ -48,6 +49,12 @@ class Sink(FrameProcessor):
         self.responses = 0
         self.interruptions = 0
         self.audio_after_interruption_ms = 0.0
+        # The answer to an interruption: the audio turn Pipecat starts after it.
+        # Pipecat also ends the interrupted response twice (its own
+        # LLMFullResponseEndFrame, then the server's cancelled response.done),
+        # so a count of response ends does not say the answer is whole.
+        self.answer_audio_ms: float | None = None
+        self.answer_done = False
         self.changed = asyncio.Event()
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -57,6 +64,11 @@ class Sink(FrameProcessor):
             self.audio_ms += ms
             if self.interruptions:
                 self.audio_after_interruption_ms += ms
+            if self.answer_audio_ms is not None:
+                self.answer_audio_ms += ms
+        elif isinstance(frame, TTSStartedFrame):
+            if self.interruptions:
+                self.answer_audio_ms, self.answer_done = 0.0, False
         elif isinstance(frame, TTSTextFrame):
             self.text += frame.text + " "
         elif isinstance(frame, TranscriptionFrame):
@@ -65,6 +77,7 @@ class Sink(FrameProcessor):
             self.errors.append(frame.error)
         elif isinstance(frame, LLMFullResponseEndFrame):
             self.responses += 1
+            self.answer_done = self.answer_audio_ms is not None
         elif isinstance(frame, InterruptionFrame):
             self.interruptions += 1
         self.changed.set()
@@ -86,6 +99,7 @@ class Sink(FrameProcessor):
                 "user_transcripts": self.transcripts, "errors": self.errors,
                 "responses": self.responses, "interruptions": self.interruptions,
                 "audio_after_interruption_ms": self.audio_after_interruption_ms,
+                "answer_audio_ms": self.answer_audio_ms,
                 "audio_before_interruption_ms": self.audio_ms - self.audio_after_interruption_ms}
 
 
@@ -175,8 +189,7 @@ async def barge_in(args) -> dict[str, Any]:
         # truncates the answer instead of the reply it meant.
         await run.say(args, realtime=True)
         # the answer to what the user said over the reply
-        answered = await run.sink.until(lambda: run.sink.audio_after_interruption_ms > 0
-                                        and run.sink.responses >= 2, 5)
+        answered = await run.sink.until(lambda: run.sink.answer_done, 5)
     return {**run.sink.seen(), "answered": answered, "context": _messages(run.context)}
 
 
