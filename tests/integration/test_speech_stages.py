@@ -7,6 +7,7 @@ tested on real audio with known boundaries, and no model is downloaded.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import threading
@@ -382,22 +383,24 @@ async def test_tts_speaks_the_first_sentence_before_the_reply_ends(make):
 
 
 class SlowTts(SubprocessTtsStage):
-    """A synthesizer that never finishes: only a kill ends it."""
+    """A synthesizer that never finishes: only a kill ends it. It touches
+    ``started`` first, so a test knows the process is running."""
 
-    binary = "sleep"
+    binary = "sh"
+    started = ""
 
     def command(self, text: str, wav_path: str) -> tuple[list[str], bytes | None]:
-        return ["sleep", "30"], None
+        return ["sh", "-c", 'touch "$0" && exec sleep 30', self.started], None
 
 
-async def test_cancel_kills_the_running_synthesizer():
+async def test_cancel_kills_the_running_synthesizer(tmp_path):
     stage = SlowTts("tts", clock=MonotonicClock())
+    stage.started = str(tmp_path / "started")
     port, coll = await opened(stage)
     await port.submit(item(TextDelta("r1", "This never ends. ")))
-    async with asyncio.timeout(5):
-        while stage.active_requests == 0:
+    async with asyncio.timeout(10):
+        while not os.path.exists(stage.started):  # the subprocess is running now
             await asyncio.sleep(0.01)
-    await asyncio.sleep(0.1)  # the subprocess is running now
     async with asyncio.timeout(2):
         await port.cancel(FENCE.next_epoch())
     assert stage.killed_processes == 1 and stage.aborted_requests == 1
