@@ -92,15 +92,18 @@ def test_bad_settings_are_refused() -> None:
 
 
 async def test_a_build_cancelled_midway_is_disposed_of() -> None:
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
     disposed: list[str] = []
 
     def build() -> str:
+        started.set()
         release.wait(10)
         return "engine"
 
     task = asyncio.create_task(build_in_thread(build, disposed.append))
-    await asyncio.sleep(0.01)  # the thread is building
+    async with asyncio.timeout(10):
+        while not started.is_set():  # the thread is building
+            await asyncio.sleep(0.001)
     task.cancel()
     await asyncio.sleep(0)
     release.set()
