@@ -9,6 +9,7 @@ The voice and the Whisper model load once per test session.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import re
 import shutil
 from typing import Any
@@ -96,13 +97,34 @@ async def say(stage: PiperTtsStage, text: str) -> Speech:
     return speech
 
 
+def word_errors(ref: list[str], hyp: list[str]) -> int:
+    """Substitutions, deletions and insertions that turn ``ref`` into ``hyp``."""
+    ops = difflib.SequenceMatcher(None, ref, hyp, autojunk=False).get_opcodes()
+    return sum(max(i2 - i1, j2 - j1) for op, i1, i2, j1, j2 in ops if op != "equal")
+
+
+HEARD = ("Paris is the capital of France, and it is known for the Eiffel Tower.",
+         "The weather today is sunny with a light breeze from the west.",
+         "Please remind me to call my mother this evening.",
+         "How many legs does a spider have?")
+
+
 async def test_the_voice_is_heard_right_by_whisper(stage, whisper):
-    text = "Paris is the capital of France, and it is known for the Eiffel Tower."
-    speech = await say(stage, text)
-    assert isinstance(speech.outputs[-1], SpeechDone)
-    pcm = speech.audio()
-    assert 2.5 < len(pcm) / 16000 < 8
-    assert spoken(whisper.transcribe(pcm).text) == spoken(text)
+    """A word error rate, not an exact match: the voice samples its prosody
+    (VITS noise), and Whisper base mishears a few words of some takes. In 20
+    runs of these 42 words, 0-4 errors: "Paris is" heard as "terraces" in 3,
+    "a light" as "the light", "have" as "half". A broken voice (wrong rate,
+    wrong phonemes, noise) is heard as nothing like the text."""
+    errors = words = 0
+    for text in HEARD:
+        speech = await say(stage, text)
+        assert isinstance(speech.outputs[-1], SpeechDone)
+        pcm = speech.audio()
+        n = len(text.split())
+        assert 0.15 * n < len(pcm) / 16000 < 0.5 * n + 1.0  # speech at a speaking rate
+        errors += word_errors(spoken(text), spoken(whisper.transcribe(pcm).text))
+        words += len(spoken(text))
+    assert errors / words <= 0.2, f"{errors} word errors in {words}"
 
 
 async def test_a_reply_is_spoken_clause_by_clause_before_its_text_ends(stage):
