@@ -66,17 +66,6 @@ class ChatTemplate:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def user_opener(self, messages: Sequence[ContextMessage], held_text: str) -> str | None:
-        """Text that opens a user message after ``held_text`` (the render of
-        ``messages``, possibly ending in an unclosed reply). Found generically
-        by rendering a sentinel user message and cutting at it; None when the
-        template does not extend ``held_text`` that way."""
-        probe = self.render((*messages, ContextMessage("user", SENTINEL)), False)
-        cut = probe.find(SENTINEL)
-        if cut < len(held_text) or not probe.startswith(held_text):
-            return None
-        return probe[len(held_text):cut]
-
 
 def sampling_options(s: SamplingConfig, default_max_tokens: int) -> dict[str, Any]:
     """``SamplingParams`` arguments for ``s``. Not its stop strings: streaming

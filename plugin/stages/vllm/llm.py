@@ -70,8 +70,7 @@ def _warm_prompt(chat: ChatTemplate) -> list[Any]:
     engine's first prompt of this length and first logprobs cost seconds on
     CPU (2.4 s on 2 cores, measured); paid here, not by the first user."""
     system = ContextMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
-    probe = chat.render((system, ContextMessage("user", SENTINEL)), False)
-    head, _, _ = probe.partition(SENTINEL)
+    head = opener_after(chat.render((system, ContextMessage("user", SENTINEL)), False), "") or ""
     return [tokens_input(chat.encode(text)) for text in (head + "What is the", " capital of France")]
 
 
@@ -143,8 +142,8 @@ class _Held(LiveRequest):
 
 def opener_after(probe: str, held_text: str) -> str | None:
     """The text that opens a user message after ``held_text``, cut from
-    ``probe`` (``ChatTemplate.user_probe``); None when the template does not
-    extend ``held_text`` that way."""
+    ``probe`` (the messages rendered with a ``SENTINEL`` user message after
+    them); None when the template does not extend ``held_text`` that way."""
     cut = probe.find(SENTINEL)
     if cut < len(held_text) or not probe.startswith(held_text):
         return None
