@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 
 import numpy as np
@@ -89,10 +90,12 @@ async def test_a_thinking_pause_does_not_take_the_turn(server):
     assert reply.status == "completed" and "Paris" in reply.transcript
 
 
-async def test_a_complete_question_is_answered_after_a_short_silence(server):
+async def test_a_complete_question_is_answered_after_a_short_silence(server, caplog):
     """At eagerness low (400 ms for a complete turn, 3 s cap) so that a busy CI
     machine, where the partials and P(end) come late, still shows the words
     ending the turn well before silence alone would."""
+    # A failure then shows each decision's inputs (P(end), silence, the words).
+    caplog.set_level(logging.INFO, logger="vllm_duplex.session.turn_end")
     pcm = speak("What is the capital of France?")
     async with await RealtimeClient.connect(server.ws_url) as client:
         await client.update_session(LOW)  # warm-up: a fresh server's first partials are slow
