@@ -215,7 +215,7 @@ class CascadePolicy(PolicyBase[CascadeState]):
         if isinstance(p, TranscriptPartial):
             return self._on_partial(view, p)
         if isinstance(p, UserPaused):
-            return self._on_pause(view)
+            return self._on_pause(view, p)
         if isinstance(p, UserResumed):
             state.paused = False
             plan = self._rehold(view) if p.speculation_discarded else None
@@ -262,15 +262,15 @@ class CascadePolicy(PolicyBase[CascadeState]):
         return OutputDecision(emit=render is not None, forward=False, render=render, plan=plan,
                               interrupt=interrupt)
 
-    def _on_pause(self, view: View) -> OutputDecision:
-        """semantic_vad heard a pause: the last word is no longer being heard,
-        so the whole newest hypothesis is stable. Pushed now, the model judges
-        the whole phrase (its P(end) decides how long the session waits) and
-        a reply would start from all of it."""
-        state = view.policy_state
-        state.paused = True
-        hypothesis = unclosed(state.utterance.previous)
-        return self._on_stable(view, state.utterance, hypothesis, hypothesis)
+    def _on_pause(self, view: View, pause: UserPaused) -> OutputDecision:
+        """semantic_vad heard a pause: the ASR is asked for every word up to
+        it. Its answer (a partial ``at_pause``) is pushed whole, since no word
+        is still being heard, so the model judges the whole phrase -- not the
+        last hypothesis, which may have missed the last word -- and a reply
+        would start from all of it."""
+        view.policy_state.paused = True
+        return OutputDecision(emit=False, forward=False, plan=AppendPlan(
+            InputMode.APPEND_AUDIO_CHUNK, (StageSubmission(ASR, pause, "in"),)))
 
     def _rehold(self, view: View) -> AppendPlan | None:
         """A reply started at a pause was discarded, and the live request with

@@ -143,10 +143,13 @@ class VadSpeechStopped(InputObservation):
 
 @dataclass(frozen=True)
 class UserPaused(InputObservation):
-    """Policy input under ``semantic_vad``: the VAD heard a pause starting at
-    ``audio_ms``, which may or may not end the turn (the session decides,
-    ``session/turn_end.py``). The policy may push the words it held back as
-    still being heard, so the model judges the whole phrase."""
+    """Policy input under ``semantic_vad``: the VAD heard a pause after speech
+    that ended at ``audio_ms``, which may or may not end the turn (the session
+    decides, ``session/turn_end.py``). The policy may push the words it held
+    back as still being heard, so the model judges the whole phrase -- or
+    submit this to its ASR stage, which then answers with every word heard up
+    to the pause (``TranscriptPartial(at_pause=True)``); the session judges
+    the pause on that answer, not on an older hypothesis."""
 
     audio_ms: int
 
@@ -181,9 +184,12 @@ class TranscriptDelta(InputObservation):
 @dataclass(frozen=True)
 class TranscriptPartial(InputObservation):
     """The ASR's whole current hypothesis for the ongoing utterance; a later
-    partial may revise earlier words."""
+    partial may revise earlier words. ``at_pause``: the answer to a
+    ``UserPaused``, covering all the audio up to the pause (sent even when it
+    says nothing new)."""
 
     text: str
+    at_pause: bool = False
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,14 @@ prefill chunks -- the way LiveKit's turn detector uses a SmolLM2 fine-tune).
 
 ``TurnEndDecider`` is the state of one pause (sans-I/O: times in, deadlines
 and decisions out); ``SemanticTurn`` is the session core's side of it: it
-holds the VAD's end of speech while the pause lasts, asks the policy to
-push the words it held back (``UserPaused``), arms the core's ``turn_end``
-timer at the decider's deadline (re-armed when a new ``P(end)`` arrives) and,
+holds the VAD's end of speech while the pause lasts, tells the policy
+(``UserPaused``), which pushes the words it held back or asks its ASR for
+every word up to the pause -- then only the ASR's answer
+(``TranscriptPartial(at_pause=True)``) and a ``P(end)`` of exactly those
+words are judged: a hypothesis that missed the last word ("what is the
+capital of your st...") must not end the turn, nor start the reply. It
+arms the core's ``turn_end`` timer at the decider's deadline (the cap until
+the words are judged; re-armed when a new ``P(end)`` arrives) and,
 when it fires, lets the held end of speech through: the turn commits exactly
 as under server VAD. Speech before the deadline drops the hold: the pause
 did not take the turn, and the client never heard of it.
@@ -38,6 +43,7 @@ from typing import TYPE_CHECKING
 from vllm_duplex.core.contracts import OutputDecision
 from vllm_duplex.core.payloads import (
     StageOutput,
+    TranscriptPartial,
     TurnEndProbability,
     UserPaused,
     UserResumed,
@@ -46,7 +52,7 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.session import rendering
 from vllm_duplex.session.effects import ArmTimer, CancelTimer
-from vllm_duplex.session.speculation import SPECULATE_P
+from vllm_duplex.session.speculation import SPECULATE_P, spoken_words
 
 if TYPE_CHECKING:
     from vllm_duplex.session.core import SessionCore
@@ -110,41 +116,66 @@ class TurnEndDecision:
 
 
 class TurnEndDecider:
-    """One pause at a time: its start, and the newest ``P(end)``."""
+    """One pause at a time: its start, the words heard up to it, and the
+    newest ``P(end)``."""
 
     def __init__(self) -> None:
         self.paused_at: float | None = None
         self.p: float | None = None
         self.text = ""
+        # The ASR is still hearing the pause out: the words are not all known.
+        self.hearing = False
+        self.words: list[str] | None = None  # every word up to the pause, once heard
 
     @property
     def paused(self) -> bool:
         return self.paused_at is not None
 
-    def pause(self, started_at: float, *, words_pending: bool) -> None:
+    @property
+    def judged(self) -> float | None:
+        """``P(end)`` of the words up to the pause; None: not known yet."""
+        return None if self.hearing else self.p
+
+    def pause(self, started_at: float, *, words_pending: bool, hearing: bool = False) -> None:
         """A pause began at ``started_at``; ``words_pending``: words were just
-        pushed to the model, so its last judgement is about fewer words."""
+        pushed to the model, so its last judgement is about fewer words;
+        ``hearing``: the ASR is asked for every word up to the pause, and
+        until it answers (``heard``) nothing is judged."""
         self.paused_at = started_at
+        self.hearing, self.words = hearing, None
         if words_pending:
+            self.p = None
+
+    def heard(self, text: str) -> None:
+        """The ASR's words up to the pause: only a ``P(end)`` of exactly these
+        counts from now on (one of fewer words, still on its way, does not)."""
+        self.hearing = False
+        self.words = spoken_words(text)
+        if spoken_words(self.text) != self.words:
             self.p = None
 
     def speech(self) -> None:
         self.paused_at = None
+        self.hearing, self.words = False, None
 
     def observe(self, p: float, text: str) -> None:
+        if self.words is not None and spoken_words(text) != self.words:
+            return  # about other words than those heard up to the pause
         self.p, self.text = p, text
 
     def deadline(self, eagerness: str) -> float:
         assert self.paused_at is not None
-        return self.paused_at + needed_silence_ms(self.p, eagerness) / 1000.0
+        return self.paused_at + needed_silence_ms(self.judged, eagerness) / 1000.0
 
     def decide(self, now: float, eagerness: str) -> TurnEndDecision:
         assert self.paused_at is not None
         silence = round((now - self.paused_at) * 1000)
-        decision = TurnEndDecision(self.p, self.text, silence, needed_silence_ms(self.p, eagerness),
-                                   eagerness)
+        p = self.judged
+        decision = TurnEndDecision(p, self.text if p is not None else "", silence,
+                                   needed_silence_ms(p, eagerness), eagerness)
         # The next turn is judged on its own words only.
         self.paused_at, self.p, self.text = None, None, ""
+        self.hearing, self.words = False, None
         return decision
 
 
@@ -171,6 +202,14 @@ class SemanticTurn:
             if self.held is not None:
                 self._speculate(core)
                 self._rearm(core)
+            return True
+        if kind is TranscriptPartial and p.at_pause and self.held is not None and self.decider.hearing:
+            # Every word up to the pause: the policy takes them (pushes them
+            # to be judged), and the pause is judged from here on.
+            self.decider.heard(p.text)
+            core.decide(out)
+            self._speculate(core)
+            self._rearm(core)
             return True
         td = core.config.turn_detection
         if td is None or not td.semantic:
@@ -202,15 +241,20 @@ class SemanticTurn:
         if self.held is None:
             self.held = out
         decision = self._tell(core, UserPaused(out.payload.audio_ms))
-        pushed = decision.plan is not None and bool(decision.plan.submissions)
-        self.decider.pause(core.now - PAUSE_DETECT_MS / 1000.0, words_pending=pushed)
+        asked = decision.plan.submissions if decision.plan is not None else ()
+        # The policy may push the words it held back, or ask its ASR to hear
+        # the pause out (UserPaused sent on): then the ASR's answer is judged.
+        hearing = any(type(s.payload) is UserPaused for s in asked)
+        pushed = any(type(s.payload) is not UserPaused for s in asked)
+        self.decider.pause(core.now - PAUSE_DETECT_MS / 1000.0, words_pending=pushed,
+                           hearing=hearing)
         self._speculate(core)
         self._rearm(core)
 
     def _speculate(self, core: SessionCore) -> None:
         """The words look complete: start the reply now, held until the commit."""
         d = self.decider
-        if d.p is not None and d.p >= SPECULATE_P:
+        if d.judged is not None and d.judged >= SPECULATE_P:
             core.speculation.start(core, d.text)
 
     def _rearm(self, core: SessionCore) -> None:

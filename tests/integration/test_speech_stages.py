@@ -29,6 +29,7 @@ from vllm_duplex.core.payloads import (
     TextDelta,
     TranscriptFinal,
     TranscriptPartial,
+    UserPaused,
     VadConfig,
     VadSpeechStarted,
     VadSpeechStopped,
@@ -305,6 +306,24 @@ async def test_asr_after_the_vad_decodes_from_the_onset(asr_stage, vad_stage, fl
     assert forwarded == 2
     finals = [p for p in asr_out.payloads if isinstance(p, TranscriptFinal)]
     assert finals == [TranscriptFinal(PHRASE)]  # the prefix before the VAD event is decoded
+
+
+async def test_asr_answers_a_pause_with_every_word_so_far(asr_stage, flite_speech):
+    """semantic_vad's pause: the words up to it, at once and even when no
+    partial changed; the utterance stays open for its final."""
+    pcm, _ = flite_speech
+    port, coll = await opened(asr_stage)
+    for c in chunks(pcm, 20):
+        await port.submit(item(c))
+    await port.submit(item(UserPaused(audio_ms=len(pcm) * 1000 // RATE)))
+    await port.submit(item(UserPaused(audio_ms=len(pcm) * 1000 // RATE)))
+    await port.submit(item(EndOfUtterance()))
+    await coll.until(lambda ps: any(isinstance(p, TranscriptFinal) for p in ps))
+    await coll.close()
+    answers = [p for p in coll.payloads if isinstance(p, TranscriptPartial) and p.at_pause]
+    final = coll.payloads[-1]
+    assert isinstance(final, TranscriptFinal) and len(answers) == 2
+    assert answers[0] == answers[1] and answers[0].text == final.text == PHRASE
 
 
 async def test_asr_end_without_audio_gives_an_empty_final_and_reuses_decoders(asr_stage, flite_speech):

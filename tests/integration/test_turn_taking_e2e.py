@@ -71,6 +71,19 @@ async def converse(client: RealtimeClient, pcm: np.ndarray):
     return start, reply
 
 
+def timeline(client: RealtimeClient, start: float) -> str:
+    """The session's events at their arrival (ms after ``start``), one per
+    line, without the reply's audio and text deltas: what a failure shows."""
+    lines = []
+    for e in client.events:
+        if e["type"].startswith("response.") and e["type"].endswith(".delta"):
+            continue
+        detail = e.get("transcript") or e.get("delta") or (
+            (e.get("response") or {}).get("status_details") or "")
+        lines.append(f"{(e['_recv_t'] - start) * 1000:7.0f} ms {e['type']} {detail}".rstrip())
+    return "\n".join(lines)
+
+
 def count(client: RealtimeClient, kind: str) -> int:
     return sum(e["type"] == kind for e in client.events)
 
@@ -106,7 +119,7 @@ async def test_a_complete_question_is_answered_after_a_short_silence(server, cap
     async with await RealtimeClient.connect(server.ws_url) as client:
         await client.update_session(LOW)
         start, reply = await converse(client, pcm)
-    assert reply.status == "completed" and "Paris" in reply.transcript
+    assert reply.status == "completed" and "Paris" in reply.transcript, timeline(client, start)
     first_audio = next(e for e in reply.events if e["type"] == "response.output_audio.delta")
     gap_ms = (first_audio["_recv_t"] - (start + voiced_end_s(pcm))) * 1000
     decided = {r: m.turn_end_decisions.get(eagerness="low", reason=r)

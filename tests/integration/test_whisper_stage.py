@@ -26,6 +26,7 @@ from vllm_duplex.core.payloads import (
     StageInput,
     TranscriptFinal,
     TranscriptPartial,
+    UserPaused,
     VadSpeechStarted,
     VadSpeechStopped,
 )
@@ -74,10 +75,12 @@ def stage():
 
 
 async def transcribe(stage: WhisperAsrStage, pcm: np.ndarray, *, chunk_ms: int = 20,
-                     vad: tuple[int, int] | None = None, paced: bool = True) -> list[Any]:
+                     vad: tuple[int, int] | None = None, paced: bool = True,
+                     pause: bool = False) -> list[Any]:
     """Stream ``pcm`` into a port (chunk by chunk, each processed before the
     next: a worker keeping up with real time), end the utterance (VAD events
-    at ``vad`` = (onset_ms, end_ms), or ``EndOfUtterance``), return the outputs."""
+    at ``vad`` = (onset_ms, end_ms), or ``EndOfUtterance``; with ``pause``,
+    semantic_vad's ``UserPaused`` at end_ms first), return the outputs."""
     port = stage.port("s1")
     await port.open(FENCE)
     outputs: list[Any] = []
@@ -94,6 +97,8 @@ async def transcribe(stage: WhisperAsrStage, pcm: np.ndarray, *, chunk_ms: int =
         await port.submit(item(AudioIn(pcm[i:i + n], i // 16)))
         if paced:
             await port.drained()
+    if pause and vad is not None:
+        await port.submit(item(UserPaused(vad[1])))
     await port.submit(item(VadSpeechStopped(vad[1]) if vad is not None else EndOfUtterance()))
     await port.drained()
     await port.close()
@@ -122,6 +127,25 @@ async def test_an_espeak_voice_after_the_vad_is_decoded_from_the_onset(stage):
     pcm = padded(speech, lead_ms=1000)
     outputs = await transcribe(stage, pcm, vad=(700, 1000 + len(speech) // 16))
     assert spoken(final_text(outputs)) == ["how", "many", "legs", "does", "a", "spider", "have"]
+
+
+async def test_a_pause_is_answered_with_every_word_up_to_it():
+    """semantic_vad judges a pause on the words up to it. Here the scheduled
+    partials stop early (a long interval, as a busy CPU's budget makes it):
+    the answer to the pause still hears the whole question."""
+    late = WhisperAsrStage(clock=MonotonicClock(), partial_interval_ms=60_000)
+    try:
+        speech = flite("What is the capital of France?")
+        end_ms = 300 + len(speech) * 1000 // RATE
+        outputs = await transcribe(late, padded(speech, tail_ms=200), vad=(300, end_ms), pause=True)
+    finally:
+        late.shutdown_workers()
+    partials = [o for o in outputs if isinstance(o, TranscriptPartial)]
+    answer = partials[-1]
+    assert answer.at_pause and not any(p.at_pause for p in partials[:-1])
+    assert "france" not in spoken(" ".join(p.text for p in partials[:-1]))
+    assert spoken(answer.text) == ["what", "is", "the", "capital", "of", "france"]
+    assert isinstance(outputs[-1], TranscriptFinal) and spoken(final_text(outputs)) == spoken(answer.text)
 
 
 async def test_silence_and_noise_give_no_words(stage):

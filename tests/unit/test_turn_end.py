@@ -31,6 +31,7 @@ from vllm_duplex.core.payloads import (
     TranscriptFinal,
     TranscriptPartial,
     TurnEndProbability,
+    UserPaused,
     VadConfig,
     VadSpeechStarted,
     VadSpeechStopped,
@@ -73,6 +74,7 @@ class Timeline:
                                 policy=policy, stage_names=("vad", "asr", "llm", "tts"),
                                 metrics=Metrics(), now=0.0, make_id=Ids())
         self.timer: ArmTimer | None = None
+        self.words = ""  # what the user said (speak)
         self.effects = self._track(self.core.start("tok", 0.0))
 
     def _track(self, effects):
@@ -100,9 +102,19 @@ class Timeline:
         """Speech onset, then the ASR's partials as a user says ``words``."""
         self.audio(t)
         self.at(t, VadSpeechStarted(audio_ms=0), "vad")
+        self.words = words
         ws = words.split()
         for n in range(1, len(ws) + 1):
             self.at(t + 0.1 * n, TranscriptPartial(" ".join(ws[:n])), "asr")
+
+    def pause(self, t: float, audio_ms: int, heard: str | None = None) -> list:
+        """The VAD's pause at ``t``, then the ASR's answer to it: every word up
+        to the pause (``heard``; by default what was spoken)."""
+        effects = self.at(t, VadSpeechStopped(audio_ms=audio_ms), "vad")
+        asked = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, UserPaused)]
+        assert [(e.stage, e.payload.audio_ms) for e in asked] == [("asr", audio_ms)]
+        heard = self.words if heard is None else heard
+        return effects + self.at(t, TranscriptPartial(heard, at_pause=True), "asr")
 
 
 def types(effects) -> list[str]:
@@ -148,12 +160,17 @@ def test_a_pause_ends_the_turn_after_the_silence_its_words_need(eagerness, p, co
     tl.speak("what is the capital of france")
     # The VAD reports the pause PAUSE_DETECT_MS after it began (at t=2.0).
     effects = tl.at(2.0 + PAUSE_DETECT_MS / 1000, VadSpeechStopped(audio_ms=1000), "vad")
-    # Not the end of the turn yet: nothing for the client; the last word
-    # (held back as still being heard) goes to the model to be judged.
+    # Not the end of the turn yet: nothing for the client; the ASR is asked
+    # for every word up to the pause.
     assert "input_audio_buffer.speech_stopped" not in types(effects)
-    assert pushed(effects) == ["france"]
+    assert [e.payload for e in effects if isinstance(e, Submit)] == [UserPaused(audio_ms=1000)]
     cap = EAGERNESS_TIMING[eagerness].cap_ms
-    assert tl.timer.at == pytest.approx(2.0 + cap / 1000)  # unjudged words: the cap
+    assert tl.timer.at == pytest.approx(2.0 + cap / 1000)  # no words judged yet: the cap
+    # Its answer: the last word (held back while it was being heard) goes to
+    # the model to be judged.
+    effects = tl.at(2.11, TranscriptPartial("what is the capital of france", at_pause=True), "asr")
+    assert pushed(effects) == ["france"]
+    assert tl.timer.at == pytest.approx(2.0 + cap / 1000)
     tl.at(2.12, TurnEndProbability(p, "what is the capital of france"), "llm")
     needed = needed_silence_ms(p, eagerness)
     assert tl.timer.at == pytest.approx(2.0 + needed / 1000)
@@ -183,7 +200,7 @@ def test_a_pause_ends_the_turn_after_the_silence_its_words_need(eagerness, p, co
 def test_a_thinking_pause_inside_a_phrase_does_not_take_the_turn(eagerness):
     tl = Timeline(eagerness)
     tl.speak("what is the capital of")
-    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    tl.pause(2.1, 1000)
     tl.at(2.2, TurnEndProbability(UNFINISHED, "what is the capital of"), "llm")
     armed = tl.timer
     # The user goes on after 900 ms: the pause is dropped, the client never heard of it.
@@ -195,8 +212,8 @@ def test_a_thinking_pause_inside_a_phrase_does_not_take_the_turn(eagerness):
     assert tl.core.metrics.turn_end_resumed.get(eagerness=eagerness) == 1
     # The words go on into the same turn, and its end commits it once.
     tl.at(3.0, TranscriptPartial("what is the capital of france"), "asr")
-    tl.at(3.2, VadSpeechStopped(audio_ms=2200), "vad")
-    tl.at(3.12, TurnEndProbability(COMPLETE, "what is the capital of france"), "llm")
+    tl.pause(3.2, 2200, heard="what is the capital of france")
+    tl.at(3.22, TurnEndProbability(COMPLETE, "what is the capital of france"), "llm")
     effects = tl.fire()
     assert types(effects).count("input_audio_buffer.committed") == 1
     assert effects[0].envelope.event.audio_end_ms == 2200
@@ -205,7 +222,7 @@ def test_a_thinking_pause_inside_a_phrase_does_not_take_the_turn(eagerness):
 def test_a_probability_that_comes_after_the_deadline_commits_at_once():
     tl = Timeline("high")
     tl.speak("tell me a joke")
-    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    tl.pause(2.1, 1000)
     # The model was slow (a busy CPU): by the time it says "complete", the
     # fast silence has long passed.
     effects = tl.at(2.5, TurnEndProbability(COMPLETE, "tell me a joke"), "llm")
@@ -213,10 +230,50 @@ def test_a_probability_that_comes_after_the_deadline_commits_at_once():
     assert tl.core.turns.last.silence_ms == 500
 
 
+def test_a_hypothesis_that_missed_the_last_word_neither_ends_the_turn_nor_starts_the_reply():
+    """A busy CPU's ASR had not heard the last word when the pause came (CI:
+    "what is the capital of your standards" for "...of France?"). Those words
+    look complete, but the pause is judged on the ASR's words up to it."""
+    tl = Timeline("low")
+    cap, fast = EAGERNESS_TIMING["low"].cap_ms, EAGERNESS_TIMING["low"].fast_ms
+    tl.speak("what is the capital of your standards")  # "...of your" pushed
+    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    effects = tl.at(2.2, TurnEndProbability(COMPLETE, "what is the capital of your"), "llm")
+    assert tl.timer.at == pytest.approx(2.0 + cap / 1000)  # not judged: the ASR is still hearing
+    assert not [e for e in effects if isinstance(e, Submit)]  # and no reply started on them
+    # The ASR's answer revises a pushed word: the model gets the words heard.
+    effects = tl.at(2.3, TranscriptPartial("what is the capital of France?", at_pause=True), "asr")
+    assert pushed(effects) == ["what is the capital of France"]
+    assert tl.timer.at == pytest.approx(2.0 + cap / 1000)
+    effects = tl.at(2.45, TurnEndProbability(COMPLETE, "what is the capital of France"), "llm")
+    # Past the fast silence already: the reply starts on those words, and the turn commits.
+    [req] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
+    assert req.payload.context[-1] == ContextMessage("user", "what is the capital of France")
+    assert emits(effects)[:2] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
+    assert "response.created" in emits(effects)
+    last = tl.core.turns.last
+    assert (last.reason, last.text, last.silence_ms) == ("semantic", "what is the capital of France", 450)
+    assert last.needed_ms == fast
+
+
+def test_a_probability_of_fewer_words_than_were_heard_does_not_judge_the_pause():
+    tl = Timeline("auto")
+    tl.speak("tell me a joke about")  # "tell me a joke" pushed
+    effects = tl.pause(2.1, 1000, heard="tell me a joke about cats")
+    assert pushed(effects) == ["about cats"]
+    # The model's judgement of the words pushed before, still on its way.
+    effects = tl.at(2.13, TurnEndProbability(COMPLETE, "tell me a joke"), "llm")
+    assert tl.timer.at == pytest.approx(2.0 + EAGERNESS_TIMING["auto"].cap_ms / 1000)
+    assert not [e for e in effects if isinstance(e, Submit)]
+    tl.at(2.16, TurnEndProbability(COMPLETE, "tell me a joke about cats"), "llm")
+    assert tl.timer.at == pytest.approx(2.0 + EAGERNESS_TIMING["auto"].fast_ms / 1000)
+    assert tl.core.speculation.held.words == "tell me a joke about cats"
+
+
 def test_silence_alone_ends_the_turn_at_the_cap():
     tl = Timeline("low")
     tl.speak("so um")
-    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")  # no P(end) ever comes
+    tl.pause(2.1, 1000)  # no P(end) ever comes
     assert tl.timer.at == pytest.approx(2.0 + EAGERNESS_TIMING["low"].cap_ms / 1000)
     assert "input_audio_buffer.committed" in types(tl.fire())
     assert tl.core.turns.last.reason == "silence" and tl.core.turns.last.p is None
@@ -268,7 +325,7 @@ def emits(effects) -> list[str]:
 def speculate(tl: Timeline, words: str = "what is the capital of france"):
     """A complete question and a pause: the reply starts, held."""
     tl.speak(words)
-    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    tl.pause(2.1, 1000)
     effects = tl.at(2.12, TurnEndProbability(COMPLETE, words), "llm")
     [req] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
     assert req.payload.context[-1] == ContextMessage("user", words)
@@ -324,8 +381,8 @@ def test_a_speculation_is_discarded_when_the_user_goes_on_and_nothing_of_it_reac
     assert late == []
     # The turn goes on and its own reply is asked for afresh.
     tl.at(3.0, TranscriptPartial("what is the capital of france and of spain"), "asr")
-    tl.at(3.5, VadSpeechStopped(audio_ms=2500), "vad")
-    tl.at(3.6, TurnEndProbability(UNFINISHED, "what is the capital of france and of"), "llm")
+    tl.pause(3.5, 2500, heard="what is the capital of france and of spain")
+    tl.at(3.6, TurnEndProbability(UNFINISHED, "what is the capital of france and of spain"), "llm")
     tl.fire()
     effects = tl.at(5.0, TranscriptFinal("What is the capital of France and of Spain?"), "asr")
     [new] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
@@ -361,14 +418,14 @@ def test_in_a_pause_whispers_closing_guess_is_not_pushed_as_the_users_words():
     pushed to the model, that "?" would make an unfinished phrase look complete."""
     tl = Timeline()
     tl.speak("What is the capital of?")
-    assert pushed(tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")) == ["of"]
+    assert pushed(tl.pause(2.1, 1000)) == ["of"]
     assert pushed(tl.at(2.3, TranscriptPartial("What is the capital of France?"), "asr")) == ["France"]
 
 
 def test_the_next_turn_is_not_judged_on_the_last_turns_words():
     tl = Timeline()
     tl.speak("what is the capital of france")
-    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    tl.pause(2.1, 1000)
     tl.at(2.12, TurnEndProbability(COMPLETE, "what is the capital of france"), "llm")
     tl.fire()
     # A new turn whose words the ASR has not written yet: its pause waits for the cap.

@@ -110,6 +110,49 @@ def test_partials_wait_while_the_worker_lags_and_skip_silence():
     assert len(partial.calls) == before
 
 
+def test_a_pause_is_heard_up_to_its_end_at_once_when_the_last_partial_missed_it():
+    """semantic_vad judges a pause on the words up to it: a partial the budget
+    scheduled before the last word must not be the one judged."""
+    partial, clock = Decoder(), Clock()
+    clock.cost = 0.6  # a busy CPU: the next scheduled partial is 1.2 s of audio away
+    lis = WhisperListener(Decoder(), partial, timer=clock, vad_gated=True,
+                          schedule=PartialSchedule(interval_ms=200, budget=0.5, first_after_ms=300))
+    lis.speech_started(0)
+    out = feed(lis, 0, 1400)  # speech to 1300 ms, then the pause's first 100 ms
+    assert [p.text for p in out] == ["3 words"]  # at 300 ms; the next is due at 1500 ms
+    out = lis.pause(1300)
+    # All the audio so far, decoded now, outside the schedule.
+    assert out == [TranscriptPartial("14 words", at_pause=True)]
+    assert partial.calls[-1] == (timeline(0, 1)[0], 1400 * MS)
+    # The silence that follows adds no words: no scheduled partial re-decodes it.
+    before = len(partial.calls)
+    feed(lis, 1400, 2000, loud=False)
+    assert len(partial.calls) == before
+
+
+def test_a_pause_the_last_partial_heard_out_is_answered_without_a_decode():
+    partial = Decoder()
+    lis = WhisperListener(Decoder(), partial, vad_gated=True,
+                          schedule=PartialSchedule(interval_ms=200, first_after_ms=200))
+    lis.speech_started(0)
+    feed(lis, 0, 1000)
+    before = len(partial.calls)  # the last one at 1000 ms: past the speech's end
+    assert lis.pause(900) == [TranscriptPartial("10 words", at_pause=True)]
+    assert len(partial.calls) == before
+
+
+def test_a_pause_without_partials_uses_the_final_decoder_and_none_without_speech():
+    final = Decoder()
+    lis = WhisperListener(final, None, vad_gated=True)
+    assert lis.pause(0) == [TranscriptPartial("", at_pause=True)]  # no utterance: no words
+    lis.speech_started(0)
+    feed(lis, 0, 800)
+    assert lis.pause(700) == [TranscriptPartial("8 words", at_pause=True)]
+    assert final.calls == [(timeline(0, 1)[0], 800 * MS)]
+    assert lis.in_utterance  # a pause does not end the utterance: its final is still to come
+    assert lis.speech_stopped(700) == [TranscriptFinal("8 words")]
+
+
 def test_long_utterances_stop_getting_partials_but_the_final_has_it_all():
     final, partial = Decoder(), Decoder()
     lis = WhisperListener(final, partial, vad_gated=False,

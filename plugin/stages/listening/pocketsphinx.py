@@ -37,6 +37,7 @@ from vllm_duplex.core.payloads import (
     AudioIn,
     TranscriptFinal,
     TranscriptPartial,
+    UserPaused,
     VadSpeechStarted,
     VadSpeechStopped,
 )
@@ -170,6 +171,15 @@ class Recognizer:
             self._gated = True
         return [self._finish()] if self._decoder is not None else []
 
+    def pause(self) -> list[Any]:
+        """``semantic_vad`` judges a pause: every word heard so far (the
+        decoder has been fed all the audio before it), sent even if unchanged."""
+        if self._decoder is None:
+            return [TranscriptPartial("", at_pause=True)]
+        hyp = self._decoder.hyp()
+        self._last_partial = clean_hypothesis(hyp.hypstr) if hyp is not None else ""
+        return [TranscriptPartial(self._last_partial, at_pause=True)]
+
     def end_of_utterance(self) -> list[Any]:
         return [self._finish() if self._decoder is not None else TranscriptFinal("")]
 
@@ -239,13 +249,14 @@ class Recognizer:
 
 class PocketSphinxAsrStage(ListeningStage):
     """``AudioIn`` / ``EndOfUtterance`` / ``VadSpeechStarted`` /
-    ``VadSpeechStopped`` in; ``TranscriptPartial`` / ``TranscriptFinal`` out.
+    ``VadSpeechStopped`` / ``UserPaused`` in; ``TranscriptPartial`` /
+    ``TranscriptFinal`` out.
 
     ``prewarm`` decoders are built on a worker thread at construction so the
     first utterance does not wait for one. ``close()`` stops the workers.
     """
 
-    accepted = (AudioIn, EndOfUtterance, VadSpeechStarted, VadSpeechStopped)
+    accepted = (AudioIn, EndOfUtterance, VadSpeechStarted, VadSpeechStopped, UserPaused)
 
     def __init__(
         self,
@@ -293,6 +304,8 @@ class _AsrPort(ListeningPort):
                 return rec.speech_started(payload.audio_ms)
             if isinstance(payload, VadSpeechStopped):
                 return rec.speech_stopped()
+            if isinstance(payload, UserPaused):
+                return rec.pause()
             return rec.end_of_utterance()
 
     def _release(self) -> None:

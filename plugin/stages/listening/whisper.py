@@ -39,6 +39,7 @@ from vllm_duplex.core.devices import CPU, Device
 from vllm_duplex.core.payloads import (
     AudioIn,
     TranscriptFinal,
+    UserPaused,
     VadSpeechStarted,
     VadSpeechStopped,
 )
@@ -57,10 +58,11 @@ __all__ = ["EndOfUtterance", "WhisperAsrStage"]
 
 class WhisperAsrStage(ListeningStage):
     """``AudioIn`` / ``EndOfUtterance`` / ``VadSpeechStarted`` /
-    ``VadSpeechStopped`` in; ``TranscriptPartial`` / ``TranscriptFinal`` out
-    (one final per utterance: per VAD segment, or per manual turn)."""
+    ``VadSpeechStopped`` / ``UserPaused`` in; ``TranscriptPartial`` /
+    ``TranscriptFinal`` out (one final per utterance: per VAD segment, or per
+    manual turn; one ``at_pause`` partial per pause)."""
 
-    accepted = (AudioIn, EndOfUtterance, VadSpeechStarted, VadSpeechStopped)
+    accepted = (AudioIn, EndOfUtterance, VadSpeechStarted, VadSpeechStopped, UserPaused)
 
     def __init__(
         self,
@@ -149,6 +151,8 @@ class _WhisperPort(ListeningPort):
             return listener.speech_started(payload.audio_ms)
         if isinstance(payload, VadSpeechStopped):
             return listener.speech_stopped(payload.audio_ms)
+        if isinstance(payload, UserPaused):
+            return listener.pause(payload.audio_ms)
         return listener.end_of_utterance()
 
     def _completed(self, payload: Any, outputs: list[Any]) -> int:

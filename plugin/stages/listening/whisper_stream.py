@@ -14,7 +14,14 @@ decoders for text:
   worker is behind (``backlog``), none over audio that added no speech (the
   trailing silence before ``speech_stopped``, so the final never waits behind a
   useless partial), none past ``max_partial_s`` (re-decoding a long monologue
-  costs more than it tells). Each changed hypothesis is a ``TranscriptPartial``.
+  costs more than it tells). Each changed hypothesis is a ``TranscriptPartial``;
+- and at a pause ``semantic_vad`` is judging (``UserPaused``), the partial one
+  again, at once and outside the schedule, when the last partial did not hear
+  the speech up to its end (it ran before the last word, or the budget skipped
+  it): the session decides whether the turn ended from these words, so they
+  must be all of them (up to ``max_partial_s`` of utterance: past that, the
+  last partial's). The answer is a ``TranscriptPartial(at_pause=True)``, sent
+  even when it says nothing new.
 
 Utterance boundaries follow the PocketSphinx stage's rules (see
 ``pocketsphinx.py``): ``VadSpeechStarted(onset)`` opens one at ``onset`` (the
@@ -149,6 +156,18 @@ class WhisperListener:
             return []
         return self._finish(max(end_ms * SPMS, self._onset) + self._tail)
 
+    def pause(self, end_ms: int) -> list[Any]:
+        """A pause after speech that ended at ``end_ms`` (see the module docstring)."""
+        if self._onset is None:
+            return [TranscriptPartial("", at_pause=True)]
+        assert self._end is not None
+        stale = self._partial_from < max(end_ms * SPMS, self._onset)
+        if stale and self._end - self._onset <= self._schedule.max_partial_s * INTERNAL_RATE:
+            # The hypothesis is older than the speech's end: hear it all now
+            # (the final's decoder when partials are off).
+            self._last_partial = self._decode(self._partial or self._final)
+        return [TranscriptPartial(self._last_partial, at_pause=True)]
+
     def end_of_utterance(self) -> list[Any]:
         """Manual end of turn: exactly one ``TranscriptFinal``, empty without audio."""
         if self._onset is None:
@@ -201,8 +220,18 @@ class WhisperListener:
             self.partials_skipped += 1
             self._next_partial = self._end + s.interval_ms * SPMS
             return []
+        text = self._decode(self._partial)
+        if text == self._last_partial:
+            return []
+        self._last_partial = text
+        return [TranscriptPartial(text)]
+
+    def _decode(self, transcribe: Transcribe) -> str:
+        """A partial decode of the utterance so far, and the next one scheduled."""
+        assert self._end is not None
+        s = self._schedule
         started = self._timer()
-        text = self._partial(self._utterance_audio(self._end))
+        text = transcribe(self._utterance_audio(self._end))
         cost = self._timer() - started
         self.partials_decoded += 1
         # The next partial waits for more audio than this one cost to decode,
@@ -210,10 +239,7 @@ class WhisperListener:
         wait = max(s.interval_ms * SPMS, int(cost / s.budget * INTERNAL_RATE))
         self._partial_from = self._end
         self._next_partial = self._end + wait
-        if text == self._last_partial:
-            return []
-        self._last_partial = text
-        return [TranscriptPartial(text)]
+        return text
 
     def _finish(self, end: int) -> list[Any]:
         audio = self._utterance_audio(end)  # what has arrived of it
