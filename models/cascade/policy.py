@@ -263,14 +263,22 @@ class CascadePolicy(PolicyBase[CascadeState]):
                               interrupt=interrupt)
 
     def _on_pause(self, view: View, pause: UserPaused) -> OutputDecision:
-        """semantic_vad heard a pause: the ASR is asked for every word up to
-        it. Its answer (a partial ``at_pause``) is pushed whole, since no word
-        is still being heard, so the model judges the whole phrase -- not the
-        last hypothesis, which may have missed the last word -- and a reply
-        would start from all of it."""
-        view.policy_state.paused = True
-        return OutputDecision(emit=False, forward=False, plan=AppendPlan(
-            InputMode.APPEND_AUDIO_CHUNK, (StageSubmission(ASR, pause, "in"),)))
+        """semantic_vad heard a pause: the last word is no longer being heard,
+        so the whole newest hypothesis is stable. Pushed now, the model judges
+        the whole phrase (its P(end) decides how long the session waits) and a
+        reply would start from all of it. The ASR is asked for every word up
+        to the pause as well: the newest hypothesis may be older than the last
+        word (a busy CPU's partials lag), and the session judges the pause on
+        the ASR's answer (a partial ``at_pause``, pushed the same way)."""
+        state = view.policy_state
+        state.paused = True
+        hypothesis = unclosed(state.utterance.previous)
+        decision = self._on_stable(view, state.utterance, hypothesis, hypothesis)
+        ask = StageSubmission(ASR, pause, "in")
+        plan = decision.plan
+        plan = (AppendPlan(InputMode.APPEND_AUDIO_CHUNK, (ask,)) if plan is None
+                else replace(plan, submissions=(*plan.submissions, ask)))
+        return replace(decision, plan=plan)
 
     def _rehold(self, view: View) -> AppendPlan | None:
         """A reply started at a pause was discarded, and the live request with

@@ -146,10 +146,10 @@ class UserPaused(InputObservation):
     """Policy input under ``semantic_vad``: the VAD heard a pause after speech
     that ended at ``audio_ms``, which may or may not end the turn (the session
     decides, ``session/turn_end.py``). The policy may push the words it held
-    back as still being heard, so the model judges the whole phrase -- or
+    back as still being heard, so the model judges the whole phrase, and
     submit this to its ASR stage, which then answers with every word heard up
-    to the pause (``TranscriptPartial(at_pause=True)``); the session judges
-    the pause on that answer, not on an older hypothesis."""
+    to the pause (``TranscriptPartial(at_pause=True)``): the session then
+    judges the pause on that answer, not on an older hypothesis."""
 
     audio_ms: int
 

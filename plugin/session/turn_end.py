@@ -21,11 +21,12 @@ prefill chunks -- the way LiveKit's turn detector uses a SmolLM2 fine-tune).
 ``TurnEndDecider`` is the state of one pause (sans-I/O: times in, deadlines
 and decisions out); ``SemanticTurn`` is the session core's side of it: it
 holds the VAD's end of speech while the pause lasts, tells the policy
-(``UserPaused``), which pushes the words it held back or asks its ASR for
-every word up to the pause -- then only the ASR's answer
-(``TranscriptPartial(at_pause=True)``) and a ``P(end)`` of exactly those
-words are judged: a hypothesis that missed the last word ("what is the
-capital of your st...") must not end the turn, nor start the reply. It
+(``UserPaused``), which pushes the words it held back (so the model judges
+them while the ASR works) and may ask its ASR for every word up to the
+pause -- then only a ``P(end)`` of exactly the ASR's answer
+(``TranscriptPartial(at_pause=True)``) is judged: a hypothesis that missed
+the last word ("what is the capital of your st...") must not end the turn,
+nor start the reply. It
 arms the core's ``turn_end`` timer at the decider's deadline (the cap until
 the words are judged; re-armed when a new ``P(end)`` arrives) and,
 when it fires, lets the held end of speech through: the turn commits exactly

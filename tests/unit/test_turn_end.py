@@ -160,16 +160,17 @@ def test_a_pause_ends_the_turn_after_the_silence_its_words_need(eagerness, p, co
     tl.speak("what is the capital of france")
     # The VAD reports the pause PAUSE_DETECT_MS after it began (at t=2.0).
     effects = tl.at(2.0 + PAUSE_DETECT_MS / 1000, VadSpeechStopped(audio_ms=1000), "vad")
-    # Not the end of the turn yet: nothing for the client; the ASR is asked
-    # for every word up to the pause.
+    # Not the end of the turn yet: nothing for the client; the last word
+    # (held back as still being heard) goes to the model to be judged, and
+    # the ASR is asked for every word up to the pause.
     assert "input_audio_buffer.speech_stopped" not in types(effects)
-    assert [e.payload for e in effects if isinstance(e, Submit)] == [UserPaused(audio_ms=1000)]
+    assert [e.payload for e in effects if isinstance(e, Submit)] == [TextIn("france"),
+                                                                     UserPaused(audio_ms=1000)]
     cap = EAGERNESS_TIMING[eagerness].cap_ms
     assert tl.timer.at == pytest.approx(2.0 + cap / 1000)  # no words judged yet: the cap
-    # Its answer: the last word (held back while it was being heard) goes to
-    # the model to be judged.
+    # Its answer says the same words: nothing more to push.
     effects = tl.at(2.11, TranscriptPartial("what is the capital of france", at_pause=True), "asr")
-    assert pushed(effects) == ["france"]
+    assert pushed(effects) == []
     assert tl.timer.at == pytest.approx(2.0 + cap / 1000)
     tl.at(2.12, TurnEndProbability(p, "what is the capital of france"), "llm")
     needed = needed_silence_ms(p, eagerness)
@@ -236,9 +237,9 @@ def test_a_hypothesis_that_missed_the_last_word_neither_ends_the_turn_nor_starts
     look complete, but the pause is judged on the ASR's words up to it."""
     tl = Timeline("low")
     cap, fast = EAGERNESS_TIMING["low"].cap_ms, EAGERNESS_TIMING["low"].fast_ms
-    tl.speak("what is the capital of your standards")  # "...of your" pushed
-    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
-    effects = tl.at(2.2, TurnEndProbability(COMPLETE, "what is the capital of your"), "llm")
+    tl.speak("what is the capital of your standards")
+    assert pushed(tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")) == ["standards"]
+    effects = tl.at(2.2, TurnEndProbability(COMPLETE, "what is the capital of your standards"), "llm")
     assert tl.timer.at == pytest.approx(2.0 + cap / 1000)  # not judged: the ASR is still hearing
     assert not [e for e in effects if isinstance(e, Submit)]  # and no reply started on them
     # The ASR's answer revises a pushed word: the model gets the words heard.
@@ -258,10 +259,10 @@ def test_a_hypothesis_that_missed_the_last_word_neither_ends_the_turn_nor_starts
 
 def test_a_probability_of_fewer_words_than_were_heard_does_not_judge_the_pause():
     tl = Timeline("auto")
-    tl.speak("tell me a joke about")  # "tell me a joke" pushed
+    tl.speak("tell me a joke")  # the ASR had not heard "about cats" yet
     effects = tl.pause(2.1, 1000, heard="tell me a joke about cats")
-    assert pushed(effects) == ["about cats"]
-    # The model's judgement of the words pushed before, still on its way.
+    assert pushed(effects) == ["joke", "about cats"]  # the last word held back, then the rest
+    # The model's judgement of the first push, still on its way.
     effects = tl.at(2.13, TurnEndProbability(COMPLETE, "tell me a joke"), "llm")
     assert tl.timer.at == pytest.approx(2.0 + EAGERNESS_TIMING["auto"].cap_ms / 1000)
     assert not [e for e in effects if isinstance(e, Submit)]
