@@ -26,12 +26,12 @@ them while the ASR works) and may ask its ASR for every word up to the
 pause -- then only a ``P(end)`` of exactly the ASR's answer
 (``TranscriptPartial(at_pause=True)``) is judged: a hypothesis that missed
 the last word ("what is the capital of your st...") must not end the turn,
-nor start the reply. It
-arms the core's ``turn_end`` timer at the decider's deadline (the cap until
-the words are judged; re-armed when a new ``P(end)`` arrives) and,
-when it fires, lets the held end of speech through: the turn commits exactly
-as under server VAD. Speech before the deadline drops the hold: the pause
-did not take the turn, and the client never heard of it.
+nor start the reply. It arms the core's ``turn_end`` timer at the decider's
+deadline (the cap until the words are judged; re-armed when a new
+``P(end)`` arrives) and, when it fires, lets the held end of speech through:
+the turn commits exactly as under server VAD. Speech before the deadline
+drops the hold: the pause did not take the turn, and the client never heard
+of it.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ class SemanticTurn:
             self.held = out
         decision = self._tell(core, UserPaused(out.payload.audio_ms))
         asked = decision.plan.submissions if decision.plan is not None else ()
-        # The policy may push the words it held back, or ask its ASR to hear
+        # The policy may push the words it held back, and ask its ASR to hear
         # the pause out (UserPaused sent on): then the ASR's answer is judged.
         hearing = any(type(s.payload) is UserPaused for s in asked)
         pushed = any(type(s.payload) is not UserPaused for s in asked)
