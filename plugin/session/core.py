@@ -106,7 +106,8 @@ class SessionCore:
         self.policy = policy
         self.caps = policy.capabilities()
         td = config.turn_detection
-        if td is not None and td.semantic and td.type not in self.caps.turn_detection:
+        if td is not None and td.semantic and (td.type not in self.caps.turn_detection
+                                               or not config.responds):
             config = dataclasses.replace(config, turn_detection=td.as_server_vad())  # what runs
         self._config = config
         self.metrics = metrics
@@ -329,6 +330,10 @@ class SessionCore:
     # ---- responses --------------------------------------------------------
 
     def create_response(self, options: cmd.ResponseOptions) -> None:
+        if not self._config.responds:
+            raise DuplexError("capability_unsupported", "a transcription session makes no "
+                              "responses (open a realtime session to get answers)",
+                              param="type")
         if self.response is not None:
             raise DuplexError("conversation_already_has_active_response",
                               f"response {self.response.id} is still in progress; cancel it "
@@ -474,7 +479,7 @@ class SessionCore:
             self._effects.append(Forward(out))
         if decision.commit_turn and self.input.samples > 0:
             self.commit_input()
-        if decision.create_response and self.response is None:
+        if decision.create_response and self.response is None and self._config.responds:
             self.create_response(cmd.ResponseOptions())
         if decision.dismiss is not None:
             paced_output.dismiss(self, decision.dismiss, getattr(payload, "text", ""))
