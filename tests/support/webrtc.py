@@ -95,6 +95,7 @@ class RtcClient:
         self.events: list[dict[str, Any]] = []
         self._arrived = asyncio.Condition()
         self.audio: list[tuple[float, np.ndarray]] = []  # (arrival, 48 kHz mono PCM16)
+        self._frame = asyncio.Condition()
         self.call_id: str | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._opened = asyncio.Event()
@@ -198,6 +199,20 @@ class RtcClient:
             channels = len(frame.layout.channels)
             pcm = data.reshape(-1, channels)[:, 0] if not frame.format.is_planar else data[0]
             self.audio.append((time.monotonic(), pcm.astype(np.int16)))
+            async with self._frame:
+                self._frame.notify_all()
+
+    async def frames(self, n: int, *, timeout: float | None = None) -> float:
+        """Wait for ``n`` more frames of the reply track (20 ms each, silence
+        included); the arrival time of the last."""
+        target = len(self.audio) + n
+
+        async def wait() -> None:
+            async with self._frame:
+                await self._frame.wait_for(lambda: len(self.audio) >= target)
+
+        await asyncio.wait_for(wait(), timeout or self.timeout)
+        return self.audio[target - 1][0]
 
     def loud_since(self, since: float, threshold: int = 1000) -> float | None:
         """When the reply track first carried sound after ``since`` (None: not yet)."""
@@ -208,12 +223,17 @@ class RtcClient:
 
     async def heard(self, since: float, *, timeout: float | None = None) -> float:
         """Wait until the reply track carries sound after ``since``; its arrival time."""
-        deadline = time.monotonic() + (timeout or self.timeout)
-        while (at := self.loud_since(since)) is None:
-            if time.monotonic() > deadline:
-                raise AssertionError("no audio on the reply track within the timeout")
-            await asyncio.sleep(0.02)  # frames arrive every 20 ms
-        return at
+        async def wait() -> float:
+            async with self._frame:
+                await self._frame.wait_for(lambda: self.loud_since(since) is not None)
+            at = self.loud_since(since)
+            assert at is not None
+            return at
+
+        try:
+            return await asyncio.wait_for(wait(), timeout or self.timeout)
+        except asyncio.TimeoutError:
+            raise AssertionError("no audio on the reply track within the timeout") from None
 
     def sound_seconds(self, since: float = 0.0, threshold: int = 1000) -> float:
         return sum(pcm.size for at, pcm in self.audio if at >= since and pcm.size
