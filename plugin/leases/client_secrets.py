@@ -57,9 +57,9 @@ class ClientSecret:
 class ClientSecrets:
     """The live keys of one server process, bounded (oldest forgotten first)."""
 
-    def __init__(self, clock: Clock, owner: str, *, max_keys: int = 10_000) -> None:
+    def __init__(self, clock: Clock, instance_id: str, *, max_keys: int = 10_000) -> None:
         self.clock = clock
-        self.owner = owner  # the instance id: keys name their owner, as session ids do
+        self.instance_id = instance_id  # keys name their owner, as session ids do
         self.max_keys = max_keys
         self._secret = secrets.token_bytes(32)
         self._keys: OrderedDict[str, ClientSecret] = OrderedDict()  # by HMAC of the value
@@ -80,7 +80,7 @@ class ClientSecrets:
         self._forget_expired()
         while len(self._keys) >= self.max_keys:
             self._keys.popitem(last=False)
-        value = mint("ek", self.owner)
+        value = mint("ek", self.instance_id)
         now = self.clock.now()
         secret = ClientSecret(owner_key, session_id, patch, now + ttl_s, int(now_unix + ttl_s))
         self._keys[self._id(value)] = secret
