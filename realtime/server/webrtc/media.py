@@ -97,6 +97,7 @@ class ReplyTrack(MediaStreamTrack):
         self._cut: set[str] = set()  # responses cleared by the caller: later audio is dropped
         self._start: float | None = None
         self._pts = 0
+        self._sent: tuple[str, str, float] | None = None  # (response, item, position) sent up to
 
     # ---- from the call's writer (the session's events) -----------------------
 
@@ -127,18 +128,16 @@ class ReplyTrack(MediaStreamTrack):
     def clear(self) -> tuple[str, str, int] | None:
         """Drop what is queued. Returns ``(response_id, item_id, heard_ms)``
         of the item that was cut, or None when nothing was playing."""
-        playing = self._playing
-        head = self._queue[0] if self._queue else None
+        playing, sent = self._playing, self._sent
         self._queue.clear()
         if playing is None:
             return None
         self._cut.add(playing)
         self._playing = None
         self._on_buffer("output_audio_buffer.cleared", playing)
-        if head is None:
+        if sent is None or sent[0] != playing:
             return None
-        heard = head.start_ms + head.offset * 1000 / RATE
-        return head.response_id, head.item_id, int(heard)
+        return sent[0], sent[1], int(sent[2])
 
     def interrupted(self) -> None:
         """Speech over the reply: the caller's playback stops, as a client's
@@ -175,6 +174,7 @@ class ReplyTrack(MediaStreamTrack):
             out[filled:filled + take] = head.pcm[head.offset:head.offset + take]
             head.offset += take
             filled += take
+            self._sent = (head.response_id, head.item_id, head.start_ms + head.offset * 1000 / RATE)
             if head.offset >= head.pcm.size:
                 self._queue.popleft()
         if not self._queue and self._playing in self._finished:
