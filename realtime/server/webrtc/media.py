@@ -28,6 +28,7 @@ from typing import Any
 import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.session_config import AudioEncoding, AudioFormat
 from vllm_duplex.media.audio import AudioDecoder, AudioEncoder
 
@@ -90,7 +91,7 @@ class ReplyTrack(MediaStreamTrack):
         super().__init__()
         self._on_buffer = on_buffer  # (event type, response_id)
         self._queue: deque[_Chunk] = deque()
-        self._decoders: dict[str, tuple[AudioFormat, AudioDecoder]] = {}
+        self._decoders: dict[str, tuple[AudioFormat, AudioDecoder, str]] = {}  # + its item
         self._position: dict[str, float] = {}  # item -> position of the next audio it gets
         self._playing: str | None = None  # the response whose audio is going out
         self._finished: set[str] = set()  # responses whose audio is all in
@@ -105,9 +106,22 @@ class ReplyTrack(MediaStreamTrack):
         if response_id in self._cut:
             return
         known = self._decoders.get(response_id)
-        if known is None or known[0] != fmt:
-            known = self._decoders[response_id] = (fmt, AudioDecoder(fmt, out_rate=RATE))
-        pcm = known[1].decode(data)
+        if known is None or known[0] != fmt or known[2] != item_id:
+            if known is not None:
+                self._tail(response_id)
+            known = self._decoders[response_id] = (fmt, AudioDecoder(fmt, out_rate=RATE), item_id)
+        self._append(response_id, item_id, known[1].decode(data))
+
+    def _tail(self, response_id: str) -> None:
+        """What the resampler still holds of a response (its last milliseconds)."""
+        known = self._decoders.pop(response_id, None)
+        if known is not None:
+            try:
+                self._append(response_id, known[2], known[1].flush())
+            except DuplexError:
+                pass  # a dangling byte of odd PCM16: the rest was played
+
+    def _append(self, response_id: str, item_id: str, pcm: np.ndarray) -> None:
         if pcm.size == 0:
             return
         start = self._position.get(item_id, 0.0)
@@ -121,6 +135,8 @@ class ReplyTrack(MediaStreamTrack):
     def finish(self, response_id: str) -> None:
         """No more audio of ``response_id`` is coming (its ``response.done``)."""
         self._finished.add(response_id)
+        if response_id not in self._cut:
+            self._tail(response_id)
         self._decoders.pop(response_id, None)
         if self._playing == response_id and not self._queue:
             self._stopped()
