@@ -47,6 +47,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from serve_process import REPO, free_port, http_get, machine  # noqa: E402
+from speech_corpus import right_answer  # noqa: E402
 from support.speech_fixtures import RATE, chunks, speak  # noqa: E402
 from vllm_duplex.realtime.client.realtime import RealtimeClient  # noqa: E402
 
@@ -123,7 +124,7 @@ class Server:
             [sys.executable, "-c", _BOOT, str(self.root), "serve", "--config", self.config,
              "--port", str(self.port)], cwd=self.root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
-    def wait_ready(self, timeout_s: float = 300.0) -> None:
+    def wait_ready(self, timeout_s: float = 900.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.proc is not None
@@ -208,7 +209,7 @@ async def ask(server: Server, mode: str, stage: str, text: str, voice: str, expe
         turn.answer = "".join(e.get("delta", "") for e in events
                               if e["type"] == "response.output_audio_transcript.delta"
                               and e.get("response_id") == rid)
-        turn.right = expect in turn.answer.lower()
+        turn.right = right_answer(turn.answer, (expect,))
         turn.metadata = answered.get("metadata") or {}
         turn.path = turn.metadata.get("duplex_critical_path", "")
     turn.revisions = max(turn.revisions, len(created) - (1 if answered is not None else 0))

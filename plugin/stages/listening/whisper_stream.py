@@ -9,8 +9,10 @@ decoders for text:
   ``TranscriptFinal`` of the turn -- and of every pause the VAD reports, since
   each ``VadSpeechStopped`` closes one utterance;
 - the *partial* one (Whisper tiny.en, greedy) while the user speaks, re-decoding
-  the utterance so far on the audio grid (every ``interval_ms`` of audio) within
-  a budget: at most ``budget`` of real time spent on partials, none while the
+  the utterance so far on the audio grid (every ``interval_ms`` of audio), and
+  up to one interval early when the audio goes quiet after speech (the first
+  40 ms of a pause: the VAD's pause report then finds the words up to it
+  already heard), within a budget: at most ``budget`` of real time spent on partials, none while the
   worker is behind (``backlog``), none over audio that added no speech (the
   trailing silence before ``speech_stopped``, so the final never waits behind a
   useless partial), none past ``max_partial_s`` (re-decoding a long monologue
@@ -67,6 +69,7 @@ log = logging.getLogger(__name__)
 
 SPMS = INTERNAL_RATE // 1000  # samples per ms
 _FRAME = 320  # 20 ms: the unit of the "did this audio add speech?" check
+_ENDING_QUIET_MS = 40  # this much quiet after speech: it may have ended (decode at once)
 
 Transcribe = Callable[[np.ndarray], str]  # int16 16 kHz mono -> words
 
@@ -275,7 +278,11 @@ class WhisperListener:
     def _maybe_partial(self, backlog: int) -> list[Any]:
         s = self._schedule
         assert self._onset is not None and self._end is not None
-        if self._partial is None or self._end < self._next_partial:
+        if self._partial is None:
+            return []
+        # Up to one interval early (within the budget, still) when the speech seems to end.
+        early = self._end >= self._next_partial - s.interval_ms * SPMS and self._speech_just_ended()
+        if self._end < self._next_partial and not early:
             return []
         if (backlog > s.max_backlog or self._end - self._onset > s.max_partial_s * INTERNAL_RATE
                 or _frame_peak(self._span(self._partial_from, self._end)) <= s.quiet_ratio * self._peak):
@@ -288,6 +295,20 @@ class WhisperListener:
             return []
         self._last_partial = text
         return [TranscriptPartial(text)]
+
+    def _speech_just_ended(self) -> bool:
+        """The newest audio went quiet after speech the last partial did not
+        hear: decode now, off the grid -- the VAD reports the pause a moment
+        later (``PAUSE_DETECT_MS``), and its answer is then ready (the
+        partial is the words up to the pause, unless the user goes on)."""
+        s = self._schedule
+        assert self._onset is not None and self._end is not None
+        quiet_from = self._end - _ENDING_QUIET_MS * SPMS
+        if quiet_from - self._onset < s.first_after_ms * SPMS or quiet_from <= self._partial_from:
+            return False
+        floor = s.quiet_ratio * self._peak
+        return (_frame_peak(self._span(quiet_from, self._end)) <= floor
+                and _frame_peak(self._span(self._partial_from, quiet_from)) > floor)
 
     def _decode(self, transcribe: HearPartial) -> tuple[str, float | None]:
         """A partial decode of the utterance so far, and the next one scheduled."""
