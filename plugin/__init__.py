@@ -12,6 +12,7 @@ violation fails the test suite):
     session   one realtime session: its mailbox, responses, runner
     text      the HTTP text surfaces: generate, application sessions, streams
     host      one server process: runtime, deploy configs, stage registry
+    fleet     serve --workers N: supervisor, shared engine core, nginx router, fleet view
     testing   fakes and the virtual clock, for tests only (never imported by product code)
 
 ``vllm_duplex.models`` (policies) sees only core and policy;

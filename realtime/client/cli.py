@@ -26,7 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
             print("vllm-duplex: --grpc-port is served by a single server (not with --workers)",
                   file=sys.stderr)
             return 2
-        from vllm_duplex.host.workers import serve_workers
+        from vllm_duplex.fleet.supervisor import serve_workers
 
         return serve_workers(config, resolve_config_path(args.config), workers, host=host,
                              port=port, log_level=args.log_level)
@@ -38,8 +38,8 @@ def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int,
     """One server process: a plain ``serve``, or one worker of ``serve --workers N``."""
     import uvicorn
     from vllm_duplex.assets.files import AssetError
-    from vllm_duplex.host.engine_core import WorkerSlot
-    from vllm_duplex.host.worker_runtime import worker_runtime
+    from vllm_duplex.fleet.engine_core import WorkerSlot
+    from vllm_duplex.fleet.worker import worker_runtime
     from vllm_duplex.realtime.server.serving import uvicorn_config
 
     instance_id = args.instance_id or (workers.instance_ids()[0] if workers.configured else None)
@@ -65,7 +65,7 @@ def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int,
 def _edge(args: argparse.Namespace) -> int:
     import asyncio
 
-    from vllm_duplex.host.router import Nginx, RouterPlan, nginx_conf
+    from vllm_duplex.fleet.router import Nginx, RouterPlan, nginx_conf
 
     machines = dict(m.split("=", 1) for m in args.machine)
     plan = RouterPlan.for_edge(args.listen, machines, max_request_bytes=args.max_request_bytes)

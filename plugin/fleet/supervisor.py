@@ -5,7 +5,7 @@ worker::
 
     supervisor ── SharedEngineCore (when the config has a `vllm` stage)
        │       ── nginx (router.py): least_conn for new sessions, owner map for ids
-       │       ── fleet endpoint (fleet.py): /health and /metrics of all workers
+       │       ── fleet endpoint (view.py): /health and /metrics of all workers
        └── worker w1 … wN: `vllm-duplex serve --instance-id wI --port P [--engine-slot …]`
                            each its own Runtime, sessions and CPU stages
 
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_duplex.host.deploy import DeployConfig
-from vllm_duplex.host.engine_core import SharedEngineCore, WorkerSlot
-from vllm_duplex.host.fleet import FleetView, WorkerStatus, http_get
-from vllm_duplex.host.router import Nginx, RouterPlan
+from vllm_duplex.fleet.engine_core import SharedEngineCore, WorkerSlot
+from vllm_duplex.fleet.view import FleetView, WorkerStatus, http_get
+from vllm_duplex.fleet.router import Nginx, RouterPlan
 from vllm_duplex.host.topology import Workers
 
 log = logging.getLogger(__name__)
