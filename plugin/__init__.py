@@ -13,10 +13,11 @@ violation fails the test suite):
     text      the HTTP text surfaces: generate, application sessions, streams
     host      one server process: runtime, deploy configs, stage registry
     fleet     serve --workers N: supervisor, shared engine core, nginx router, fleet view
+    cli       the ``vllm-duplex`` command (serve, edge, talk, prepare), above everything
     testing   fakes and the virtual clock, for tests only (never imported by product code)
 
 ``vllm_duplex.models`` (policies) sees only core and policy;
-``vllm_duplex.realtime`` (wire, server, client) sits on top of everything.
+``vllm_duplex.realtime`` (wire, server, client) sits beside ``fleet``, below ``cli``.
 """
 
 __version__ = "0.1.0"

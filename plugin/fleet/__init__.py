@@ -7,6 +7,7 @@ to their worker, new sessions to the least loaded); ``view`` serves the
 fleet's ``/health`` and ``/metrics``; ``worker`` is the ``Runtime`` of one
 worker process.
 
-Above the host (each worker is an ordinary ``Runtime``); beside ``realtime``,
-which it never imports (workers are ``vllm-duplex serve`` subprocesses).
+Above the host (each worker is an ordinary ``Runtime``), beside ``realtime``,
+which it never imports (workers are ``vllm-duplex serve`` subprocesses), below
+the CLI that starts it.
 """

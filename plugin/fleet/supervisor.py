@@ -132,7 +132,7 @@ class WorkerFleet:
         return f"127.0.0.1:{port}"
 
     def _argv(self, w: Worker) -> list[str]:
-        argv = [sys.executable, "-m", "vllm_duplex.realtime.client.cli", "serve",
+        argv = [sys.executable, "-m", "vllm_duplex.cli", "serve",
                 "--config", str(self.config_path), "--host", "127.0.0.1",
                 "--port", str(w.port), "--workers", "1", "--instance-id", w.instance_id,
                 "--worker-life", str(w.life), "--log-level", self.log_level]

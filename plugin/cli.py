@@ -1,5 +1,9 @@
 """``vllm-duplex``: serve | edge | talk | prepare.
 
+The top of the layering: it starts a server process (``realtime.server``), a
+fleet of them (``fleet``), an edge router, the ``talk`` client, or the model
+preparation; nothing imports it.
+
     vllm-duplex prepare [--force] [--name NAME ...]
     vllm-duplex serve [--config configs/<name>.yaml] [--host H] [--port P] [--grpc-port G] [--workers N]
     vllm-duplex edge --machine m1=HOST:PORT --machine m2=HOST:PORT [--listen H:P]
