@@ -32,6 +32,7 @@ from vllm_duplex.core.session_config import (
     Transcription,
     TurnDetection,
 )
+from vllm_duplex.media.data_url import data_url_bytes
 from vllm_duplex.realtime.wire.aliases import (
     _MISSING,
     BETA_AUDIO_FORMATS,
@@ -39,7 +40,6 @@ from vllm_duplex.realtime.wire.aliases import (
     SESSION_BETA_TO_GA,
     _dig,
 )
-from vllm_duplex.session.video_input import data_url_bytes
 
 # ---- field validation --------------------------------------------------------
 
