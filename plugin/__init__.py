@@ -14,9 +14,10 @@ violation fails the test suite):
     host      one server process: runtime, deploy configs, stage registry
     fleet     serve --workers N: supervisor, shared engine core, nginx router, fleet view
     cli       the ``vllm-duplex`` command (serve, edge, talk, prepare), above everything
-    testing   fakes and the virtual clock, for tests only (never imported by product code)
+    testing   fakes and the virtual clock, for tests only: sees core, policy, models, stages
 
-``vllm_duplex.models`` (policies) sees only core and policy;
+``vllm_duplex.models`` (policies) sees only core and policy; product code
+imports neither models nor testing (both are found by entry point);
 ``vllm_duplex.realtime`` (wire, server, client) sits beside ``fleet``, below ``cli``.
 """
 
