@@ -10,7 +10,7 @@ for itself, and the transcription's ``usage``.
 from __future__ import annotations
 
 import numpy as np
-from test_session_core import TEN_MS, create_response, emitted, make_core, manual, output, types
+from support.session_core import TEN_MS, create_response, emitted, make_core, manual, output, types
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
