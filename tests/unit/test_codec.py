@@ -1,4 +1,6 @@
-"""Unit tests for the realtime wire codec: the Realtime wire codec (no sockets)."""
+"""The Realtime wire codec (``realtime/wire``), without sockets: client frames
+parsed into typed commands or typed errors, server events rendered as JSON (GA
+and beta names), and what the official SDK sends and expects."""
 
 from __future__ import annotations
 
