@@ -50,7 +50,7 @@ def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int,
     slot = WorkerSlot.from_json(args.engine_slot) if args.engine_slot else None
     supervised = args.worker_life is not None
     try:
-        engine, close = worker_runtime(config, instance_id=instance_id, slot=slot,
+        runtime, close = worker_runtime(config, instance_id=instance_id, slot=slot,
                                        life=args.worker_life or 1)
     except AssetError as e:  # a missing or corrupt model: refuse, never fall back
         print(f"vllm-duplex: cannot serve {config.name!r}: {e}", file=sys.stderr, flush=True)
@@ -60,7 +60,7 @@ def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int,
             print(f"vllm-duplex: serving {config.name!r} (model {config.model!r}, policy "
                   f"{config.policy!r}) on ws://{host}:{port}/v1/realtime"
                   + (f" and gRPC {host}:{grpc_port}" if grpc_port is not None else ""), flush=True)
-        uvicorn.Server(uvicorn_config(engine, host, port, args.log_level, grpc_port)).run()
+        uvicorn.Server(uvicorn_config(runtime, host, port, args.log_level, grpc_port)).run()
     finally:
         close()
     return 0

@@ -67,7 +67,7 @@ class Runtime:
         self.policy: ModelPolicy = load_policy(config.policy, **config.policy_options)
         # Stages passed in by type (e.g. one vLLM engine shared by a test
         # session, or the engine of `vllm serve`) are used, not built, and
-        # not closed by this engine.
+        # not closed by this runtime.
         shared = dict(shared_stages or {})
         self.stages = [shared.get(spec.type) or build_stage(spec, self.clock)
                        for spec in config.stages]

@@ -122,9 +122,9 @@ async def test_barge_in_stops_the_reply_and_keeps_only_heard_words(server):
 async def test_an_asr_revision_rolls_back_and_the_answer_is_still_right(vllm_stage):  # noqa: F811
     """Drive the session with the ASR's partials directly: 'capitol' and then
     'was' revise words already pushed into the live vLLM request."""
-    engine = cascade_runtime(vllm_stage)
-    await engine.start()
-    session = await engine.open_realtime_session(None)
+    runtime = cascade_runtime(vllm_stage)
+    await runtime.start()
+    session = await runtime.open_realtime_session(None)
     try:
         # Server VAD: the scripted VadSpeechStopped below is the end of the turn
         # (under the default semantic_vad it would be a pause to judge).
@@ -151,11 +151,11 @@ async def test_an_asr_revision_rolls_back_and_the_answer_is_still_right(vllm_sta
                 if env.event.type == "response.done":
                     break
         assert session.fence.incarnation >= 1
-        assert engine.metrics.incarnation_bumps.get() >= 1
+        assert runtime.metrics.incarnation_bumps.get() >= 1
         assert "Paris" in text
     finally:
-        await engine.end_session(session, CloseReason.CLIENT)
-        await engine.stop()
+        await runtime.end_session(session, CloseReason.CLIENT)
+        await runtime.stop()
 
 
 async def test_session_tools_become_function_calls_and_the_result_is_used(server):

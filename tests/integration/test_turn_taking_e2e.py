@@ -99,7 +99,7 @@ async def test_a_complete_question_is_answered_after_a_short_silence(server, cap
     async with await RealtimeClient.connect(server.ws_url) as client:
         await client.update_session(LOW)  # warm-up: a fresh server's first partials are slow
         await converse(client, speak("Hello there."))
-    m = server.engine.metrics
+    m = server.runtime.metrics
     before_dec = dict(m.turn_end_decisions.values)
     before_used = m.speculations.get(outcome="used")
     async with await RealtimeClient.connect(server.ws_url) as client:
