@@ -383,6 +383,7 @@ INVALID_VALUE_CASES = [
     (su({"tools": [{"type": "mcp", "server_label": "x"}]}), "session.tools[0].type"),
     (su({"tools": [{"name": "a"}, {"name": "a"}]}), "session.tools[1].name"),
     (su({"tools": [{"description": "no name"}]}), "session.tools[0].name"),
+    (su({"tools": [{"name": "get weather"}]}), "session.tools[0].name"),
     (su({"tools": [{"name": "a", "parameters": "{}"}]}), "session.tools[0].parameters"),
     (su({"tool_choice": "sometimes"}), "session.tool_choice"),
     (su({"tool_choice": {"type": "function"}}), "session.tool_choice.name"),
