@@ -1,6 +1,6 @@
 """The router in front of the workers: nginx, with its config generated here.
 
-Routing rules (DESIGN.md "Scale-out"), in the order nginx applies them:
+Routing rules, in the order nginx applies them:
 
 * A request that names an id goes to that id's owner *exactly*: an nginx
   ``map`` from the owner part of the id (``sess_…​.w2`` → ``w2``; ids a

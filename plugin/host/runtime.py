@@ -185,7 +185,7 @@ class Runtime:
 
     def resume_realtime_session(self, api_key: str | None, c: SessionResume
                                 ) -> tuple[DuplexSession, Attachment, Replay, dict[str, Any]]:
-        """Attach a reconnecting socket to its session (CONFORMANCE 25-28):
+        """Attach a reconnecting socket to its session (``session.resume``):
         another key's session is ``session_not_found``, a lapsed one
         ``session_expired``; the token is checked in constant time and rotates;
         ``generation``, when given, is a compare-and-swap on the lease."""

@@ -1,5 +1,5 @@
-"""Application sessions over real HTTP against the real engine (CONFORMANCE
-32): open / get / renew / close, continuation by unary generate with the
+"""Application sessions over real HTTP against the real engine: open / get /
+renew / close, continuation by unary generate with the
 conversation kept in the live vLLM request, eviction, expiry, per-key and
 per-instance ownership."""
 

@@ -159,7 +159,7 @@ async def test_an_asr_revision_rolls_back_and_the_answer_is_still_right(vllm_sta
 
 
 async def test_session_tools_become_function_calls_and_the_result_is_used(server):
-    """CONFORMANCE 19 with the real model: tool_choice "required" makes vLLM's
+    """Session tools with the real model: tool_choice "required" makes vLLM's
     structured outputs write a schema-valid call; the client's function_call_output
     then feeds the next response."""
     weather = {"type": "function", "name": "get_weather", "description": "Current weather in a city",

@@ -1,7 +1,7 @@
 """``WS /v1/generate/stream`` with raw ``websockets`` against the real engine:
 one start, ordered input chunks (duplicates acknowledged, gaps refused),
 explicit end, exactly one terminal outcome; cancel, deadline, disconnect and
-abort stop the engine work (CONFORMANCE 23, 35)."""
+abort stop the engine work (the vLLM request is aborted)."""
 
 from __future__ import annotations
 

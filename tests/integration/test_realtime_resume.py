@@ -1,4 +1,4 @@
-"""Lossless resume over a real socket (CONFORMANCE 24-28, 31): disconnect,
+"""Lossless resume over a real socket: disconnect,
 reconnect with ``session.resume``, and get exactly the events after
 ``last_seq``; token rotation, takeover, grace expiry, retention and resync,
 event acks, lease compare-and-swap, slow consumers, and the chaos test (a
@@ -264,7 +264,7 @@ async def test_resume_needs_the_resume_socket(server):
 
 
 async def test_numbered_input_chunks_survive_a_resume(server):
-    """CONFORMANCE 23 on the realtime socket: numbered appends; a duplicate is
+    """Numbered input on the realtime socket: numbered appends; a duplicate is
     ignored, a gap refused with the expected seq; a resume says what arrived."""
     rt = await open_client(server)
     await rt.update_session(TEXT)

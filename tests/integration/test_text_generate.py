@@ -1,5 +1,6 @@
 """``POST /v1/generate`` over real HTTP against the real engine: one stateless
-model step with external history and tools (CONFORMANCE 33, 35)."""
+model step with external history and tools; a client gone or a deadline
+aborts the vLLM request."""
 
 from __future__ import annotations
 

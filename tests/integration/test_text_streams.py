@@ -1,5 +1,5 @@
 """Resumable streams and mid-generation control over real HTTP against the
-real engine (CONFORMANCE 34): replay from a cursor then follow live, lookup,
+real engine: replay from a cursor then follow live, lookup,
 idempotent DELETE that stops the generation, expiry, control at a reported
 event boundary, per-key ownership."""
 

@@ -1,4 +1,4 @@
-"""GA fidelity of the session core (CONFORMANCE 37-40), effects compared whole.
+"""GA fidelity of the session core, effects compared whole.
 
 What real clients depend on (docs/clients.md): a truncate of the item being
 generated stops it, a client's truncate after the server's own barge-in cut
