@@ -30,6 +30,8 @@ from vllm_duplex.core.payloads import (
     TextDelta,
     TextIn,
     VadConfig,
+    VadPaused,
+    VadResumed,
     VadSpeechStarted,
     VadSpeechStopped,
 )
@@ -284,3 +286,23 @@ def test_it_declares_its_stages_and_keeps_no_state() -> None:
     assert policy.stage_needs().names == ("llm", "vad", "tts")
     assert isinstance(policy.new_state(), NoState)
     assert policy.shape_context(PolicyView(), ()) == ()  # the conversation as it is
+
+
+def test_vad_reports_a_pause_before_the_end_of_speech_and_speech_that_resumes() -> None:
+    """``pause_ms``: the pause is reported while the end-of-speech silence
+    still accrues (the session prepares the reply in it); speech before the
+    end of speech resumes the same segment."""
+    config = VadConfig(threshold=0.5, prefix_padding_ms=100, silence_duration_ms=300, pause_ms=100)
+    pcm = np.concatenate([silence(400), sine(400), silence(200), sine(400), silence(400)])
+    vad = EnergyVad(config=config)
+    assert vad.feed(pcm, 0) == [VadSpeechStarted(300), VadPaused(800), VadResumed(1000),
+                                VadPaused(1400), VadSpeechStopped(1400)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=5000), max_size=200))
+def test_vad_pauses_do_not_depend_on_chunking(sizes: list[int]) -> None:
+    config = VadConfig(threshold=0.5, prefix_padding_ms=100, silence_duration_ms=300, pause_ms=100)
+    whole = [e for e in run_vad([len(SCENE)], config=config)]
+    assert [e for e in whole if not isinstance(e, (VadPaused, VadResumed))] == SCENE_EVENTS
+    assert run_vad(sizes, config=config) == whole

@@ -36,6 +36,7 @@ from vllm_duplex.core.payloads import (
 from vllm_duplex.core.session_config import SessionPatch, TurnDetection
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.session.core import SessionCore
+from vllm_duplex.session.turn_end import PAUSE_DETECT_MS
 from vllm_duplex.session.effects import (
     AckEvents,
     Cancel,
@@ -64,7 +65,9 @@ def test_start_announces_the_session_then_configures_the_vad():
         Emit(ev.Envelope(1, F0, ev.SessionCreated(session=core.session_object(), resume_token="tok"))),
         Submit("vad", F0, "vad-config", VadConfig(threshold=td.threshold,
                                                   prefix_padding_ms=td.prefix_padding_ms,
-                                                  silence_duration_ms=td.silence_duration_ms)),
+                                                  silence_duration_ms=td.silence_duration_ms,
+                                                  # the pause before that: a reply is prepared in it
+                                                  pause_ms=PAUSE_DETECT_MS)),
     ]
     assert core.session_object()["id"] == "s"
 
