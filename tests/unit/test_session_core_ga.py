@@ -1,4 +1,4 @@
-"""GA fidelity of the session core (CONFORMANCE 37-40), effects compared whole.
+"""GA fidelity of the session core, effects compared whole.
 
 What real clients depend on (docs/clients.md): a truncate of the item being
 generated stops it, a client's truncate after the server's own barge-in cut
@@ -10,7 +10,7 @@ for itself, and the transcription's ``usage``.
 from __future__ import annotations
 
 import numpy as np
-from test_session_core import TEN_MS, create_response, emitted, make_core, manual, output, types
+from support.session_core import TEN_MS, create_response, emitted, make_core, manual, output, types
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role

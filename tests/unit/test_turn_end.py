@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.session_core import Ids, types
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.contracts import InputMode
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
@@ -50,7 +51,6 @@ from vllm_duplex.session.effects import (
     Submit,
     TimerFired,
 )
-from test_session_core import Ids
 from vllm_duplex.session.turn_end import (
     EAGERNESS_TIMING,
     PAUSE_DETECT_MS,
@@ -117,10 +117,6 @@ class Timeline:
         assert [(e.stage, e.payload.audio_ms) for e in asked] == [("asr", audio_ms)]
         heard = self.words if heard is None else heard
         return effects + self.at(t, TranscriptPartial(heard, at_pause=True), "asr")
-
-
-def types(effects) -> list[str]:
-    return [e.envelope.event.type if isinstance(e, Emit) else type(e).__name__ for e in effects]
 
 
 def pushed(effects) -> list[str]:
