@@ -21,15 +21,15 @@ def bearer_key(headers, subprotocols: list[str] = ()) -> str | None:
     return None
 
 
-def check_key(engine: Runtime, key: str | None) -> None:
+def check_key(runtime: Runtime, key: str | None) -> None:
     """With keys configured, a request must present one of them (compared in
     constant time). Without, every caller is local and keys only scope. A
     client secret (``ek_…``) passes while it is live (it acts as the key that
     minted it; opening a session redeems it, see ``Runtime``)."""
     if is_client_secret(key):
-        engine.client_secrets.owner(key)  # unknown: unauthorized; lapsed: client_secret_expired
+        runtime.client_secrets.owner(key)  # unknown: unauthorized; lapsed: client_secret_expired
         return
-    allowed = engine.config.api_keys
+    allowed = runtime.config.api_keys
     if not allowed:
         return
     given = key.encode("utf-8", "surrogateescape") if key is not None else None
