@@ -26,12 +26,12 @@ from vllm_duplex.realtime.server.auth import bearer_key, check_key
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 
-def client_secret_routes(engine: Runtime,
+def client_secret_routes(runtime: Runtime,
                          error_response: Callable[[DuplexError], JSONResponse]) -> list[Route]:
-    codec = RealtimeCodec(model_aliases={n: engine.model for n in engine.config.model_names})
+    codec = RealtimeCodec(model_aliases={n: runtime.model for n in runtime.config.model_names})
 
     def parse(body: bytes) -> tuple[float, object]:
-        if len(body) > engine.config.limits.max_request_bytes:
+        if len(body) > runtime.config.limits.max_request_bytes:
             raise DuplexError("payload_too_large", "the request body is too large")
         try:
             raw = json.loads(body) if body.strip() else {}
@@ -60,12 +60,12 @@ def client_secret_routes(engine: Runtime,
             if is_client_secret(key):
                 raise DuplexError("unauthorized", "a client secret cannot mint client secrets; "
                                   "use an API key (on your server)")
-            check_key(engine, key)
+            check_key(runtime, key)
             ttl, session = parse(await request.body())
             patch = codec.session_patch(session) if session is not None else None
-            value, secret, config = engine.mint_client_secret(key, patch, ttl, time.time())
+            value, secret, config = runtime.mint_client_secret(key, patch, ttl, time.time())
         except DuplexError as err:
-            engine.metrics.errors.inc(code=err.code)
+            runtime.metrics.errors.inc(code=err.code)
             return error_response(err)
         wire = session_wire(config, session_id=secret.session_id)
         return JSONResponse({"value": value, "expires_at": secret.expires_at_unix,

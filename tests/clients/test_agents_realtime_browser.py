@@ -36,7 +36,7 @@ async def results(tmp_path_factory):
     async with serve(config) as server:
         out = await run_driver("agents_realtime_driver", server.http_url, "--audio", str(wav),
                                "--api-key", KEY, "--timeout", "40", timeout=240)
-        out["sessions_after"] = len(server.engine.manager)
+        out["sessions_after"] = len(server.runtime.manager)
         out["calls_after"] = len(server._server.config.app.state.calls)
     return out
 

@@ -36,10 +36,10 @@ async def talked(tmp_path_factory):
             "--until", "d.received.includes('output_audio_buffer.cleared')", "--timeout", "60",
             timeout=150)
         for _ in range(500):  # the page hung up: the call's end reaches the server
-            if len(server.engine.manager) == 0:
+            if len(server.runtime.manager) == 0:
                 break
             await asyncio.sleep(0.01)
-        results["sessions_after"] = len(server.engine.manager)
+        results["sessions_after"] = len(server.runtime.manager)
         results["calls_after"] = len(server._server.config.app.state.calls)
     return results
 

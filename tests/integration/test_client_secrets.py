@@ -98,7 +98,7 @@ async def test_a_key_opens_a_call_and_the_call_is_its_minting_keys(server):
 
 async def test_an_expired_key_is_refused_and_an_unknown_one_is_unauthorized(server):
     body = await secret(server, {"expires_after": {"seconds": 10}})
-    secrets = server.engine.client_secrets
+    secrets = server.runtime.client_secrets
     real = secrets.clock
 
     class Later:  # the runtime's clock, 11 s on

@@ -49,11 +49,11 @@ async def nothing_left(server):
     before = udp_ports()
     yield
     for _ in range(200):  # a hang-up finishes on the server's loop: wait for it
-        if len(calls_of(server)) == 0 and len(server.engine.manager) == 0 and udp_ports() <= before:
+        if len(calls_of(server)) == 0 and len(server.runtime.manager) == 0 and udp_ports() <= before:
             break
         await asyncio.sleep(0.01)
     assert len(calls_of(server)) == 0, "a call outlived its test"
-    assert len(server.engine.manager) == 0, "a session outlived its call"
+    assert len(server.runtime.manager) == 0, "a session outlived its call"
     assert udp_ports() <= before, "a call's UDP socket stayed open"
 
 
@@ -176,7 +176,7 @@ async def test_the_client_hanging_up_ends_the_session(server):
     await call.connect()
     await call.event("session.created")
     session_id = call.events[0]["session"]["id"]
-    assert server.engine.manager.peek(session_id) is not None
+    assert server.runtime.manager.peek(session_id) is not None
     await call.close()
     # the nothing_left fixture waits for the session, the call and its ports to go
 
@@ -333,7 +333,7 @@ async def test_a_peer_that_never_connects_is_hung_up():
         r = await post_offer(other, sdp, key="any")
         assert r.status_code == 201
         for _ in range(500):  # the timeout, then the hang-up on the server's loop
-            if len(calls_of(other)) == 0 and len(other.engine.manager) == 0:
+            if len(calls_of(other)) == 0 and len(other.runtime.manager) == 0:
                 break
             await asyncio.sleep(0.01)
-        assert len(calls_of(other)) == 0 and len(other.engine.manager) == 0
+        assert len(calls_of(other)) == 0 and len(other.runtime.manager) == 0

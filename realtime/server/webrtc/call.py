@@ -60,14 +60,14 @@ _HIGH_WATER, _LOW_WATER = 1 << 20, 256 << 10  # data channel bytes buffered by S
 
 
 class RtcCall:
-    def __init__(self, engine: Runtime, call_id: str, session: DuplexSession,
+    def __init__(self, runtime: Runtime, call_id: str, session: DuplexSession,
                  *, on_end: Callable[[RtcCall], None]) -> None:
-        self.engine = engine
+        self.runtime = runtime
         self.call_id = call_id
         self.session = session
-        self.codec = RealtimeCodec(max_event_bytes=engine.config.limits.max_event_bytes,
-                                   model_aliases={n: engine.model for n in engine.config.model_names})
-        webrtc = engine.config.webrtc
+        self.codec = RealtimeCodec(max_event_bytes=runtime.config.limits.max_event_bytes,
+                                   model_aliases={n: runtime.model for n in runtime.config.model_names})
+        webrtc = runtime.config.webrtc
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[
             RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
             for s in webrtc.ice_servers]))
@@ -85,13 +85,13 @@ class RtcCall:
     # ---- set-up ---------------------------------------------------------------
 
     @classmethod
-    async def answer(cls, engine: Runtime, call_id: str, key: str | None, offer: Offer,
+    async def answer(cls, runtime: Runtime, call_id: str, key: str | None, offer: Offer,
                      patch: SessionPatch | None, on_end: Callable[[RtcCall], None]
                      ) -> tuple[RtcCall, str]:
         """Open the call's session and answer ``offer``; the typed error of
         what failed, with nothing left open."""
-        session = await engine.open_realtime_session(key, patch)
-        call = cls(engine, call_id, session, on_end=on_end)
+        session = await runtime.open_realtime_session(key, patch)
+        call = cls(runtime, call_id, session, on_end=on_end)
         try:
             sdp = await call._negotiate(offer)
         except BaseException:
@@ -174,16 +174,16 @@ class RtcCall:
             if isinstance(command, OutputAudioClear):
                 self.clear_output()
                 return
-            session.deliver(command, self.engine.clock.now())
+            session.deliver(command, self.runtime.clock.now())
         except DuplexError as err:
-            self.engine.metrics.errors.inc(code=err.code)
+            self.runtime.metrics.errors.inc(code=err.code)
             self._send_now(self.codec.render_error(err, session.fence))
 
     # ---- the microphone ----------------------------------------------------------
 
     async def _microphone(self, track: MediaStreamTrack) -> None:
         encoder = MicrophoneEncoder()
-        session, clock = self.session, self.engine.clock
+        session, clock = self.session, self.runtime.clock
         while True:
             try:
                 frame = await track.recv()
@@ -197,7 +197,7 @@ class RtcCall:
             except Closed:
                 return
             except DuplexError as err:  # e.g. resource_exhausted: the session lags
-                self.engine.metrics.errors.inc(code=err.code)
+                self.runtime.metrics.errors.inc(code=err.code)
                 self._send_now(self.codec.render_error(err, session.fence))
 
     # ---- the session's events ----------------------------------------------------
@@ -267,7 +267,7 @@ class RtcCall:
         response_id, item_id, heard_ms = cut
         try:
             self.session.deliver(ItemTruncate(item_id=item_id, content_index=0,
-                                              audio_end_ms=heard_ms), self.engine.clock.now())
+                                              audio_end_ms=heard_ms), self.runtime.clock.now())
         except DuplexError:
             pass  # the session is closing
 
@@ -276,7 +276,7 @@ class RtcCall:
     async def _watch_connect(self) -> None:
         try:
             await asyncio.wait_for(self._connected.wait(),
-                                   self.engine.config.webrtc.connect_timeout_s)
+                                   self.runtime.config.webrtc.connect_timeout_s)
         except asyncio.TimeoutError:
             log.info("call %s: the peer did not connect; hanging up", self.call_id)
             self._hang_up_soon()
@@ -296,7 +296,7 @@ class RtcCall:
             return
         self._ended = self._ended or current
         self._on_end(self)
-        await self.engine.end_session(self.session, self.session.close_reason or CloseReason.HANGUP)
+        await self.runtime.end_session(self.session, self.session.close_reason or CloseReason.HANGUP)
         self.track.stop()
         await self.pc.close()
         tasks = [t for t in self._tasks if t is not current]
@@ -309,8 +309,8 @@ class RtcCall:
 class Calls:
     """The live calls of this process, by call id."""
 
-    def __init__(self, engine: Runtime) -> None:
-        self.engine = engine
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
         self._calls: dict[str, RtcCall] = {}
 
     def __len__(self) -> int:
@@ -331,7 +331,7 @@ class Calls:
         try:
             if call is None:
                 raise DuplexError("session_not_found", "no such call")
-            self.engine.manager.get(call.session.session_id, self.engine.caller_key(api_key))
+            self.runtime.manager.get(call.session.session_id, self.runtime.caller_key(api_key))
         except DuplexError:
             raise DuplexError("call_not_found", f"no call {call_id!r} for this key",
                               param="call_id") from None

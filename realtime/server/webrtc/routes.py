@@ -29,10 +29,10 @@ from vllm_duplex.realtime.server.webrtc.offer import MAX_OFFER_BYTES, check_offe
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 
-def call_routes(engine: Runtime, calls: Calls,
+def call_routes(runtime: Runtime, calls: Calls,
                 error_response: Callable[[DuplexError], JSONResponse]) -> list[Route]:
-    use_host_addresses(engine.config.webrtc.host_addresses)
-    codec = RealtimeCodec(model_aliases={n: engine.model for n in engine.config.model_names})
+    use_host_addresses(runtime.config.webrtc.host_addresses)
+    codec = RealtimeCodec(model_aliases={n: runtime.model for n in runtime.config.model_names})
 
     async def read_offer(request: Request) -> tuple[str, SessionPatch | None]:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -69,18 +69,18 @@ def call_routes(engine: Runtime, calls: Calls,
     async def create_call(request: Request):
         try:
             key = bearer_key(request.headers)
-            check_key(engine, key)
+            check_key(runtime, key)
             model = request.query_params.get("model")
-            if model is not None and not engine.config.serves(model):
+            if model is not None and not runtime.config.serves(model):
                 raise DuplexError("model_not_found", f"model {model!r} is not served here",
                                   param="model")
             sdp, patch = await read_offer(request)
-            offer = check_offer(sdp, engine.config.webrtc.host_addresses)
-            call_id = mint("rtc", engine.manager.instance_id)
-            call, answer = await RtcCall.answer(engine, call_id, key, offer, patch,
+            offer = check_offer(sdp, runtime.config.webrtc.host_addresses)
+            call_id = mint("rtc", runtime.manager.instance_id)
+            call, answer = await RtcCall.answer(runtime, call_id, key, offer, patch,
                                                 on_end=calls.remove)
         except DuplexError as err:
-            engine.metrics.errors.inc(code=err.code)
+            runtime.metrics.errors.inc(code=err.code)
             return error_response(err)
         if not call.ended.is_set():
             calls.add(call)
@@ -90,7 +90,7 @@ def call_routes(engine: Runtime, calls: Calls,
     async def hangup(request: Request):
         try:
             key = bearer_key(request.headers)
-            check_key(engine, key)
+            check_key(runtime, key)
             call = calls.get(request.path_params["call_id"], key)
         except DuplexError as err:
             return error_response(err)
