@@ -20,23 +20,30 @@ cache, which hashes multimodal items by content, makes that cheap. What the user
 said survives an epoch bump (it is input, not output); only an incarnation
 bump voids it.
 
+What the request holds is counted from what the renderer made of each chunk
+(``Rendered``: its tokens, placeholders expanded, and its multimodal items);
+a chunk that would take the context past ``max_model_len`` fails its turn
+with ``stage_failed`` before it reaches the engine (nothing is evicted), and
+a reply's ``input_tokens`` are the tokens its request held when it started.
+
 Text out only: speech comes from a ``tts`` stage after this one (vLLM serves
 neither Qwen2.5-Omni's talker nor MiniCPM-o's TTS head).
-
-Not handled yet: a context that outgrows ``max_model_len`` fails its turn
-(``stage_failed``); nothing is evicted.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from vllm import SamplingParams
-from vllm.engine.protocol import EngineClient
+from vllm.engine.protocol import EngineClient, StreamingInput
+from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm_duplex.core.clock import Clock
+from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.omni import OmniInstructions, OmniUnit
 from vllm_duplex.core.payloads import GenerateRequest, StageInput, TextIn
@@ -78,6 +85,8 @@ class VllmOmniStage(HostedStage):
     ) -> None:
         if model is None and engine is None:
             raise ValueError(f"stage {name!r} needs a model (a local path or a cached hub name)")
+        if model is not None and model.startswith("~"):
+            model = os.path.expanduser(model)
         settings = EngineSettings(model, dtype, enforce_eager, max_model_len,
                                   enable_prefix_caching, dict(engine_kwargs or {}))
         self.host = EngineHost(name, settings, engine=engine, clock=clock,
@@ -95,12 +104,57 @@ class VllmOmniStage(HostedStage):
         return VllmOmniPort(self, session_id)
 
 
+@dataclass(frozen=True)
+class Rendered:
+    """What vLLM's renderer made of one chunk: its token count (placeholders
+    expanded into the items' embedding tokens), and per modality the number
+    of items and the tokens they take."""
+
+    tokens: int
+    items: Mapping[str, int]
+    item_tokens: Mapping[str, int]
+
+    @classmethod
+    def of(cls, engine_input: Mapping[str, Any]) -> Rendered:
+        ranges = engine_input.get("mm_placeholders") or {}
+        return cls(len(engine_input["prompt_token_ids"]),
+                   {m: len(r) for m, r in ranges.items()},
+                   {m: sum(p.length for p in r) for m, r in ranges.items()})
+
+
 @dataclass(eq=False)
 class _Replayed(LiveRequest):
     """A live request holding a prefix (``sent`` chunks) of the session's
-    ``OmniPrompt.history``."""
+    ``OmniPrompt.history``. ``rendered``: each chunk it was sent, as the
+    renderer made it; ``held``: the tokens it holds (rendered chunks and kept
+    reply tokens); ``prompt_lens``: the prompt lengths the engine reported,
+    as it took the chunks in."""
 
     sent: int = 0
+    limit: int = 0  # max_model_len
+    held: int = 0
+    rendered: list[Rendered] = field(default_factory=list)
+    prompt_lens: list[int] = field(default_factory=list)
+    replies: dict[int, Reply] = field(default_factory=dict)  # by the index of the chunk that asks
+    pushed: int = 0
+
+    async def stream(self, render: Callable[[Any], Awaitable[Any]]) -> AsyncIterator[StreamingInput]:
+        async def counted(chunk: Any) -> Any:
+            engine_input = await render(chunk)
+            r = Rendered.of(engine_input)
+            if self.held + r.tokens >= self.limit:
+                raise DuplexError("stage_failed", f"the omni context would exceed max_model_len "
+                                                  f"({self.limit} tokens): {self.held} held, "
+                                                  f"{r.tokens} more")
+            self.held += r.tokens
+            reply = self.replies.pop(len(self.rendered), None)
+            self.rendered.append(r)
+            if reply is not None:
+                reply.base_len = self.held
+            return engine_input
+
+        async for chunk in super().stream(counted):
+            yield chunk
 
 
 class VllmOmniPort(LivePort):
@@ -115,10 +169,22 @@ class VllmOmniPort(LivePort):
         self.prompt = OmniPrompt(stage.dialect, stage.system_prompt)
         self._held = 0  # most chunks any live request of this port held
 
+    @property
+    def live(self) -> _Replayed | None:
+        """The session's live request (what it holds: ``rendered``, ``held``)."""
+        return self._live
+
     def _new_live(self, vllm_id: str, item: StageInput, streaming: bool) -> _Replayed:
         if self._held:
             self._host.counters.rebuilds += 1  # replays a context an earlier request held
-        return _Replayed(vllm_id, item.request_id, item.fence, streaming)
+        return _Replayed(vllm_id, item.request_id, item.fence, streaming, limit=self._host.max_model_len)
+
+    async def _on_output(self, live: LiveRequest, out: RequestOutput) -> None:
+        assert isinstance(live, _Replayed)
+        n = len(getattr(out, "prompt_token_ids", None) or ())  # (a fake engine may not say)
+        if n and (not live.prompt_lens or live.prompt_lens[-1] != n):
+            live.prompt_lens.append(n)
+        await super()._on_output(live, out)
 
     def _outlived(self, work: Fence, fence: Fence, *, output: bool) -> bool:
         """Units and text are input: an epoch bump does not void them."""
@@ -150,6 +216,9 @@ class VllmOmniPort(LivePort):
         history = self.prompt.history
         for i in range(live.sent, len(history)):
             last = reply is not None and i == len(history) - 1
+            if last:
+                live.replies[live.pushed] = reply  # type: ignore[assignment]
+            live.pushed += 1
             self._push(live, item, history[i], reply if last else None, params if last else None)
         live.sent = len(history)
         self._held = max(self._held, live.sent)
@@ -160,8 +229,13 @@ class VllmOmniPort(LivePort):
         with the text the client got."""
         if continuing:
             assert isinstance(live, _Replayed)
-            self.prompt.reply(self._host.chat.decode(reply.ids[:-1], skip_special_tokens=False))
+            kept = reply.ids[:-1]
+            self.prompt.reply(self._host.chat.decode(kept, skip_special_tokens=False))
             live.sent = len(self.prompt.history)
+            live.held += len(kept)
+            if kept:
+                live.pushed += 1  # the reply chunk: in the request, never rendered
+                live.rendered.append(Rendered(len(kept), {}, {}))
         else:
             self.prompt.reply(reply.decoder.answer.released)
 
