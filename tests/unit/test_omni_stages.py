@@ -208,6 +208,19 @@ def test_minicpmo_chunks():
     assert texts[3] == "<|im_end|>\n<|im_start|>assistant\n"
 
 
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_a_unit_too_short_for_the_model_is_padded_with_silence(name):
+    """The end of a turn can be a few ms of audio; the model's processor
+    gives that no token (vLLM then refuses the chunk), so it is padded."""
+    d = dialect(name)
+    p = OmniPrompt(d)
+    short = p.unit(unit(0.01, ()))
+    (audio,) = short.audios
+    assert audio.size == d.min_audio_ms * 16 and not audio[160:].any()
+    long = p.unit(unit(0.5, ()))
+    assert long.audios[0].size == 8000  # long enough: as it came
+
+
 def test_system_prompt_changes_rewrite_the_first_chunk():
     p = OmniPrompt(DIALECTS["qwen_omni"])
     assert not p.set_system("")  # the default already

@@ -15,8 +15,11 @@ Chunks are rendered (tokenized, audio features and image patches computed)
 by the engine's renderer in its worker threads, on vLLM's input task for the
 request -- never on the session's task. When the live request is lost (a
 barge-in must abort a running reply; a new system prompt; a dead engine), the
-session's chunks are replayed into a new request one by one; vLLM's prefix
-cache, which hashes multimodal items by content, makes that cheap. What the user
+session's chunks are replayed into a new request one by one. That is a
+re-prefill of the whole context: vLLM 0.32 looks its prefix cache up only for
+a streaming request's first chunk (measured on the tiny MiniCPM-o: a replayed
+request reports 0 cached tokens), though its renderer's multimodal cache
+spares processing the items again. What the user
 said survives an epoch bump (it is input, not output); only an incarnation
 bump voids it.
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -95,53 +99,60 @@ class VllmOmniStage(HostedStage):
         self.dialect = get_dialect(dialect)
         self.default_max_tokens = default_max_tokens
         self.system_prompt = system_prompt
+        # Each session's port while its session holds it: what its live request holds.
+        self.ports: weakref.WeakValueDictionary[str, VllmOmniPort] = weakref.WeakValueDictionary()
 
     @property
     def engine_kwargs(self) -> dict[str, Any]:
         return dict(self.host.settings.engine_kwargs)
 
     def port(self, session_id: str) -> VllmOmniPort:
-        return VllmOmniPort(self, session_id)
+        port = VllmOmniPort(self, session_id)
+        self.ports[session_id] = port
+        return port
 
 
 @dataclass(frozen=True)
 class Rendered:
     """What vLLM's renderer made of one chunk: its token count (placeholders
     expanded into the items' embedding tokens), and per modality the number
-    of items and the tokens they take."""
+    of items and the tokens they take; ``at``: when (the stage's clock)."""
 
     tokens: int
     items: Mapping[str, int]
     item_tokens: Mapping[str, int]
+    at: float = 0.0
 
     @classmethod
-    def of(cls, engine_input: Mapping[str, Any]) -> Rendered:
+    def of(cls, engine_input: Mapping[str, Any], at: float) -> Rendered:
         ranges = engine_input.get("mm_placeholders") or {}
         return cls(len(engine_input["prompt_token_ids"]),
                    {m: len(r) for m, r in ranges.items()},
-                   {m: sum(p.length for p in r) for m, r in ranges.items()})
+                   {m: sum(p.length for p in r) for m, r in ranges.items()}, at)
 
 
 @dataclass(eq=False)
 class _Replayed(LiveRequest):
     """A live request holding a prefix (``sent`` chunks) of the session's
     ``OmniPrompt.history``. ``rendered``: each chunk it was sent, as the
-    renderer made it; ``held``: the tokens it holds (rendered chunks and kept
-    reply tokens); ``prompt_lens``: the prompt lengths the engine reported,
-    as it took the chunks in."""
+    renderer made it (``at``: when); ``held``: the tokens it holds (rendered
+    chunks and kept reply tokens); ``prompt_lens``: the prompt lengths the
+    engine reported as it took the chunks in."""
 
     sent: int = 0
     limit: int = 0  # max_model_len
+    now: Callable[[], float] = float
     held: int = 0
     rendered: list[Rendered] = field(default_factory=list)
     prompt_lens: list[int] = field(default_factory=list)
+    cached_tokens: int | None = None  # prompt tokens vLLM's prefix cache served (first chunk only)
     replies: dict[int, Reply] = field(default_factory=dict)  # by the index of the chunk that asks
     pushed: int = 0
 
     async def stream(self, render: Callable[[Any], Awaitable[Any]]) -> AsyncIterator[StreamingInput]:
         async def counted(chunk: Any) -> Any:
             engine_input = await render(chunk)
-            r = Rendered.of(engine_input)
+            r = Rendered.of(engine_input, self.now())
             if self.held + r.tokens >= self.limit:
                 raise DuplexError("stage_failed", f"the omni context would exceed max_model_len "
                                                   f"({self.limit} tokens): {self.held} held, "
@@ -177,13 +188,16 @@ class VllmOmniPort(LivePort):
     def _new_live(self, vllm_id: str, item: StageInput, streaming: bool) -> _Replayed:
         if self._held:
             self._host.counters.rebuilds += 1  # replays a context an earlier request held
-        return _Replayed(vllm_id, item.request_id, item.fence, streaming, limit=self._host.max_model_len)
+        return _Replayed(vllm_id, item.request_id, item.fence, streaming,
+                         limit=self._host.max_model_len, now=self._host.clock.now)
 
     async def _on_output(self, live: LiveRequest, out: RequestOutput) -> None:
         assert isinstance(live, _Replayed)
         n = len(getattr(out, "prompt_token_ids", None) or ())  # (a fake engine may not say)
         if n and (not live.prompt_lens or live.prompt_lens[-1] != n):
             live.prompt_lens.append(n)
+        if live.cached_tokens is None:
+            live.cached_tokens = getattr(out, "num_cached_tokens", None)
         await super()._on_output(live, out)
 
     def _outlived(self, work: Fence, fence: Fence, *, output: bool) -> bool:
@@ -235,7 +249,7 @@ class VllmOmniPort(LivePort):
             live.held += len(kept)
             if kept:
                 live.pushed += 1  # the reply chunk: in the request, never rendered
-                live.rendered.append(Rendered(len(kept), {}, {}))
+                live.rendered.append(Rendered(len(kept), {}, {}, self._host.clock.now()))
         else:
             self.prompt.reply(reply.decoder.answer.released)
 
