@@ -35,8 +35,16 @@ neither Qwen2.5-Omni's talker nor MiniCPM-o's TTS head).
 
 from __future__ import annotations
 
-import dataclasses
 import os
+
+# As the LLM stage (``stages/vllm/llm.py``), before vLLM reads its environment
+# (an operator's own values win): 1 GiB of CPU KV cache instead of vLLM's 4+
+# GiB default (the GPU ignores it), no AOT compilation in eager mode.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
+# ruff: noqa: E402  (the imports below must follow the environment defaults)
+import dataclasses
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
