@@ -96,7 +96,7 @@ class ServerProcess:
                                           delete=False)
         self._tmp.append(log.name)
         self.log_path = log.name
-        cmd = [sys.executable, "-m", "vllm_duplex.realtime.client.cli", "serve", "--config", cfg,
+        cmd = [sys.executable, "-m", "vllm_duplex.cli", "serve", "--config", cfg,
                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
         # Own process group: a terminal Ctrl-C reaches only the bench, which stops the server.
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,

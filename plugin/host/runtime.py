@@ -26,6 +26,7 @@ from vllm_duplex.replay.outbox import Attachment
 from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session.runner import DuplexSession
 from vllm_duplex.session.video_input import VideoLimits
+from vllm_duplex.stages.pipeline import check_routes
 from vllm_duplex.stages.lifecycle import Lifecycle, Metered, ServesText, StageCounter
 from vllm_duplex.stages.port import Stage
 
@@ -67,7 +68,7 @@ class Runtime:
         self.policy: ModelPolicy = load_policy(config.policy, **config.policy_options)
         # Stages passed in by type (e.g. one vLLM engine shared by a test
         # session, or the engine of `vllm serve`) are used, not built, and
-        # not closed by this engine.
+        # not closed by this runtime.
         shared = dict(shared_stages or {})
         self.stages = [shared.get(spec.type) or build_stage(spec, self.clock)
                        for spec in config.stages]
@@ -185,7 +186,7 @@ class Runtime:
 
     def resume_realtime_session(self, api_key: str | None, c: SessionResume
                                 ) -> tuple[DuplexSession, Attachment, Replay, dict[str, Any]]:
-        """Attach a reconnecting socket to its session (CONFORMANCE 25-28):
+        """Attach a reconnecting socket to its session (``session.resume``):
         another key's session is ``session_not_found``, a lapsed one
         ``session_expired``; the token is checked in constant time and rotates;
         ``generation``, when given, is a compare-and-swap on the lease."""
@@ -236,12 +237,13 @@ class Runtime:
 
 
 def _check_stages(config: DeployConfig, policy: ModelPolicy, stages: list[Stage]) -> None:
-    """Refuse a deployment whose pipeline lacks a stage its policy submits to
-    (found at load, not at a session's first audio chunk)."""
-    missing = policy.stage_needs().missing(s.name for s in stages)
-    if missing:
+    """Refuse a deployment whose stages do not route what its policy sends:
+    a stage it addresses is missing, two stages share a name, or one does
+    not take what is sent to it (found at load, not at a session's first
+    audio chunk)."""
+    problems = check_routes(stages, policy.stage_needs())
+    if problems:
         have = ", ".join(f"{s.name} ({spec.type})" for s, spec in zip(stages, config.stages))
         raise ValueError(
-            f"deployment {config.name!r}: policy {policy.name!r} needs the stage(s) "
-            f"{', '.join(map(repr, missing))}, which its stages do not provide "
-            f"(it has: {have or 'none'}); add them under `stages:`")
+            f"deployment {config.name!r}: its stages do not fit policy {policy.name!r}: "
+            f"{'; '.join(problems)} (it has: {have or 'none'}); fix them under `stages:`")

@@ -19,8 +19,8 @@ from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemTyp
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.input_sequence import Accepted
 from vllm_duplex.core.payloads import INTERNAL_RATE, TextIn
+from vllm_duplex.media.data_url import data_url_bytes
 from vllm_duplex.session.effects import DecodeImage, FeedVideo, PollVideo
-from vllm_duplex.session.video_input import data_url_bytes
 
 if TYPE_CHECKING:
     from vllm_duplex.session.core import SessionCore
