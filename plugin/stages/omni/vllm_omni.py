@@ -45,6 +45,7 @@ os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 
 # ruff: noqa: E402  (the imports below must follow the environment defaults)
 import dataclasses
+import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -149,7 +150,7 @@ class _Replayed(LiveRequest):
 
     sent: int = 0
     limit: int = 0  # max_model_len
-    now: Callable[[], float] = float
+    now: Callable[[], float] = time.monotonic  # the stage's clock
     held: int = 0
     rendered: list[Rendered] = field(default_factory=list)
     prompt_lens: list[int] = field(default_factory=list)
