@@ -93,7 +93,17 @@ def build(out: Path, version: str = "4.5", seed: int = 0) -> None:
     }, indent=2) + "\n")
 
     torch.manual_seed(seed)
-    save_file(_weights(version, text), str(out / "model.safetensors"), metadata={"format": "pt"})
+    weights = _weights(version, text)
+    never_ends(weights["llm.lm_head.weight"], ids["<|im_end|>"])
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def never_ends(lm_head: Any, end_id: int) -> None:
+    """Zero the end-of-turn row of the output layer: its logit is then 0,
+    below the largest of the other random logits (hundreds of them, centred
+    on 0) in every step, so a greedy reply of the tiny model never ends by
+    itself -- it runs to ``max_tokens``, long enough for a test to talk over."""
+    lm_head[end_id].zero_()
 
 
 def _weights(version: str, text: dict[str, Any]) -> dict[str, Any]:

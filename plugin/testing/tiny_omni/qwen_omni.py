@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vllm_duplex.testing.tiny_omni.minicpmo import never_ends
 from vllm_duplex.testing.tiny_omni.tokenizer import byte_level_bpe, chatml_template
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>",
@@ -89,4 +90,5 @@ def build(out: Path, seed: int = 0) -> None:
     torch.manual_seed(seed)
     model = Qwen2_5OmniThinkerForConditionalGeneration(thinker)
     weights = {f"thinker.{k}": v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+    never_ends(weights["thinker.lm_head.weight"], ids["<|im_end|>"])
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
