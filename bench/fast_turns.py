@@ -24,8 +24,13 @@ Each side runs its questions on a fresh server, then holds filler sessions
 until it has held ``--warm-after`` (10), then runs them again: "fresh" and
 "warm" rows.
 
-    .venv/bin/python bench/fast_turns.py [--before REF] [--rounds 1] [--sides before now]
+    .venv/bin/python bench/fast_turns.py [--rounds 1] [--sides before@ac9f7ce now]
                                          [--modes semantic server] [--warm-after 10]
+
+A side is ``NAME[@REF][:KEY=VALUE,...]``: the tree at git ``REF`` (default:
+this one), with those environment variables (``taskset=CPUS`` pins the
+server process, e.g. to compare CPU placements:
+``now:VLLM_CPU_OMP_THREADS_BIND=0-1``).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from serve_process import REPO, free_port, http_get, machine  # noqa: E402
+from serve_process import REPO, free_port, http_get, machine, stop  # noqa: E402
 from speech_corpus import right_answer  # noqa: E402
 from support.speech_fixtures import RATE, chunks, speak  # noqa: E402
 from vllm_duplex.realtime.client.realtime import RealtimeClient  # noqa: E402
@@ -104,11 +109,27 @@ class Turn:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Side:
+    name: str
+    ref: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, spec: str) -> Side:
+        head, _, env = spec.partition(":")
+        name, _, ref = head.partition("@")
+        pairs = tuple(tuple(kv.split("=", 1)) for kv in env.split(",") if kv)
+        return cls(name, ref or None, pairs)  # type: ignore[arg-type]
+
+
 class Server:
     """A ``vllm-duplex serve`` of the tree at ``root`` on a free port."""
 
-    def __init__(self, side: str, root: Path, config: str) -> None:
+    def __init__(self, side: str, root: Path, config: str,
+                 env: tuple[tuple[str, str], ...] = ()) -> None:
         self.side, self.root, self.config = side, root, config
+        self.env = dict(env)
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix=f"fast-turns-{side}-", suffix=".log", delete=False)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -119,10 +140,13 @@ class Server:
         return f"ws://127.0.0.1:{self.port}/v1/realtime"
 
     def start(self) -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, str(self.root), "serve", "--config", self.config,
-             "--port", str(self.port)], cwd=self.root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        extra = dict(self.env)
+        pin = extra.pop("taskset", None)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra}
+        argv = [sys.executable, "-c", _BOOT, str(self.root), "serve", "--config", self.config,
+                "--port", str(self.port)]
+        self.proc = subprocess.Popen(["taskset", "-c", pin, *argv] if pin else argv, cwd=self.root,
+                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout_s: float = 900.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -138,12 +162,7 @@ class Server:
         raise TimeoutError(f"{self.side} server did not start; see {self.log.name}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop(self.proc, grace_s=30.0)
 
 
 def before_tree(ref: str) -> Path:
@@ -250,10 +269,9 @@ def report(turns: list[Turn], sides: list[str], modes: list[str]) -> None:
 
 
 async def run(args: argparse.Namespace) -> list[Turn]:
-    roots = {"now": REPO}
-    if "before" in args.sides:
-        roots["before"] = before_tree(args.before)
-    servers = {side: Server(side, roots[side], args.config) for side in args.sides}
+    sides = [Side.parse(spec) for spec in args.sides]
+    servers = {side.name: Server(side.name, before_tree(side.ref) if side.ref else REPO,
+                                 args.config, side.env) for side in sides}
     turns: list[Turn] = []
     try:
         for s in servers.values():
@@ -283,8 +301,8 @@ async def run(args: argparse.Namespace) -> list[Turn]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--before", default="ac9f7ce", help="the code before (a git ref)")
-    p.add_argument("--sides", nargs="+", default=["before", "now"], choices=["before", "now"])
+    p.add_argument("--sides", nargs="+", default=["before@ac9f7ce", "now"],
+                   help="NAME[@REF][:KEY=VALUE,...] each (see the module doc)")
     p.add_argument("--modes", nargs="+", default=["semantic", "server"], choices=list(MODES))
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--warm-after", type=int, default=10)
@@ -295,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     turns = asyncio.run(run(args))
     load1 = os.getloadavg()
     print(f"\nmachine: {json.dumps(machine())}; load average {load0[0]:.2f} before, {load1[0]:.2f} after")
-    report(turns, args.sides, args.modes)
+    report(turns, [Side.parse(spec).name for spec in args.sides], args.modes)
     if args.json:
         Path(args.json).write_text(json.dumps([t.__dict__ for t in turns], indent=1))
     return 0

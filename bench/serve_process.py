@@ -53,6 +53,17 @@ def http_get(url: str, timeout: float = 5.0) -> str:
         return r.read().decode()
 
 
+def stop(proc: subprocess.Popen[bytes] | None, grace_s: float = 10.0) -> None:
+    """End a server process: SIGTERM, then SIGKILL after ``grace_s``."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 class ServerProcess:
     """A fresh ``vllm-duplex serve`` on a free port, with ``limits.max_sessions`` raised to
     fit ``sessions``. Always terminated on exit (exceptions and Ctrl-C included)."""
@@ -149,13 +160,7 @@ class ServerProcess:
             return ""
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop(self.proc)
         for path in self._tmp:
             try:
                 os.unlink(path)

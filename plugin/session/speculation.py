@@ -30,7 +30,12 @@ from vllm_duplex.core.contracts import OutputDecision
 from vllm_duplex.core.payloads import ContextMessage, StageFailed, StageOutput
 from vllm_duplex.core.words import same_spoken
 
-SPECULATE_P = 0.1  # P(end) from which a pause is worth answering ahead
+# P(end) from which a pause is worth answering ahead: the LLM is idle while
+# the user pauses, and a held reply costs nothing the client sees, so any
+# likely ending starts one ("what is the largest ocean": 0.04 with SmolLM2;
+# a thinking pause, "what is the capital of": < 0.001). Below it the pause
+# waits 650 ms or more (turn_end.needed_silence_ms).
+SPECULATE_P = 0.01
 
 
 @dataclass
