@@ -33,3 +33,15 @@ async def text_server(vllm_stage):
 
     async with BackgroundServer(text_runtime(vllm_stage, stream_ttl_s=2.0), grpc_port=0) as server:
         yield server
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def tiny_omni_stage():
+    """ONE vLLM engine serving the tiny MiniCPM-o 4.5 (random weights, built
+    once into the model cache: ``vllm_duplex.testing.tiny_omni``) with the
+    ``vllm_omni`` options of configs/omni-tiny-cpu.yaml."""
+    from support.omni_fixtures import tiny_omni_stage as make
+
+    stage = await make()
+    yield stage
+    await stage.close()

@@ -208,6 +208,19 @@ def test_minicpmo_chunks():
     assert texts[3] == "<|im_end|>\n<|im_start|>assistant\n"
 
 
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_a_unit_too_short_for_the_model_is_padded_with_silence(name):
+    """The end of a turn can be a few ms of audio; the model's processor
+    gives that no token (vLLM then refuses the chunk), so it is padded."""
+    d = dialect(name)
+    p = OmniPrompt(d)
+    short = p.unit(unit(0.01, ()))
+    (audio,) = short.audios
+    assert audio.size == d.min_audio_ms * 16 and not audio[160:].any()
+    long = p.unit(unit(0.5, ()))
+    assert long.audios[0].size == 8000  # long enough: as it came
+
+
 def test_system_prompt_changes_rewrite_the_first_chunk():
     p = OmniPrompt(DIALECTS["qwen_omni"])
     assert not p.set_system("")  # the default already
@@ -258,7 +271,8 @@ class FakeTokenizer:
 
 
 class PassThroughRenderer:
-    """Hands the prompt dicts back as they are (so tests read their text)."""
+    """Hands the prompt dicts back (so tests read their text), with a token
+    per character as vLLM's renderer adds the tokens."""
 
     class default_cmpl_tok_params:  # noqa: N801 - mimics vLLM's attribute
         @staticmethod
@@ -266,7 +280,7 @@ class PassThroughRenderer:
             return kw
 
     async def render_cmpl_async(self, prompts: list[Any], params: Any) -> list[Any]:
-        return list(prompts)
+        return [{**p, "prompt_token_ids": list(range(len(p["prompt"])))} for p in prompts]
 
 
 @dataclass
@@ -348,12 +362,15 @@ async def test_units_stream_into_one_live_request(name, unit_text):
     await port.submit(item(gen_request(max_tokens=20, context=(ContextMessage("system", "Be brief."),))))
     outs = await collect(port)
     assert text_of(outs) == "Hello there."
-    assert outs[-1].payload == GenerationDone("resp_1", "stop", input_tokens=0, output_tokens=4)
     (rid, chunks), = engine.calls
     assert rid.startswith(FENCE.request_id("omni"))
     d = DIALECTS[name]
     assert texts(chunks) == ["<|im_start|>system\nBe brief.<|im_end|>\n", unit_text,
                              d.unit_open + d.audio, "<|im_end|>\n<|im_start|>assistant\n"]
+    # The reply's input tokens: what the request held as it started (here a
+    # token per character of the rendered chunks).
+    held = sum(len(t) for t in texts(chunks))
+    assert outs[-1].payload == GenerationDone("resp_1", "stop", input_tokens=held, output_tokens=4)
     # Intermediate chunks prefill (one dropped token); the last one generates.
     assert [c.sampling_params.max_tokens for c in chunks] == [1, 1, 1, 20]
     mm = chunks[1].prompt["multi_modal_data"]

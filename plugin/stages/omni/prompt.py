@@ -5,8 +5,7 @@ model's placeholders, plus the audio and images they stand for), appended
 one at a time as vLLM streaming-input chunks. ``OmniPrompt`` is the pure
 state machine that renders them: the system block, user turns opened by a
 unit or typed text, the assistant prefix at end of turn, and the reply the
-model wrote (kept so a rebuilt context can be replayed chunk by chunk, which
-vLLM's prefix cache -- multimodal items hashed by content -- makes cheap).
+model wrote (kept so a rebuilt context can be replayed chunk by chunk).
 
 Both dialects are ChatML (MiniCPM-o 2.6's LLM is Qwen2.5-7B; Qwen2.5-Omni's
 thinker is Qwen2.5). Placeholders, one per item (vLLM's processor expands each
@@ -45,6 +44,12 @@ class Dialect:
     unit_open: str  # before a unit's media
     image: str  # one image
     audio: str  # one audio segment
+    # The shortest audio item the model's processor turns into tokens: less
+    # gives MiniCPM-o no audio token at all (its encoder halves 100 feature
+    # frames a second, then pools 5 -- 2 in 2.6 -- into one), which vLLM
+    # refuses ("1 audio items, but ... 0 prompt placeholders"). A shorter
+    # unit (the end of a turn) is padded with silence to this length.
+    min_audio_ms: int = 100
     system_open: str = "<|im_start|>system\n"
     user_open: str = "<|im_start|>user\n"
     assistant_open: str = "<|im_start|>assistant\n"
@@ -156,7 +161,9 @@ class OmniPrompt:
         audios: tuple[np.ndarray, ...] = ()
         if unit.samples:
             text += d.audio
-            audios = (unit.audio_f32(),)
+            audio = unit.audio_f32()
+            short = d.min_audio_ms * INTERNAL_RATE // 1000 - audio.size
+            audios = (np.pad(audio, (0, short)) if short > 0 else audio,)
         return self._add(Chunk(text, audios, tuple(unit.frames), kind="unit"))
 
     def text(self, words: str) -> Chunk:

@@ -15,28 +15,48 @@ Chunks are rendered (tokenized, audio features and image patches computed)
 by the engine's renderer in its worker threads, on vLLM's input task for the
 request -- never on the session's task. When the live request is lost (a
 barge-in must abort a running reply; a new system prompt; a dead engine), the
-session's chunks are replayed into a new request one by one; vLLM's prefix
-cache, which hashes multimodal items by content, makes that cheap. What the user
+session's chunks are replayed into a new request one by one. That is a
+re-prefill of the whole context: vLLM 0.32 looks its prefix cache up only for
+a streaming request's first chunk (measured on the tiny MiniCPM-o: a replayed
+request reports 0 cached tokens), though its renderer's multimodal cache
+spares processing the items again. What the user
 said survives an epoch bump (it is input, not output); only an incarnation
 bump voids it.
 
+What the request holds is counted from what the renderer made of each chunk
+(``Rendered``: its tokens, placeholders expanded, and its multimodal items);
+a chunk that would take the context past ``max_model_len`` fails its turn
+with ``stage_failed`` before it reaches the engine (nothing is evicted), and
+a reply's ``input_tokens`` are the tokens its request held when it started.
+
 Text out only: speech comes from a ``tts`` stage after this one (vLLM serves
 neither Qwen2.5-Omni's talker nor MiniCPM-o's TTS head).
-
-Not handled yet: a context that outgrows ``max_model_len`` fails its turn
-(``stage_failed``); nothing is evicted.
 """
 
 from __future__ import annotations
 
+import os
+
+# As the LLM stage (``stages/vllm/llm.py``), before vLLM reads its environment
+# (an operator's own values win): 1 GiB of CPU KV cache instead of vLLM's 4+
+# GiB default (the GPU ignores it), no AOT compilation in eager mode.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
+# ruff: noqa: E402  (the imports below must follow the environment defaults)
 import dataclasses
-from dataclasses import dataclass
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from vllm import SamplingParams
-from vllm.engine.protocol import EngineClient
+from vllm.engine.protocol import EngineClient, StreamingInput
+from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm_duplex.core.clock import Clock
+from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.omni import OmniInstructions, OmniUnit
 from vllm_duplex.core.payloads import GenerateRequest, StageInput, TextIn
@@ -78,6 +98,8 @@ class VllmOmniStage(HostedStage):
     ) -> None:
         if model is None and engine is None:
             raise ValueError(f"stage {name!r} needs a model (a local path or a cached hub name)")
+        if model is not None and model.startswith("~"):
+            model = os.path.expanduser(model)
         settings = EngineSettings(model, dtype, enforce_eager, max_model_len,
                                   enable_prefix_caching, dict(engine_kwargs or {}))
         self.host = EngineHost(name, settings, engine=engine, clock=clock,
@@ -86,21 +108,73 @@ class VllmOmniStage(HostedStage):
         self.dialect = get_dialect(dialect)
         self.default_max_tokens = default_max_tokens
         self.system_prompt = system_prompt
+        # Each session's port while its session holds it: what its live request holds.
+        self.ports: weakref.WeakValueDictionary[str, VllmOmniPort] = weakref.WeakValueDictionary()
 
     @property
     def engine_kwargs(self) -> dict[str, Any]:
         return dict(self.host.settings.engine_kwargs)
 
     def port(self, session_id: str) -> VllmOmniPort:
-        return VllmOmniPort(self, session_id)
+        port = VllmOmniPort(self, session_id)
+        self.ports[session_id] = port
+        return port
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What vLLM's renderer made of one chunk: its token count (placeholders
+    expanded into the items' embedding tokens), and per modality the number
+    of items and the tokens they take; ``at``: when (the stage's clock)."""
+
+    tokens: int
+    items: Mapping[str, int]
+    item_tokens: Mapping[str, int]
+    at: float = 0.0
+
+    @classmethod
+    def of(cls, engine_input: Mapping[str, Any], at: float) -> Rendered:
+        ranges = engine_input.get("mm_placeholders") or {}
+        return cls(len(engine_input["prompt_token_ids"]),
+                   {m: len(r) for m, r in ranges.items()},
+                   {m: sum(p.length for p in r) for m, r in ranges.items()}, at)
 
 
 @dataclass(eq=False)
 class _Replayed(LiveRequest):
     """A live request holding a prefix (``sent`` chunks) of the session's
-    ``OmniPrompt.history``."""
+    ``OmniPrompt.history``. ``rendered``: each chunk it was sent, as the
+    renderer made it (``at``: when); ``held``: the tokens it holds (rendered
+    chunks and kept reply tokens); ``prompt_lens``: the prompt lengths the
+    engine reported as it took the chunks in."""
 
     sent: int = 0
+    limit: int = 0  # max_model_len
+    now: Callable[[], float] = time.monotonic  # the stage's clock
+    held: int = 0
+    rendered: list[Rendered] = field(default_factory=list)
+    prompt_lens: list[int] = field(default_factory=list)
+    cached_tokens: int | None = None  # prompt tokens vLLM's prefix cache served (first chunk only)
+    replies: dict[int, Reply] = field(default_factory=dict)  # by the index of the chunk that asks
+    pushed: int = 0
+
+    async def stream(self, render: Callable[[Any], Awaitable[Any]]) -> AsyncIterator[StreamingInput]:
+        async def counted(chunk: Any) -> Any:
+            engine_input = await render(chunk)
+            r = Rendered.of(engine_input, self.now())
+            if self.held + r.tokens >= self.limit:
+                raise DuplexError("stage_failed", f"the omni context would exceed max_model_len "
+                                                  f"({self.limit} tokens): {self.held} held, "
+                                                  f"{r.tokens} more")
+            self.held += r.tokens
+            reply = self.replies.pop(len(self.rendered), None)
+            self.rendered.append(r)
+            if reply is not None:
+                reply.base_len = self.held
+            return engine_input
+
+        async for chunk in super().stream(counted):
+            yield chunk
 
 
 class VllmOmniPort(LivePort):
@@ -115,10 +189,25 @@ class VllmOmniPort(LivePort):
         self.prompt = OmniPrompt(stage.dialect, stage.system_prompt)
         self._held = 0  # most chunks any live request of this port held
 
+    @property
+    def live(self) -> _Replayed | None:
+        """The session's live request (what it holds: ``rendered``, ``held``)."""
+        return self._live
+
     def _new_live(self, vllm_id: str, item: StageInput, streaming: bool) -> _Replayed:
         if self._held:
             self._host.counters.rebuilds += 1  # replays a context an earlier request held
-        return _Replayed(vllm_id, item.request_id, item.fence, streaming)
+        return _Replayed(vllm_id, item.request_id, item.fence, streaming,
+                         limit=self._host.max_model_len, now=self._host.clock.now)
+
+    async def _on_output(self, live: LiveRequest, out: RequestOutput) -> None:
+        assert isinstance(live, _Replayed)
+        n = len(getattr(out, "prompt_token_ids", None) or ())  # (a fake engine may not say)
+        if n and (not live.prompt_lens or live.prompt_lens[-1] != n):
+            live.prompt_lens.append(n)
+        if live.cached_tokens is None:
+            live.cached_tokens = getattr(out, "num_cached_tokens", None)
+        await super()._on_output(live, out)
 
     def _outlived(self, work: Fence, fence: Fence, *, output: bool) -> bool:
         """Units and text are input: an epoch bump does not void them."""
@@ -150,6 +239,9 @@ class VllmOmniPort(LivePort):
         history = self.prompt.history
         for i in range(live.sent, len(history)):
             last = reply is not None and i == len(history) - 1
+            if last:
+                live.replies[live.pushed] = reply  # type: ignore[assignment]
+            live.pushed += 1
             self._push(live, item, history[i], reply if last else None, params if last else None)
         live.sent = len(history)
         self._held = max(self._held, live.sent)
@@ -160,8 +252,13 @@ class VllmOmniPort(LivePort):
         with the text the client got."""
         if continuing:
             assert isinstance(live, _Replayed)
-            self.prompt.reply(self._host.chat.decode(reply.ids[:-1], skip_special_tokens=False))
+            kept = reply.ids[:-1]
+            self.prompt.reply(self._host.chat.decode(kept, skip_special_tokens=False))
             live.sent = len(self.prompt.history)
+            live.held += len(kept)
+            if kept:
+                live.pushed += 1  # the reply chunk: in the request, never rendered
+                live.rendered.append(Rendered(len(kept), {}, {}, self._host.clock.now()))
         else:
             self.prompt.reply(reply.decoder.answer.released)
 

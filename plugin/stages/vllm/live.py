@@ -348,6 +348,8 @@ class LivePort(PortBase):
             raise
         except EngineDeadError:
             await self._fail(live, DuplexError("engine_dead", "the vLLM engine died"))
+        except DuplexError as exc:  # raised by a subclass while rendering a chunk (vLLM re-raises it)
+            await self._fail(live, exc)
         except Exception as exc:
             log.exception("vLLM request %s failed", live.vllm_id)
             await self._fail(live, DuplexError("stage_failed", f"vLLM request failed: {exc!r}"))
