@@ -146,7 +146,8 @@ class Server:
         argv = [sys.executable, "-c", _BOOT, str(self.root), "serve", "--config", self.config,
                 "--port", str(self.port)]
         self.proc = subprocess.Popen(["taskset", "-c", pin, *argv] if pin else argv, cwd=self.root,
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
+                                     env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
 
     def wait_ready(self, timeout_s: float = 900.0) -> None:
         deadline = time.monotonic() + timeout_s

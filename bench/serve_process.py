@@ -9,6 +9,7 @@ import json
 import math
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -54,13 +55,18 @@ def http_get(url: str, timeout: float = 5.0) -> str:
 
 
 def stop(proc: subprocess.Popen[bytes] | None, grace_s: float = 10.0) -> None:
-    """End a server process: SIGTERM, then SIGKILL after ``grace_s``."""
+    """End a server started in its own session: SIGTERM, then after
+    ``grace_s`` SIGKILL to its whole process group (a server killed outright
+    cannot stop its vLLM engine processes itself)."""
     if proc is not None and proc.poll() is None:
         proc.terminate()
         try:
             proc.wait(grace_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait(5)
 
 
