@@ -18,6 +18,7 @@ from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.owner_ids import mint
 from vllm_duplex.core.session_config import EAGERNESS, SessionConfig, TurnDetection
 from vllm_duplex.host.deploy import DeployConfig
+from vllm_duplex.host.loop_lag import LoopLagMonitor
 from vllm_duplex.host.stage_types import build_stage
 from vllm_duplex.leases.manager import SessionManager
 from vllm_duplex.policy import ModelPolicy, load_policy
@@ -112,6 +113,7 @@ class Runtime:
             self.text = TextService(llm, model=config.model, instance_id=self.manager.instance_id,
                                     limits=limits, clock=self.clock, metrics=self.metrics)
         self._publish_stage_counters()
+        self.loop_lag = LoopLagMonitor(self.metrics, warn_after_s=config.loop_lag_warning_ms / 1000)
 
     def _publish_stage_counters(self) -> None:
         """One gauge per counter a ``Metered`` stage publishes, read at scrape time."""
@@ -140,12 +142,17 @@ class Runtime:
     async def start(self) -> None:
         """Start shared stage engines (e.g. vLLM, ~20 s on a 2-core CPU) before
         the first session, so no caller waits for them."""
-        for stage in self.stages:
-            if isinstance(stage, Lifecycle):
-                await stage.start()
-        await self.manager.start()
-        if self.text is not None:
-            await self.text.start()
+        self.loop_lag.start()  # first: the stage starts are watched too
+        try:
+            for stage in self.stages:
+                if isinstance(stage, Lifecycle):
+                    await stage.start()
+            await self.manager.start()
+            if self.text is not None:
+                await self.text.start()
+        except BaseException:
+            await self.loop_lag.stop()
+            raise
 
     async def stop(self) -> None:
         if self.text is not None:
@@ -154,6 +161,7 @@ class Runtime:
         for stage in self._owned:  # their resources: worker threads, the vLLM engine
             if isinstance(stage, Lifecycle):
                 await stage.close()
+        await self.loop_lag.stop()
 
     async def open_realtime_session(self, api_key: str | None) -> DuplexSession:
         """Admit (may raise ``resource_exhausted``) and start a session; it is

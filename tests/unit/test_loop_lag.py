@@ -1,0 +1,135 @@
+"""The event-loop lag monitor (host/loop_lag.py): a loop held by code on it is
+measured in ``duplex_event_loop_lag_seconds`` and reported with the stack that
+held it; an idle loop is told apart from a blocked one; the server serves the
+histogram on ``/metrics`` and the threshold comes from the config."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import httpx
+import pytest
+import uvloop
+from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.host.deploy import DeployConfig, load_config
+from vllm_duplex.host.loop_lag import LoopLagMonitor
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.realtime.server.serving import BackgroundServer
+
+LOGGER = "vllm_duplex.host.loop_lag"
+
+
+def _hold_the_loop(seconds: float) -> None:
+    time.sleep(seconds)  # what a synchronous call on the loop does to every session
+
+
+def lag_count_above(metrics: Metrics, bound: float) -> int:
+    hist = metrics.loop_lag
+    counts, _ = hist.series[()]
+    i = hist.buckets.index(bound)
+    return counts[-1] - counts[i]
+
+
+async def test_a_blocked_loop_is_measured_and_reported_with_its_stack(caplog):
+    metrics = Metrics()
+    monitor = LoopLagMonitor(metrics, warn_after_s=0.25)
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    monitor.start()
+    try:
+        await asyncio.sleep(0.2)  # some healthy ticks first
+        _hold_the_loop(0.8)
+        await asyncio.sleep(0.2)  # the tick after the stall
+    finally:
+        await monitor.stop()
+    assert lag_count_above(metrics, 0.5) == 1  # the one stall, measured (~0.8 s)
+    assert monitor.worst_s >= 0.7
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    blocked = [w for w in warnings if "blocked for" in w]
+    assert len(blocked) == 1, warnings  # reported once, while it held the loop
+    assert "_hold_the_loop" in blocked[0] and "time.sleep(seconds)" in blocked[0]
+    assert "the code that holds the loop" in blocked[0]
+    assert any("stalled for" in w for w in warnings)  # and how long it lasted, after
+    assert metrics.loop_stalls.get(cause="blocked") == 1
+    assert "duplex_event_loop_lag_seconds_bucket{le=\"0.5\"}" in metrics.render()
+
+
+async def test_a_healthy_loop_reports_nothing(caplog):
+    metrics = Metrics()
+    monitor = LoopLagMonitor(metrics, warn_after_s=0.25)
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    monitor.start()
+    try:
+        for _ in range(10):
+            _hold_the_loop(0.05)  # short holds: a lag, not a stall
+            await asyncio.sleep(0.02)
+    finally:
+        await monitor.stop()
+    assert metrics.loop_lag.count() >= 5
+    assert not [r for r in caplog.records if r.name == LOGGER]
+    assert metrics.loop_stalls.values == {}
+
+
+async def _idle_verdict() -> bool:
+    """Whether the watchdog, asked from another thread while the loop only
+    waits, says the loop runs none of our code."""
+    monitor = LoopLagMonitor(Metrics(), warn_after_s=0.25)
+    monitor.start()
+    try:
+        await asyncio.sleep(0.12)  # the tick has run
+        await asyncio.to_thread(time.sleep, 0.01)  # the loop now waits in its selector ...
+        idle = asyncio.Event()
+        seen: list[bool] = []
+
+        def look() -> None:
+            time.sleep(0.02)  # ... for this thread
+            monitor._report(0.3, 0.0)
+            seen.append(monitor.stalls[-1].in_selector)
+            asyncio.run_coroutine_threadsafe(_set(idle), loop)
+
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=look).start()
+        await idle.wait()
+    finally:
+        await monitor.stop()
+    return seen[0]
+
+
+async def _set(event: asyncio.Event) -> None:
+    event.set()
+
+
+async def test_an_idle_loop_is_told_apart_from_a_blocked_one():
+    assert await _idle_verdict()  # asyncio's loop, waiting in select()
+
+
+def test_an_idle_uvloop_is_told_apart_from_a_blocked_one():
+    assert uvloop.run(_idle_verdict())  # the server's loop (uvicorn picks uvloop)
+
+
+def test_the_threshold_is_a_server_setting():
+    raw = {"name": "x", "model": "m", "policy": "scripted", "stages": []}
+    assert DeployConfig.from_dict(raw).loop_lag_warning_ms == 250.0
+    assert DeployConfig.from_dict({**raw, "server": {"loop_lag_warning_ms": 100}}
+                                  ).loop_lag_warning_ms == 100.0
+    for bad in (-1, "fast", True):
+        with pytest.raises(ValueError, match="loop_lag_warning_ms"):
+            DeployConfig.from_dict({**raw, "server": {"loop_lag_warning_ms": bad}})
+
+
+async def test_the_server_serves_the_histogram_and_stops_the_watchdog():
+    engine = Runtime(load_config("scripted"))
+    assert engine.loop_lag.warn_after_s == 0.25
+    async with BackgroundServer(engine) as server:
+        await asyncio.sleep(0.2)
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(server.http_url + "/metrics")).text
+        assert "# TYPE duplex_event_loop_lag_seconds histogram" in text
+        count = [ln for ln in text.splitlines()
+                 if ln.startswith("duplex_event_loop_lag_seconds_count")]
+        assert count and float(count[0].split()[-1]) >= 1
+        assert any(t.name == "duplex-loop-watchdog" for t in threading.enumerate())
+    assert not engine.loop_lag.running
+    assert not any(t.name == "duplex-loop-watchdog" for t in threading.enumerate())
