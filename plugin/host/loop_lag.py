@@ -89,10 +89,14 @@ class LoopLagMonitor:
     def start(self) -> None:
         if self._task is not None:
             return
+        loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._beat = self._timer()
         self._stop.clear()
-        self._task = asyncio.get_running_loop().create_task(self._tick(), name="duplex-loop-lag")
+        self._task = loop.create_task(self._tick(), name="duplex-loop-lag")
+        # What a leak looks like from outside: tasks that stay after their sessions.
+        self.metrics.gauge("duplex_event_loop_tasks", "asyncio tasks alive on the server's loop",
+                           lambda: len(asyncio.all_tasks(loop)))
         if self.warn_after_s > 0:
             self._thread = threading.Thread(target=self._watch, name="duplex-loop-watchdog",
                                             daemon=True)
