@@ -43,6 +43,7 @@ from vllm_duplex.core.payloads import (
     AudioIn,
     AudioOut,
     ContextMessage,
+    GenerateRequest,
     GenerationDone,
     ResetContext,
     SceneDescription,
@@ -125,7 +126,15 @@ class CascadePolicy(PolicyBase[CascadeState]):
         return self._caps
 
     def stage_needs(self) -> StageNeeds:
-        return StageNeeds(generator=LLM, others=(VAD, ASR, TTS, *((VISION,) if self.vision else ())))
+        sends: dict[str, tuple[type, ...]] = {
+            VAD: (AudioIn, VadConfig),
+            ASR: (AudioIn, VadSpeechStarted, VadSpeechStopped, UserPaused),
+            LLM: (TextIn, ResetContext, GenerateRequest),
+            TTS: (TextDelta, GenerationDone),
+        }
+        if self.vision:
+            sends[VISION] = (VideoFrame,)
+        return StageNeeds(generator=LLM, others=tuple(n for n in sends if n != LLM), sends=sends)
 
     def new_state(self) -> CascadeState:
         return CascadeState()
@@ -196,8 +205,8 @@ class CascadePolicy(PolicyBase[CascadeState]):
             barge_in = td.interrupt_response and view.active_response_id is not None
             if barge_in and view.config.interruption.mode == "adaptive":
                 # pause now; the words (or how long it lasts) decide
-                return OutputDecision(forward=True, pause_output=True)
-            return OutputDecision(forward=True,
+                return OutputDecision(forward=ASR, pause_output=True)
+            return OutputDecision(forward=ASR,
                                   interrupt=InterruptReason.TURN_DETECTED if barge_in else None)
         if isinstance(p, VadSpeechStopped):
             if td is None:
@@ -205,13 +214,13 @@ class CascadePolicy(PolicyBase[CascadeState]):
             state.awaiting_final = True
             if view.output_paused:
                 state.deferred_commit = True  # a backchannel must not become a turn
-                return OutputDecision(forward=True)
+                return OutputDecision(forward=ASR)
             # Commit now (OpenAI order: speech_stopped, committed); the reply
             # waits for the final transcript, which the ASR sends next.
-            return OutputDecision(forward=True, commit_turn=True)
+            return OutputDecision(forward=ASR, commit_turn=True)
         if isinstance(p, SceneDescription):
             state.scene = p.text
-            return OutputDecision(forward=False)
+            return OutputDecision()
         if isinstance(p, TranscriptPartial):
             return self._on_partial(view, p)
         if isinstance(p, UserPaused):
@@ -219,25 +228,30 @@ class CascadePolicy(PolicyBase[CascadeState]):
         if isinstance(p, UserResumed):
             state.paused = False
             plan = self._rehold(view) if p.speculation_discarded else None
-            return OutputDecision(emit=False, forward=False, plan=plan)
+            return OutputDecision(emit=False, plan=plan)
         if isinstance(p, TranscriptFinal):
             return self._on_final(view, p)
         if isinstance(p, TextDelta):
-            return OutputDecision(forward=self._speaks(view))
+            return OutputDecision(forward=self._speaker(view))
         if isinstance(p, GenerationDone):
             state.turn_open = False  # the reply closed the turn in the live request
-            return OutputDecision(forward=self._speaks(view), finish_response=not self._speaks(view))
+            return OutputDecision(forward=self._speaker(view), finish_response=not self._speaks(view))
         if isinstance(p, ToolCall):
-            return OutputDecision(forward=False)
+            return OutputDecision()
         if isinstance(p, SpeechDone):
-            return OutputDecision(forward=False, finish_response=True)
+            return OutputDecision(finish_response=True)
         if isinstance(p, (AudioOut, StageFailed)):
-            return OutputDecision(forward=False)
+            return OutputDecision()
         return DROP
 
     @staticmethod
     def _speaks(view: View) -> bool:
         return "audio" in view.output_modalities
+
+    @classmethod
+    def _speaker(cls, view: View) -> str | None:
+        """Where the reply's text goes next: the TTS, when the reply is spoken."""
+        return TTS if cls._speaks(view) else None
 
     def _on_partial(self, view: View, p: TranscriptPartial) -> OutputDecision:
         utt = view.policy_state.utterance
@@ -259,7 +273,7 @@ class CascadePolicy(PolicyBase[CascadeState]):
         interrupt = (InterruptReason.TURN_DETECTED if view.output_paused and stable
                      and not is_backchannel(stable, view.config.interruption.backchannels)
                      else None)
-        return OutputDecision(emit=render is not None, forward=False, render=render, plan=plan,
+        return OutputDecision(emit=render is not None, render=render, plan=plan,
                               interrupt=interrupt)
 
     def _on_pause(self, view: View, pause: UserPaused) -> OutputDecision:
@@ -328,10 +342,10 @@ class CascadePolicy(PolicyBase[CascadeState]):
         td = view.config.turn_detection
         if deferred and view.output_paused:
             if not final or is_backchannel(final, view.config.interruption.backchannels):
-                return OutputDecision(emit=False, forward=False,
+                return OutputDecision(emit=False,
                                       dismiss="backchannel" if final else "noise")
             respond = bool(td is not None and td.create_response)
-            return OutputDecision(forward=False, interrupt=InterruptReason.TURN_DETECTED,
+            return OutputDecision(interrupt=InterruptReason.TURN_DETECTED,
                                   commit_turn=True, create_response=respond)
         plan = None
         interrupt = None
@@ -348,5 +362,5 @@ class CascadePolicy(PolicyBase[CascadeState]):
         # Silence or noise that the VAD took for speech: no words, no reply.
         respond = awaiting and bool(final) and td is not None and td.create_response
         # A deferred commit whose reply was cancelled meanwhile: commit it now.
-        return OutputDecision(forward=False, plan=plan, create_response=respond,
+        return OutputDecision(plan=plan, create_response=respond,
                               interrupt=interrupt, commit_turn=deferred)

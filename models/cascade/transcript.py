@@ -6,8 +6,8 @@ it stood at the same position in the previous hypothesis too and is not the
 last word (the last word is the one still being heard). Stable words are what
 we show as transcription deltas and push into the live LLM request.
 
-Words are compared in their *spoken* form -- case, and punctuation around a
-word, ignored -- because Whisper writes "What is the capital?" in one
+Words are compared in their *spoken* form (``vllm_duplex.core.words``: case
+and punctuation ignored) because Whisper writes "What is the capital?" in one
 hypothesis and "What is the capital of France?" in the next: "capital?" and
 "capital" are the same word heard. A word is kept in the form of the newest
 hypothesis. The final transcript *revises* the pushed words only when a word
@@ -22,20 +22,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-# Anything but letters, digits and apostrophes at either end of a word.
-_EDGES = re.compile(r"^[^\w']+|[^\w']+$")
+from vllm_duplex.core.words import spoken
+from vllm_duplex.core.words import written_words as words
 
-
-def spoken(word: str) -> str:
-    """The form two hypotheses' words are compared in: "France?" -> "france"."""
-    return _EDGES.sub("", word).casefold()
-
-
-def words(text: str) -> list[str]:
-    """A transcript's words as written; tokens that are only punctuation
-    ("-", "...") are not words."""
-    return [w for w in text.split() if spoken(w)]
-
+__all__ = ["Utterance", "extends", "same_words", "spoken", "stable_prefix", "unclosed", "words"]
 
 _CLOSING = re.compile(r"[.?!,;:]+$")
 

@@ -77,7 +77,7 @@ from vllm_duplex.core.payloads import (
 from vllm_duplex.models.omni.units import SAMPLES_PER_MS, UnitBuilder, units_of_turn
 from vllm_duplex.policy import PolicyBase, SessionView
 
-VAD, OMNI = "vad", "omni"
+VAD, OMNI, TTS = "vad", "omni", "tts"
 # tts is not required: a deployment that only writes text (omni-scripted) has none.
 _NEEDS = StageNeeds(generator=OMNI, others=(VAD,))
 
@@ -262,6 +262,10 @@ class OmniPolicy(PolicyBase[OmniState]):
 
     # ---- output --------------------------------------------------------------
 
+    def _speaker(self, speaks: bool) -> str | None:
+        """Where the reply's text goes next: the TTS stage, when it speaks the reply."""
+        return TTS if speaks and self.audio_out == "tts" else None
+
     def decide_output(self, view: View, output: StageOutput) -> OutputDecision:
         p = output.payload
         td = view.config.turn_detection
@@ -275,7 +279,7 @@ class OmniPolicy(PolicyBase[OmniState]):
             # must first cancel the reply they would queue behind.
             st.start_turn(p.audio_ms)
             barge_in = td.interrupt_response and view.active_response_id is not None
-            return OutputDecision(forward=False,
+            return OutputDecision(
                                   interrupt=InterruptReason.TURN_DETECTED if barge_in else None)
         if isinstance(p, VadSpeechStopped):
             if td is None:
@@ -284,18 +288,18 @@ class OmniPolicy(PolicyBase[OmniState]):
             st.speaking = False
             st.idle_frame = None  # the turn's frames were seen; the next turn starts afresh
             subs = self._to_omni(view, st, st.take(st.builder.flush()))
-            return OutputDecision(forward=False,
+            return OutputDecision(
                                   plan=AppendPlan(InputMode.APPEND_AUDIO_CHUNK, subs) if subs else None,
                                   commit_turn=True, create_response=td.create_response)
         if isinstance(p, TextDelta):
-            return OutputDecision(forward=speaks and self.audio_out == "tts")
+            return OutputDecision(forward=self._speaker(speaks))
         if isinstance(p, GenerationDone):
             # Text-only responses end with the text; spoken ones when the
             # speech ends (SpeechDone, from the TTS or the omni stage itself).
-            return OutputDecision(forward=speaks and self.audio_out == "tts", finish_response=not speaks)
+            return OutputDecision(forward=self._speaker(speaks), finish_response=not speaks)
         if isinstance(p, SpeechDone):
-            return OutputDecision(forward=False, finish_response=True)
+            return OutputDecision(finish_response=True)
         if isinstance(p, (AudioOut, StageFailed, ToolCall, TranscriptDelta, TranscriptFinal)):
-            return OutputDecision(forward=False)
+            return OutputDecision()
         return DROP
 

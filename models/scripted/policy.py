@@ -26,6 +26,7 @@ from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.payloads import (
     AudioIn,
     AudioOut,
+    GenerateRequest,
     GenerationDone,
     SpeechDone,
     StageFailed,
@@ -41,8 +42,10 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.policy import NoState, PolicyBase, SessionView
 
-VAD_STAGE = "vad"
-_NEEDS = StageNeeds(generator="llm", others=(VAD_STAGE, "tts"))
+VAD_STAGE, LLM, TTS = "vad", "llm", "tts"
+_NEEDS = StageNeeds(generator=LLM, others=(VAD_STAGE, TTS),
+                    sends={VAD_STAGE: (AudioIn, VadConfig), LLM: (GenerateRequest,),
+                           TTS: (TextDelta, GenerationDone)})
 
 _CAPABILITIES = Capabilities(
     input_modes=frozenset(
@@ -110,22 +113,22 @@ class ScriptedPolicy(PolicyBase[NoState]):
                 return DROP  # turn detection was switched off: a leftover event
             barge_in = td.interrupt_response and view.active_response_id is not None
             return OutputDecision(
-                forward=False, interrupt=InterruptReason.TURN_DETECTED if barge_in else None
+                interrupt=InterruptReason.TURN_DETECTED if barge_in else None
             )
         if isinstance(payload, VadSpeechStopped):
             if td is None:
                 return DROP
             return OutputDecision(
-                forward=False, commit_turn=True, create_response=td.create_response
+                commit_turn=True, create_response=td.create_response
             )
         if isinstance(payload, TextDelta):
-            return OutputDecision(forward=speaks)
+            return OutputDecision(forward=TTS if speaks else None)
         if isinstance(payload, GenerationDone):
             # Text-only responses end with the text; spoken ones end when TTS
             # has spoken the last sentence (SpeechDone).
-            return OutputDecision(forward=speaks, finish_response=not speaks)
+            return OutputDecision(forward=TTS if speaks else None, finish_response=not speaks)
         if isinstance(payload, SpeechDone):
-            return OutputDecision(forward=False, finish_response=True)
+            return OutputDecision(finish_response=True)
         if isinstance(payload, (AudioOut, StageFailed, TranscriptDelta, TranscriptFinal, ToolCall)):
-            return OutputDecision(forward=False)
+            return OutputDecision()
         return DROP

@@ -6,7 +6,7 @@ Policies return these plain, immutable values; the session executes them.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +61,10 @@ class OutputDecision:
     """A policy's answer to one stage output."""
 
     emit: bool = True  # render as client events
-    forward: bool = True  # pass on to the next stage of the pipeline (e.g. text -> TTS)
+    # The stage (by its name in the pipeline, e.g. "tts") that takes the
+    # output next, with its fence and request id (text deltas -> TTS while
+    # the LLM still writes); None: no stage.
+    forward: str | None = None
     # Render this payload instead of the output's own (e.g. a transcript delta
     # computed from a revised ASR hypothesis); None: render the output itself.
     render: Any = None
@@ -119,13 +122,17 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class StageNeeds:
-    """The stages a policy submits to, by stage name. ``generator`` answers
+    """The stages a policy addresses, by name (a stage's role in the
+    pipeline: ``vad``, ``asr``, ``llm``, ``tts``...). ``generator`` answers
     the session's ``GenerateRequest`` (every response); ``others`` are the
-    rest (VAD, ASR, TTS, ...). A deployment whose pipeline lacks one is
-    refused when it loads, not at a session's first audio chunk."""
+    rest. ``sends`` says what the policy hands each of them (submissions and
+    forwarded outputs). A deployment whose pipeline lacks one of them, has
+    two stages of one name, or has a stage that does not take what is sent
+    to it is refused when it loads, not at a session's first audio chunk."""
 
     generator: str
     others: tuple[str, ...] = ()
+    sends: Mapping[str, tuple[type, ...]] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -16,9 +16,10 @@ made (what OpenAI does).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from vllm_duplex.core.words import is_hum, spoken_words
 
 INTERRUPTION_MODES = ("adaptive", "immediate")
 PACING_TYPES = ("realtime", "none")
@@ -56,30 +57,18 @@ class OutputPacing:
         return {"type": self.type, "lead_ms": self.lead_ms}
 
 
-_WORD = re.compile(r"[a-z0-9']+")
-# A hum: a word of nothing but m and h, with an m ("mhm", "mmhmm", "hmm", "hm"),
-# or one letter of a spelled-out hum ("M-M-H-M"): how ASR writes a closed-mouth
-# "mm-hmm" in many ways; no English word is made of these letters only.
-_HUM = re.compile(r"h*m[mh]*|h")
-
-
-def _words(text: str) -> list[str]:
-    # "Mm-hmm." / "mm hmm" / "MM-HMM" are one backchannel: hyphens split words
-    # the same way on both sides.
-    return _WORD.findall(text.lower().replace("-", " "))
-
-
 def is_backchannel(text: str | Sequence[str], backchannels: Iterable[str]) -> bool:
     """Whether ``text`` (or its words) is nothing but backchannels and hums,
     e.g. "Okay.", "yeah, right" or "MMHMM" -- not "okay stop" and not "" (no
     words is noise, not a backchannel)."""
-    words = _words(text if isinstance(text, str) else " ".join(text))
+    words = spoken_words(text if isinstance(text, str) else " ".join(text))
     if not words or all(w == "h" for w in words):
         return False
-    phrases = sorted({tuple(_words(b)) for b in backchannels if _words(b)}, key=len, reverse=True)
+    phrases = sorted({tuple(spoken_words(b)) for b in backchannels if spoken_words(b)},
+                     key=len, reverse=True)
     i = 0
     while i < len(words):
-        if _HUM.fullmatch(words[i]):
+        if is_hum(words[i]):
             i += 1
             continue
         for phrase in phrases:

@@ -27,6 +27,7 @@ from vllm_duplex.replay.outbox import Attachment
 from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session.runner import DuplexSession
 from vllm_duplex.session.video_input import VideoLimits
+from vllm_duplex.stages.pipeline import check_routes
 from vllm_duplex.stages.lifecycle import Lifecycle, Metered, ServesText, StageCounter
 from vllm_duplex.stages.port import Stage
 
@@ -244,12 +245,13 @@ class Runtime:
 
 
 def _check_stages(config: DeployConfig, policy: ModelPolicy, stages: list[Stage]) -> None:
-    """Refuse a deployment whose pipeline lacks a stage its policy submits to
-    (found at load, not at a session's first audio chunk)."""
-    missing = policy.stage_needs().missing(s.name for s in stages)
-    if missing:
+    """Refuse a deployment whose stages do not route what its policy sends:
+    a stage it addresses is missing, two stages share a name, or one does
+    not take what is sent to it (found at load, not at a session's first
+    audio chunk)."""
+    problems = check_routes(stages, policy.stage_needs())
+    if problems:
         have = ", ".join(f"{s.name} ({spec.type})" for s, spec in zip(stages, config.stages))
         raise ValueError(
-            f"deployment {config.name!r}: policy {policy.name!r} needs the stage(s) "
-            f"{', '.join(map(repr, missing))}, which its stages do not provide "
-            f"(it has: {have or 'none'}); add them under `stages:`")
+            f"deployment {config.name!r}: its stages do not fit policy {policy.name!r}: "
+            f"{'; '.join(problems)} (it has: {have or 'none'}); fix them under `stages:`")

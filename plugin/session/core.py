@@ -11,11 +11,18 @@ python-websockets tests its ``Protocol`` with bytes.
 
 It is the single writer of the session's state -- fence gate, config,
 conversation, input buffer, active response, the policy's per-session
-state -- and it is the ``SessionView`` the policy reads. Stale outputs die
-in one place: ``_on_stage_output`` asks the gate before anything else.
-Messages are dispatched through one table by type: the client's commands
-(``client_commands.py``), stage outputs (rendered by ``rendering.py``) and
-the session-level rest here.
+state -- and it is the ``SessionView`` the policy reads. Messages are
+dispatched through one table by type: the client's commands
+(``client_commands.py``), stage outputs (the chain of ``decisions.py``: the
+gate first, so stale outputs die in one place; then the speculation, the
+turn end and the policy, whose decision one applier carries out) and the
+session-level rest here. Functions of the core compose its parts by concern
+-- the output chain (``decisions.py``), a pause and the reply started in it
+(``pauses.py``), the reply's way out (``output.py``) -- and the parts own
+their small state and return what to do: the pause judge (``turn_end.py``),
+the held reply (``speculation.py``), pacing (``pacing.py``), barge-in timers
+(``barge_in.py``), what an output shows (``rendering.py``) and a reply's
+request (``replies.py``).
 """
 
 from __future__ import annotations
@@ -29,34 +36,22 @@ from typing import Any
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.contracts import AppendPlan, FenceBump, InterruptReason
-from vllm_duplex.core.conversation import (
-    ConversationItem,
-    Response,
-    ResponseStatus,
-    context_messages,
-)
+from vllm_duplex.core.contracts import AppendPlan, FenceBump, InterruptReason, OutputDecision
+from vllm_duplex.core.conversation import ConversationItem, Response, ResponseStatus
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.gate import FenceGate
 from vllm_duplex.core.input_sequence import InputSequence
 from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import (
-    AudioOut,
-    ContextMessage,
-    GenerateRequest,
-    StageFailed,
-    StageOutput,
-)
+from vllm_duplex.core.payloads import ContextMessage, StageOutput
 from vllm_duplex.core.session_config import (
     SessionConfig,
     check_modalities,
     session_wire,
     updated_config,
 )
-from vllm_duplex.media.audio import AudioEncoder
 from vllm_duplex.policy import ModelPolicy
-from vllm_duplex.session import paced_output, rendering
+from vllm_duplex.session import barge_in, decisions, output, pacing, pauses, turn_end
 from vllm_duplex.session.client_commands import COMMANDS
 from vllm_duplex.session.effects import (
     AckEvents,
@@ -65,7 +60,6 @@ from vllm_duplex.session.effects import (
     Effect,
     Emit,
     Failed,
-    Forward,
     FrameDecoded,
     Submit,
     TimerFired,
@@ -74,10 +68,10 @@ from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.limits import SessionLimits
+from vllm_duplex.session.replies import reply_request, reply_tools, response_context
 from vllm_duplex.session.responses import ActiveResponse
 from vllm_duplex.session.speculation import Speculation
-from vllm_duplex.session.turn_end import TIMER as TURN_END_TIMER
-from vllm_duplex.session.turn_end import SemanticTurn
+from vllm_duplex.session.turn_end import Pause
 from vllm_duplex.session.user_turn import UserTurn
 from vllm_duplex.session.video_input import VideoAdmission
 
@@ -125,13 +119,13 @@ class SessionCore:
         self.video = VideoAdmission(limits.video, started_at=now)
         self.response: ActiveResponse | None = None
         self.latency = TurnLatency(metrics.stage_latency)
-        self.turns = SemanticTurn()  # semantic_vad: which pauses end the turn
+        self.pause = Pause()  # semantic_vad: the pause being judged
         self.speculation = Speculation()  # a reply started at a pause, held
         # What a fired timer (effects.ArmTimer) runs, by name.
         self.timers: dict[str, Callable[[], None]] = {
-            TURN_END_TIMER: lambda: self.turns.fired(self),
-            paced_output.PACING: lambda: paced_output.on_timer(self, paced_output.PACING),
-            paced_output.BARGE_IN: lambda: paced_output.on_timer(self, paced_output.BARGE_IN)}
+            turn_end.TIMER: lambda: pauses.due(self),
+            pacing.PACING: lambda: output.send_due(self),
+            barge_in.BARGE_IN: lambda: output.barge_in_due(self)}
         self._effects: list[Effect] = []
         self._now = now
         self._received_at = now
@@ -232,10 +226,7 @@ class SessionCore:
         effects, self._effects = self._effects, []
         return effects
 
-    def effect(self, effect: Effect) -> None:
-        self._effects.append(effect)
-
-    # ---- for the core's own modules (client_commands, rendering) -----------
+    # ---- the operations the core's own modules compose -----------------------
 
     @property
     def now(self) -> float:
@@ -246,6 +237,9 @@ class SessionCore:
     def received_at(self) -> float:
         """When the message being handled entered the mailbox."""
         return self._received_at
+
+    def effect(self, effect: Effect) -> None:
+        self._effects.append(effect)
 
     def emit(self, event: ev.ServerEvent) -> None:
         self._seq += 1
@@ -258,6 +252,14 @@ class SessionCore:
     def error(self, err: DuplexError) -> None:
         self.metrics.errors.inc(code=err.code)
         self.emit(ev.ErrorEvent(error=err))
+
+    def fail(self, err: DuplexError) -> None:
+        """A stage failed: the client hears of it, and the reply in progress fails."""
+        self.error(err)
+        active, self.response = self.response, None
+        if active is not None:
+            self.emit_all(active.finish(ResponseStatus.FAILED,
+                                        {"type": "failed", "error": err.to_wire()}))
 
     def execute(self, plan: AppendPlan, *, ingest: bool = False) -> None:
         """Carry out a policy plan: move the fence first, then submit.
@@ -295,6 +297,17 @@ class SessionCore:
         self.emit(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
         self.execute(self.policy.plan_append(self, committed))
 
+    # ---- what an output shows (output.py) ----------------------------------------
+
+    def show(self, payload: Any) -> None:
+        output.show(self, payload)
+
+    def pause_output(self) -> None:
+        output.pause(self)
+
+    def dismiss(self, reason: str, transcript: str) -> None:
+        output.dismiss(self, reason, transcript)
+
     # ---- session-level messages ---------------------------------------------
 
     def _on_update(self, c: cmd.SessionUpdate) -> None:
@@ -326,6 +339,14 @@ class SessionCore:
         if fire is not None:
             fire()
 
+    def _on_stage_output(self, out: StageOutput) -> None:
+        decisions.walk(self, out)
+
+    def decide(self, out: StageOutput) -> OutputDecision:
+        """Ask the policy about ``out`` and carry out its decision (the one
+        applier, ``decisions.apply``)."""
+        return decisions.decide(self, out)
+
     # ---- responses --------------------------------------------------------
 
     def create_response(self, options: cmd.ResponseOptions) -> None:
@@ -337,15 +358,20 @@ class SessionCore:
             raise DuplexError("capability_unsupported", "this pipeline has no generating stage")
         modalities = tuple(options.output_modalities or self._config.output_modalities)
         check_modalities(modalities, self.caps, param="response.output_modalities")
-        tools, tool_choice = self._tools_for(options)
+        tools = reply_tools(self._config, options)
         in_conversation = options.conversation != "none"
         fmt = options.output_format or self._config.output_format
         context = self.context(options)
         # A reply started at the pause with exactly this context (and the
-        # session's tools, which it ran with) is used.
+        # session's tools, which it ran with) is used; any other is void.
         own_tools = options.tools is not None or options.tool_choice is not None
-        held = (self.speculation.claim(self, context)
-                if in_conversation and not own_tools else None)
+        held = None
+        if in_conversation and not own_tools:
+            held = self.speculation.claim(context)
+            if held is not None:
+                self.metrics.speculations.inc(outcome="used")
+            else:
+                self.discard_speculation()
         response = Response(
             id=held.response_id if held is not None else self.make_id("resp"),
             conversation_id=None if not in_conversation else "conv_" + self.session_id,
@@ -353,50 +379,35 @@ class SessionCore:
             voice=options.voice or self._config.voice,
             max_output_tokens=options.max_output_tokens or self._config.max_output_tokens,
             metadata=options.metadata)
-        last = self.conversation.last
-        active = ActiveResponse(response, self.make_id("item"), in_conversation=in_conversation,
-                                previous_item_id=last.id if last else None,
-                                encoder_factory=lambda rate: AudioEncoder(fmt, in_rate=rate),
-                                add_item=self.conversation.append)
+        active = ActiveResponse.after(response, self.make_id("item"), self.conversation,
+                                      in_conversation=in_conversation, output_format=fmt)
         active.times = self.latency.response_created(self._now)
         self.response = active
         if "audio" in modalities:
-            active.pacer = paced_output.new_pacer(self)
+            active.pacer = pacing.new_pacer(self._config.pacing)
         self.emit_all(active.start_events())
         if held is not None:  # its held output goes out now, the rest as it comes
             active.request_id = held.request_id
-            for out in held.outputs:
-                self.decide(out, forwarded=True)
+            for out, decision in held.outputs:
+                decisions.apply(self, out, decision, forwarded=True)
             return
-        sampling = self.policy.configure_sampling_params(self, options)
-        request = GenerateRequest(response_id=active.id, context=context, sampling=sampling,
-                                  tools=tools, tool_choice=tool_choice)
+        request = reply_request(self.policy, self, active.id, context, options, tools)
         fence = self.fence
         active.request_id = fence.request_id("llm")
         self._effects.append(Submit(self._generator, fence, "llm", request))
 
-    def _tools_for(self, options: cmd.ResponseOptions) -> tuple[tuple[dict[str, Any], ...], Any]:
-        """The tools and tool choice of one response: its own, else the session's.
-        A choice that cannot be met is the client's mistake, not a silent no-call."""
-        tools = self._config.tools if options.tools is None else options.tools
-        choice = options.tool_choice or self._config.tool_choice
-        param = "response.tool_choice" if options.tool_choice else "response.tools"
-        if choice == "required" and not tools:
-            raise DuplexError("invalid_value", 'tool_choice "required" needs tools', param=param)
-        if isinstance(choice, dict) and choice.get("name") not in {t.get("name") for t in tools}:
-            raise DuplexError("invalid_value", f"tool_choice names no declared tool "
-                              f"({choice.get('name')!r})", param=param)
-        return tools, choice
-
     def context(self, options: cmd.ResponseOptions) -> tuple[ContextMessage, ...]:
-        """What the model of a response sees (the policy shapes it last): the
-        conversation, or the response's own ``input`` items in its place."""
-        items: Sequence[ConversationItem] = self.conversation.snapshot()
-        if options.input is not None:
-            items = [self.conversation.get(i, param=f"response.input[{n}].id")
-                     if isinstance(i, str) else i for n, i in enumerate(options.input)]
-        messages = context_messages(items, options.instructions or self._config.instructions)
-        return self.policy.shape_context(self, messages)
+        """What the model of a response sees (``replies.response_context``)."""
+        return response_context(self.policy, self, self.conversation, options)
+
+    def discard_speculation(self) -> bool:
+        """One epoch bump: nothing of the held reply reaches the client, its
+        request is aborted. False: there was none."""
+        if not self.speculation.drop():
+            return False
+        self.metrics.speculations.inc(outcome="discarded")
+        self.bump_epoch()
+        return True
 
     def interrupt(self, reason: InterruptReason) -> None:
         """Barge-in or cancel: one epoch bump, one response.done(cancelled),
@@ -413,7 +424,8 @@ class SessionCore:
         self.metrics.interrupts.inc(reason=reason.value)
         if active.barge_pending:
             self.metrics.barge_ins.inc(outcome="interrupted")
-        truncated = (active.cut_to_heard(self._now, paced_output.heard_ms(active, self._now))
+        heard = active.pacer.heard_ms(self._now) if active.pacer is not None else None
+        truncated = (active.cut_to_heard(self._now, heard)
                      if reason is InterruptReason.TURN_DETECTED else None)
         self.emit_all(active.finish(ResponseStatus.CANCELLED,
                                     {"type": "cancelled", "reason": reason.value}))
@@ -421,7 +433,8 @@ class SessionCore:
             self.emit(truncated)
         self.metrics.cancel_latency.observe(self._now - self._received_at)
         self._effects.append(Cancel(fence))
-        paced_output.stop_timers(self, active)
+        for effect in barge_in.stop_timers(active):
+            self.effect(effect)
 
     def finish_response(self) -> None:
         active = self.response
@@ -434,52 +447,6 @@ class SessionCore:
         self.response = None
         if active is not None:
             self.emit_all(active.finish(ResponseStatus.COMPLETED))
-
-    # ---- stage outputs ----------------------------------------------------
-
-    def _on_stage_output(self, out: StageOutput) -> None:
-        if not self.gate.admit(out):  # the one place stale outputs are dropped
-            self.metrics.stale_dropped.inc(stage=out.stage)
-            return
-        if self.speculation.hold(self, out):  # a reply not asked for yet
-            return
-        if self.turns.intercept(self, out):  # semantic_vad's pauses and P(end)
-            return
-        self.decide(out)
-
-    def decide(self, out: StageOutput, *, forwarded: bool = False) -> None:
-        """An admitted output, as the policy decides it (``forwarded``: it
-        already went to the next stage, while it was held)."""
-        payload = out.payload
-        if type(payload) is StageFailed and payload.error.spec.terminal:
-            # e.g. engine_dead: one terminal error, then the session ends
-            # (whatever the policy would have decided).
-            rendering.render(self, payload)
-            self._effects.append(Close(CloseReason(payload.error.code)))
-            return
-        decision = self.policy.decide_output(self, out)
-        if decision.emit:
-            shown = payload if decision.render is None else decision.render
-            if type(shown) is AudioOut:
-                paced_output.deliver_audio(self, shown)
-            else:
-                rendering.render(self, shown)
-        if decision.pause_output:
-            paced_output.pause(self)
-        if decision.plan is not None:
-            self.execute(decision.plan)
-        if decision.interrupt is not None:
-            self.interrupt(decision.interrupt)
-        if decision.forward and not forwarded:
-            self._effects.append(Forward(out))
-        if decision.commit_turn and self.input.samples > 0:
-            self.commit_input()
-        if decision.create_response and self.response is None:
-            self.create_response(cmd.ResponseOptions())
-        if decision.dismiss is not None:
-            paced_output.dismiss(self, decision.dismiss, getattr(payload, "text", ""))
-        if decision.finish_response:
-            self.finish_response()
 
 
 # What handles each message, by its exact type (the codec and the runner make

@@ -67,9 +67,12 @@ class Submit:
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """Pass an admitted stage output on to the next stage of the pipeline."""
+    """Pass an admitted stage output on to the stage called ``to`` (keeping
+    its fence and request id, so what that stage makes of it stays
+    attributable to the original request)."""
 
     output: StageOutput
+    to: str
 
 
 @dataclass(frozen=True, slots=True)

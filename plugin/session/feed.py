@@ -71,8 +71,8 @@ class StageFeed:
         self._pipeline.port(stage)  # an unknown stage fails here, in the plan's batch
         self._push(self._pipeline.submit, (stage, fence, role, payload))
 
-    def forward(self, output: StageOutput) -> None:
-        self._push(self._pipeline.forward, (output,))
+    def forward(self, output: StageOutput, to: str) -> None:
+        self._push(self._pipeline.forward, (output, to))
 
     def cancel(self, fence: Fence) -> None:
         self._push(self._pipeline.cancel, (fence,))

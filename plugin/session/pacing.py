@@ -14,6 +14,11 @@ Pausing (speech over the reply) stops the sending and freezes ``heard_ms``;
 client that stopped its playback at ``speech_started`` dropped what it held
 (OpenAI clients do). Positions are the item's audio milliseconds, counted
 as ``ActiveResponse.on_audio`` counts them.
+
+``new_pacer`` makes a reply's pacer from the session's setting (None:
+unpaced, audio goes out as it is made), and ``due_frames`` is what the
+session core asks at each message and at each ``pacing`` timer: the frames
+to send now and the timer for the next (``ArmTimer``; None once drained).
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_duplex.core.interruption import OutputPacing
 from vllm_duplex.core.payloads import AudioOut
+from vllm_duplex.session.effects import ArmTimer
 
+PACING = "pacing"  # the timer of the next frame
 FRAME_MS = 100  # longer TTS chunks are cut to this, so the lead bound is tight
 _EPS = 1e-6  # timers fire at float times: "due at t" must hold at t
 
@@ -136,3 +144,15 @@ class OutputPacer:
         self._sent_end_ms = start
         self.play_end = None  # the client's player is empty again
         return start
+
+
+def new_pacer(pacing: OutputPacing) -> OutputPacer | None:
+    return OutputPacer(pacing.lead_ms) if pacing.type == "realtime" else None
+
+
+def due_frames(pacer: OutputPacer, now: float) -> tuple[list[Frame], ArmTimer | None]:
+    """The frames to send at ``now``, and the wake-up for the next one (None:
+    nothing queued, or paused)."""
+    frames = pacer.due(now)
+    at = None if pacer.drained else pacer.next_at(now)
+    return frames, ArmTimer(PACING, at) if at is not None else None

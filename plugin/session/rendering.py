@@ -1,25 +1,26 @@
 """What an admitted stage output shows the client, by payload type.
 
-The session core calls ``render`` for an output the fence gate admitted and
-the policy chose to emit (or for the payload the policy rendered instead).
-Listening payloads (VAD, transcripts, scenes) belong to the user's turn;
-reply payloads (text, audio, tool calls, the end of generation) belong to
-the active response and are ignored once it is gone or when they name
-another response. A stage failure is an error event, and fails the reply.
+The session core calls ``render`` for a payload the policy chose to emit,
+with the few parts of the session a payload can touch (``Scope``): the
+user's turn, the conversation, the turn's latency figures and the active
+response. It returns the events to send. Listening payloads (VAD,
+transcripts, scenes) belong to the user's turn; reply payloads (text, audio,
+tool calls, the end of generation) belong to the active response and are
+ignored once it is gone or when they name another response. (Paced audio and
+stage failures are the core's: they start timers and end responses.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from vllm_duplex.core import events as ev
-from vllm_duplex.core.conversation import ResponseStatus
 from vllm_duplex.core.payloads import (
     AudioOut,
     GenerationDone,
     SceneDescription,
-    StageFailed,
     TextDelta,
     ToolCall,
     TranscriptDelta,
@@ -27,106 +28,112 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
+from vllm_duplex.session.items import ItemStore
+from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.responses import ActiveResponse
+from vllm_duplex.session.user_turn import UserTurn
 
-if TYPE_CHECKING:
-    from vllm_duplex.session.core import SessionCore
+Events = list[ev.ServerEvent]
 
 
-def render(core: SessionCore, payload: Any) -> None:
+@dataclass
+class Scope:
+    """The parts of a session that showing an output may change."""
+
+    now: float
+    user: UserTurn
+    conversation: ItemStore
+    latency: TurnLatency
+    response: ActiveResponse | None
+
+    def reply(self, response_id: str) -> ActiveResponse | None:
+        active = self.response
+        return active if active is not None and active.id == response_id else None
+
+
+def render(payload: Any, scope: Scope) -> Events:
     renderer = _RENDERERS.get(type(payload))
-    if renderer is not None:  # SpeechDone, TranscriptPartial: nothing to show
-        renderer(core, payload)
+    # SpeechDone, TranscriptPartial, UserPaused...: nothing to show
+    return renderer(scope, payload) if renderer is not None else []
 
 
-def _reply(core: SessionCore, response_id: str) -> ActiveResponse | None:
-    active = core.response
-    return active if active is not None and active.id == response_id else None
+def audio_going_out(scope: Scope, active: ActiveResponse, p: AudioOut) -> Events:
+    """Reply audio is sent now (unpaced, or a paced frame): the first of it is
+    the response's first audio and a latency figure."""
+    if active.first_audio_at is None:
+        active.first_audio_at = scope.now
+    if active.audio and p.pcm.size:
+        scope.latency.first_audio(active.times, scope.now)
+    return active.on_audio(p)
 
 
-def _speech_started(core: SessionCore, p: VadSpeechStarted) -> None:
-    core.latency.speech_started(p.audio_ms, core.now)
-    core.emit(core.user.speech_started(p.audio_ms))
+def _speech_started(s: Scope, p: VadSpeechStarted) -> Events:
+    s.latency.speech_started(p.audio_ms, s.now)
+    return [s.user.speech_started(p.audio_ms)]
 
 
-def _speech_stopped(core: SessionCore, p: VadSpeechStopped) -> None:
-    core.latency.speech_stopped(p.audio_ms)
-    core.emit(core.user.speech_stopped(p.audio_ms))
+def _speech_stopped(s: Scope, p: VadSpeechStopped) -> Events:
+    s.latency.speech_stopped(p.audio_ms)
+    return [s.user.speech_stopped(p.audio_ms)]
 
 
-def _transcript_delta(core: SessionCore, p: TranscriptDelta) -> None:
-    item_id = core.user.transcript_item(core.conversation)
-    core.emit(ev.InputTranscriptionDelta(item_id=item_id, content_index=0, delta=p.text))
+def _transcript_delta(s: Scope, p: TranscriptDelta) -> Events:
+    item_id = s.user.transcript_item(s.conversation)
+    return [ev.InputTranscriptionDelta(item_id=item_id, content_index=0, delta=p.text)]
 
 
-def _transcript_final(core: SessionCore, p: TranscriptFinal) -> None:
-    core.latency.transcript_final(core.now)
-    item_id = core.user.transcript_item(core.conversation)
+def _transcript_final(s: Scope, p: TranscriptFinal) -> Events:
+    s.latency.transcript_final(s.now)
+    item_id = s.user.transcript_item(s.conversation)
     audio_ms = 0
-    for item in core.conversation:
+    for item in s.conversation:
         if item.id == item_id and item.content:
             item.content[0].transcript = p.text
             audio_ms = item.content[0].audio_ms
             break
     else:  # not committed yet: the commit takes it (and its audio length)
-        core.user.early_transcript = (item_id, p.text)
-        audio_ms = core.user.spoken_ms
-    core.emit(ev.InputTranscriptionCompleted(
+        s.user.early_transcript = (item_id, p.text)
+        audio_ms = s.user.spoken_ms
+    return [ev.InputTranscriptionCompleted(
         item_id=item_id, content_index=0, transcript=p.text,
-        usage={"type": "duration", "seconds": round(audio_ms / 1000, 3)}))
+        usage={"type": "duration", "seconds": round(audio_ms / 1000, 3)})]
 
 
-def _text(core: SessionCore, p: TextDelta) -> None:
-    if (active := _reply(core, p.response_id)) is not None:
-        if p.text:
-            core.latency.first_words(active.times, core.now)
-        core.emit_all(active.on_text(p.text))
+def _text(s: Scope, p: TextDelta) -> Events:
+    if (active := s.reply(p.response_id)) is None:
+        return []
+    if p.text:
+        s.latency.first_words(active.times, s.now)
+    return active.on_text(p.text)
 
 
-def _audio(core: SessionCore, p: AudioOut) -> None:
-    if (active := _reply(core, p.response_id)) is not None:
-        audio_going_out(core, active, p)
-        core.emit_all(active.on_audio(p))
+def _audio(s: Scope, p: AudioOut) -> Events:
+    active = s.reply(p.response_id)
+    return audio_going_out(s, active, p) if active is not None else []
 
 
-def audio_going_out(core: SessionCore, active: ActiveResponse, p: AudioOut) -> None:
-    """Reply audio is sent now (unpaced here, or a paced frame): the first
-    of it is the response's first audio and a latency figure."""
-    if active.first_audio_at is None:
-        active.first_audio_at = core.now
-    if active.audio and p.pcm.size:
-        core.latency.first_audio(active.times, core.now)
-
-
-def _generation_done(core: SessionCore, p: GenerationDone) -> None:
-    if (active := _reply(core, p.response_id)) is not None:
+def _generation_done(s: Scope, p: GenerationDone) -> Events:
+    if (active := s.reply(p.response_id)) is not None:
         active.on_generation_done(p)
+    return []
 
 
-def _tool_call(core: SessionCore, p: ToolCall) -> None:
-    if (active := _reply(core, p.response_id)) is not None:
-        core.latency.first_words(active.times, core.now)
-        item, events = active.on_tool_call(p)
-        if active.in_conversation:
-            core.conversation.append(item)
-        core.emit_all(events)
+def _tool_call(s: Scope, p: ToolCall) -> Events:
+    if (active := s.reply(p.response_id)) is None:
+        return []
+    s.latency.first_words(active.times, s.now)
+    item, events = active.on_tool_call(p)
+    if active.in_conversation:
+        s.conversation.append(item)
+    return events
 
 
-def _failed(core: SessionCore, p: StageFailed) -> None:
-    core.error(p.error)
-    active = core.response
-    if active is not None:
-        core.response = None
-        core.emit_all(active.finish(ResponseStatus.FAILED,
-                                    {"type": "failed", "error": p.error.to_wire()}))
+def _scene(s: Scope, p: SceneDescription) -> Events:
+    return [ev.VideoSceneUpdated(text=p.text, timestamp_ms=p.timestamp_ms,
+                                 texts=list(p.texts), faces=p.faces)]
 
 
-def _scene(core: SessionCore, p: SceneDescription) -> None:
-    core.emit(ev.VideoSceneUpdated(text=p.text, timestamp_ms=p.timestamp_ms,
-                                   texts=list(p.texts), faces=p.faces))
-
-
-_RENDERERS: dict[type, Callable[[SessionCore, Any], None]] = {
+_RENDERERS: dict[type, Callable[[Scope, Any], Events]] = {
     VadSpeechStarted: _speech_started,
     VadSpeechStopped: _speech_stopped,
     TranscriptDelta: _transcript_delta,
@@ -135,6 +142,5 @@ _RENDERERS: dict[type, Callable[[SessionCore, Any], None]] = {
     AudioOut: _audio,
     GenerationDone: _generation_done,
     ToolCall: _tool_call,
-    StageFailed: _failed,
     SceneDescription: _scene,
 }

@@ -24,7 +24,9 @@ from vllm_duplex.core.conversation import (
     SpokenSegment,
 )
 from vllm_duplex.core.payloads import AudioOut, GenerationDone, ToolCall
+from vllm_duplex.core.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioEncoder
+from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import ResponseTimes
 from vllm_duplex.session.pacing import OutputPacer
 
@@ -68,6 +70,16 @@ class ActiveResponse:
         self.finish_pending = False  # complete, but the pacer still holds audio
         self.barge_pending = False  # paused by speech over it (adaptive interruptions)
         self.text = ""
+
+    @classmethod
+    def after(cls, response: Response, item_id: str, conversation: ItemStore, *,
+              in_conversation: bool, output_format: AudioFormat) -> ActiveResponse:
+        """A response whose items follow the conversation's last one (and join it)."""
+        last = conversation.last
+        return cls(response, item_id, in_conversation=in_conversation,
+                   previous_item_id=last.id if last else None,
+                   encoder_factory=lambda rate: AudioEncoder(output_format, in_rate=rate),
+                   add_item=conversation.append)
 
     @property
     def id(self) -> str:

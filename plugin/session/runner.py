@@ -23,6 +23,7 @@ import asyncio
 import hmac
 import logging
 import secrets
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -72,9 +73,10 @@ from vllm_duplex.stages.port import Stage
 
 log = logging.getLogger(__name__)
 
-# An effect's step: None when done at once, else an awaitable that says
-# whether the rest of the batch still applies.
-_Step = Callable[[Any], "Awaitable[bool] | None"]
+# An effect's step: None when done at once, else an awaitable of what it
+# hands back -- the messages for the core to handle next (a decoded frame, a
+# failure) -- and whether the rest of its batch still applies.
+_Step = Callable[[Any], "Awaitable[tuple[list[Any], bool]] | None"]
 
 
 class DuplexSession:
@@ -190,7 +192,8 @@ class DuplexSession:
     async def start(self) -> None:
         await self.pipeline.open(self.fence)
         self.feed.start()
-        await self._apply(self.core.start(self.resume_token, self.clock.now()))
+        for message in await self._apply(self.core.start(self.resume_token, self.clock.now())):
+            await self._serve(message)
         self._task = asyncio.create_task(self._run(), name=f"duplex-session-{self.session_id}")
         self.metrics.sessions_opened.inc()
 
@@ -237,38 +240,51 @@ class DuplexSession:
                 pass  # closing: outputs nobody will read
 
     async def _run(self) -> None:
-        mailbox, core, clock = self.mailbox, self.core, self.clock
+        mailbox = self.mailbox
         try:
             while True:
                 _, (received_at, item) = await mailbox.get()
                 if mailbox.overtaken != self._overtaken_seen:
                     self.metrics.control_overtakes.inc(mailbox.overtaken - self._overtaken_seen)
                     self._overtaken_seen = mailbox.overtaken
-                effects = core.handle(item, clock.now(), received_at)
-                try:
-                    await self._apply(effects)
-                except DuplexError as err:  # e.g. the journal refused an ack
-                    await self._report(err.with_event_id(getattr(item, "event_id", None)))
-                except Exception:  # contained, as in the core: the session goes on
-                    log.exception("session %s failed carrying out %r", self.session_id,
-                                  type(item).__name__)
-                    await self._report(DuplexError("internal_error",
-                                                   "internal error handling the event",
-                                                   event_id=getattr(item, "event_id", None)))
+                await self._serve(item, received_at)
         except MailboxClosed:
             pass
 
-    async def _apply(self, effects: list[Effect]) -> None:
+    async def _serve(self, message: Any, received_at: float | None = None) -> None:
+        """Handle ``message`` and carry out its effects, then, before the next
+        mailbox message, the messages those effects handed back (a decoded
+        frame, a failure) -- each batch at the top level, never one inside
+        another."""
+        pending: deque[Any] = deque([message])
+        while pending and self.close_reason is None:
+            item = pending.popleft()
+            effects = self.core.handle(item, self.clock.now(), received_at)
+            received_at = None
+            try:
+                follow = await self._apply(effects)
+            except DuplexError as err:  # e.g. the journal refused an ack
+                follow = [Failed(err.with_event_id(getattr(item, "event_id", None)))]
+            except Exception:  # contained, as in the core: the session goes on
+                log.exception("session %s failed carrying out %r", self.session_id,
+                              type(item).__name__)
+                follow = [Failed(DuplexError("internal_error", "internal error handling the event",
+                                             event_id=getattr(item, "event_id", None)))]
+            pending.extendleft(reversed(follow))
+
+    async def _apply(self, effects: list[Effect]) -> list[Any]:
+        """Carry out ``effects`` in order; returns the messages they handed back."""
         steps = self._steps
+        follow: list[Any] = []
         for effect in effects:
             step = steps[type(effect)](effect)
-            if step is not None and not await step:
-                return  # the rest of the batch depended on this step
-
-    async def _report(self, error: DuplexError) -> bool:
-        """Tell the client (through the core) that an effect failed."""
-        await self._apply(self.core.handle(Failed(error), self.clock.now()))
-        return False
+            if step is None:
+                continue
+            messages, go_on = await step
+            follow += messages
+            if not go_on:
+                break  # the rest of the batch depended on this step
+        return follow
 
     # ---- effects ----------------------------------------------------------
 
@@ -285,7 +301,7 @@ class DuplexSession:
         self.feed.submit(e.stage, e.fence, e.role, e.payload)
 
     def _forward(self, e: Forward) -> None:
-        self.feed.forward(e.output)
+        self.feed.forward(e.output, e.to)
 
     def _cancel(self, e: Cancel) -> None:
         self.feed.cancel(e.fence)
@@ -316,35 +332,33 @@ class DuplexSession:
     def _ack(self, e: AckEvents) -> None:
         self.journal.ack(e.seq)
 
-    async def _close_step(self, e: Close) -> bool:
+    async def _close_step(self, e: Close) -> tuple[list[Any], bool]:
         await self.close(e.reason)
-        return False
+        return [], False
 
-    async def _decode(self, e: DecodeImage) -> bool:
+    async def _decode(self, e: DecodeImage) -> tuple[list[Any], bool]:
+        """Decode off the loop; the frame (or the failure, which drops the rest
+        of the batch: the item's next images) is the core's next message."""
         try:
             rgb = await self._video.image(e.data)
         except DuplexError as err:
-            return await self._report(err.with_event_id(e.event_id))
-        await self._apply(self.core.handle(FrameDecoded(VideoFrame(rgb, e.timestamp_ms, e.source)),
-                                           self.clock.now()))
-        return True
+            return [Failed(err.with_event_id(e.event_id))], False
+        return [FrameDecoded(VideoFrame(rgb, e.timestamp_ms, e.source))], True
 
-    def _feed_video(self, e: FeedVideo) -> Awaitable[bool] | None:
+    def _feed_video(self, e: FeedVideo) -> Awaitable[tuple[list[Any], bool]] | None:
         try:
             self._video.feed(e.data, e.container)
         except DuplexError as err:
-            return self._report(err.with_event_id(e.event_id))
+            return _handed_back([Failed(err.with_event_id(e.event_id))], go_on=False)
         return None
 
-    async def _poll_video(self, e: PollVideo) -> bool:
+    async def _poll_video(self, e: PollVideo) -> tuple[list[Any], bool]:
         self._video_wake_pending = False
         try:
             frames = self._video.take()
         except DuplexError as err:
-            return await self._report(err)
-        for frame in frames:
-            await self._apply(self.core.handle(FrameDecoded(frame), self.clock.now()))
-        return True
+            return [Failed(err)], False
+        return [FrameDecoded(frame) for frame in frames], True
 
     # ---- wake-ups from other tasks and threads ------------------------------
 
@@ -363,3 +377,7 @@ class DuplexSession:
         if self.close_reason is None:
             error = DuplexError("internal_error", "internal error handling the event")
             self.mailbox.put_nowait((self.clock.now(), Failed(error)), Lane.CONTROL)
+
+
+async def _handed_back(messages: list[Any], *, go_on: bool) -> tuple[list[Any], bool]:
+    return messages, go_on

@@ -19,14 +19,16 @@ prefill chunks -- the way LiveKit's turn detector uses a SmolLM2 fine-tune).
   P ~ 0.02) waits noticeably longer.
 
 ``TurnEndDecider`` is the state of one pause (sans-I/O: times in, deadlines
-and decisions out); ``SemanticTurn`` is the session core's side of it: it
-holds the VAD's end of speech while the pause lasts, tells the policy
+and decisions out) and ``Pause`` what the session holds while it lasts: the
+VAD's end of speech and the deadline of the timer armed for it. The session
+core composes them (``decisions.py``, the chain's ``turn_end`` step): it holds
+the VAD's end of speech while the pause lasts, tells the policy
 (``UserPaused``), which pushes the words it held back (so the model judges
 them while the ASR works) and may ask its ASR for every word up to the
 pause -- then only a ``P(end)`` of exactly the ASR's answer
 (``TranscriptPartial(at_pause=True)``) is judged: a hypothesis that missed
 the last word ("what is the capital of your st...") must not end the turn,
-nor start the reply. It arms the core's ``turn_end`` timer at the decider's
+nor start the reply. It arms the ``turn_end`` timer at the decider's
 deadline (the cap until the words are judged; re-armed when a new
 ``P(end)`` arrives) and, when it fires, lets the held end of speech through:
 the turn commits exactly as under server VAD. Speech before the deadline
@@ -39,28 +41,14 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from vllm_duplex.core.contracts import OutputDecision
-from vllm_duplex.core.payloads import (
-    StageOutput,
-    TranscriptPartial,
-    TurnEndProbability,
-    UserPaused,
-    UserResumed,
-    VadSpeechStarted,
-    VadSpeechStopped,
-)
-from vllm_duplex.session import rendering
-from vllm_duplex.session.effects import ArmTimer, CancelTimer
-from vllm_duplex.session.speculation import SPECULATE_P, spoken_words
-
-if TYPE_CHECKING:
-    from vllm_duplex.session.core import SessionCore
+from vllm_duplex.core.payloads import StageOutput
+from vllm_duplex.core.words import spoken_words
 
 log = logging.getLogger(__name__)
 
-TIMER = "turn_end"
+TIMER = "turn_end"  # the session's timer at a pause's deadline
+
 
 # The VAD's silence before it reports a pause under semantic_vad (it reports
 # every pause this long; the decider says which ones end the turn).
@@ -180,127 +168,27 @@ class TurnEndDecider:
         return decision
 
 
-class SemanticTurn:
-    """The session core's side of ``semantic_vad`` (see the module doc)."""
+class Pause:
+    """What the session holds while a pause is judged."""
 
     def __init__(self) -> None:
         self.decider = TurnEndDecider()
         self.held: StageOutput | None = None  # the VAD's end of speech, while the pause lasts
         self.deadline = 0.0  # of the armed timer; one that fires before it is stale
-        self.last: TurnEndDecision | None = None
+        self.last: TurnEndDecision | None = None  # the last turn's decision
 
     @property
     def pausing(self) -> bool:
         """The user has stopped speaking and the pause is being judged."""
         return self.held is not None
 
-    def intercept(self, core: SessionCore, out: StageOutput) -> bool:
-        """Take ``out`` when it is semantic_vad's business; True: consumed."""
-        p = out.payload
-        kind = type(p)
-        if kind is TurnEndProbability:
-            self.decider.observe(p.p, p.text)
-            if self.held is not None:
-                self._speculate(core)
-                self._rearm(core)
-            return True
-        if kind is TranscriptPartial and p.at_pause and self.held is not None and self.decider.hearing:
-            # Every word up to the pause: the policy takes them (pushes them
-            # to be judged), and the pause is judged from here on.
-            self.decider.heard(p.text)
-            core.decide(out)
-            self._speculate(core)
-            self._rearm(core)
-            return True
-        td = core.config.turn_detection
-        if td is None or not td.semantic:
-            if self.held is not None:  # the setting changed mid-pause
-                self._drop(core)
-            return False
-        if kind is VadSpeechStopped:
-            self._pause(core, out)
-            return True
-        if kind is VadSpeechStarted and self.held is not None:
-            # The user went on: the pause was not the end of the turn.
-            self._drop(core)
-            core.metrics.turn_end_resumed.inc(eagerness=td.eagerness)
-            return True
-        if kind is VadSpeechStarted:
-            # A new turn: a speculation nothing claimed (e.g. the last turn's
-            # words were noise) is void.
-            core.speculation.discard(core)
-        return False
+    def due(self, now: float) -> bool:
+        """A fired timer is this pause's (not dropped since, nor re-armed later)."""
+        return self.held is not None and now >= self.deadline - 1e-6
 
-    def fired(self, core: SessionCore) -> None:
-        if self.held is None or core.now < self.deadline - 1e-6:
-            return  # dropped since, or re-armed later (that timer fires then)
-        self._commit(core)
 
-    # ---- inside ---------------------------------------------------------------
-
-    def _pause(self, core: SessionCore, out: StageOutput) -> None:
-        if self.held is None:
-            self.held = out
-        decision = self._tell(core, UserPaused(out.payload.audio_ms))
-        asked = decision.plan.submissions if decision.plan is not None else ()
-        # The policy may push the words it held back, and ask its ASR to hear
-        # the pause out (UserPaused sent on): then the ASR's answer is judged.
-        hearing = any(type(s.payload) is UserPaused for s in asked)
-        pushed = any(type(s.payload) is not UserPaused for s in asked)
-        self.decider.pause(core.now - PAUSE_DETECT_MS / 1000.0, words_pending=pushed,
-                           hearing=hearing)
-        self._speculate(core)
-        self._rearm(core)
-
-    def _speculate(self, core: SessionCore) -> None:
-        """The words look complete: start the reply now, held until the commit."""
-        d = self.decider
-        if d.judged is not None and d.judged >= SPECULATE_P:
-            core.speculation.start(core, d.text)
-
-    def _rearm(self, core: SessionCore) -> None:
-        td = core.config.turn_detection
-        assert td is not None
-        at = self.decider.deadline(td.eagerness)
-        self.deadline = at
-        if at <= core.now:
-            self._commit(core)
-            return
-        core.effect(ArmTimer(TIMER, at))
-
-    def _drop(self, core: SessionCore) -> None:
-        self.held = None
-        self.decider.speech()
-        core.effect(CancelTimer(TIMER))
-        discarded = core.speculation.discard(core)
-        self._tell(core, UserResumed(speculation_discarded=discarded))
-
-    def _tell(self, core: SessionCore, observation: object) -> OutputDecision:
-        """Hand the policy a pause observation; carry out what it decides."""
-        out = StageOutput(core.fence, core.fence.request_id("vad"), "vad", observation)
-        decision = core.policy.decide_output(core, out)
-        if decision.emit and decision.render is not None:  # e.g. the last word's transcript delta
-            rendering.render(core, decision.render)
-        if decision.plan is not None:
-            core.execute(decision.plan)
-        return decision
-
-    def _commit(self, core: SessionCore) -> None:
-        held, self.held = self.held, None
-        assert held is not None
-        td = core.config.turn_detection
-        assert td is not None
-        decision = self.decider.decide(core.now, td.eagerness)
-        self.last = decision
-        m = core.metrics
-        m.turn_end_decisions.inc(eagerness=td.eagerness, reason=decision.reason)
-        m.turn_end_silence.observe(decision.silence_ms / 1000.0)
-        if decision.p is not None:
-            m.turn_end_probability.observe(decision.p)
-        log.info("session %s: turn end (%s) after %d ms of silence (needed %d ms, eagerness %s); "
-                 "P(end)=%s for %r", core.session_id, decision.reason, decision.silence_ms,
-                 decision.needed_ms, td.eagerness,
-                 "unknown" if decision.p is None else f"{decision.p:.4f}", decision.text)
-        core.decide(held)  # speech_stopped, the commit: as server VAD does
-        if core.speculation.held is not None:
-            core.speculation.release(core)  # the reply started at the pause goes out now
+def log_decision(session_id: str, decision: TurnEndDecision) -> None:
+    log.info("session %s: turn end (%s) after %d ms of silence (needed %d ms, eagerness %s); "
+             "P(end)=%s for %r", session_id, decision.reason, decision.silence_ms,
+             decision.needed_ms, decision.eagerness,
+             "unknown" if decision.p is None else f"{decision.p:.4f}", decision.text)

@@ -4,8 +4,11 @@ One pump task per port reads ``port.outputs()`` and hands every output to the
 session's sink, as it appears. The pipeline never judges staleness: the
 session's ``FenceGate`` is the one place stale outputs are dropped, and the
 session calls ``forward`` for outputs the gate admitted and the policy chose
-to forward. That is how stage *i* streams into stage *i+1* (text deltas reach
-TTS while the LLM is still generating).
+to pass on. Stages are addressed by name (their role: ``vad``, ``asr``,
+``llm``, ``tts``...), never by position: the policy names where each output
+goes (text deltas reach TTS while the LLM is still generating), and a
+deployment is checked at load (``check_routes``) so that every name a policy
+addresses is one stage that takes what is sent to it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_duplex.core.clock import Clock
+from vllm_duplex.core.contracts import StageNeeds
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.payloads import StageFailed, StageInput, StageOutput
@@ -25,6 +29,28 @@ from vllm_duplex.stages.port import StagePort
 log = logging.getLogger(__name__)
 
 OutputSink = Callable[[StageOutput], Awaitable[None]]
+
+
+def check_routes(stages: Sequence[Any], needs: StageNeeds) -> list[str]:
+    """What is wrong with ``stages`` (objects with a ``name`` and the payload
+    types they take, ``accepted``) for a policy that ``needs`` them: each
+    name it addresses must be exactly one stage, taking what is sent to it.
+    An empty list: the routes are sound."""
+    by_name: dict[str, list[Any]] = {}
+    for stage in stages:
+        by_name.setdefault(stage.name, []).append(stage)
+    problems = [f"{len(found)} stages are named {name!r} ({', '.join(type(s).__name__ for s in found)}): "
+                "a stage is addressed by its name, so give all but one a `name:`"
+                for name, found in by_name.items() if len(found) > 1]
+    problems += [f"no stage is named {name!r}" for name in needs.names if name not in by_name]
+    for name, kinds in needs.sends.items():
+        for stage in by_name.get(name, ())[:1]:
+            taken = getattr(stage, "accepted", None)
+            refused = [k.__name__ for k in kinds if taken is not None and not issubclass(k, taken)]
+            if refused:
+                problems.append(f"stage {name!r} ({type(stage).__name__}) does not take "
+                                f"{', '.join(refused)}")
+    return problems
 
 
 @dataclass
@@ -144,17 +170,15 @@ class Pipeline:
         self.stats.submitted += 1
         return request_id
 
-    async def forward(self, output: StageOutput) -> bool:
-        """Pass ``output.payload`` to the stage after ``output.stage`` when that
-        stage accepts it, keeping the fence and request id so the next stage's
-        outputs stay attributable (and abortable) with the original request."""
-        i = self._index.get(output.stage)
-        if self._closed or i is None or i + 1 >= len(self._ports):
+    async def forward(self, output: StageOutput, to: str) -> bool:
+        """Pass ``output.payload`` to the stage called ``to``, keeping the fence
+        and request id so that stage's outputs stay attributable (and
+        abortable) with the original request. False: this pipeline has no
+        such stage (a policy's optional stage, e.g. omni's ``tts``)."""
+        i = self._index.get(to)
+        if self._closed or i is None:
             return False
-        nxt = self._ports[i + 1]
-        if not nxt.accepts(output.payload):
-            return False
-        await nxt.submit(
+        await self._ports[i].submit(
             StageInput(fence=output.fence, request_id=output.request_id, payload=output.payload)
         )
         self.stats.forwarded += 1

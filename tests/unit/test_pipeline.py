@@ -65,7 +65,8 @@ def request(rid: str = "resp_1", max_tokens: int | None = None) -> GenerateReque
 
 
 class Harness:
-    """A session stand-in: one gate, and forward-after-admit like the session."""
+    """A session stand-in: one gate, and what the policy forwards after the
+    gate admitted it: the LLM's output goes on to the TTS."""
 
     def __init__(self, ports: list[Any], clock: VirtualClock) -> None:
         self.gate = FenceGate(F0)
@@ -77,7 +78,8 @@ class Harness:
         self.raw.append(output)
         if self.gate.admit(output):
             self.admitted.append(output)
-            await self.pipeline.forward(output)
+            if output.stage == "llm":
+                await self.pipeline.forward(output, "tts")
 
     def payloads(self, kind: type | tuple[type, ...] = object) -> list[Any]:
         return [o.payload for o in self.admitted if isinstance(o.payload, kind)]
@@ -198,16 +200,19 @@ async def test_close_cancels_running_work(clock: VirtualClock) -> None:
     assert llm.active_requests == 0  # and the conftest fixture finds no task
 
 
-async def test_forward_only_to_the_next_accepting_stage(clock: VirtualClock) -> None:
+async def test_forward_goes_to_the_stage_named_not_the_next_one(clock: VirtualClock) -> None:
     h, _, _ = await cascade(clock)
     try:
-        out = StageOutput(F0, F0.request_id("x"), "tts", SpeechDone("r"))
-        assert not await h.pipeline.forward(out)  # last stage
+        out = StageOutput(F0, F0.request_id("x"), "tts", TextDelta("r", "a"))
+        assert not await h.pipeline.forward(out, "vision")  # no such stage here
         out = StageOutput(F0, F0.request_id("x"), "llm", VadSpeechStarted(0))
-        assert not await h.pipeline.forward(out)  # tts does not take it
-        out = StageOutput(F0, F0.request_id("x"), "nope", TextDelta("r", "a"))
-        assert not await h.pipeline.forward(out)
+        with pytest.raises(TypeError, match="does not accept VadSpeechStarted"):
+            await h.pipeline.forward(out, "tts")  # a route the load check would refuse
         assert h.pipeline.stats.forwarded == 0
+        # The stage's position means nothing: the TTS comes after the LLM,
+        # yet a (scripted) LLM is what "llm" names.
+        out = StageOutput(F0, F0.request_id("x"), "tts", GenerateRequest("r", (), SamplingConfig()))
+        assert await h.pipeline.forward(out, "llm") and h.pipeline.stats.forwarded == 1
     finally:
         await h.pipeline.close()
 

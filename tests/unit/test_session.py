@@ -247,8 +247,25 @@ def test_a_deployment_without_a_stage_its_policy_needs_is_refused_at_load(config
     with pytest.raises(ValueError) as info:
         Runtime(config)
     message = str(info.value)
-    assert f"policy {config.policy!r} needs the stage(s) {missing}" in message
+    assert f"its stages do not fit policy {config.policy!r}" in message
+    assert f"no stage is named {missing}" in message
     assert "(it has: vad (energy_vad)" in message or "(it has: omni (scripted_omni))" in message
+
+
+def test_a_deployment_whose_stages_route_ambiguously_is_refused_at_load():
+    """Stages are addressed by name: two TTS stages of the default name would
+    leave "which one speaks?" to chance."""
+    config = _scripted_as("scripted", ("energy_vad", "scripted_llm", "tone_tts", "tone_tts"))
+    with pytest.raises(ValueError, match="2 stages are named 'tts'"):
+        Runtime(config)
+
+
+def test_a_stage_that_does_not_take_what_the_policy_sends_it_is_refused_at_load():
+    # The cascade streams the user's words into its LLM (TextIn); the scripted
+    # LLM takes only whole requests.
+    config = _scripted_as("cascade", ("energy_vad", "pocketsphinx", "scripted_llm", "tone_tts"))
+    with pytest.raises(ValueError, match="stage 'llm' \\(ScriptedLlmStage\\) does not take TextIn"):
+        Runtime(config)
 
 
 def test_the_shipped_deployments_have_what_their_policies_need():

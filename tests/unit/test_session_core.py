@@ -424,8 +424,8 @@ async def test_cancel_behind_100_queued_appends_is_handled_first():
     assert mailbox.overtaken == 1 and Lane.CONTROL < Lane.DATA
 
 
-def test_forward_keeps_the_output_whole():
+def test_forward_keeps_the_output_whole_and_names_the_stage_it_goes_to():
     core = manual()
     rid = create_response(core)
     out = StageOutput(F0, F0.request_id("llm"), "llm", TextDelta(rid, "Hi"))
-    assert core.handle(out, 0.0)[-1] == Forward(out)
+    assert core.handle(out, 0.0)[-1] == Forward(out, "tts")

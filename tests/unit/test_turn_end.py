@@ -188,7 +188,7 @@ def test_a_pause_ends_the_turn_after_the_silence_its_words_need(eagerness, p, co
     assert m.turn_end_decisions.get(eagerness=eagerness, reason=reason) == 1
     assert list(m.turn_end_silence.samples) == [pytest.approx(needed / 1000)]
     assert list(m.turn_end_probability.samples) == [p]
-    assert tl.core.turns.last.wire() == {
+    assert tl.core.pause.last.wire() == {
         "p_end": p, "text": "what is the capital of france", "silence_ms": needed,
         "needed_ms": needed, "eagerness": eagerness, "reason": reason}
     if complete:
@@ -228,7 +228,7 @@ def test_a_probability_that_comes_after_the_deadline_commits_at_once():
     # fast silence has long passed.
     effects = tl.at(2.5, TurnEndProbability(COMPLETE, "tell me a joke"), "llm")
     assert "input_audio_buffer.committed" in types(effects)
-    assert tl.core.turns.last.silence_ms == 500
+    assert tl.core.pause.last.silence_ms == 500
 
 
 def test_a_hypothesis_that_missed_the_last_word_neither_ends_the_turn_nor_starts_the_reply():
@@ -252,7 +252,7 @@ def test_a_hypothesis_that_missed_the_last_word_neither_ends_the_turn_nor_starts
     assert req.payload.context[-1] == ContextMessage("user", "what is the capital of France")
     assert emits(effects)[:2] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
     assert "response.created" in emits(effects)
-    last = tl.core.turns.last
+    last = tl.core.pause.last
     assert (last.reason, last.text, last.silence_ms) == ("semantic", "what is the capital of France", 450)
     assert last.needed_ms == fast
 
@@ -277,7 +277,7 @@ def test_silence_alone_ends_the_turn_at_the_cap():
     tl.pause(2.1, 1000)  # no P(end) ever comes
     assert tl.timer.at == pytest.approx(2.0 + EAGERNESS_TIMING["low"].cap_ms / 1000)
     assert "input_audio_buffer.committed" in types(tl.fire())
-    assert tl.core.turns.last.reason == "silence" and tl.core.turns.last.p is None
+    assert tl.core.pause.last.reason == "silence" and tl.core.pause.last.p is None
 
 
 def test_server_vad_commits_on_the_vads_silence_and_ignores_probabilities():

@@ -1,0 +1,131 @@
+"""One road for a stage output: the chain every output walks, and the one
+applier of the policy's ``OutputDecision``.
+
+Every stage output that reaches the session goes through ``CHAIN``, in its
+order, until a step takes it:
+
+==============  ===============================================================
+``gate``        an output of an older fence is dropped and counted: the one
+                place stale outputs die
+``fatal``       a terminal stage failure (``engine_dead``) is shown, then the
+                session ends, whatever the policy would have decided
+``speculation`` an output of the reply started at a pause: the policy decides it
+                now (its text goes on to the TTS); the client sees it when the
+                reply is released (``SessionCore.create_response``)
+``turn_end``    semantic_vad: the VAD's end of speech is held while the pause is
+                judged; ``P(end)`` and the words up to the pause are judged here
+                (``pauses.py``; ``turn_end.py`` is the judge)
+``policy``      everything else: the policy decides, ``apply`` carries it out
+==============  ===============================================================
+
+``apply`` is the only code that carries out an ``OutputDecision`` -- for
+stage outputs, for the pause observations the turn-end step hands the policy
+(``UserPaused``, ``UserResumed``) and for a speculated reply's outputs at
+release -- in one fixed order: show, pause the output, the plan, interrupt,
+forward, commit, respond, dismiss, finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from vllm_duplex.core import commands as cmd
+from vllm_duplex.core.close_reason import CloseReason
+from vllm_duplex.core.contracts import OutputDecision
+from vllm_duplex.core.payloads import StageFailed, StageOutput
+from vllm_duplex.session import pauses
+from vllm_duplex.session.effects import Close, Forward
+
+if TYPE_CHECKING:
+    from vllm_duplex.session.core import SessionCore
+
+Step = Callable[["SessionCore", StageOutput], bool]  # True: the output was taken
+
+
+def walk(core: SessionCore, out: StageOutput) -> None:
+    """Hand ``out`` down the chain until a step takes it."""
+    for _, step in CHAIN:
+        if step(core, out):
+            return
+
+
+def apply(core: SessionCore, out: StageOutput, decision: OutputDecision, *,
+          forwarded: bool = False) -> None:
+    """Carry out the policy's ``decision`` about ``out`` (``forwarded``: it
+    already went to the next stage, while it was held)."""
+    payload = out.payload
+    if decision.emit:
+        core.show(payload if decision.render is None else decision.render)
+    if decision.pause_output:
+        core.pause_output()
+    if decision.plan is not None:
+        core.execute(decision.plan)
+    if decision.interrupt is not None:
+        core.interrupt(decision.interrupt)
+    if decision.forward is not None and not forwarded:
+        core.effect(Forward(out, decision.forward))
+    if decision.commit_turn and core.input.samples > 0:
+        core.commit_input()
+    if decision.create_response and core.response is None:
+        core.create_response(cmd.ResponseOptions())
+    if decision.dismiss is not None:
+        core.dismiss(decision.dismiss, getattr(payload, "text", ""))
+    if decision.finish_response:
+        core.finish_response()
+
+
+def decide(core: SessionCore, out: StageOutput) -> OutputDecision:
+    """Ask the policy about ``out`` and carry out its answer."""
+    decision = core.policy.decide_output(core, out)
+    apply(core, out, decision)
+    return decision
+
+
+# ---- the steps ------------------------------------------------------------------
+
+
+def _gate(core: SessionCore, out: StageOutput) -> bool:
+    if core.gate.admit(out):
+        return False
+    core.metrics.stale_dropped.inc(stage=out.stage)
+    return True
+
+
+def _fatal(core: SessionCore, out: StageOutput) -> bool:
+    p = out.payload
+    if type(p) is not StageFailed or not p.error.spec.terminal:
+        return False
+    core.fail(p.error)
+    core.effect(Close(CloseReason(p.error.code)))
+    return True
+
+
+def _speculation(core: SessionCore, out: StageOutput) -> bool:
+    spec = core.speculation
+    if not spec.owns(out):
+        return False
+    if type(out.payload) is StageFailed:
+        core.discard_speculation()  # it failed before anyone asked for it: quietly
+        return True
+    decision = core.policy.decide_output(core, out)
+    spec.keep(out, decision)
+    if decision.forward is not None:  # e.g. its text is synthesized now, into the held buffer
+        core.effect(Forward(out, decision.forward))
+    return True
+
+
+def _policy(core: SessionCore, out: StageOutput) -> bool:
+    decide(core, out)
+    return True
+
+
+CHAIN: tuple[tuple[str, Step], ...] = (
+    ("gate", _gate),
+    ("fatal", _fatal),
+    ("speculation", _speculation),
+    ("turn_end", pauses.take),
+    ("policy", _policy),
+)
+
+

@@ -1,0 +1,64 @@
+"""A reply's request, built in one place: what the model of a reply sees and
+how it samples, for a reply the client asks for and for one speculated at a
+pause alike (so a speculated reply can be used exactly when the reply asked
+for would have been the same request).
+
+Pure: functions of the policy, the session view and the conversation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllm_duplex.core import commands as cmd
+from vllm_duplex.core.conversation import ConversationItem, context_messages
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.payloads import ContextMessage, GenerateRequest
+from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.policy import ModelPolicy, SessionView
+from vllm_duplex.session.items import ItemStore
+
+Tools = tuple[tuple[dict[str, Any], ...], Any]
+
+
+def reply_tools(config: SessionConfig, options: cmd.ResponseOptions) -> Tools:
+    """The tools and tool choice of one reply: its own, else the session's.
+    A choice that cannot be met is the client's mistake, not a silent no-call."""
+    tools = config.tools if options.tools is None else options.tools
+    choice = options.tool_choice or config.tool_choice
+    param = "response.tool_choice" if options.tool_choice else "response.tools"
+    if choice == "required" and not tools:
+        raise DuplexError("invalid_value", 'tool_choice "required" needs tools', param=param)
+    if isinstance(choice, dict) and choice.get("name") not in {t.get("name") for t in tools}:
+        raise DuplexError("invalid_value", f"tool_choice names no declared tool "
+                          f"({choice.get('name')!r})", param=param)
+    return tools, choice
+
+
+def reply_context(policy: ModelPolicy[Any], view: SessionView[Any],
+                  items: Sequence[ConversationItem], instructions: str,
+                  then: tuple[ContextMessage, ...] = ()) -> tuple[ContextMessage, ...]:
+    """What the model of a reply sees: the instructions and ``items``, then
+    ``then`` (a speculated reply: the user's words not yet an item); the
+    policy shapes it last."""
+    return policy.shape_context(view, (*context_messages(items, instructions), *then))
+
+
+def response_context(policy: ModelPolicy[Any], view: SessionView[Any], conversation: ItemStore,
+                     options: cmd.ResponseOptions) -> tuple[ContextMessage, ...]:
+    """What the model of a response sees: the conversation, or the response's
+    own ``input`` items in its place, after its instructions (or the session's)."""
+    items: Sequence[ConversationItem] = conversation.snapshot()
+    if options.input is not None:
+        items = [conversation.get(i, param=f"response.input[{n}].id")
+                 if isinstance(i, str) else i for n, i in enumerate(options.input)]
+    return reply_context(policy, view, items, options.instructions or view.config.instructions)
+
+
+def reply_request(policy: ModelPolicy[Any], view: SessionView[Any], response_id: str,
+                  context: tuple[ContextMessage, ...], options: cmd.ResponseOptions,
+                  tools: Tools) -> GenerateRequest:
+    return GenerateRequest(response_id=response_id, context=context,
+                           sampling=policy.configure_sampling_params(view, options),
+                           tools=tools[0], tool_choice=tools[1])
