@@ -145,16 +145,15 @@ class Metrics:
         for stage in STAGE_LATENCIES:
             self.stage_latency.declare(stage=stage)
         # The event loop's health (host/loop_lag.py): how late its ticks wake,
-        # and the stalls its watchdog reported (blocked: code on the loop held
-        # it; starved: the loop waited for the GIL or a CPU).
+        # and the stalls its watchdog reported, by cause.
         self.loop_lag = self.histogram(
             "duplex_event_loop_lag_seconds",
             "How late the server's event loop woke for a 50 ms timer (everything else it ran meanwhile)",
             LOOP_LAG_BUCKETS)
         self.loop_lag.declare()
         self.loop_stalls = c("duplex_event_loop_stalls_total",
-                             "Event-loop stalls past the warning threshold, by cause "
-                             "(blocked: code on the loop; starved: waiting for the GIL or a CPU)")
+                             "Event-loop stalls past the warning threshold, by cause (blocked: "
+                             "code on the loop; gil: another thread held the GIL; starved: no CPU)")
         # semantic_vad (session/turn_end.py): each decision and its inputs.
         self.turn_end_decisions = c("duplex_turn_end_decisions_total",
                                     "Turns ended by semantic_vad, by eagerness and reason "
