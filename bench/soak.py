@@ -11,7 +11,8 @@ server's, not this process's event loop's). The sessions cycle through:
 - ``pause``: a question with a 900 ms thinking pause inside;
 - ``interrupt``: a long story asked for, interrupted after 1.5 s of its audio by
   a question (the story must be cancelled, the question answered);
-- ``backchannel``: "okay" said over a reply (the reply must go on);
+- ``backchannel``: "okay" said over a reply (the reply should go on; when
+  the okay is taken for a turn, that turn must be answered);
 - ``vanish-reply`` / ``vanish-speech``: a client that drops its TCP connection
   without a close (during the reply / in the middle of its question); its
   session waits detached for the resume grace.
@@ -202,6 +203,11 @@ async def run_session(url: str, r: SessionResult, speech: dict[str, Any]) -> Non
             if status in ("completed", "incomplete"):
                 r.answer = _reply_text(conn, rid)
                 r.status = "answered"
+            elif done is not None:  # "okay" was taken for a turn: it must be answered then
+                mark = conn.events.index(done)
+                ok = await conn.silence_until(lambda: bool(_answers(conn, mark, rid)),
+                                              ANSWER_TIMEOUT_S)
+                _settle_answer(conn, r, mark, rid, ok)
             else:
                 r.status = "no answer"
             resumed = conn.find(0, "duplex.output_audio.resumed") is not None
