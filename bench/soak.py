@@ -315,11 +315,19 @@ def lag_histogram(metrics_text: str) -> list[tuple[str, int]]:
     return out
 
 
+def stall_counts(m: dict[str, float]) -> dict[str, float]:
+    """duplex_event_loop_stalls_total by cause."""
+    return {c: m.get(f'duplex_event_loop_stalls_total{{cause="{c}"}}', 0.0)
+            for c in ("blocked", "gil", "starved")}
+
+
 def stall_warnings(log_text: str) -> list[str]:
-    """The watchdog's warnings in the server log, each with its stack."""
+    """The watchdog's warnings in the server log, each with its stack (or,
+    for a stall it could not see while it lasted, the other threads)."""
     blocks, cur = [], None
     for line in log_text.splitlines():
-        if "event loop blocked for" in line:
+        if "event loop blocked for" in line or ("event loop stalled for" in line
+                                                 and "cause: " in line and " -- " in line):
             if cur is not None:
                 blocks.append("\n".join(cur))
             cur = [line]
@@ -354,6 +362,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(2.0)
         tasks0, rss0 = tasks_and_rss(server)
         startup_warnings = len(stall_warnings(Path(server.log_path).read_text(errors="replace")))
+        stalls0 = stall_counts(scrape(_get(server.http_url + "/metrics")))
+        lag0 = lag_histogram(_get(server.http_url + "/metrics"))
         poller = HealthPoller(server.http_url)
         poller.start()
         t_start = time.monotonic()
@@ -386,11 +396,11 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                    "p50_s": quantile(lat, 0.5), "p99_s": quantile(lat, 0.99),
                    "over_250ms": sum(x > HEALTH_TARGET_S for x in lat),
                    "not_200": sum(st != 200 for _, _, st in poller.samples)},
-        "loop_lag": {"histogram": lag_histogram(metrics_text),
+        "loop_lag": {"histogram": [(le, n - n0) for (le, n), (_, n0) in
+                               zip(lag_histogram(metrics_text), lag0)],
                      "count": m.get("duplex_event_loop_lag_seconds_count", math.nan),
                      "sum_s": m.get("duplex_event_loop_lag_seconds_sum", math.nan),
-                     "stalls": {cause: sum(f"cause: {cause} --" in w for w in stalls)
-                                for cause in ("blocked", "gil", "starved")},
+                     "stalls": {c: n - stalls0[c] for c, n in stall_counts(m).items()},
                      "startup_warnings": startup_warnings, "warnings": stalls},
         "sessions": [asdict(r) for r in results], "answered": answered, "asked": len(counted),
         "right": sum(bool(r.right) for r in counted),
@@ -416,7 +426,7 @@ def report(out: dict[str, Any]) -> None:
          f"({out['right']} with the expected word)",
          "all: " + ("PASS" if out["answered"] == out["asked"] else "MISS")),
         ("loop-lag warnings: blocked (code on the loop) / gil / starved (no CPU)",
-         " / ".join(str(lag["stalls"][c]) for c in ("blocked", "gil", "starved")),
+         " / ".join(f"{lag['stalls'][c]:.0f}" for c in ("blocked", "gil", "starved")),
          "0 on an idle machine"),
         ("RSS before → after", f"{out['rss_before_mib']:.0f} → {out['rss_after_mib']:.0f} MiB "
          f"({out['rss_after_mib'] / out['rss_before_mib']:.2f}×)",
@@ -427,7 +437,7 @@ def report(out: dict[str, Any]) -> None:
     ]
     for row in rows:
         print("| " + " | ".join(row) + " |")
-    print("\nduplex_event_loop_lag_seconds (per bucket): " + ", ".join(
+    print("\nduplex_event_loop_lag_seconds during the soak (per bucket): " + ", ".join(
         f"≤{le}: {n}" for le, n in lag["histogram"] if n))
     print(f"(stall warnings during the server's start, before the sessions: "
           f"{lag['startup_warnings']})")

@@ -60,41 +60,73 @@ _SELECTOR_FUNCS = frozenset({"select", "poll", "_poll"})
 
 
 @dataclass(frozen=True)
+class Scheduling:
+    """What the kernel's scheduler says of the process over a stall
+    (``/proc/self/task/<tid>/schedstat``)."""
+
+    window_s: float  # the span the figures cover
+    loop_ran_s: float  # the loop thread on a CPU
+    loop_queued_s: float  # the loop thread runnable, waiting for a CPU
+    others_queued_s: float  # the most any other thread of the process waited for a CPU
+    watchdog_late_s: float  # the most the watchdog woke late meanwhile (it needs the GIL too)
+
+
+@dataclass(frozen=True)
 class Stall:
     """What the watchdog saw when it reported a stall."""
 
-    silent_s: float  # how long the loop had not ticked (so far)
+    silent_s: float  # how long the loop had not ticked (so far; its length once over)
     stack: str  # the loop thread's stack then
-    cause: str  # blocked | starved | gil (see the module docstring)
+    cause: str  # blocked | gil | starved (see the module docstring)
     in_selector: bool  # the loop thread was in its selector (running none of our code)
-    on_cpu_s: float | None  # of the loop thread since its last tick (None: not known)
-    queued_s: float | None  # ... runnable, waiting for a CPU
-    watchdog_late_s: float  # how late the watchdog itself woke (the whole process held)
+    sched: Scheduling | None  # None where the kernel does not say
 
 
-def classify(elapsed_s: float, on_cpu_s: float | None, queued_s: float | None,
-             in_selector: bool, threshold_s: float = DEFAULT_WARN_AFTER_S) -> str:
-    """The cause of a stall from the loop thread's scheduling since its last
-    tick (None: not known here) and where it is. Code that ran on the loop
-    for half the threshold is to blame even on a busy machine (it would stall
-    an idle one too); otherwise mostly waiting for a CPU is the machine's."""
-    ran = on_cpu_s is not None and on_cpu_s >= 0.5 * threshold_s
-    if ran:
+def classify(sched: Scheduling | None, in_selector: bool,
+             threshold_s: float = DEFAULT_WARN_AFTER_S) -> str:
+    """The cause of a stall. Code that ran on the loop for half the threshold
+    is to blame even on a busy machine (it would stall an idle one too). A
+    loop thread that slept while the GIL was free (the watchdog kept time)
+    slept in a call made on the loop. One that slept while the GIL was held
+    elsewhere waited for that thread -- unless threads of the process were
+    waiting for a CPU: then the holder had none (the machine is busy)."""
+    if sched is None:
+        return "gil" if in_selector else "blocked"
+    half = 0.5 * sched.window_s
+    if sched.loop_ran_s >= 0.5 * threshold_s:
         return "blocked"
-    if queued_s is not None and queued_s >= 0.5 * elapsed_s:
+    if sched.loop_queued_s >= half:
         return "starved"
-    return "gil" if in_selector else "blocked"
+    if sched.watchdog_late_s < 0.5 * threshold_s and not in_selector:
+        return "blocked"  # the GIL was free: a lock, a sleep, a queue on the loop
+    if sched.others_queued_s >= half:
+        return "starved"
+    return "gil"
 
 
-def _schedstat(native_id: int) -> tuple[float, float] | None:
-    """(seconds on a CPU, seconds runnable waiting for one) of a thread of
-    this process; None where the kernel does not say."""
+Snapshot = dict[int, tuple[float, float]]  # native thread id -> (on a CPU, waiting for one), s
+
+
+def _snapshot(only: int | None = None) -> Snapshot:
+    """The scheduler's figures of this process's threads (or of ``only``);
+    empty where the kernel does not say."""
+    ids = [only] if only is not None else _task_ids()
+    out: Snapshot = {}
+    for tid in ids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                run, wait, _ = f.read().split()
+        except (OSError, ValueError):
+            continue
+        out[tid] = (int(run) / 1e9, int(wait) / 1e9)
+    return out
+
+
+def _task_ids() -> list[int]:
     try:
-        with open(f"/proc/self/task/{native_id}/schedstat", "rb") as f:
-            run, wait, _ = f.read().split()
-    except (OSError, ValueError):
-        return None
-    return int(run) / 1e9, int(wait) / 1e9
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return []
 
 
 class LoopLagMonitor:
@@ -119,9 +151,8 @@ class LoopLagMonitor:
         # uvloop's loop is C: an idle loop thread's innermost Python frame is
         # the one that started the loop (found from the tick, below).
         self._idle_frame: FrameType | None = None
-        # The stall reported and not yet over: (when the watchdog saw its last
-        # tick, the loop thread's schedstat then, the report).
-        self._open: tuple[float, tuple[float, float] | None, Stall] | None = None
+        self._open: _OpenStall | None = None  # the stall reported and not yet over
+        self._current: _OpenStall | None = None  # the watchdog's figures since the last tick
         self.worst_s = 0.0  # the longest lag seen
         self.stalls: list[Stall] = []  # reported stalls (the last 32)
 
@@ -175,30 +206,42 @@ class LoopLagMonitor:
                 self.worst_s = lag
             if reported:
                 self._stall_ended(lag)
+            elif lag >= self.warn_after_s > 0:
+                self._unseen_stall(lag)
 
     def _stall_ended(self, lag: float) -> None:
         """The loop is back from a stall the watchdog reported: its cause,
         judged over the whole stall, is counted and logged."""
-        opened = self._open
+        opened, self._open = self._open, None
         if opened is None:
             return
-        base_at, base, stall = opened
-        self._open = None
-        on_cpu, queued = stall.on_cpu_s, stall.queued_s
-        sched = _schedstat(self._loop_native_id) if self._loop_native_id else None
-        if base is not None and sched is not None:
-            on_cpu, queued = sched[0] - base[0], sched[1] - base[1]
-        cause = classify(self._timer() - base_at, on_cpu, queued, stall.in_selector,
-                         self.warn_after_s)
-        final = dataclasses.replace(stall, silent_s=lag, cause=cause, on_cpu_s=on_cpu,
-                                    queued_s=queued)
+        stall = opened.stall
+        sched = opened.scheduling(self._timer(), self._loop_native_id)
+        cause = classify(sched, stall.in_selector, self.warn_after_s) if sched else stall.cause
+        final = dataclasses.replace(stall, silent_s=lag, cause=cause, sched=sched or stall.sched)
         self.stalls = [*(s for s in self.stalls if s is not stall), final][-32:]
         self.metrics.loop_stalls.inc(cause=cause)
-        detail = ("" if on_cpu is None or queued is None else
-                  f"; the loop thread ran {on_cpu * 1000:.0f} ms and waited "
-                  f"{queued * 1000:.0f} ms for a CPU")
         log.warning("event loop stalled for %.0f ms (cause: %s%s; the stack is above)",
-                    lag * 1000, cause, detail)
+                    lag * 1000, cause, _describe(final.sched))
+
+    def _unseen_stall(self, lag: float) -> None:
+        """A stall the watchdog could not report while it lasted: it was held
+        too, so the loop ran no Python (that would have let it run) -- the
+        GIL was held by another thread in a C call, or the process had no
+        CPU. Counted and logged now, with what the other threads do now."""
+        current = self._current
+        sched = (current.scheduling(self._timer(), self._loop_native_id, held=lag)
+                 if current is not None else None)
+        cause = classify(sched, True, self.warn_after_s)
+        stall = Stall(lag, "", cause, True, sched)
+        self.stalls = [*self.stalls[-31:], stall]
+        self.metrics.loop_stalls.inc(cause=cause)
+        log.warning("event loop stalled for %.0f ms (threshold %.0f ms; load average %s%s); "
+                    "cause: %s -- the watchdog was held as long (the GIL was held by another "
+                    "thread, or no CPU for the process), so no stack while it lasted. Other "
+                    "threads now:\n%s", lag * 1000, self.warn_after_s * 1000,
+                    "/".join(f"{x:.2f}" for x in os.getloadavg()), _describe(sched), cause,
+                    _other_threads(sys._current_frames(), self._loop_thread))
 
     # ---- on the watchdog thread --------------------------------------------
 
@@ -206,33 +249,33 @@ class LoopLagMonitor:
         step = min(self.interval_s, self.warn_after_s / 2)
         due = self._timer() + step
         reported_at = 0.0
-        # The loop thread's scheduling when this thread last saw a new tick.
-        base_beat, base_at, base = None, 0.0, None
+        seen_beat: float | None = None
+        current: _OpenStall | None = None  # the scheduler's figures of this silence
         while not self._stop.wait(max(0.0, due - self._timer())):
             now = self._timer()
             late = max(0.0, now - due)  # how late this thread itself woke up
             due = now + step
             beat = self._beat
-            if beat != base_beat:
-                base_beat, base_at = beat, now
-                base = _schedstat(self._loop_native_id) if self._loop_native_id else None
+            if beat != seen_beat:  # a new tick: the loop thread's figures from here
+                seen_beat = beat
+                current = self._current = _OpenStall(now, _snapshot(self._loop_native_id))
+                continue
+            assert current is not None
+            current.watchdog_late_s = max(current.watchdog_late_s, late)
             silent = now - beat - self.interval_s  # past the tick's expected wake-up
+            if silent >= self.warn_after_s / 2 and current.others is None:
+                current.others = (now, _snapshot())  # late already: every thread from here
             if silent < self.warn_after_s:
                 continue
             if self._reported_beat == beat and now - reported_at < REPEAT_S:
                 continue  # this stall is reported; again only if it goes on
             self._reported_beat, reported_at = beat, now
-            sched = _schedstat(self._loop_native_id) if self._loop_native_id else None
-            on_cpu = queued = None
-            if base is not None and sched is not None:
-                on_cpu, queued = sched[0] - base[0], sched[1] - base[1]
-            stall = self._report(silent, late, now - base_at, on_cpu, queued)
-            if stall is not None and (self._open is None or self._open[2] is not stall):
-                self._open = (base_at, base, stall) if self._open is None else (
-                    self._open[0], self._open[1], stall)
+            stall = self._report(silent, current.scheduling(now, self._loop_native_id))
+            if stall is not None:
+                current.stall = stall
+                self._open = current
 
-    def _report(self, silent: float, watchdog_late: float, elapsed: float = 0.0,
-                on_cpu: float | None = None, queued: float | None = None) -> Stall | None:
+    def _report(self, silent: float, sched: Scheduling | None) -> Stall | None:
         frames = sys._current_frames()
         frame = frames.get(self._loop_thread) if self._loop_thread is not None else None
         if frame is None:
@@ -241,29 +284,67 @@ class LoopLagMonitor:
         in_selector = frame is self._idle_frame or (
             frame.f_code.co_name in _SELECTOR_FUNCS and frame.f_back is not None
             and frame.f_back.f_code.co_name == "_run_once")
-        cause = classify(elapsed, on_cpu, queued, in_selector, self.warn_after_s)
-        stall = Stall(silent, stack, cause, in_selector, on_cpu, queued, watchdog_late)
+        cause = classify(sched, in_selector, self.warn_after_s)
+        stall = Stall(silent, stack, cause, in_selector, sched)
         self.stalls = [*self.stalls[-31:], stall]
         load = "/".join(f"{x:.2f}" for x in os.getloadavg())
-        sched = ("" if on_cpu is None or queued is None else
-                 f"; of the last {elapsed * 1000:.0f} ms the loop thread ran {on_cpu * 1000:.0f} ms "
-                 f"and waited {queued * 1000:.0f} ms for a CPU")
-        held = (f"; the watchdog itself woke {watchdog_late * 1000:.0f} ms late (the whole "
-                "process was held)") if watchdog_late >= self.warn_after_s else ""
         if cause == "starved":
-            verdict = ("cause: starved -- the machine had no CPU for the loop thread (other "
-                       "processes); it was here:")
+            verdict = ("cause: starved -- the machine had no CPU for the process (other "
+                       "processes); the loop thread was here:")
         elif cause == "gil":
-            verdict = ("cause: gil -- the loop thread sleeps in its selector with a timer due: "
-                       "another thread holds the GIL. Other threads:\n"
-                       + _other_threads(frames, self._loop_thread) + "\nThe loop thread:")
+            verdict = ("cause: gil -- the loop thread waits for the GIL, which another thread "
+                       "holds. Other threads:\n" + _other_threads(frames, self._loop_thread)
+                       + "\nThe loop thread:")
         else:
             verdict = ("cause: blocked -- the loop thread runs this (the code that holds the "
                        "loop):")
         log.warning("event loop blocked for %.0f ms so far (threshold %.0f ms; load average "
-                    "%s%s%s); %s\n%s", silent * 1000, self.warn_after_s * 1000, load, sched,
-                    held, verdict, stack)
+                    "%s%s); %s\n%s", silent * 1000, self.warn_after_s * 1000, load,
+                    _describe(sched), verdict, stack)
         return stall
+
+
+class _OpenStall:
+    """The watchdog's figures of one silence of the loop: the loop thread's
+    scheduling at its last tick, every thread's once the silence was long,
+    the watchdog's own lateness, and the report (once made)."""
+
+    def __init__(self, at: float, loop: Snapshot) -> None:
+        self.at = at
+        self.loop = loop
+        self.others: tuple[float, Snapshot] | None = None
+        self.watchdog_late_s = 0.0
+        self.stall: Stall | None = None
+
+    def scheduling(self, now: float, loop_id: int | None, *, held: float = 0.0
+                   ) -> Scheduling | None:
+        """The figures from the last tick to ``now``; ``held``: the watchdog
+        is known to have been held that long (it could not say so itself)."""
+        if loop_id is None or loop_id not in self.loop:
+            return None
+        since, before = self.others if self.others is not None else (self.at, {})
+        after = _snapshot() if before else _snapshot(loop_id)
+        if loop_id not in after:
+            return None
+        (run0, wait0), (run1, wait1) = self.loop[loop_id], after[loop_id]
+        others = max((after[t][1] - w0 for t, (_, w0) in before.items()
+                      if t != loop_id and t in after), default=0.0)
+        # The others' figures cover a later, shorter span: scale their share.
+        span = max(now - since, 1e-9)
+        window = max(now - self.at, 1e-9)
+        return Scheduling(window, run1 - run0, wait1 - wait0, others * window / span,
+                          max(self.watchdog_late_s, held))
+
+
+def _describe(sched: Scheduling | None) -> str:
+    if sched is None:
+        return ""
+    text = (f"; of the last {sched.window_s * 1000:.0f} ms the loop thread ran "
+            f"{sched.loop_ran_s * 1000:.0f} ms and waited {sched.loop_queued_s * 1000:.0f} ms "
+            f"for a CPU, another thread waited up to {sched.others_queued_s * 1000:.0f} ms")
+    if sched.watchdog_late_s >= 0.1:
+        text += f", the watchdog woke up to {sched.watchdog_late_s * 1000:.0f} ms late"
+    return text
 
 
 def _other_threads(frames: dict[int, FrameType], loop_thread: int | None) -> str:
