@@ -103,7 +103,7 @@ setup(
         ],
     },
     entry_points={
-        "console_scripts": ["vllm-duplex=vllm_duplex.realtime.client.cli:main"],
+        "console_scripts": ["vllm-duplex=vllm_duplex.cli:main"],
         "vllm_duplex.models": [
             "scripted=vllm_duplex.models.scripted:ScriptedPolicy",
             "cascade=vllm_duplex.models.cascade:CascadePolicy",

@@ -105,15 +105,15 @@ async def churn(url: str, sessions: int, *, api_key: str | None = None,
     return ChurnResult(fates, errors, loop.time() - started, retries)
 
 
-async def settle(engine, timeout: float = 60.0) -> bool:
+async def settle(runtime, timeout: float = 60.0) -> bool:
     """Wait until every session is gone (closed or expired) and the LLM stage
     holds no request; False on timeout."""
     deadline = asyncio.get_running_loop().time() + timeout
-    llm = next((s for s in engine.stages if getattr(s, "serves_text", False)), None)
+    llm = next((s for s in runtime.stages if getattr(s, "serves_text", False)), None)
     while asyncio.get_running_loop().time() < deadline:
         idle = llm is None or (llm.active_requests == 0
                                and llm.engine.get_num_unfinished_requests() == 0)
-        if len(engine.manager) == 0 and idle:
+        if len(runtime.manager) == 0 and idle:
             return True
         await asyncio.sleep(0.05)
     return False

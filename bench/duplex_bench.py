@@ -362,8 +362,8 @@ async def main() -> None:
     args = ap.parse_args()
     phases = [p for p in phase_sessions(args.turn_detection, args.eagerness)
               if p.name in args.phases.split(",")]
-    engine = Runtime(load_config(args.config))
-    async with BackgroundServer(engine) as server:
+    runtime = Runtime(load_config(args.config))
+    async with BackgroundServer(runtime) as server:
         for phase in phases:
             await run_phase(server.ws_url, phase, max(1, min(3, args.trials)))
     print()

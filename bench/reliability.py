@@ -116,17 +116,17 @@ async def bench_churn(sessions: int) -> None:
         config.limits, max_sessions=64, resume_grace_s=1.0))
     async with BackgroundServer(Runtime(config)) as server:
         await churn(server.ws_url, 20)
-        await settle(server.engine)
+        await settle(server.runtime)
         before = rss_bytes()
         result = await churn(server.ws_url, sessions)
-        settled = await settle(server.engine)
+        settled = await settle(server.runtime)
         after = rss_bytes()
-        llm = next(s for s in server.engine.stages if getattr(s, "serves_text", False))
+        llm = next(s for s in server.runtime.stages if getattr(s, "serves_text", False))
         print(f"churn: {sessions} sessions {dict(result.fates)} in {result.seconds:.0f} s, "
               f"{len(result.errors)} errors {result.errors[:2]}, {sum(result.retries.values())} "
               f"retried admissions; settled: {settled}; left: "
-              f"{len(server.engine.manager)} sessions, {llm.engine.get_num_unfinished_requests()} vLLM "
-              f"requests, {server.engine.journal_budget.used} journal bytes; RSS "
+              f"{len(server.runtime.manager)} sessions, {llm.engine.get_num_unfinished_requests()} vLLM "
+              f"requests, {server.runtime.journal_budget.used} journal bytes; RSS "
               f"{before / 2**20:.0f} -> {after / 2**20:.0f} MiB ({after / before:.3f}x)")
 
 
@@ -186,9 +186,9 @@ async def bench_slow_consumer() -> None:
         slow = await NonReadingClient.connect(server.host, server.port)
         await slow.send({"type": "session.update",
                          "session": {"audio": {"input": {"turn_detection": None}}}})
-        session, _ = server.engine.manager.get(slow.session_id, None)
+        session, _ = server.runtime.manager.get(slow.session_id, None)
         peak = 0
-        metrics = server.engine.metrics
+        metrics = server.runtime.metrics
 
         async def feed() -> None:  # turn after turn until the socket is cut off
             for _ in range(30):
@@ -218,7 +218,7 @@ async def bench_slow_consumer() -> None:
         cut = metrics.slow_consumers.get() > 0
         journal = session.journal.bytes
         slow.close()
-        await server.engine.end_session(session, CloseReason.CLIENT)
+        await server.runtime.end_session(session, CloseReason.CLIENT)
     print(f"slow consumer: cut off: {cut} (close 4008); queued for it at most {peak / 2**20:.2f} MiB "
           f"(bound {config.limits.outbound_bytes / 2**20:.0f} MiB), journal {journal / 2**20:.1f} MiB "
           f"(bound {config.limits.journal_bytes / 2**20:.0f} MiB); server RSS "
@@ -240,8 +240,8 @@ async def bench_engine_kill() -> None:
     config = load_config("cascade-cpu")
     config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, resume_grace_s=0))
     started = time.perf_counter()
-    engine = Runtime(config)
-    async with BackgroundServer(engine) as server, httpx.AsyncClient(base_url=server.http_url) as http:
+    runtime = Runtime(config)
+    async with BackgroundServer(runtime) as server, httpx.AsyncClient(base_url=server.http_url) as http:
         boot = time.perf_counter() - started
         clients = [await RealtimeClient.connect(server.ws_url) for _ in range(4)]
         for rt in clients:

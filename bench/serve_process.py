@@ -53,6 +53,17 @@ def http_get(url: str, timeout: float = 5.0) -> str:
         return r.read().decode()
 
 
+def stop(proc: subprocess.Popen[bytes] | None, grace_s: float = 10.0) -> None:
+    """End a server process: SIGTERM, then SIGKILL after ``grace_s``."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 class ServerProcess:
     """A fresh ``vllm-duplex serve`` on a free port, with ``limits.max_sessions`` raised to
     fit ``sessions``. Always terminated on exit (exceptions and Ctrl-C included)."""
@@ -96,7 +107,7 @@ class ServerProcess:
                                           delete=False)
         self._tmp.append(log.name)
         self.log_path = log.name
-        cmd = [sys.executable, "-m", "vllm_duplex.realtime.client.cli", "serve", "--config", cfg,
+        cmd = [sys.executable, "-m", "vllm_duplex.cli", "serve", "--config", cfg,
                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
         # Own process group: a terminal Ctrl-C reaches only the bench, which stops the server.
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
@@ -149,13 +160,7 @@ class ServerProcess:
             return ""
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop(self.proc)
         for path in self._tmp:
             try:
                 os.unlink(path)

@@ -1,6 +1,6 @@
 """Proof of the shared engine core (issue 13, item 1).
 
-One vLLM engine core (``vllm_duplex.host.engine_core.SharedEngineCore``), two
+One vLLM engine core (``vllm_duplex.fleet.engine_core.SharedEngineCore``), two
 worker processes each with an ``AsyncLLM`` client on it, both generating at
 once. Compares their greedy answers with a single-process engine's and
 reports every process's RSS: the weights exist once, in the core.
@@ -53,7 +53,7 @@ async def generate_all(engine, tokens: int) -> list[str]:
 
 def client_main(slot_json: str, tokens: int) -> None:
     """A worker: join the core through the slot, generate, print JSON."""
-    from vllm_duplex.host.engine_core import WorkerSlot, connect_client
+    from vllm_duplex.fleet.engine_core import WorkerSlot, connect_client
 
     started = time.monotonic()
     engine = connect_client({}, WorkerSlot.from_json(slot_json))
@@ -84,7 +84,7 @@ def spawn_client(slot, tokens: int) -> subprocess.Popen:
 
 def single_process(tokens: int) -> tuple[list[str], float]:
     from vllm.v1.engine.async_llm import AsyncLLM
-    from vllm_duplex.host.engine_core import engine_args
+    from vllm_duplex.fleet.engine_core import engine_args
 
     engine = AsyncLLM.from_engine_args(engine_args({}))
     try:
@@ -105,7 +105,7 @@ def main() -> int:
         client_main(args.client, args.tokens)
         return 0
 
-    from vllm_duplex.host.engine_core import SharedEngineCore
+    from vllm_duplex.fleet.engine_core import SharedEngineCore
 
     baseline, single_rss = single_process(args.tokens)
     core = SharedEngineCore({}, workers=2, spare_slots=1 if args.late_s else 0)

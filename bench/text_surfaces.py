@@ -117,12 +117,12 @@ async def grpc_streamed(g: OpenEngineClient, sid: str) -> float:
 
 
 async def main(reps: int) -> None:
-    engine = Runtime(load_config("cascade-cpu"))
-    async with BackgroundServer(engine, grpc_port=0) as server, \
+    runtime = Runtime(load_config("cascade-cpu"))
+    async with BackgroundServer(runtime, grpc_port=0) as server, \
             OpenEngineClient(server.grpc_target) as g:
-        model = engine.model
+        model = runtime.model
         base_ws = server.http_url.replace("http", "ws", 1)
-        stage = engine.text.generator.stage
+        stage = runtime.text.generator.stage
         ask = {"role": "user", "content": QUESTION}
         figures: dict[str, list[float]] = {k: [] for k in (
             "stateless", "cached", "session", "streamed", "grpc_session", "grpc_streamed")}

@@ -115,7 +115,7 @@ async def run(args: argparse.Namespace) -> None:
     paused = {ms: with_pause(BEFORE, ms, AFTER) for ms in PAUSES_MS}
     rows = []
     async with BackgroundServer(Runtime(config)) as server:
-        m = server.engine.metrics
+        m = server.runtime.metrics
         await exchange(server.ws_url, modes[0][1], complete[0])  # warm-up (not counted)
         for name, td in modes:
             spec0 = {k: m.speculations.get(outcome=k) for k in ("started", "used", "discarded")}

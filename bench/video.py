@@ -94,7 +94,7 @@ async def ingest(frames: int) -> None:
                 await rt.send({"type": "duplex.video.frame", "image": frame, "timestamp_ms": i * 1000})
             await rt.update_session({"instructions": "sync"})  # behind every frame in the mailbox
             took = time.perf_counter() - started
-            vision = server.engine.stages[-1]
+            vision = server.runtime.stages[-1]
             await asyncio.sleep(1.0)  # the last analysis
             reached = vision.completed_requests + vision.replaced_frames
     print(f"ingest: {frames / took:.0f} JPEG frames/s into one session (640x480, all decoded) vs "
@@ -114,7 +114,7 @@ async def stream_decode(seconds: float) -> None:
     alone = decoded / (time.perf_counter() - started)
     async with BackgroundServer(Runtime(vision_only(fps=float(fps)))) as server:
         async with await RealtimeClient.connect(server.ws_url) as rt:
-            session, _ = server.engine.manager.get(rt.session_id, None)
+            session, _ = server.runtime.manager.get(rt.session_id, None)
             started = time.perf_counter()
             for i in range(0, len(video), 32 << 10):
                 await rt.send({"type": "duplex.video.chunk", "container": "webm",

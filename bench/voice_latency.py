@@ -161,8 +161,8 @@ def scripted_config() -> DeployConfig:
     return DeployConfig.from_dict(raw)
 
 
-def _find_llm(engine: Runtime) -> Any:
-    for stage in engine.stages:
+def _find_llm(runtime: Runtime) -> Any:
+    for stage in runtime.stages:
         if hasattr(stage, "fast_paths") and hasattr(stage, "port"):
             return stage
     return None
@@ -172,14 +172,14 @@ async def run_phase(name: str, config: DeployConfig, args: argparse.Namespace,
                     utts: dict[str, Any], turn_session: dict[str, Any]) -> dict[str, Any]:
     print(f"[{name}] starting the server ({config.name}) ...", flush=True)
     t_start = time.monotonic()
-    engine = Runtime(config)
+    runtime = Runtime(config)
     result: dict[str, Any] = {"name": name, "config": config.name, "loadavg_before": loadavg()}
     vad = next((sp.type for sp in config.stages if sp.type in ("silero_vad", "energy_vad")), None)
     if vad is not None:
         result["vad_floor_s"] = vad_floor_s(utts["stop"], "silero" if vad == "silero_vad" else "energy")
-    async with BackgroundServer(engine) as server:
+    async with BackgroundServer(runtime) as server:
         result["server_start_s"] = time.monotonic() - t_start
-        llm = _find_llm(engine)
+        llm = _find_llm(runtime)
         c0 = {k: getattr(llm, k) for k in ("fast_paths", "rebuilds", "fresh_prefills")} if llm else {}
         print(f"[{name}] {args.turns} spoken turns ...", flush=True)
         SEND_LAG.clear()

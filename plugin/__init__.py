@@ -12,10 +12,13 @@ violation fails the test suite):
     session   one realtime session: its mailbox, responses, runner
     text      the HTTP text surfaces: generate, application sessions, streams
     host      one server process: runtime, deploy configs, stage registry
-    testing   fakes and the virtual clock, for tests only (never imported by product code)
+    fleet     serve --workers N: supervisor, shared engine core, nginx router, fleet view
+    cli       the ``vllm-duplex`` command (serve, edge, talk, prepare), above everything
+    testing   fakes and the virtual clock, for tests only: sees core, policy, models, stages
 
-``vllm_duplex.models`` (policies) sees only core and policy;
-``vllm_duplex.realtime`` (wire, server, client) sits on top of everything.
+``vllm_duplex.models`` (policies) sees only core and policy; product code
+imports neither models nor testing (both are found by entry point);
+``vllm_duplex.realtime`` (wire, server, client) sits beside ``fleet``, below ``cli``.
 """
 
 __version__ = "0.1.0"

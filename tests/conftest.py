@@ -28,8 +28,8 @@ async def vllm_stage():
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def text_server(vllm_stage):
     """A server on that engine for the text-surface tests (see text_fixtures)."""
-    from support.text_fixtures import text_engine
+    from support.text_fixtures import text_runtime
     from vllm_duplex.realtime.server.serving import BackgroundServer
 
-    async with BackgroundServer(text_engine(vllm_stage, stream_ttl_s=2.0), grpc_port=0) as server:
+    async with BackgroundServer(text_runtime(vllm_stage, stream_ttl_s=2.0), grpc_port=0) as server:
         yield server

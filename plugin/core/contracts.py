@@ -12,7 +12,7 @@ from typing import Any
 
 
 class InputMode(str, enum.Enum):
-    """How an input reaches the model (see DESIGN.md "Input modes")."""
+    """How an input reaches the model (docs/architecture.md "Input modes")."""
 
     APPEND_TOKENS = "append_tokens"
     APPEND_AUDIO_CHUNK = "append_audio_chunk"

@@ -1,7 +1,7 @@
 """The session's fence gate: the one place where stale stage outputs die.
 
-DESIGN.md: outputs tagged with an older ``(incarnation, epoch)`` are dropped
-before they reach the client — always, at one place, never by per-call-site
+Outputs tagged with an older ``(incarnation, epoch)`` are dropped before they
+reach the client — always, at one place, never by per-call-site
 checks. The session owns one ``FenceGate``, advances it on every fence bump
 and asks it about every stage output before rendering or forwarding it.
 """

@@ -1,5 +1,6 @@
 """Ordering rules of streaming input (sans-I/O), shared by every surface that
-takes numbered chunks (``WS /v1/generate/stream``; CONFORMANCE 23).
+takes numbered chunks (``WS /v1/generate/stream``, gRPC ``GenerateStream``,
+numbered realtime appends).
 
 Chunks carry ``seq`` 1, 2, 3...: the next expected one is accepted; one
 already accepted is a duplicate (a client retrying after a lost ack), which

@@ -154,6 +154,11 @@ class Metrics:
         self.loop_stalls = c("duplex_event_loop_stalls_total",
                              "Event-loop stalls past the warning threshold, by cause (blocked: "
                              "code on the loop; gil: another thread held the GIL; starved: no CPU)")
+        # What each turn's gap waited on (session/critical_path.py), segment by
+        # segment along its critical path.
+        self.critical_path = self.histogram(
+            "duplex_turn_critical_path_seconds",
+            "Segments of each turn's critical path (what the turn gap waited on), by segment")
         # semantic_vad (session/turn_end.py): each decision and its inputs.
         self.turn_end_decisions = c("duplex_turn_end_decisions_total",
                                     "Turns ended by semantic_vad, by eagerness and reason "
@@ -166,8 +171,11 @@ class Metrics:
         self.turn_end_silence = s("duplex_turn_end_silence_seconds",
                                   "Silence heard when semantic_vad ended a turn")
         self.speculations = c("duplex_speculations_total",
-                              "Speculative replies started at a pause, and whether they were "
-                              "used (released at commit) or discarded")
+                              "Replies started at a pause, and whether they were used (released "
+                              "when the final transcript confirmed their words) or discarded")
+        self.visible_revisions = c("duplex_visible_revisions_total",
+                                   "Replies the client saw start that were then cancelled because "
+                                   "the words they answered changed (the final transcript revised them)")
 
     def counter(self, name: str, help: str) -> Counter:
         with self._lock:

@@ -4,7 +4,7 @@ Every id a server mints for something that lives in one process — a realtime
 session, an application session, a generation's request id — ends with the
 instance id of its owner (``sess_Zk3…Qw.w2``, ``gen_…​.m2w3``), so a router can
 send every later request that names it to that owner exactly (an nginx
-``map`` on the owner part; see ``vllm_duplex.host.router``), and the owner can
+``map`` on the owner part; see ``vllm_duplex.fleet.router``), and the owner can
 refuse one that reached it by mistake. Ids a client chooses carry no owner;
 a client names the owner of those in the ``Duplex-Owner-Instance`` header.
 
@@ -22,7 +22,7 @@ from vllm_duplex.core.errors import DuplexError
 
 OWNER_HEADER = "Duplex-Owner-Instance"
 ROUTABLE_OWNER = re.compile(r"[A-Za-z0-9]{1,32}")
-# The same shape as the router's (vllm_duplex.host.router.MINTED_ID_REGEX).
+# The same shape as the router's (vllm_duplex.fleet.router.MINTED_ID_REGEX).
 _MINTED = re.compile(r"(?P<kind>[a-z]+)_[A-Za-z0-9_-]{24}\.(?P<owner>[A-Za-z0-9]{1,32})")
 
 

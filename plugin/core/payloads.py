@@ -83,12 +83,16 @@ class VadConfig:
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
+    # Report a pause (``VadPaused``) after this much silence, before the end of
+    # speech, and ``VadResumed`` if speech comes back first: the session
+    # prepares the reply while the silence accrues. 0: no pause reports.
+    pause_ms: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must be within 0..1, got {self.threshold}")
-        if self.prefix_padding_ms < 0 or self.silence_duration_ms < 0:
-            raise ValueError("prefix_padding_ms and silence_duration_ms must be >= 0")
+        if self.prefix_padding_ms < 0 or self.silence_duration_ms < 0 or self.pause_ms < 0:
+            raise ValueError("prefix_padding_ms, silence_duration_ms and pause_ms must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,21 @@ class VadSpeechStarted(InputObservation):
 
 @dataclass(frozen=True)
 class VadSpeechStopped(InputObservation):
+    audio_ms: int
+
+
+@dataclass(frozen=True)
+class VadPaused(InputObservation):
+    """``VadConfig.pause_ms`` of silence after speech that ended at
+    ``audio_ms``, before the VAD's end of speech (``VadSpeechStopped``)."""
+
+    audio_ms: int
+
+
+@dataclass(frozen=True)
+class VadResumed(InputObservation):
+    """Speech again at ``audio_ms`` after a ``VadPaused``: the same speech goes on."""
+
     audio_ms: int
 
 

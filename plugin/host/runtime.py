@@ -69,7 +69,7 @@ class Runtime:
         self.policy: ModelPolicy = load_policy(config.policy, **config.policy_options)
         # Stages passed in by type (e.g. one vLLM engine shared by a test
         # session, or the engine of `vllm serve`) are used, not built, and
-        # not closed by this engine.
+        # not closed by this runtime.
         shared = dict(shared_stages or {})
         self.stages = [shared.get(spec.type) or build_stage(spec, self.clock)
                        for spec in config.stages]
@@ -194,7 +194,7 @@ class Runtime:
 
     def resume_realtime_session(self, api_key: str | None, c: SessionResume
                                 ) -> tuple[DuplexSession, Attachment, Replay, dict[str, Any]]:
-        """Attach a reconnecting socket to its session (CONFORMANCE 25-28):
+        """Attach a reconnecting socket to its session (``session.resume``):
         another key's session is ``session_not_found``, a lapsed one
         ``session_expired``; the token is checked in constant time and rotates;
         ``generation``, when given, is a compare-and-swap on the lease."""

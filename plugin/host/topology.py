@@ -9,7 +9,7 @@ outright. Every id is routable (``vllm_duplex.core.owner_ids``)::
     workers:
       count: 2
       machine: m2              # optional: owner ids m2w1, m2w2
-      spare_engine_slots: 4    # restarts a shared vLLM core can take (engine_core.py)
+      spare_engine_slots: 4    # restarts a shared vLLM core can take (vllm_duplex.fleet.engine_core)
       restart_backoff_s: 1.0   # first wait before a dead worker is restarted (doubles)
       ports: [8101, 8102]      # optional: the workers' loopback ports (default: free ones)
 

@@ -1,6 +1,6 @@
 """SessionManager: admission, leases, API-key scoping, expiry and tombstones.
 
-Lifecycle (DESIGN.md "Session lifecycle")::
+Lifecycle::
 
     admit ─▶ ACTIVE ─unpin─▶ DETACHED ─pin─▶ ACTIVE ...
                │                 │
@@ -17,7 +17,9 @@ including "no key" versus a key — sees ``session_not_found`` exactly as for an
 id, for live sessions and tombstones alike (no existence leak).
 
 Tombstones keep only a frozen ``SessionInfo`` (no session reference), bounded LRU, so
-closed sessions are garbage once their owner drops them.
+closed sessions are garbage once their owner drops them. Ids, ownership, tombstones and
+the reaper are the ``Registry``'s (``vllm_duplex.leases.registry``), shared with the
+resumable streams.
 """
 
 from __future__ import annotations
@@ -27,19 +29,17 @@ import hashlib
 import hmac
 import logging
 import math
-import re
 import secrets
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, Generic, Protocol, TypeVar
 
-from vllm_duplex.core.clock import Clock, MonotonicClock
+from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.errors import DuplexError, Expired
+from vllm_duplex.leases.registry import Registry, owned
 
 log = logging.getLogger(__name__)
-
-_SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 class ManagedSession(Protocol):
@@ -85,7 +85,7 @@ class _Entry(Generic[S]):
     closing: asyncio.Task[SessionInfo] | None = None  # the close in flight; concurrent closers await it
 
 
-class SessionManager(Generic[S]):
+class SessionManager(Registry["_Entry[S]", SessionInfo], Generic[S]):
     """Admits and tracks sessions of one instance.
 
     ``session_id`` supplied by a caller must be 1–128 characters of ``[A-Za-z0-9._:-]``
@@ -93,6 +93,9 @@ class SessionManager(Generic[S]):
     ``ttl_s``: ``None`` or ``0`` means the server default; values above ``max_ttl_s``
     are clamped; negative or NaN is ``invalid_value``.
     """
+
+    kind = "session"
+    reaper_name = "duplex-reaper"
 
     def __init__(
         self,
@@ -110,20 +113,14 @@ class SessionManager(Generic[S]):
             raise ValueError("need 0 < default_ttl_s <= max_ttl_s")
         if max_sessions < 1 or reap_interval_s <= 0 or tombstones < 0:
             raise ValueError("max_sessions >= 1, reap_interval_s > 0, tombstones >= 0")
+        super().__init__(reap_interval_s=reap_interval_s, tombstones=tombstones, clock=clock)
         self.max_sessions = max_sessions
         self.default_ttl_s = default_ttl_s
         self.max_ttl_s = max_ttl_s
         self.max_sessions_per_key = max_sessions_per_key
-        self.clock: Clock = clock or MonotonicClock()
         self.instance_id = instance_id or "inst_" + secrets.token_urlsafe(12)
-        self.reap_interval_s = reap_interval_s
-        self._max_tombstones = tombstones
         self._key_secret = secrets.token_bytes(32)  # per process: ids can't be brute-forced offline
-        self._live: dict[str, _Entry[S]] = {}
-        self._tombs: OrderedDict[str, SessionInfo] = OrderedDict()
         self._per_key: Counter[str | None] = Counter()
-        self._reaper: asyncio.Task[None] | None = None
-        self._stopped = False
         self._stats = Counter(admitted_total=0, rejected_total=0, expired_total=0, closed_total=0)
 
     # -- helpers -----------------------------------------------------------------
@@ -136,12 +133,6 @@ class SessionManager(Generic[S]):
         if api_key is None:
             return None
         return hmac.new(self._key_secret, api_key.encode(), hashlib.sha256).hexdigest()
-
-    def _owned(self, info: SessionInfo, api_key: str | None) -> bool:
-        given = self._key_id(api_key)
-        if info.api_key_id is None or given is None:
-            return info.api_key_id is None and given is None
-        return hmac.compare_digest(info.api_key_id, given)
 
     def _ttl(self, ttl_s: float | None, current: float | None = None) -> float:
         if ttl_s is None:
@@ -160,17 +151,19 @@ class SessionManager(Generic[S]):
     def _lookup(self, session_id: str, api_key: str | None) -> _Entry[S] | SessionInfo:
         """The live entry or tombstone owned by ``api_key``; raises the wire errors for
         unknown, foreign-key, expired (also lapsed-not-yet-reaped) sessions."""
+        key_id = self._key_id(api_key)
         entry = self._live.get(session_id)
-        info = entry.info if entry is not None else self._tombs.get(session_id)
-        if info is None or not self._owned(info, api_key):
-            raise DuplexError("session_not_found", f"session {session_id!r} not found", param="session_id")
         if entry is None:
-            self._tombs.move_to_end(session_id)  # LRU: recently asked-about tombstones stay
+            info = self._tomb(session_id, key_id)
+            if info is None:
+                raise self._unknown(session_id)
             if info.state is SessionState.EXPIRED:
-                raise DuplexError("session_expired", f"session {session_id!r} expired", param="session_id")
+                raise self._expired(session_id)
             return info
+        if not owned(entry.info.api_key_id, key_id):
+            raise self._unknown(session_id)
         if self._lapsed(entry):
-            raise DuplexError("session_expired", f"session {session_id!r} expired", param="session_id")
+            raise self._expired(session_id)
         return entry
 
     def _open_entry(self, session_id: str, api_key: str | None) -> _Entry[S]:
@@ -183,12 +176,12 @@ class SessionManager(Generic[S]):
         """For trusted internal callers (the transport), no key check."""
         entry = self._live.get(session_id)
         if entry is None:
-            tomb = self._tombs.get(session_id)
+            tomb = self._tomb_of(session_id)
             if tomb is not None and tomb.state is SessionState.EXPIRED:
-                raise DuplexError("session_expired", f"session {session_id!r} expired", param="session_id")
+                raise self._expired(session_id)
             if tomb is not None:
                 raise DuplexError("session_closed", f"session {session_id!r} is closed", param="session_id")
-            raise DuplexError("session_not_found", f"session {session_id!r} not found", param="session_id")
+            raise self._unknown(session_id)
         if entry.closing is not None:
             raise DuplexError("session_closed", f"session {session_id!r} is closed", param="session_id")
         return entry
@@ -199,17 +192,14 @@ class SessionManager(Generic[S]):
     def _bury(self, entry: _Entry[S], state: SessionState, reason: str) -> SessionInfo:
         sid = entry.info.session_id
         if self._live.get(sid) is not entry:
-            return self._tombs.get(sid) or replace(entry.info, state=state)
+            return self._tomb_of(sid) or replace(entry.info, state=state)
         del self._live[sid]
         self._per_key[entry.info.api_key_id] -= 1
         if self._per_key[entry.info.api_key_id] <= 0:
             del self._per_key[entry.info.api_key_id]
         info = replace(entry.info, state=state, close_reason=reason)
         self._stats["expired_total" if state is SessionState.EXPIRED else "closed_total"] += 1
-        if self._max_tombstones:
-            self._tombs[sid] = info
-            while len(self._tombs) > self._max_tombstones:
-                self._tombs.popitem(last=False)
+        self._entomb(sid, info.api_key_id, info)
         return info
 
     async def _close_entry(self, entry: _Entry[S], reason: str, final: SessionState) -> SessionInfo:
@@ -247,16 +237,10 @@ class SessionManager(Generic[S]):
         ttl = self._ttl(ttl_s)
         if session_id is None:
             session_id = "sess_" + secrets.token_urlsafe(18)
-            while session_id in self._live or session_id in self._tombs:
+            while self._taken(session_id):
                 session_id = "sess_" + secrets.token_urlsafe(18)
-        elif not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
-            raise DuplexError(
-                "invalid_value", "session_id must be 1-128 chars of [A-Za-z0-9._:-]", param="session_id"
-            )
-        elif session_id in self._live or session_id in self._tombs:
-            raise DuplexError(
-                "duplicate_id", f"session_id {session_id!r} is a duplicate", param="session_id"
-            )
+        else:
+            self._check_new_id(session_id)
         key_id = self._key_id(api_key)
         if self._stopped or len(self._live) >= self.max_sessions:
             self._stats["rejected_total"] += 1
@@ -296,7 +280,7 @@ class SessionManager(Generic[S]):
             found = self._lookup(session_id, api_key)
         except Expired:
             entry = self._live.get(session_id)
-            return replace(entry.info, state=SessionState.EXPIRED) if entry else self._tombs[session_id]
+            return replace(entry.info, state=SessionState.EXPIRED) if entry else self._tomb_of(session_id)
         return found if isinstance(found, SessionInfo) else found.info
 
     def renew(
@@ -326,7 +310,7 @@ class SessionManager(Generic[S]):
         """A socket attached: the session cannot expire until every pin is released."""
         entry = self._live_entry(session_id)
         if self._lapsed(entry):
-            raise DuplexError("session_expired", f"session {session_id!r} expired", param="session_id")
+            raise self._expired(session_id)
         entry.pins += 1
         self._set(entry, state=SessionState.ACTIVE)
 
@@ -359,7 +343,7 @@ class SessionManager(Generic[S]):
         else:
             info = await self._close_entry(found, reason, SessionState.CLOSED)
         if info.state is SessionState.EXPIRED:  # we joined a close started by the reaper
-            raise DuplexError("session_expired", f"session {session_id!r} expired", param="session_id")
+            raise self._expired(session_id)
         return info
 
     async def release(self, session_id: str, reason: str) -> None:
@@ -376,37 +360,16 @@ class SessionManager(Generic[S]):
             await asyncio.gather(*(self._close_entry(e, "expired", SessionState.EXPIRED) for e in due))
         return len(due)
 
-    async def _reap_forever(self) -> None:
-        while True:
-            await self.clock.sleep(self.reap_interval_s)
-            try:
-                await self.reap_once()
-            except Exception:
-                log.exception("session reaper pass failed")
-
-    async def start(self) -> None:
-        self._stopped = False
-        if self._reaper is None or self._reaper.done():
-            self._reaper = asyncio.create_task(self._reap_forever(), name="duplex-reaper")
-            # Let it reach its first clock.sleep, so reaping is timed from start() (which
-            # makes it deterministic under a VirtualClock).
-            await asyncio.sleep(0)
+    async def _reap(self) -> None:
+        await self.reap_once()
 
     async def stop(self) -> None:
         """Stop the reaper, refuse new sessions, close every live one ("shutdown")."""
-        self._stopped = True
-        reaper, self._reaper = self._reaper, None
-        if reaper is not None:
-            reaper.cancel()
-            # wait() (not await) so our own cancellation still propagates. Closes the
-            # reaper had started run in their own tasks and are joined below.
-            await asyncio.wait([reaper])
+        # Closes the reaper had started run in their own tasks and are joined below.
+        await self._stop_reaper()
         entries = list(self._live.values())
         if entries:
             await asyncio.gather(*(self._close_entry(e, "shutdown", SessionState.CLOSED) for e in entries))
-
-    def __len__(self) -> int:
-        return len(self._live)
 
     def stats(self) -> dict[str, int]:
         """``rejected_total`` counts capacity refusals (``resource_exhausted``) only."""

@@ -19,15 +19,15 @@ from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemTyp
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.input_sequence import Accepted
 from vllm_duplex.core.payloads import INTERNAL_RATE, TextIn
+from vllm_duplex.media.data_url import data_url_bytes
 from vllm_duplex.session.effects import DecodeImage, FeedVideo, PollVideo
-from vllm_duplex.session.video_input import data_url_bytes
 
 if TYPE_CHECKING:
     from vllm_duplex.session.core import SessionCore
 
 
 def _append(core: SessionCore, c: cmd.AudioAppend) -> None:
-    # Numbered chunks (CONFORMANCE 23): a duplicate (a resend after a
+    # Numbered chunks: a duplicate (a resend after a
     # resume) is ignored, a gap is refused naming the expected seq.
     if c.seq is None or core.input_seq.accept(c.seq, 0) is Accepted.NEW:
         _append_audio(core, c.audio)
@@ -106,7 +106,7 @@ def _item_truncate(core: SessionCore, c: cmd.ItemTruncate) -> None:
                                            audio_end_ms=c.audio_end_ms))
     active = core.response
     if active is not None and active.item.id == c.item_id:
-        # The item is still being generated (CONFORMANCE 39): the client stopped
+        # The item is still being generated: the client stopped
         # playing it (the Agents SDK's interrupt() sends only this), so its output
         # stops and its .done events hold the heard part, as for a cancel.
         active.truncated()

@@ -118,7 +118,7 @@ class SessionCore:
         self.user = UserTurn(make_id)
         self.video = VideoAdmission(limits.video, started_at=now)
         self.response: ActiveResponse | None = None
-        self.latency = TurnLatency(metrics.stage_latency)
+        self.latency = TurnLatency(metrics.stage_latency, metrics.critical_path)
         self.pause = Pause()  # semantic_vad: the pause being judged
         self.speculation = Speculation()  # a reply started at a pause, held
         # What a fired timer (effects.ArmTimer) runs, by name.
@@ -394,6 +394,7 @@ class SessionCore:
         request = reply_request(self.policy, self, active.id, context, options, tools)
         fence = self.fence
         active.request_id = fence.request_id("llm")
+        self.latency.reply_started(active.id, self._now, active.times.trace)
         self._effects.append(Submit(self._generator, fence, "llm", request))
 
     def context(self, options: cmd.ResponseOptions) -> tuple[ContextMessage, ...]:
@@ -424,6 +425,9 @@ class SessionCore:
         self.metrics.interrupts.inc(reason=reason.value)
         if active.barge_pending:
             self.metrics.barge_ins.inc(outcome="interrupted")
+        elif reason is InterruptReason.TURN_DETECTED and not self.user.speaking:
+            # Not speech over it: the words it answered changed under it.
+            self.metrics.visible_revisions.inc()
         heard = active.pacer.heard_ms(self._now) if active.pacer is not None else None
         truncated = (active.cut_to_heard(self._now, heard)
                      if reason is InterruptReason.TURN_DETECTED else None)

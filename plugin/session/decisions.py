@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.contracts import OutputDecision
-from vllm_duplex.core.payloads import StageFailed, StageOutput
+from vllm_duplex.core.payloads import AudioOut, StageFailed, StageOutput, TextDelta, ToolCall
 from vllm_duplex.session import pauses
 from vllm_duplex.session.effects import Close, Forward
 
@@ -87,9 +87,20 @@ def decide(core: SessionCore, out: StageOutput) -> OutputDecision:
 
 def _gate(core: SessionCore, out: StageOutput) -> bool:
     if core.gate.admit(out):
+        _trace(core, out.payload)
         return False
     core.metrics.stale_dropped.inc(stage=out.stage)
     return True
+
+
+def _trace(core: SessionCore, p: object) -> None:
+    """A reply's output as it arrives, held or not: its critical path's
+    steps (``critical_path.py``)."""
+    kind = type(p)
+    if kind is TextDelta or kind is ToolCall:
+        core.latency.reply_text(p.response_id, core.now)  # type: ignore[attr-defined]
+    elif kind is AudioOut and p.pcm.size:  # type: ignore[attr-defined]
+        core.latency.reply_audio(p.response_id, core.now)  # type: ignore[attr-defined]
 
 
 def _fatal(core: SessionCore, out: StageOutput) -> bool:

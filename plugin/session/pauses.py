@@ -1,14 +1,26 @@
-"""A pause, as the session core lives it: judged, answered ahead, committed
-or resumed (the ``turn_end`` step of the output chain, ``decisions.py``).
+"""A pause, as the session core lives it: heard, judged, answered ahead,
+committed or resumed (the ``turn_end`` step of the output chain,
+``decisions.py``).
 
-Under ``semantic_vad`` the VAD reports every pause; the session holds its end
-of speech (``Pause``) while ``turn_end.py``'s judge weighs the silence
-against ``P(end)`` of the words up to the pause, and arms the ``turn_end``
-timer at its deadline. Meanwhile the reply may start, held
-(``speculation.py``): ``speculate`` asks for it, ``release_speculation`` makes
-it the response at the commit, and a discard voids it (one epoch
-bump, ``SessionCore.discard_speculation``) when the user goes on or the words
-change. Functions of the core: they compose its parts and only add effects.
+The VAD reports a pause ~100 ms into the silence after speech. The policy is
+told (``UserPaused``): it pushes the words it held back as still being heard
+and asks its ASR for every word up to the pause; the LLM's ``P(end)`` of
+those words follows. Then:
+
+* under ``semantic_vad`` the session holds the VAD's end of speech
+  (``Pause``) while ``turn_end.py``'s judge weighs the silence against
+  ``P(end)``, and arms the ``turn_end`` timer at its deadline; when it fires,
+  the held end of speech commits the turn as server VAD would;
+* under ``server_vad`` the VAD ends the turn itself, after its silence.
+
+In both, the reply starts in the pause (``speculate``), *held*
+(``speculation.py``): its text goes to the TTS, its audio waits. It becomes
+the response only when the final transcript confirms the words it answers
+(the policy asks for the reply then, and ``SessionCore.create_response``
+claims the held one), so no reply the client sees is ever cancelled because
+the words changed; speech before that, or other words, discard it (one epoch
+bump, ``SessionCore.discard_speculation``). Functions of the core: they
+compose its parts and only add effects.
 """
 
 from __future__ import annotations
@@ -24,6 +36,8 @@ from vllm_duplex.core.payloads import (
     TurnEndProbability,
     UserPaused,
     UserResumed,
+    VadPaused,
+    VadResumed,
     VadSpeechStarted,
     VadSpeechStopped,
 )
@@ -43,37 +57,59 @@ def take(core: SessionCore, out: StageOutput) -> bool:
     pause = core.pause
     if kind is TurnEndProbability:
         pause.decider.observe(p.p, p.text)
-        if pause.pausing:
+        if pause.open and pause.decider.judged is not None:
+            core.latency.step("p_end", core.now)
             _speculate(core)
+        if pause.pausing:
             _rearm(core)
         return True
-    if kind is TranscriptPartial and p.at_pause and pause.pausing and pause.decider.hearing:
+    if kind is TranscriptPartial and p.at_pause and pause.open and pause.decider.hearing:
         # Every word up to the pause: the policy takes them (pushes them to
         # be judged), and the pause is judged from here on.
         pause.decider.heard(p.text)
+        core.latency.step("asr_pause", core.now)
         core.decide(out)
         _speculate(core)
-        _rearm(core)
+        if pause.pausing:
+            _rearm(core)
         return True
     td = core.config.turn_detection
-    if td is None or not td.semantic:
+    if td is None:
+        if pause.open:  # the setting changed mid-pause
+            _resume(core)
+        return kind is VadPaused or kind is VadResumed
+    if td.semantic:
+        if kind is VadSpeechStopped:
+            _paused(core, out, hold=True)
+            return True
+        if kind is VadSpeechStarted and pause.pausing:
+            # The user went on: the pause was not the end of the turn.
+            _resume(core)
+            core.metrics.turn_end_resumed.inc(eagerness=td.eagerness)
+            return True
+        if kind is VadPaused or kind is VadResumed:
+            return True  # of a server_vad setting that changed since
+    else:
         if pause.pausing:  # the setting changed mid-pause
             _resume(core)
-        return False
-    if kind is VadSpeechStopped:
-        _paused(core, out)
-        return True
-    if kind is VadSpeechStarted and pause.pausing:
-        # The user went on: the pause was not the end of the turn.
-        _resume(core)
-        core.metrics.turn_end_resumed.inc(eagerness=td.eagerness)
-        return True
+        if kind is VadPaused:
+            _paused(core, out, hold=False)
+            return True
+        if kind is VadResumed:
+            if pause.open:
+                _resume(core)
+            return True
+        if kind is VadSpeechStopped:
+            # The VAD ended the turn: the reply prepared in the pause waits
+            # for the final transcript to confirm its words.
+            pause.close()
+            pause.decider.speech()
+            return False
     if kind is VadSpeechStarted:
         # A new turn: a speculation nothing claimed (e.g. the last turn's
         # words were noise) is void.
         core.discard_speculation()
     return False
-
 
 
 def due(core: SessionCore) -> None:
@@ -89,10 +125,14 @@ def _observe(core: SessionCore, observation: object) -> OutputDecision:
     return core.decide(StageOutput(fence, fence.request_id("vad"), "vad", observation))
 
 
-def _paused(core: SessionCore, out: StageOutput) -> None:
+def _paused(core: SessionCore, out: StageOutput, *, hold: bool) -> None:
+    """The VAD heard a pause (``hold``: semantic_vad's end of speech, held
+    while the pause is judged)."""
     pause = core.pause
-    if pause.held is None:
+    pause.open = True
+    if hold and pause.held is None:
         pause.held = out
+    core.latency.paused(out.payload.audio_ms, core.now)
     decision = _observe(core, UserPaused(out.payload.audio_ms))
     asked = decision.plan.submissions if decision.plan is not None else ()
     # The policy may push the words it held back, and ask its ASR to hear
@@ -102,14 +142,22 @@ def _paused(core: SessionCore, out: StageOutput) -> None:
     pause.decider.pause(core.now - PAUSE_DETECT_MS / 1000.0, words_pending=pushed,
                         hearing=hearing)
     _speculate(core)
-    _rearm(core)
+    if hold:
+        _rearm(core)
 
 
 def _speculate(core: SessionCore) -> None:
-    """The words look complete: start the reply now, held until the commit."""
+    """Start the reply now, held until the final transcript confirms its
+    words: under semantic_vad once the words up to the pause look complete
+    (``P(end) >= SPECULATE_P``), under server_vad once they are heard (its
+    silence ends the turn whatever they say)."""
     d = core.pause.decider
-    if d.judged is not None and d.judged >= SPECULATE_P:
-        speculate(core, d.text)
+    td = core.config.turn_detection
+    if td is not None and td.semantic:
+        if d.judged is not None and d.judged >= SPECULATE_P:
+            speculate(core, d.text)
+    elif d.words:
+        speculate(core, d.heard_text)
 
 
 def _rearm(core: SessionCore) -> None:
@@ -127,8 +175,9 @@ def _rearm(core: SessionCore) -> None:
 def _resume(core: SessionCore) -> None:
     """Speech again: the pause did not end the turn."""
     pause = core.pause
-    pause.held = None
+    pause.close()
     pause.decider.speech()
+    core.latency.pause_resumed()
     core.effect(CancelTimer(TIMER))
     discarded = core.discard_speculation()
     _observe(core, UserResumed(speculation_discarded=discarded))
@@ -136,7 +185,8 @@ def _resume(core: SessionCore) -> None:
 
 def _commit(core: SessionCore) -> None:
     pause = core.pause
-    held, pause.held = pause.held, None
+    held = pause.held
+    pause.close()
     assert held is not None
     td = core.config.turn_detection
     assert td is not None
@@ -149,7 +199,6 @@ def _commit(core: SessionCore) -> None:
         m.turn_end_probability.observe(decision.p)
     log_decision(core.session_id, decision)
     core.decide(held)  # speech_stopped, the commit: as server VAD does
-    release_speculation(core)  # the reply started at the pause goes out now
 
 
 # ---- the reply started at the pause ----------------------------------------------
@@ -175,20 +224,5 @@ def speculate(core: SessionCore, words: str) -> None:
                             reply_tools(core.config, options))
     core.speculation.held = held
     core.metrics.speculations.inc(outcome="started")
+    core.latency.reply_started(held.response_id, core.now)
     core.effect(Submit(core.generator, fence, "llm", request))
-
-
-def release_speculation(core: SessionCore) -> None:
-    """The turn was committed: the speculation becomes the reply now (its
-    held output goes out at once) -- unless the conversation changed under
-    it, then it is discarded and the reply waits for the transcript. The
-    final transcript still checks it (the policy cancels a reply to words
-    the final revised)."""
-    held = core.speculation.held
-    if held is None or core.response is not None:
-        return
-    if _answering(core, held.words) != held.context:
-        core.discard_speculation()
-        return
-    held.committed = True
-    core.create_response(cmd.ResponseOptions())

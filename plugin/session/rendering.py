@@ -73,7 +73,7 @@ def _speech_started(s: Scope, p: VadSpeechStarted) -> Events:
 
 
 def _speech_stopped(s: Scope, p: VadSpeechStopped) -> Events:
-    s.latency.speech_stopped(p.audio_ms)
+    s.latency.speech_stopped(p.audio_ms, s.now)
     return [s.user.speech_stopped(p.audio_ms)]
 
 

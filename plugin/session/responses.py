@@ -6,7 +6,7 @@ returns. Event order follows OpenAI Realtime: response.created,
 output_item.added, conversation.item.added, content_part.added, deltas,
 the matching .done events, output_item.done, exactly one response.done.
 The assistant message opens with its first words or audio, so a response
-that only calls a tool holds only the call (CONFORMANCE 40).
+that only calls a tool holds only the call (no empty message item before it).
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
 """Speculative replies: start answering at a pause, before the turn is sure.
 
-Under ``semantic_vad``, when the user pauses and the model already finds the
-words a complete turn (``P(end) >= SPECULATE_P``), the session asks for the
-reply at once -- the user's words are already in the live request, so only
-the assistant prefix is prefilled -- and its output goes into a *held*
-buffer instead of to the client. The policy decides each of its outputs as
+When the user pauses and the words up to the pause are heard (under
+``semantic_vad``: and the model finds them a complete turn, ``P(end) >=
+SPECULATE_P``), the session asks for the reply at once -- the user's words
+are already in the live request, so only the assistant prefix is prefilled
+-- and its output goes into a *held* buffer instead of to the client. The policy decides each of its outputs as
 they come, like any other (its text goes on to the TTS, so the audio is made
 too); what the client would see of them waits here:
 
-* **used**: the turn commits and the reply the client asks for has exactly
-  the context that was speculated on (the final transcript says the same
-  words): the response starts, bound to the speculative request, and what
-  was held is carried out at once, in order; the rest streams as usual.
+* **used**: the turn commits, its final transcript says the same words, and
+  the reply then asked for has exactly the context that was speculated on:
+  the response starts, bound to the speculative request, and what was held
+  is carried out at once, in order; the rest streams as usual.
 * **discarded**: the user goes on speaking, the final transcript says other
   words, or anything else is answered first: one epoch bump (the fence gate
   drops whatever of it is still on the way, and the ``Cancel`` aborts its
@@ -30,7 +30,12 @@ from vllm_duplex.core.contracts import OutputDecision
 from vllm_duplex.core.payloads import ContextMessage, StageFailed, StageOutput
 from vllm_duplex.core.words import same_spoken
 
-SPECULATE_P = 0.1  # P(end) from which a pause is worth answering ahead
+# P(end) from which a pause is worth answering ahead: the LLM is idle while
+# the user pauses, and a held reply costs nothing the client sees, so any
+# likely ending starts one ("what is the largest ocean": 0.04 with SmolLM2;
+# a thinking pause, "what is the capital of": < 0.001). Below it the pause
+# waits 650 ms or more (turn_end.needed_silence_ms).
+SPECULATE_P = 0.01
 
 
 @dataclass
@@ -43,7 +48,6 @@ class Held:
     words: str  # the user's words it answers
     context: tuple[ContextMessage, ...]
     outputs: list[tuple[StageOutput, OutputDecision]] = field(default_factory=list)
-    committed: bool = False  # the turn it answers was committed: the next reply is it
 
 
 class Speculation:
@@ -67,10 +71,10 @@ class Speculation:
         self.held.outputs.append((out, decision))
 
     def claim(self, context: tuple[ContextMessage, ...]) -> Held | None:
-        """The held reply, taken, when a reply with ``context`` may use it (its
-        words are the ones heard, or its turn was just committed); else None."""
+        """The held reply, taken, when a reply with ``context`` may use it (the
+        same conversation, and the words it answers are the ones heard); else None."""
         held = self.held
-        if held is not None and (held.committed or same_context(held.context, context)):
+        if held is not None and same_context(held.context, context):
             self.held = None
             return held
         return None

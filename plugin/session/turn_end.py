@@ -115,6 +115,7 @@ class TurnEndDecider:
         # The ASR is still hearing the pause out: the words are not all known.
         self.hearing = False
         self.words: list[str] | None = None  # every word up to the pause, once heard
+        self.heard_text = ""  # ... as the ASR wrote them
 
     @property
     def paused(self) -> bool:
@@ -139,13 +140,13 @@ class TurnEndDecider:
         """The ASR's words up to the pause: only a ``P(end)`` of exactly these
         counts from now on (one of fewer words, still on its way, does not)."""
         self.hearing = False
-        self.words = spoken_words(text)
+        self.words, self.heard_text = spoken_words(text), text
         if spoken_words(self.text) != self.words:
             self.p = None
 
     def speech(self) -> None:
         self.paused_at = None
-        self.hearing, self.words = False, None
+        self.hearing, self.words, self.heard_text = False, None, ""
 
     def observe(self, p: float, text: str) -> None:
         if self.words is not None and spoken_words(text) != self.words:
@@ -164,23 +165,30 @@ class TurnEndDecider:
                                    needed_silence_ms(p, eagerness), eagerness)
         # The next turn is judged on its own words only.
         self.paused_at, self.p, self.text = None, None, ""
-        self.hearing, self.words = False, None
+        self.hearing, self.words, self.heard_text = False, None, ""
         return decision
 
 
 class Pause:
-    """What the session holds while a pause is judged."""
+    """What the session holds while a pause lasts: under ``semantic_vad`` the
+    VAD's end of speech while the pause is judged; under ``server_vad`` only
+    the words heard up to it (the VAD ends the turn itself)."""
 
     def __init__(self) -> None:
         self.decider = TurnEndDecider()
-        self.held: StageOutput | None = None  # the VAD's end of speech, while the pause lasts
+        self.open = False  # a pause is being heard (either mode)
+        self.held: StageOutput | None = None  # semantic_vad: the VAD's end of speech
         self.deadline = 0.0  # of the armed timer; one that fires before it is stale
         self.last: TurnEndDecision | None = None  # the last turn's decision
 
     @property
     def pausing(self) -> bool:
-        """The user has stopped speaking and the pause is being judged."""
+        """semantic_vad: the user has stopped speaking and the pause is being judged."""
         return self.held is not None
+
+    def close(self) -> None:
+        """The pause is over (the user went on, or the turn ended)."""
+        self.open, self.held = False, None
 
     def due(self, now: float) -> bool:
         """A fired timer is this pause's (not dropped since, nor re-armed later)."""

@@ -86,7 +86,12 @@ class UserTurn:
         td = config.turn_detection
         assert td is not None
         # semantic_vad: the VAD reports every short pause; which one ends the
-        # turn is decided by the session (turn_end.py).
-        silence = PAUSE_DETECT_MS if td.semantic else td.silence_duration_ms
+        # turn is decided by the session (turn_end.py). server_vad: the VAD
+        # ends the turn after its silence, and reports the pause before that,
+        # so the reply is prepared while the silence accrues (pauses.py).
+        if td.semantic:
+            return VadConfig(threshold=td.threshold, prefix_padding_ms=td.prefix_padding_ms,
+                             silence_duration_ms=PAUSE_DETECT_MS)
+        pause = PAUSE_DETECT_MS if PAUSE_DETECT_MS < td.silence_duration_ms else 0
         return VadConfig(threshold=td.threshold, prefix_padding_ms=td.prefix_padding_ms,
-                         silence_duration_ms=silence)
+                         silence_duration_ms=td.silence_duration_ms, pause_ms=pause)

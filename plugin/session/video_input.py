@@ -19,8 +19,6 @@ decoder threads) to its runner.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,21 +31,6 @@ from vllm_duplex.media.video import (
     RateLimiter,
     decode_image,
 )
-
-
-def data_url_bytes(url: str, param: str = "image_url") -> bytes:
-    """The bytes of a ``data:image/...;base64,`` URL. Remote URLs are refused
-    (``invalid_value``): the server fetches nothing on a client's behalf."""
-    if not isinstance(url, str) or not url.startswith("data:"):
-        raise DuplexError("invalid_value", f"{param} must be a data:image/...;base64 URL "
-                          "(remote URLs are not fetched)", param=param)
-    head, _, data = url.partition(",")
-    if not head.endswith(";base64"):
-        raise DuplexError("invalid_image", f"{param} must be base64 encoded", param=param)
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise DuplexError("invalid_image", f"{param} is not valid base64", param=param) from None
 
 
 @dataclass(frozen=True)

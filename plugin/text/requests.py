@@ -24,10 +24,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_duplex.core import tools as core_tools
 from vllm_duplex.core.contracts import SamplingConfig
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.owner_ids import mint
 from vllm_duplex.core.payloads import ContextMessage
+from vllm_duplex.core.tools import tool_name
 
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 ROLES = ("system", "user", "assistant", "tool")
@@ -195,33 +197,12 @@ def parse_messages(raw: Any, param: str = "messages", *, allow_empty: bool = Fal
     return tuple(out)
 
 
-def tool_name(tool: Mapping[str, Any]) -> str | None:
-    fn = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
-    return fn.get("name")
-
-
 def parse_tools(raw: Any) -> tuple[dict[str, Any], ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise _fail("tools", "tools must be a list")
-    tools, names = [], set()
-    for i, t in enumerate(raw):
-        t = _object(t, f"tools[{i}]")
-        if t.get("type", "function") != "function":
-            raise _fail(f"tools[{i}].type", "only function tools are supported", "unsupported_option")
-        fn = t.get("function") if isinstance(t.get("function"), Mapping) else t
-        name, params = fn.get("name"), fn.get("parameters", {"type": "object"})
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
-            raise _fail(f"tools[{i}].name", "a tool name must be 1-64 characters of [A-Za-z0-9_-]")
-        if name in names:
-            raise _fail(f"tools[{i}].name", f"duplicate tool name {name!r}")
-        if not isinstance(params, Mapping):
-            raise _fail(f"tools[{i}].parameters", "parameters must be a JSON schema object")
-        names.add(name)
-        tools.append({"type": "function", "name": name, "description": fn.get("description", ""),
-                      "parameters": dict(params)})
-    return tuple(tools)
+    """The request's tools (``vllm_duplex.core.tools``), each with a
+    description and a parameters schema (chat templates expect both)."""
+    return tuple({"type": "function", "name": t["name"], "description": t.get("description", ""),
+                  "parameters": t.get("parameters", {"type": "object"})}
+                 for t in core_tools.parse_tools(raw))
 
 
 def parse_tool_choice(raw: Any, tools: Sequence[Mapping[str, Any]]) -> str | dict[str, Any]:

@@ -20,10 +20,11 @@ retained event with ``seq >= from``, then the live tail: no gap, no duplicate::
   retained window gets ``resync_required``, never a gap.
 * Errors come early: ``follow`` is a plain method that validates the cursor *before* it
   returns the async generator, so the HTTP layer can answer 4xx before starting a 200.
-* Ownership as in ``vllm_duplex.leases.manager``: ``key_id`` is the caller's HMAC of the API key; a stream
-  or tombstone of another owner looks exactly like an unknown id (no existence leak).
-* Tombstones (bounded LRU of owner + final status) answer for deleted/expired ids and keep
-  the id from being reused while they remain.
+* Ids, ownership, tombstones and the reaper are the ``Registry``'s
+  (``vllm_duplex.leases.registry``), as for sessions: ``key_id`` is the caller's HMAC of
+  the API key; a stream or tombstone of another owner looks exactly like an unknown id
+  (no existence leak); tombstones (bounded LRU of owner + final status) answer for
+  deleted/expired ids and keep the id from being reused while they remain.
 * TTL applies to COMPLETED streams only (an active one belongs to its generation). Every
   accessor runs ``collect`` first, so a stream past its TTL is expired on access even
   before the reaper's next pass: answers never depend on reaper timing.
@@ -35,23 +36,20 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import hmac
 import json
 import logging
-import re
 from collections import Counter, OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from vllm_duplex.core.clock import Clock, MonotonicClock
+from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.leases.registry import Registry, owned
 from vllm_duplex.replay.seqlog import ByteBudget, SeqBounds, SeqLog
 
 log = logging.getLogger(__name__)
-
-_STREAM_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 class StreamStatus(str, Enum):
@@ -71,20 +69,6 @@ class StreamEvent:
     event: str  # SSE event name: "text-delta", "finish", "error", "control", ...
     data: dict[str, Any]  # JSON object; the writer must not mutate it after append
     size: int  # len(json.dumps(data)) + len(event): what the byte bounds count
-
-
-def _owned(owner: str | None, key_id: str | None) -> bool:
-    if owner is None or key_id is None:
-        return owner is None and key_id is None
-    # bytes, because compare_digest rejects non-ASCII str (key ids come from callers)
-    return hmac.compare_digest(owner.encode(), key_id.encode())
-
-
-def _gone(stream_id: str, status: StreamStatus | None = None) -> DuplexError:
-    """The wire error for an id that is not live: only EXPIRED is told apart."""
-    if status is StreamStatus.EXPIRED:
-        return DuplexError("stream_expired", f"stream {stream_id!r} expired", param="stream_id")
-    return DuplexError("stream_not_found", f"stream {stream_id!r} not found", param="stream_id")
 
 
 def _resync(seq: int, first: int) -> DuplexError:
@@ -174,7 +158,7 @@ class ResumableStream:
     def check_cursor(self, from_seq: int) -> None:
         """Raise the wire error for a cursor ``follow`` cannot serve; see ``follow``."""
         if self.status in _GONE:  # raced with delete/expiry after ``get``
-            raise _gone(self.stream_id, self.status)
+            raise self._store._gone(self.stream_id, self.status)
         last = self.head_seq + 1  # "from" = head + 1 is valid: wait for the next event
         if isinstance(from_seq, bool) or not isinstance(from_seq, int) or not 1 <= from_seq <= last:
             raise DuplexError("invalid_value", f"from must be an integer in [1, {last}]", param="from")
@@ -223,8 +207,11 @@ class ResumableStream:
         self._wake()
 
 
-class StreamStore:
+class StreamStore(Registry[ResumableStream, StreamStatus]):
     """All resumable streams of one instance; ids are 1–128 chars of ``[A-Za-z0-9._:-]``."""
+
+    kind = "stream"
+    reaper_name = "duplex-stream-reaper"
 
     def __init__(
         self,
@@ -242,25 +229,23 @@ class StreamStore:
             raise ValueError("stream limits must be >= 1")
         if not ttl_s >= 0 or not reap_interval_s > 0 or tombstones < 0:
             raise ValueError("need ttl_s >= 0, reap_interval_s > 0, tombstones >= 0")
+        super().__init__(reap_interval_s=reap_interval_s, tombstones=tombstones, clock=clock)
         self.max_streams = max_streams
         self.max_events_per_stream = max_events_per_stream
         self.max_bytes_per_stream = max_bytes_per_stream
         self.max_total_bytes = max_total_bytes
         self.ttl_s = ttl_s
-        self.reap_interval_s = reap_interval_s
-        self.clock: Clock = clock or MonotonicClock()
-        self._max_tombstones = tombstones
-        self._live: dict[str, ResumableStream] = {}
         # Completed streams in completion order; one ttl for all makes it expiry order too,
         # so collect() and eviction only ever look at the front.
         self._completed: OrderedDict[str, ResumableStream] = OrderedDict()
-        self._tombs: OrderedDict[str, tuple[str | None, StreamStatus]] = OrderedDict()  # id: (owner, status)
         self.budget = ByteBudget(max_total_bytes)  # every stream's retained bytes
-        self._reaper: asyncio.Task[None] | None = None
-        self._stopped = False
         self._stats = Counter(created_total=0, expired_total=0, evicted_total=0, deleted_total=0)
 
     # -- helpers -----------------------------------------------------------------
+
+    def _gone(self, stream_id: str, status: StreamStatus | None = None) -> DuplexError:
+        """The wire error for an id that is not live: only EXPIRED is told apart."""
+        return self._expired(stream_id) if status is StreamStatus.EXPIRED else self._unknown(stream_id)
 
     def _bury(self, stream: ResumableStream, status: StreamStatus) -> bool:
         sid = stream.stream_id
@@ -269,22 +254,15 @@ class StreamStore:
         del self._live[sid]
         self._completed.pop(sid, None)
         stream._free(status)
-        if self._max_tombstones:
-            self._tombs[sid] = (stream.key_id, status)
-            while len(self._tombs) > self._max_tombstones:
-                self._tombs.popitem(last=False)
+        self._entomb(sid, stream.key_id, status)
         return True
 
     def _find(self, stream_id: str, key_id: str | None) -> ResumableStream | StreamStatus | None:
         """The owned live stream or tombstone status; None for unknown *and* foreign ids."""
         stream = self._live.get(stream_id)
         if stream is not None:
-            return stream if _owned(stream.key_id, key_id) else None
-        tomb = self._tombs.get(stream_id)
-        if tomb is None or not _owned(tomb[0], key_id):
-            return None
-        self._tombs.move_to_end(stream_id)  # LRU: recently asked-about tombstones stay
-        return tomb[1]
+            return stream if owned(stream.key_id, key_id) else None
+        return self._tomb(stream_id, key_id)
 
     def _enforce_total(self, appender: ResumableStream) -> None:
         """Trim other streams' oldest events while over ``max_total_bytes``: completed
@@ -313,12 +291,8 @@ class StreamStore:
     # -- public API --------------------------------------------------------------
 
     def create(self, stream_id: str, key_id: str | None) -> ResumableStream:
-        if not isinstance(stream_id, str) or not _STREAM_ID.fullmatch(stream_id):
-            msg = "stream_id must be 1-128 chars of [A-Za-z0-9._:-]"
-            raise DuplexError("invalid_value", msg, param="stream_id")
         self.collect()
-        if stream_id in self._live or stream_id in self._tombs:  # any owner: ids are global
-            raise DuplexError("duplicate_id", f"stream_id {stream_id!r} is a duplicate", param="stream_id")
+        self._check_new_id(stream_id)  # any owner's: ids are global
         if self._stopped:
             raise DuplexError("resource_exhausted", "stream store is shutting down; retry later")
         if len(self._live) >= self.max_streams:
@@ -339,7 +313,7 @@ class StreamStore:
         found = self._find(stream_id, key_id)
         if isinstance(found, ResumableStream):
             return found
-        raise _gone(stream_id, found)
+        raise self._gone(stream_id, found)
 
     def lookup(self, stream_ids: Sequence[str], key_id: str | None) -> dict[str, StreamStatus]:
         """Status of each named id (de-duplicated, in request order), and only those."""
@@ -358,7 +332,7 @@ class StreamStore:
         self.collect()
         found = self._find(stream_id, key_id)
         if found is None:
-            raise _gone(stream_id)
+            raise self._gone(stream_id)
         if isinstance(found, StreamStatus):
             return found
         before = found.status
@@ -384,34 +358,16 @@ class StreamStore:
         self._stats["expired_total"] += n
         return n
 
-    async def _reap_forever(self) -> None:
-        while True:
-            await self.clock.sleep(self.reap_interval_s)
-            try:
-                self.collect()
-            except Exception:
-                log.exception("stream reaper pass failed")
-
-    async def start(self) -> None:
-        self._stopped = False
-        if self._reaper is None or self._reaper.done():
-            self._reaper = asyncio.create_task(self._reap_forever(), name="duplex-stream-reaper")
-            await asyncio.sleep(0)  # reach the first clock.sleep: reaping is timed from start()
+    async def _reap(self) -> None:
+        self.collect()
 
     async def stop(self) -> None:
         """Cancel the reaper, refuse new streams, stop every active stream (shutdown).
         Completed streams stay readable so followers can drain."""
-        self._stopped = True
-        reaper, self._reaper = self._reaper, None
-        if reaper is not None:
-            reaper.cancel()
-            await asyncio.wait([reaper])  # wait(), not await: our own cancellation still propagates
+        await self._stop_reaper()
         active = [s for s in self._live.values() if s.status is StreamStatus.ACTIVE]
         if active:
             await asyncio.gather(*(s.stop() for s in active))
-
-    def __len__(self) -> int:
-        return len(self._live)
 
     @property
     def stats(self) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """Clients: the realtime SDK (``RealtimeClient``), the Python clients of the
-text surfaces (``http``, ``generate_stream``), ``talk`` and the ``vllm-duplex``
-CLI. The top of the layering: nothing imports it."""
+text surfaces (``http``, ``generate_stream``) and ``talk``. The top of
+``realtime``: only the CLI (``vllm_duplex.cli``) imports it."""
 
 from vllm_duplex.realtime.client.realtime import RealtimeClient, RealtimeError
 

@@ -44,79 +44,79 @@ def error_response(err: DuplexError) -> JSONResponse:
     return JSONResponse({"error": err.to_wire()}, status_code=err.spec.http_status)
 
 
-def create_app(engine: Runtime, grpc_port: int | None = None, grpc_host: str = "127.0.0.1"
+def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = "127.0.0.1"
                ) -> Starlette:
     """``grpc_port``: also serve the OpenEngine gRPC services there, in this
-    process and on this engine (started after it, stopped before it)."""
+    process and on this runtime (started after it, stopped before it)."""
 
     @asynccontextmanager
     async def lifespan(app):
-        await engine.start()
+        await runtime.start()
         grpc_server = None
         try:
             if grpc_port is not None:
                 from vllm_duplex.realtime.server.openengine.server import GrpcServer
 
-                grpc_server = GrpcServer(engine, grpc_host, grpc_port)
+                grpc_server = GrpcServer(runtime, grpc_host, grpc_port)
                 await grpc_server.start()
             yield
         finally:
             if grpc_server is not None:
                 await grpc_server.stop()
-            await engine.stop()
+            await runtime.stop()
 
     async def health(request: Request):
-        stages = engine.stage_health()
+        stages = runtime.stage_health()
         healthy = all(stages.values())
         return JSONResponse({"status": "ok" if healthy else "unhealthy", "stages": stages,
-                             "instance_id": engine.manager.instance_id,
-                             "sessions": len(engine.manager)},
+                             "instance_id": runtime.manager.instance_id,
+                             "sessions": len(runtime.manager)},
                             status_code=200 if healthy else 503)
 
     async def metrics(request: Request):
-        return PlainTextResponse(engine.metrics.render(),
+        return PlainTextResponse(runtime.metrics.render(),
                                  media_type="text/plain; version=0.0.4")
 
     async def models(request: Request):
         try:
-            check_key(engine, bearer_key(request.headers))
+            check_key(runtime, bearer_key(request.headers))
         except DuplexError as err:
             return error_response(err)
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "vllm-duplex",
-             **({} if name == engine.model else {"root": engine.model})}
-            for name in engine.config.model_names]})
+             **({} if name == runtime.model else {"root": runtime.model})}
+            for name in runtime.config.model_names]})
 
     async def capabilities(request: Request):
         try:
-            check_key(engine, bearer_key(request.headers))
+            check_key(runtime, bearer_key(request.headers))
         except DuplexError as err:
             return error_response(err)
-        return JSONResponse(engine.capabilities())
+        return JSONResponse(runtime.capabilities())
 
     async def playground(request: Request):
         return FileResponse(STATIC / "index.html", headers=_NO_CACHE)
 
     async def realtime(ws: WebSocket):
-        await RealtimeConnection(engine, ws).serve()
+        await RealtimeConnection(runtime, ws).serve()
 
     def authorize(request: Request) -> str | None:
         key = bearer_key(request.headers)
-        check_key(engine, key)
+        check_key(runtime, key)
         return key
 
     async def generate_stream(ws: WebSocket):
         await ws.accept()
         key = bearer_key(ws.headers, list(ws.scope.get("subprotocols") or []))
         try:
-            check_key(engine, key)
-            if engine.text is None:
+            check_key(runtime, key)
+            if runtime.text is None:
                 raise DuplexError("capability_unsupported", "this deployment has no vLLM text stage")
         except DuplexError as err:
             await ws.send_json({"type": "error", "error": err.to_wire(), "terminal": True})
             await ws.close(code=1008, reason=err.code)
             return
-        await GenerateStream(engine.text, ws, key).serve()
+        await GenerateStream(runtime.text, ws, key).serve()
 
     return Starlette(
         routes=[
@@ -132,9 +132,9 @@ def create_app(engine: Runtime, grpc_port: int | None = None, grpc_host: str = "
             # takes ``base_url`` as the socket URL itself) reaches the same socket.
             WebSocketRoute("/v1", realtime),
             WebSocketRoute("/", realtime),
-            *text_routes(lambda: engine.text, authorize),
+            *text_routes(lambda: runtime.text, authorize),
             WebSocketRoute("/v1/generate/stream", generate_stream),
         ],
         lifespan=lifespan,
-        middleware=[Middleware(OwnerHeader, instance_id=engine.manager.instance_id)],
+        middleware=[Middleware(OwnerHeader, instance_id=runtime.manager.instance_id)],
     )

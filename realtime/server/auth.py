@@ -20,10 +20,10 @@ def bearer_key(headers, subprotocols: list[str] = ()) -> str | None:
     return None
 
 
-def check_key(engine: Runtime, key: str | None) -> None:
+def check_key(runtime: Runtime, key: str | None) -> None:
     """With keys configured, a request must present one of them (compared in
     constant time). Without, every caller is local and keys only scope."""
-    allowed = engine.config.api_keys
+    allowed = runtime.config.api_keys
     if not allowed:
         return
     given = key.encode("utf-8", "surrogateescape") if key is not None else None

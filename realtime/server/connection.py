@@ -39,13 +39,13 @@ CLOSE_SLOW_CONSUMER = 4008  # this socket stopped reading; the session lives on:
 
 
 class RealtimeConnection:
-    def __init__(self, engine: Runtime, ws: WebSocket) -> None:
-        self.engine = engine
+    def __init__(self, runtime: Runtime, ws: WebSocket) -> None:
+        self.runtime = runtime
         self.ws = ws
         beta = "realtime=v1" in ws.headers.get("openai-beta", "")
-        self.codec = RealtimeCodec(max_event_bytes=engine.config.limits.max_event_bytes,
+        self.codec = RealtimeCodec(max_event_bytes=runtime.config.limits.max_event_bytes,
                                    dialect=Dialect.BETA if beta else Dialect.GA,
-                                   model_aliases={n: engine.model for n in engine.config.model_names})
+                                   model_aliases={n: runtime.model for n in runtime.config.model_names})
         self._send_lock = asyncio.Lock()
         self.session: DuplexSession | None = None
         self.attachment: Attachment | None = None
@@ -63,18 +63,18 @@ class RealtimeConnection:
         await self.ws.accept(subprotocol="realtime" if "realtime" in offered else None)
         key = bearer_key(self.ws.headers, offered)
         try:
-            check_key(self.engine, key)
+            check_key(self.runtime, key)
             model = self.ws.query_params.get("model")
-            if model and not self.engine.config.serves(model):
+            if model and not self.runtime.config.serves(model):
                 raise DuplexError("model_not_found",
                                   f"model {model!r} is not served here; this server serves "
-                                  f"{', '.join(map(repr, self.engine.config.model_names))}",
+                                  f"{', '.join(map(repr, self.runtime.config.model_names))}",
                                   param="model")
             if self.ws.query_params.get("resume") in ("1", "true"):
                 if not await self._resume(key):
                     return
             else:
-                self.session = await self.engine.open_realtime_session(key)
+                self.session = await self.runtime.open_realtime_session(key)
                 self.attachment = self.session.attachment
         except DuplexError as err:
             await self._refuse(err, 1013 if isinstance(err, Capacity) else 1008)
@@ -86,7 +86,7 @@ class RealtimeConnection:
         try:
             await self._read(session)
         finally:
-            await self.engine.release_socket(session, att)
+            await self.runtime.release_socket(session, att)
             await asyncio.gather(writer, return_exceptions=True)
 
     async def _resume(self, key: str | None) -> bool:
@@ -102,7 +102,7 @@ class RealtimeConnection:
                     raise DuplexError("invalid_event", "a ?resume=1 socket starts with "
                                       "session.resume", param="type", event_id=command.event_id)
                 check_routed_id(self.ws.query_params.get("session_id"), command.session_id)
-                session, att, replay, resumed = self.engine.resume_realtime_session(key, command)
+                session, att, replay, resumed = self.runtime.resume_realtime_session(key, command)
             except DuplexError as err:
                 if isinstance(err, FramingError):
                     await self._send(self.codec.render_error(err))
@@ -130,7 +130,7 @@ class RealtimeConnection:
         return frame if frame is not None else (message.get("bytes") or b"")
 
     async def _read(self, session: DuplexSession) -> None:
-        clock = self.engine.clock
+        clock = self.runtime.clock
         while (frame := await self._receive()) is not None:
             received_at = clock.now()
             try:
@@ -140,7 +140,7 @@ class RealtimeConnection:
                                       param="type", event_id=command.event_id)
                 session.deliver(command, received_at)
             except DuplexError as err:
-                self.engine.metrics.errors.inc(code=err.code)
+                self.runtime.metrics.errors.inc(code=err.code)
                 try:
                     await self._send(self.codec.render_error(err, session.fence))
                 except Exception:

@@ -12,14 +12,14 @@ from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.app import create_app
 
 
-def uvicorn_config(engine: Runtime, host: str, port: int,
+def uvicorn_config(runtime: Runtime, host: str, port: int,
                    log_level: str = "warning", grpc_port: int | None = None) -> uvicorn.Config:
     return uvicorn.Config(
-        create_app(engine, grpc_port, host),
+        create_app(runtime, grpc_port, host),
         host=host,
         port=port,
         ws="websockets-sansio",  # uvicorn's sans-I/O adapter of the `websockets` package
-        ws_max_size=engine.config.limits.max_frame_bytes,
+        ws_max_size=runtime.config.limits.max_frame_bytes,
         log_level=log_level,
         lifespan="on",
     )
@@ -34,19 +34,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 class BackgroundServer:
     """A real uvicorn server in the current event loop::
 
-        async with BackgroundServer(engine, grpc_port=0) as server:
+        async with BackgroundServer(runtime, grpc_port=0) as server:
             url = server.ws_url  # ws://127.0.0.1:<port>/v1/realtime
             target = server.grpc_target  # 127.0.0.1:<port> (gRPC)
     """
 
-    def __init__(self, engine: Runtime, host: str = "127.0.0.1", port: int | None = None,
+    def __init__(self, runtime: Runtime, host: str = "127.0.0.1", port: int | None = None,
                  grpc_port: int | None = None):
         """``grpc_port``: also serve gRPC (0: on a free port, see ``grpc_target``)."""
-        self.engine = engine
+        self.runtime = runtime
         self.host = host
         self.port = port or free_port(host)
         self.grpc_port = free_port(host) if grpc_port == 0 else grpc_port
-        self._server = uvicorn.Server(uvicorn_config(engine, self.host, self.port,
+        self._server = uvicorn.Server(uvicorn_config(runtime, self.host, self.port,
                                                      grpc_port=self.grpc_port))
         self._task: asyncio.Task[None] | None = None
 

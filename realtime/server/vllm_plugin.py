@@ -48,7 +48,7 @@ Lifecycle (vLLM's plugin contract only): ``attach_router`` loads the config
 None: the render server), its routes answer 503 ``engine_dead``.
 ``init_state`` builds the ``Runtime`` around the served engine and
 starts it (stage warm-up) before vLLM starts listening. Mounted apps get no
-lifespan events, so the engine is stopped by a lifespan added through
+lifespan events, so the runtime is stopped by a lifespan added through
 FastAPI's public ``include_router`` (router lifespans are merged into the
 app's); the served vLLM engine itself is never shut down by us.
 """
@@ -169,7 +169,7 @@ class DuplexEndpointPlugin:
         path = os.environ.get(PATH_ENV) or DEFAULT_PATH
         self.path = "/" + path.strip("/")
         self.config: DeployConfig | None = None
-        self.engine: Runtime | None = None
+        self.runtime: Runtime | None = None
         self._mounted = _Mounted()
 
     # -- phase A: at build_app time ------------------------------------------------------
@@ -180,7 +180,7 @@ class DuplexEndpointPlugin:
         self.config = load_config(self.config_name)  # a bad config fails `vllm serve` now
         app.mount(self.path, self._mounted, name=self.name)
         # Mounted apps get no lifespan events; FastAPI merges an included
-        # router's lifespan into the app's: that is where the engine stops.
+        # router's lifespan into the app's: that is where the runtime stops.
         app.include_router(APIRouter(lifespan=self._lifespan))
         log.info("vllm_duplex: config %r mounted at %s (realtime: %s/v1/realtime)",
                  self.config.name, self.path, self.path)
@@ -196,7 +196,7 @@ class DuplexEndpointPlugin:
                                          "none (render-only server)")
             log.warning("vllm_duplex: %s", self._mounted.unavailable)
             return
-        if self.engine is not None:
+        if self.runtime is not None:
             return
         from vllm_duplex.realtime.server.app import create_app
 
@@ -204,18 +204,18 @@ class DuplexEndpointPlugin:
         if not any(s.type == VLLM_STAGE for s in config.stages):
             log.warning("vllm_duplex: config %r has no %r stage; the served engine is unused",
                         config.name, VLLM_STAGE)
-        engine = Runtime(config)
+        runtime = Runtime(config)
         try:
-            await engine.start()
+            await runtime.start()
         except BaseException:
             self._mounted.unavailable = "vllm-duplex failed to start"
-            await engine.stop()
+            await runtime.stop()
             raise
-        self.engine = engine
-        state.duplex_engine = engine
-        self._mounted.app = create_app(engine)  # its own lifespan is never run
+        self.runtime = runtime
+        state.duplex_runtime = runtime
+        self._mounted.app = create_app(runtime)  # its own lifespan is never run
         log.info("vllm_duplex: %r ready (model %r, stages %s)", config.name, config.model,
-                 [s.name for s in engine.stages])
+                 [s.name for s in runtime.stages])
 
     # -- shutdown -------------------------------------------------------------------------
 
@@ -229,9 +229,9 @@ class DuplexEndpointPlugin:
     async def stop(self) -> None:
         """Close every session and the stages' own resources; the served vLLM
         engine is borrowed and left to vLLM."""
-        engine, self.engine = self.engine, None
+        runtime, self.runtime = self.runtime, None
         self._mounted.app = None
         self._mounted.unavailable = "vllm-duplex is shutting down"
-        if engine is not None:
-            await engine.stop()
+        if runtime is not None:
+            await runtime.stop()
             log.info("vllm_duplex: stopped")

@@ -32,6 +32,8 @@ from vllm_duplex.core.session_config import (
     Transcription,
     TurnDetection,
 )
+from vllm_duplex.core.tools import parse_tools
+from vllm_duplex.media.data_url import data_url_bytes
 from vllm_duplex.realtime.wire.aliases import (
     _MISSING,
     BETA_AUDIO_FORMATS,
@@ -39,7 +41,6 @@ from vllm_duplex.realtime.wire.aliases import (
     SESSION_BETA_TO_GA,
     _dig,
 )
-from vllm_duplex.session.video_input import data_url_bytes
 
 # ---- field validation --------------------------------------------------------
 
@@ -309,29 +310,7 @@ def _voice(v: Any, p: str) -> Any:
 
 
 def _tools(v: Any, p: str) -> Any:
-    if v is None:
-        return _MISSING
-    if not isinstance(v, list):
-        raise _bad(p, f"{p} must be a list")
-    out: list[dict[str, Any]] = []
-    names: set[str] = set()
-    for i, raw in enumerate(v):
-        tp = f"{p}[{i}]"
-        t = _obj(raw, tp)
-        if t.get("type", "function") != "function":
-            raise _bad(f"{tp}.type", "only function tools are supported")
-        name = _req_str(t, "name", f"{tp}.name")
-        if not name or name in names:
-            raise _bad(f"{tp}.name", f"{tp}.name must be non-empty and unique")
-        names.add(name)
-        tool: dict[str, Any] = {"type": "function", "name": name}
-        desc = _opt_str(t.get("description"), f"{tp}.description")
-        if desc is not None:
-            tool["description"] = desc
-        if t.get("parameters") is not None:
-            tool["parameters"] = _obj(t["parameters"], f"{tp}.parameters")
-        out.append(tool)
-    return tuple(out)
+    return _MISSING if v is None else parse_tools(v, p)
 
 
 def _tool_choice(v: Any, p: str) -> Any:

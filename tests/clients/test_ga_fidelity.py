@@ -5,7 +5,8 @@
    barge-in, errors, video input, resume) validates against the installed
    ``openai`` package's pydantic types (``openai.types.realtime``), as the
    OpenAI Agents SDK validates them; extension events are listed and skipped.
-2. What ``response.create`` must honour (CONFORMANCE 37), and truncation after
+2. What ``response.create`` must honour (tools, tool_choice, instructions, input,
+   audio.output ...), and truncation after
    a barge-in, pinned deterministically with our own client.
 
 Gaps are ``xfail(strict=True)`` naming the gap (docs/clients.md): each flips to
@@ -173,7 +174,7 @@ async def test_every_server_event_validates_against_the_sdk_types(emitted, etype
 
 
 
-# ---- what response.create must honour (CONFORMANCE 37), truncation (39) ----------------------
+# ---- what response.create must honour, truncation of the item being generated ---------------
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}

@@ -6,27 +6,18 @@ screenshot is the README's (build/playground.png)."""
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 from support.clients import BUILD, run_driver, scenario, write_wav
-from support.speech_fixtures import speak
+from support.speech_fixtures import cascade_runtime, speak
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401  (vllm_stage: tests/conftest.py)
-from vllm_duplex.host.deploy import load_config
-from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.serving import BackgroundServer
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"),
               pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium: scripts/setup.sh")]
-
-
-def runtime(name: str, vllm_stage) -> Runtime:
-    config = load_config(name)
-    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, resume_grace_s=0))
-    return Runtime(config, shared_stages={"vllm": vllm_stage})
 
 
 def y4m(path, sign: str, seconds: float = 1.0, fps: int = 10) -> str:
@@ -51,7 +42,7 @@ async def test_a_spoken_question_in_the_browser(vllm_stage, tmp_path):
     wav = write_wav(tmp_path / "q.wav", speak("What is the capital of France?", tail_s=4.0)
                     .astype("<i2").tobytes())
     BUILD.mkdir(exist_ok=True)
-    async with BackgroundServer(runtime("cascade-cpu", vllm_stage)) as server:
+    async with BackgroundServer(cascade_runtime(vllm_stage)) as server:
         results = await run_driver(
             "browser_driver", server.http_url, "--out", str(BUILD), "--audio", str(wav),
             "--scenarios", "talk", "--shot", "real", "--wait", "60", "--timeout", "150",
@@ -75,7 +66,7 @@ async def test_the_camera_sign_reaches_the_answer(vllm_stage, tmp_path):
     wav = write_wav(tmp_path / "q.wav", speak("What does the sign say?", lead_s=3.0, tail_s=4.0)
                     .astype("<i2").tobytes())
     video = y4m(tmp_path / "sign.y4m", "OPEN")
-    async with BackgroundServer(runtime("cascade-video-cpu", vllm_stage)) as server:
+    async with BackgroundServer(cascade_runtime(vllm_stage, "cascade-video-cpu")) as server:
         results = await run_driver(
             "browser_driver", server.http_url, "--out", str(BUILD), "--audio", str(wav),
             "--video", video, "--camera", "--scenarios", "talk", "--shot", "video",

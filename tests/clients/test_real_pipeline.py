@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import json
 import time
 
@@ -18,10 +17,8 @@ import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
 from support.clients import invalid_events, run_driver, scenario, write_wav
-from support.speech_fixtures import RATE, chunks, speak
+from support.speech_fixtures import RATE, cascade_runtime, chunks, speak
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401  (vllm_stage: tests/conftest.py)
-from vllm_duplex.host.deploy import load_config
-from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.serving import BackgroundServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -32,9 +29,7 @@ HEARD = QUESTION  # Whisper, the default ASR, writes it back as asked
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def server(vllm_stage):
-    config = load_config("cascade-cpu")
-    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, resume_grace_s=0))
-    async with BackgroundServer(Runtime(config, shared_stages={"vllm": vllm_stage})) as srv:
+    async with BackgroundServer(cascade_runtime(vllm_stage)) as srv:
         yield srv
 
 

@@ -1,5 +1,5 @@
-"""Application sessions over real HTTP against the real engine (CONFORMANCE
-32): open / get / renew / close, continuation by unary generate with the
+"""Application sessions over real HTTP against the real engine: open / get /
+renew / close, continuation by unary generate with the
 conversation kept in the live vLLM request, eviction, expiry, per-key and
 per-instance ownership."""
 
@@ -10,7 +10,7 @@ import asyncio
 import httpx
 import pytest
 from support.metrics import metric
-from support.text_fixtures import FRANCE, KEYS, MODEL, auth, client, sse_events, text_engine  # noqa: F401
+from support.text_fixtures import FRANCE, KEYS, MODEL, auth, client, sse_events, text_runtime  # noqa: F401
 from vllm_duplex.realtime.server.serving import BackgroundServer
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 
@@ -38,10 +38,10 @@ async def test_open_reports_lease_expiry_state_and_ref(text_server):
         assert s["state"] == "active" and s["model"] == MODEL and s["adapter"] is None
         assert s["lease"]["ttl_s"] == 30 and 0 < s["lease"]["expires_in_s"] <= 30
         assert s["lease"]["generation"] == 1 and s["lease"]["expires_at"] > 1e9
-        instance = text_server.engine.manager.instance_id
+        instance = text_server.runtime.manager.instance_id
         assert s["ref"] == {"session_id": s["id"], "owner_instance_id": instance}
         # ttl 0 and absent both mean the server default; above the maximum is clamped
-        default = text_server.engine.config.limits.session_ttl_s
+        default = text_server.runtime.config.limits.session_ttl_s
         for ttl, expect in ((0, default), (None, default), (10**9, 3600.0)):
             body = {"model": MODEL} if ttl is None else {"model": MODEL, "ttl_s": ttl}
             r = await http.post("/v1/sessions", json=body)
@@ -99,7 +99,7 @@ async def test_renew_extends_the_lease_with_compare_and_swap(text_server):
 
 
 async def test_continuation_keeps_the_conversation_in_the_live_request(text_server):
-    stage = text_server.engine.text.generator.stage
+    stage = text_server.runtime.text.generator.stage
     async with client(text_server) as http:
         before = await live_llm_requests(http)
         sid = (await http.post("/v1/sessions", json={"model": MODEL})).json()["id"]
@@ -186,8 +186,8 @@ async def test_expiry_frees_the_live_request_and_answers_410(text_server):
 
 
 async def test_the_resident_cap_evicts_the_least_recently_used(vllm_stage):
-    engine = text_engine(vllm_stage, max_resident_sessions=1)
-    async with BackgroundServer(engine) as server, client(server) as http:
+    runtime = text_runtime(vllm_stage, max_resident_sessions=1)
+    async with BackgroundServer(runtime) as server, client(server) as http:
         a = (await http.post("/v1/sessions", json={"model": MODEL})).json()["id"]
         b = (await http.post("/v1/sessions", json={"model": MODEL})).json()["id"]
         await turn(http, a, FRANCE)
@@ -201,7 +201,7 @@ async def test_the_resident_cap_evicts_the_least_recently_used(vllm_stage):
 
 
 async def test_another_instance_refuses_with_the_owner_id(text_server, vllm_stage):
-    other = text_engine(vllm_stage)
+    other = text_runtime(vllm_stage)
     async with BackgroundServer(other) as server_b, client(text_server) as a, client(server_b) as b:
         s = (await a.post("/v1/sessions", json={"model": MODEL})).json()
         owner = s["ref"]["owner_instance_id"]
@@ -223,7 +223,7 @@ async def test_another_instance_refuses_with_the_owner_id(text_server, vllm_stag
 async def test_capabilities_advertise_the_text_surfaces(text_server):
     async with client(text_server) as http:
         caps = (await http.get("/v1/capabilities")).json()["text"]
-    limits = text_server.engine.config.limits
+    limits = text_server.runtime.config.limits
     sessions = caps["application_sessions"]
     assert sessions["continuation_modes"] == {"append": True, "replace": True, "branch": False}
     assert sessions["lease"]["max_ttl_s"] == limits.max_session_ttl_s
@@ -234,5 +234,5 @@ async def test_capabilities_advertise_the_text_surfaces(text_server):
     assert caps["streams"]["mutable_fields"] == ["max_tokens", "reasoning_budget"]
     assert caps["streams"]["ttl_s"] == limits.stream_ttl_s
     assert caps["owner_affinity"] == {"required": True, "header": "Duplex-Owner-Instance",
-                                      "instance_id": text_server.engine.manager.instance_id}
+                                      "instance_id": text_server.runtime.manager.instance_id}
     assert "tool-call-delta" in caps["generate"]["events"]

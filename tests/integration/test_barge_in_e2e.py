@@ -11,19 +11,17 @@ import base64
 
 import pytest
 import pytest_asyncio
-from support.speech_fixtures import speak
+from support.speech_fixtures import cascade_runtime, say, speak
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.realtime.server.serving import BackgroundServer
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
-
-from test_cascade_e2e import cascade_engine, say
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def server(vllm_stage):  # noqa: F811
-    async with BackgroundServer(cascade_engine(vllm_stage)) as srv:
+    async with BackgroundServer(cascade_runtime(vllm_stage)) as srv:
         yield srv
 
 

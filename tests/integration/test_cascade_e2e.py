@@ -8,14 +8,13 @@ Piper answer; Whisper listens to the answer. The light pipeline
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 
 import numpy as np
 import pytest
 import pytest_asyncio
-from support.speech_fixtures import RATE, chunks, recognize, speak
+from support.speech_fixtures import RATE, cascade_runtime, recognize, say, speak
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.payloads import (
@@ -26,8 +25,6 @@ from vllm_duplex.core.payloads import (
     VadSpeechStopped,
 )
 from vllm_duplex.core.session_config import SessionPatch, TurnDetection
-from vllm_duplex.host.deploy import load_config
-from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.realtime.server.serving import BackgroundServer
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
@@ -35,24 +32,10 @@ from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-def cascade_engine(vllm_stage, name: str = "cascade-cpu") -> Runtime:  # noqa: F811
-    config = load_config(name)
-    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, resume_grace_s=0))
-    return Runtime(config, shared_stages={"vllm": vllm_stage})
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def server(vllm_stage):  # noqa: F811
-    async with BackgroundServer(cascade_engine(vllm_stage)) as srv:
+    async with BackgroundServer(cascade_runtime(vllm_stage)) as srv:
         yield srv
-
-
-async def say(client: RealtimeClient, pcm: np.ndarray) -> None:
-    """Stream ``pcm`` in 20 ms chunks at real time (as a microphone would)."""
-    start = time.monotonic()
-    for i, chunk in enumerate(chunks(pcm)):
-        await client.append_audio(chunk)
-        await asyncio.sleep(max(0.0, start + (i + 1) * 0.02 - time.monotonic()))
 
 
 def types(client: RealtimeClient) -> list[str]:
@@ -78,7 +61,7 @@ async def test_a_spoken_question_gets_a_spoken_answer(server):
 
 async def test_the_light_pipeline_answers_too(vllm_stage):  # noqa: F811
     """configs/cascade-cpu-light.yaml: PocketSphinx and Flite, for the smallest machines."""
-    async with BackgroundServer(cascade_engine(vllm_stage, "cascade-cpu-light")) as light:
+    async with BackgroundServer(cascade_runtime(vllm_stage, "cascade-cpu-light")) as light:
         async with await RealtimeClient.connect(light.ws_url) as client:
             await say(client, speak("What is the capital of France?"))
             reply = await client.collect_response(timeout=120)
@@ -139,9 +122,9 @@ async def test_barge_in_stops_the_reply_and_keeps_only_heard_words(server):
 async def test_an_asr_revision_rolls_back_and_the_answer_is_still_right(vllm_stage):  # noqa: F811
     """Drive the session with the ASR's partials directly: 'capitol' and then
     'was' revise words already pushed into the live vLLM request."""
-    engine = cascade_engine(vllm_stage)
-    await engine.start()
-    session = await engine.open_realtime_session(None)
+    runtime = cascade_runtime(vllm_stage)
+    await runtime.start()
+    session = await runtime.open_realtime_session(None)
     try:
         # Server VAD: the scripted VadSpeechStopped below is the end of the turn
         # (under the default semantic_vad it would be a pause to judge).
@@ -168,15 +151,15 @@ async def test_an_asr_revision_rolls_back_and_the_answer_is_still_right(vllm_sta
                 if env.event.type == "response.done":
                     break
         assert session.fence.incarnation >= 1
-        assert engine.metrics.incarnation_bumps.get() >= 1
+        assert runtime.metrics.incarnation_bumps.get() >= 1
         assert "Paris" in text
     finally:
-        await engine.end_session(session, CloseReason.CLIENT)
-        await engine.stop()
+        await runtime.end_session(session, CloseReason.CLIENT)
+        await runtime.stop()
 
 
 async def test_session_tools_become_function_calls_and_the_result_is_used(server):
-    """CONFORMANCE 19 with the real model: tool_choice "required" makes vLLM's
+    """Session tools with the real model: tool_choice "required" makes vLLM's
     structured outputs write a schema-valid call; the client's function_call_output
     then feeds the next response."""
     weather = {"type": "function", "name": "get_weather", "description": "Current weather in a city",

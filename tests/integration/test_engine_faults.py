@@ -26,7 +26,7 @@ import httpx
 import psutil
 import pytest
 from support.metrics import metric
-from support.text_fixtures import FRANCE, KEYS, MODEL, auth, sse_events, text_engine
+from support.text_fixtures import FRANCE, KEYS, MODEL, auth, sse_events, text_runtime
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.realtime.server.serving import BackgroundServer
 from vllm_duplex.stages.vllm.llm import VllmLlmStage
@@ -106,7 +106,7 @@ async def test_engine_death_fails_every_surface_then_a_restart_recovers() -> Non
     before = engine_core_pids()
     stage = VllmLlmStage()  # builds (and so restarts) its own engine
     try:
-        async with BackgroundServer(text_engine(stage)) as server, httpx.AsyncClient(
+        async with BackgroundServer(text_runtime(stage)) as server, httpx.AsyncClient(
                 base_url=server.http_url, timeout=60, headers=auth()) as http:
             mine = engine_core_pids() - before
             assert len(mine) == 1, mine

@@ -1,4 +1,4 @@
-"""Fuzzing the text surfaces (issue 5, item 4; CONFORMANCE 23, 32-34) over real
+"""Fuzzing the text surfaces (issue 5, item 4) over real
 HTTP and WebSocket against the real engine.
 
 Random request bodies (random JSON, wrong types in every field, bodies that
@@ -11,7 +11,7 @@ a valid generate. On ``WS /v1/generate/stream`` every bad frame gets one
 non-terminal typed ``error`` frame and the stream still generates afterwards.
 ``EDGE_CASES`` pin the inputs the random search reaches only rarely.
 
-Requests are drawn with hypothesis up front (``test_fuzz_frames.draw``: the
+Requests are drawn with hypothesis up front (``support.fuzz.draw``: the
 async test cannot be an ``@given`` test) and replayed in order. No real
 generation runs long: a body that names ``options`` gets ``max_tokens: 1``
 (the sans-I/O tests in ``test_fuzz_frames`` fuzz the option values).
@@ -32,7 +32,7 @@ import pytest
 import pytest_asyncio
 import websockets
 from hypothesis import strategies as st
-from test_fuzz_frames import (
+from support.fuzz import (
     BIG_INTS,
     GENERATE_T,
     ID_TEXT,

@@ -1,7 +1,7 @@
 """``WS /v1/generate/stream`` with raw ``websockets`` against the real engine:
 one start, ordered input chunks (duplicates acknowledged, gaps refused),
 explicit end, exactly one terminal outcome; cancel, deadline, disconnect and
-abort stop the engine work (CONFORMANCE 23, 35)."""
+abort stop the engine work (the vLLM request is aborted)."""
 
 from __future__ import annotations
 
@@ -47,17 +47,17 @@ async def rest(ws) -> list[dict[str, Any]]:
 
 
 async def engine_idle(server) -> bool:
-    stage = server.engine.text.generator.stage
+    stage = server.runtime.text.generator.stage
     for _ in range(200):
         if stage.engine.get_num_unfinished_requests() == stage.active_requests == \
-                server.engine.text.sessions.resident():
+                server.runtime.text.sessions.resident():
             return True
         await asyncio.sleep(0.02)
     return False
 
 
 async def test_chunks_in_order_then_end_gives_one_answer(text_server):
-    stage = text_server.engine.text.generator.stage
+    stage = text_server.runtime.text.generator.stage
     async with await connect(text_server) as ws:
         await send(ws, type="start", model=MODEL, request_id="ws-1", options={"max_tokens": 24})
         started = await recv(ws)

@@ -28,7 +28,7 @@ async def test_a_session_opened_over_grpc_is_the_http_session_of_the_same_key(te
     async with grpc_client(text_server) as g, client(text_server) as http, \
             client(text_server, KEYS[1]) as bob_http, grpc_client(text_server, KEYS[1]) as bob:
         s = await g.open_session(MODEL, session_id="grpc-conv-1", ttl_s=30)
-        instance = text_server.engine.manager.instance_id
+        instance = text_server.runtime.manager.instance_id
         assert (s.ref.session_id, s.ref.owner_instance_id, s.state) == ("grpc-conv-1", instance, "active")
         assert s.lease.ttl_s == 30 and s.lease.generation == 1
         r = await http.get("/v1/sessions/grpc-conv-1")
@@ -55,7 +55,7 @@ async def test_a_session_opened_over_grpc_is_the_http_session_of_the_same_key(te
         assert (await g.get_session(s.ref)).state == "closed"
         await fails(S.FAILED_PRECONDITION, "session_closed", g.generate(messages=FRANCE, session=s.ref))
         # ttl unset or 0: the server default
-        default = text_server.engine.config.limits.session_ttl_s
+        default = text_server.runtime.config.limits.session_ttl_s
         for ttl in (None, 0):
             s2 = await g.open_session(MODEL, ttl_s=ttl)
             assert s2.lease.ttl_s == default and s2.ref.session_id.endswith("." + instance)
@@ -127,7 +127,7 @@ async def test_capability_and_argument_errors_are_typed_and_name_the_field(text_
         await fails(S.UNAUTHENTICATED, "unauthorized", anon.open_session(MODEL))
         caps = await g.capabilities()
         assert caps.sessions and set(caps.continuation_modes) == {"append", "replace"}
-        assert caps.owner_affinity_required and caps.instance_id == text_server.engine.manager.instance_id
+        assert caps.owner_affinity_required and caps.instance_id == text_server.runtime.manager.instance_id
         assert dict(caps.streaming_input) == {"text": True, "audio": False, "image": False}
         assert not caps.early_output and caps.max_chunk_bytes > 0 and caps.model == MODEL
         await g.close_session(s.ref)
@@ -172,4 +172,4 @@ async def test_deadlines_and_cancellation_abort_the_engine_request(text_server):
         with pytest.raises(asyncio.CancelledError):
             await call
         assert await engine_idle(text_server)
-        assert not any(rid == "grpc-cancel-1" for _, rid in text_server.engine.text._running)
+        assert not any(rid == "grpc-cancel-1" for _, rid in text_server.runtime.text._running)

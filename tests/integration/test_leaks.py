@@ -24,27 +24,27 @@ from churn import FATES, churn, rss_bytes, settle  # noqa: E402
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-def churn_engine(vllm_stage) -> Runtime:  # noqa: F811
+def churn_runtime(vllm_stage) -> Runtime:  # noqa: F811
     config = load_config("cascade-cpu")
     limits = dataclasses.replace(config.limits, max_sessions=64, resume_grace_s=1.0)
     return Runtime(dataclasses.replace(config, limits=limits), shared_stages={"vllm": vllm_stage})
 
 
 async def check_churn(vllm_stage, sessions: int) -> None:  # noqa: F811
-    async with BackgroundServer(churn_engine(vllm_stage)) as server:
-        engine = server.engine
+    async with BackgroundServer(churn_runtime(vllm_stage)) as server:
+        runtime = server.runtime
         warm = await churn(server.ws_url, 2 * len(FATES))  # first use allocates caches and pools
         assert not warm.errors, warm.errors
-        assert await settle(engine)
+        assert await settle(runtime)
         before = rss_bytes()
         result = await churn(server.ws_url, sessions)
         assert not result.errors, result.errors[:5]
         assert sum(result.fates.values()) == sessions
-        assert await settle(engine), (len(engine.manager), vllm_stage.active_requests)
+        assert await settle(runtime), (len(runtime.manager), vllm_stage.active_requests)
         after = rss_bytes()
-        stats = engine.manager.stats()
+        stats = runtime.manager.stats()
         assert stats["expired_total"] >= 2 * sessions // len(FATES)  # abrupt + abandoned expired
-        assert engine.journal_budget.used == 0  # every journal freed
+        assert runtime.journal_budget.used == 0  # every journal freed
         assert vllm_stage.engine.get_num_unfinished_requests() == 0
         assert after <= before * 1.10, f"RSS {before / 2**20:.0f} -> {after / 2**20:.0f} MiB"
 

@@ -1,8 +1,8 @@
 """Conversation items and duplex input modes over a real socket.
 
-CONFORMANCE items: 17 (conversation.item.truncate), 18 (conversation.item.create /
-retrieve / delete, item_not_found), 20 (input modes a policy does not advertise
--> capability_unsupported naming the mode; advertised modes work).
+Pinned: conversation.item.truncate; conversation.item.create / retrieve /
+delete and item_not_found; input modes a policy does not advertise ->
+capability_unsupported naming the mode (advertised modes work).
 
 The scripted LLM reports ``usage.input_tokens`` as the number of words in the
 context it was given, which makes "what the next turn sees" observable.

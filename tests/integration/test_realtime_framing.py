@@ -1,9 +1,9 @@
 """Handshake, framing, seq/fence metadata and the beta dialect over a real socket.
 
-CONFORMANCE items: 1 (session.created), 2 (invalid_json / invalid_event /
-unknown_event), 3 (event_too_large, invalid_audio), 21 (metadata.fence on every
-event, fences only grow), 24 (seq strictly +1, resume token), and the beta
-dialect (``OpenAI-Beta: realtime=v1``).
+Pinned: session.created; invalid_json / invalid_event / unknown_event;
+event_too_large, invalid_audio; metadata.fence on every event (fences only
+grow); seq strictly +1 and the resume token; the beta dialect
+(``OpenAI-Beta: realtime=v1``).
 """
 
 from __future__ import annotations

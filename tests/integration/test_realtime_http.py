@@ -1,8 +1,8 @@
 """HTTP surfaces, API keys, admission and close over real loopback connections.
 
-CONFORMANCE items: 29 (session.close -> session.closed, then the socket closes;
-other sockets unaffected; commands after close), 30 (admission beyond
-max_sessions -> resource_exhausted, retryable), and the HTTP endpoints
+Pinned: session.close -> session.closed, then the socket closes (other
+sockets unaffected; commands after close); admission beyond max_sessions ->
+resource_exhausted, retryable; and the HTTP endpoints
 ``/health``, ``/metrics``, ``/v1/models``, ``/v1/capabilities`` with and without
 API keys (``unauthorized`` on the socket, 401 over HTTP).
 """

@@ -1,9 +1,9 @@
 """Turns and responses over a real socket: server VAD, event order, cancel, barge-in.
 
-CONFORMANCE items: 10 (server VAD turn without a client commit), 12 (response
-event order, transcript deltas == .done), 14 (second response.create while one
-is active), 15 (response.cancel, response_cancel_not_active), 16 (barge-in:
-cancelled/turn_detected, epoch +1, no old-epoch delta afterwards), 21 (fences).
+Pinned: a server VAD turn without a client commit; the response event order
+(transcript deltas == .done); a second response.create while one is active;
+response.cancel and response_cancel_not_active; barge-in (cancelled /
+turn_detected, epoch +1, no old-epoch delta afterwards); fences.
 
 Assertions are about order, never wall-clock timing. The module server speaks a
 long scripted reply so a response is still streaming when the test reacts to

@@ -1,4 +1,4 @@
-"""Lossless resume over a real socket (CONFORMANCE 24-28, 31): disconnect,
+"""Lossless resume over a real socket: disconnect,
 reconnect with ``session.resume``, and get exactly the events after
 ``last_seq``; token rotation, takeover, grace expiry, retention and resync,
 event acks, lease compare-and-swap, slow consumers, and the chaos test (a
@@ -168,7 +168,7 @@ async def test_event_ack_releases_what_the_client_has(server):
     await rt.ack()
     await rt.send({"type": "conversation.item.retrieve", "item_id": "nope"})  # a marker behind the ack
     await rt.wait_for("error")
-    session, _ = server.engine.manager.get(rt.session_id, KEYS[0])
+    session, _ = server.runtime.manager.get(rt.session_id, KEYS[0])
     assert session.journal.first_seq == rt.last_seq  # only the marker's error is kept
     await rt.send({"type": "session.event_ack", "seq": 10_000})
     err = await rt.wait_for("error")
@@ -188,20 +188,20 @@ async def test_no_resume_within_grace_expires_the_session(server):
         with pytest.raises(RealtimeError) as info:
             await rt.reconnect()
         assert info.value.code == "session_expired"  # not session_not_found
-        assert len(short.engine.manager) == 0
+        assert len(short.runtime.manager) == 0
 
 
 async def test_a_slow_consumer_loses_its_socket_but_nothing_else(server):
     async with serve(resumable(outbound_capacity=6)) as tight:
         rt = await RealtimeClient.connect(tight.ws_url, api_key=KEYS[0])
         await rt.update_session(TEXT)
-        session, _ = tight.engine.manager.get(rt.session_id, KEYS[0])
+        session, _ = tight.runtime.manager.get(rt.session_id, KEYS[0])
         cursor = rt.last_seq
         # Stop reading: many tiny events overflow the socket's queue of 6.
         for _ in range(40):
             await rt.send({"type": "conversation.item.retrieve", "item_id": "nope"})
         async with asyncio.timeout(10):
-            while tight.engine.metrics.slow_consumers.get() == 0:
+            while tight.runtime.metrics.slow_consumers.get() == 0:
                 await asyncio.sleep(0.01)
         assert session.close_reason is None  # the session lives on
         with pytest.raises(websockets.ConnectionClosed):
@@ -264,7 +264,7 @@ async def test_resume_needs_the_resume_socket(server):
 
 
 async def test_numbered_input_chunks_survive_a_resume(server):
-    """CONFORMANCE 23 on the realtime socket: numbered appends; a duplicate is
+    """Numbered input on the realtime socket: numbered appends; a duplicate is
     ignored, a gap refused with the expected seq; a resume says what arrived."""
     rt = await open_client(server)
     await rt.update_session(TEXT)

@@ -1,9 +1,9 @@
 """The official ``openai`` SDK's realtime client against our server on loopback.
 
-CONFORMANCE items: 4 (the SDK updates the session, appends audio, commits,
-creates a response and reads typed events without a parse error), 10 (server
-VAD through the SDK: speech_started -> speech_stopped -> committed -> response,
-no client commit), plus the error event as the SDK types it.
+Pinned: the SDK updates the session, appends audio, commits, creates a
+response and reads typed events without a parse error; server VAD through the
+SDK (speech_started -> speech_stopped -> committed -> response, no client
+commit); the error event as the SDK types it.
 
 The SDK builds events without validating them (``construct_type_unchecked``), so
 "no parse error" is checked strictly here: every raw frame is validated against

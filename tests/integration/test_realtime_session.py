@@ -1,9 +1,9 @@
 """Session configuration and input buffering over a real socket.
 
-CONFORMANCE items: 5 (session.update echo, unknown fields ignored,
-invalid_value + param), 6 (immutable_field), 7 (audio formats: PCM16 at other
-rates, pcmu/pcma in and out, unsupported_audio_format), 8 (turn_detection
-server_vad / null / unsupported), 9 (append, commit on empty buffer, clear).
+Pinned: the session.update echo (unknown fields ignored, invalid_value +
+param); immutable_field; audio formats (PCM16 at other rates, pcmu/pcma in and
+out, unsupported_audio_format); turn_detection server_vad / null /
+unsupported; append, commit on an empty buffer, clear.
 """
 
 from __future__ import annotations

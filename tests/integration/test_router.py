@@ -1,4 +1,5 @@
-"""``serve --workers 2`` behind the real nginx, on loopback (issue 13; CONFORMANCE 43).
+"""``serve --workers 2`` behind the real nginx, on loopback (issue 13): an id
+reaches its owner, an unknown owner is refused.
 
 One router for the module: the scripted pipeline in two worker processes
 (``w1``, ``w2``), each admitting at most ``PER_WORKER`` sessions. What a user

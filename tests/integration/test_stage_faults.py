@@ -87,6 +87,6 @@ async def test_a_stage_exception_fails_only_its_own_session() -> None:
             await ask(a, "And now a normal question.")
             again = await ticking(clock, a.collect_response(timeout=30))
             assert again.status == "completed" and again.text == LONG_REPLY
-        engine = server.engine
-        llm = next(s for s in engine.stages if s.name == "llm")
+        runtime = server.runtime
+        llm = next(s for s in runtime.stages if s.name == "llm")
         assert llm.failed_requests == 1 and llm.completed_requests == 2

@@ -1,5 +1,6 @@
 """``POST /v1/generate`` over real HTTP against the real engine: one stateless
-model step with external history and tools (CONFORMANCE 33, 35)."""
+model step with external history and tools; a client gone or a deadline
+aborts the vLLM request."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def text_of(events) -> str:
 
 async def engine_idle(server, tries: int = 200) -> bool:
     """Every vLLM request of the text surfaces has left the engine."""
-    text = server.engine.text
+    text = server.runtime.text
     engine = text.generator.stage.engine
     for _ in range(tries):
         if text.generator.active_requests == 0 and engine.get_num_unfinished_requests() == \
@@ -46,7 +47,7 @@ async def engine_idle(server, tries: int = 200) -> bool:
 
 
 async def test_a_step_streams_text_then_one_finish_with_usage(text_server):
-    sessions_before = len(text_server.engine.text.sessions.manager), len(text_server.engine.manager)
+    sessions_before = len(text_server.runtime.text.sessions.manager), len(text_server.runtime.manager)
     events = await generate(text_server, {"model": MODEL, "messages": FRANCE,
                                           "options": {"max_tokens": 24}})
     names = [e for e, _ in events]
@@ -60,7 +61,7 @@ async def test_a_step_streams_text_then_one_finish_with_usage(text_server):
     assert usage["prompt_tokens"] > 10 and 0 < usage["completion_tokens"] <= 24
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     # Stateless: no session of either kind was created.
-    assert (len(text_server.engine.text.sessions.manager), len(text_server.engine.manager)) == sessions_before
+    assert (len(text_server.runtime.text.sessions.manager), len(text_server.runtime.manager)) == sessions_before
     assert await engine_idle(text_server)
 
 
@@ -192,15 +193,15 @@ async def test_disconnect_aborts_the_engine_request(text_server):
                 seen += event == "text-delta"
                 if seen == 3:
                     break
-            assert text_server.engine.text.generator.active_requests == 1
+            assert text_server.runtime.text.generator.active_requests == 1
     assert await engine_idle(text_server)
-    assert text_server.engine.text.generator.aborted_requests >= 1
+    assert text_server.runtime.text.generator.aborted_requests >= 1
 
 
 async def test_abort_by_request_id_and_deadline(text_server):
     body = {"model": MODEL, "messages": STORY, "request_id": "story-1", "options": {"max_tokens": 400}}
     task = asyncio.create_task(generate(text_server, body))
-    while text_server.engine.text.generator.active_requests == 0:
+    while text_server.runtime.text.generator.active_requests == 0:
         await asyncio.sleep(0.02)
     # another key cannot see it
     r = await post(text_server, "/v1/requests/story-1/abort", {}, key=KEYS[1])

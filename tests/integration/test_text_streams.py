@@ -1,5 +1,5 @@
 """Resumable streams and mid-generation control over real HTTP against the
-real engine (CONFORMANCE 34): replay from a cursor then follow live, lookup,
+real engine: replay from a cursor then follow live, lookup,
 idempotent DELETE that stops the generation, expiry, control at a reported
 event boundary, per-key ownership."""
 
@@ -100,7 +100,7 @@ async def test_lookup_answers_only_the_named_ids_of_the_caller(text_server):
 
 
 async def test_delete_is_idempotent_and_stops_the_generation(text_server):
-    text = text_server.engine.text
+    text = text_server.runtime.text
     async with client(text_server) as http:
         async with http.stream("POST", "/v1/generate", json={
                 "model": MODEL, "messages": STORY, "stream_id": "del-1",
@@ -125,7 +125,7 @@ async def test_completed_streams_expire_after_their_ttl(text_server):
                                                    "stream_id": "ttl-1", "options": {"max_tokens": 4}})
         assert r.status_code == 200
         assert await status_of(http, "ttl-1") == {"ttl-1": "completed"}
-        await asyncio.sleep(text_server.engine.config.limits.stream_ttl_s + 0.2)  # the fixture's TTL: 2 s
+        await asyncio.sleep(text_server.runtime.config.limits.stream_ttl_s + 0.2)  # the fixture's TTL: 2 s
         assert await status_of(http, "ttl-1") == {"ttl-1": "expired"}
         r = await http.get("/v1/streams/ttl-1")
         assert (r.status_code, r.json()["error"]["code"]) == (410, "stream_expired")

@@ -12,16 +12,13 @@ time, a reader takes the events as they come (so arrival times are true).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 
 import numpy as np
 import pytest
 import pytest_asyncio
-from support.speech_fixtures import RATE, chunks, speak
-from vllm_duplex.host.deploy import load_config
-from vllm_duplex.host.runtime import Runtime
+from support.speech_fixtures import RATE, cascade_runtime, say, speak
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.realtime.server.serving import BackgroundServer
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
@@ -34,9 +31,7 @@ LOW = {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def server(vllm_stage):  # noqa: F811
-    config = load_config("cascade-cpu")
-    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, resume_grace_s=0))
-    async with BackgroundServer(Runtime(config, shared_stages={"vllm": vllm_stage})) as srv:
+    async with BackgroundServer(cascade_runtime(vllm_stage)) as srv:
         yield srv
 
 
@@ -50,15 +45,6 @@ def voiced_end_s(pcm: np.ndarray) -> float:
     """Where the speech in ``pcm`` ends (its last loud sample)."""
     loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > 300)
     return float(loud[-1] + 1) / RATE
-
-
-async def say(client: RealtimeClient, pcm: np.ndarray) -> float:
-    """Stream ``pcm`` in 20 ms chunks at real time; returns when it started."""
-    start = time.monotonic()
-    for i, chunk in enumerate(chunks(pcm)):
-        await client.append_audio(chunk)
-        await asyncio.sleep(max(0.0, start + (i + 1) * 0.02 - time.monotonic()))
-    return start
 
 
 async def converse(client: RealtimeClient, pcm: np.ndarray):
@@ -113,7 +99,7 @@ async def test_a_complete_question_is_answered_after_a_short_silence(server, cap
     async with await RealtimeClient.connect(server.ws_url) as client:
         await client.update_session(LOW)  # warm-up: a fresh server's first partials are slow
         await converse(client, speak("Hello there."))
-    m = server.engine.metrics
+    m = server.runtime.metrics
     before_dec = dict(m.turn_end_decisions.values)
     before_used = m.speculations.get(outcome="used")
     async with await RealtimeClient.connect(server.ws_url) as client:

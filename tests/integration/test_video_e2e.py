@@ -8,9 +8,7 @@ items, rate limits, corrupt input and policies without video."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import io
-import time
 
 import av
 import numpy as np
@@ -19,9 +17,7 @@ import pytest_asyncio
 import skimage.data as skimage_data
 from PIL import Image, ImageDraw, ImageFont
 from support.audio import b64
-from support.speech_fixtures import chunks, speak
-from vllm_duplex.host.deploy import load_config
-from vllm_duplex.host.runtime import Runtime
+from support.speech_fixtures import cascade_runtime, say, speak
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.realtime.server.serving import BackgroundServer
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
@@ -63,10 +59,8 @@ def png(frame: np.ndarray) -> bytes:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def server(vllm_stage):  # noqa: F811
-    config = load_config("cascade-video-cpu")
-    config = dataclasses.replace(config, limits=dataclasses.replace(
-        config.limits, resume_grace_s=0, video_max_fps=12.0))
-    async with BackgroundServer(Runtime(config, shared_stages={"vllm": vllm_stage})) as srv:
+    async with BackgroundServer(cascade_runtime(vllm_stage, "cascade-video-cpu",
+                                                video_max_fps=12.0)) as srv:
         yield srv
 
 
@@ -84,10 +78,7 @@ async def test_a_spoken_question_about_the_sign_is_answered_from_the_video(serve
         scene = await scene_event(rt)
         assert "open" in scene["text"].lower() and scene["faces"] == 1, scene
         assert "seq" in scene  # journaled like every other event
-        start = time.monotonic()
-        for i, chunk in enumerate(chunks(speak("What does the sign say?"))):
-            await rt.append_audio(chunk)
-            await asyncio.sleep(max(0.0, start + (i + 1) * 0.02 - time.monotonic()))
+        await say(rt, speak("What does the sign say?"))
         reply = await rt.collect_response(timeout=120)
     assert reply.status == "completed"
     assert "open" in reply.transcript.lower(), reply.transcript

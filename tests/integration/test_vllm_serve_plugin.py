@@ -136,14 +136,14 @@ async def test_mounted_app_lifecycle_in_a_fastapi_app(monkeypatch: pytest.Monkey
         with pytest.raises(RealtimeError) as err:
             await RealtimeClient.connect(f"ws://{addr}/duplex/v1/realtime")
         assert err.value.code == "engine_dead"
-    assert plugin.engine is None
+    assert plugin.runtime is None
 
     plugin = DuplexEndpointPlugin()
     app = FastAPI()
     plugin.attach_router(app)
     state = State()
     await plugin.init_state(SimpleNamespace(), state, args)  # type: ignore[arg-type]
-    assert state.duplex_engine is plugin.engine and plugin.engine is not None
+    assert state.duplex_runtime is plugin.runtime and plugin.runtime is not None
     async with serve_app(app) as addr, httpx.AsyncClient(base_url=f"http://{addr}") as http:
         caps = (await http.get("/duplex/v1/capabilities")).json()
         assert caps["model"] == "served" and caps["realtime"]["path"] == "/v1/realtime"
@@ -154,7 +154,7 @@ async def test_mounted_app_lifecycle_in_a_fastapi_app(monkeypatch: pytest.Monkey
             await rt.create_response({"output_modalities": ["text"]})
             result = await rt.collect_response(timeout=30)
         assert result.status == "completed" and "scripted duplex engine" in result.text
-    assert plugin.engine is None  # the lifespan stopped it
+    assert plugin.runtime is None  # the lifespan stopped it
 
 
 # ---- 2. the real `vllm serve` -----------------------------------------------------------

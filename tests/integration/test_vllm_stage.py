@@ -76,7 +76,7 @@ def test_prepare_is_idempotent_and_redoes_an_interrupted_run(tmp_path: Path,
 
 
 def test_prepare_cli_prints_the_directory(capsys: pytest.CaptureFixture[str]) -> None:
-    from vllm_duplex.realtime.client.cli import main
+    from vllm_duplex.cli import main
 
     assert main(["prepare"]) == 0
     assert capsys.readouterr().out.strip() == str(prepare.model_dir())

@@ -28,10 +28,10 @@ async def fails(status: grpc.StatusCode, code: str, awaitable: Any) -> OpenEngin
 
 async def engine_idle(server: Any) -> bool:
     """No vLLM request left beyond the resident sessions' live ones."""
-    stage = server.engine.text.generator.stage
+    stage = server.runtime.text.generator.stage
     for _ in range(250):
         if stage.engine.get_num_unfinished_requests() == stage.active_requests == \
-                server.engine.text.sessions.resident():
+                server.runtime.text.sessions.resident():
             return True
         await asyncio.sleep(0.02)
     return False
@@ -40,7 +40,7 @@ async def engine_idle(server: Any) -> bool:
 async def running(server: Any, request_id: str) -> None:
     """Wait until ``request_id`` runs (registered for abort)."""
     for _ in range(500):
-        if any(rid == request_id for _, rid in server.engine.text._running):
+        if any(rid == request_id for _, rid in server.runtime.text._running):
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"{request_id} never ran")

@@ -36,7 +36,7 @@ LONG_REPLY = " ".join(f"Sentence number {i} of a long scripted reply." for i in 
 
 ANY: Any = object()
 
-# CONFORMANCE error codes -> (error.type, retryable) as the wire must show them.
+# Error codes -> (error.type, retryable) as the wire must show them (docs/errors.md).
 ERROR_SHAPES: dict[str, tuple[str, bool]] = {
     **{code: ("invalid_request_error", False) for code in (
         "invalid_json", "invalid_event", "unknown_event", "event_too_large", "invalid_audio",
@@ -119,7 +119,7 @@ async def stream_audio(rt: RealtimeClient, pcm: bytes, *, rate: int = 24000) -> 
 
 
 def assert_error(event: Event, code: str, *, event_id: str | None = ANY, param: Any = ANY) -> None:
-    """The CONFORMANCE error shape, with error.type/retryable from ``ERROR_SHAPES``."""
+    """The Realtime error event's shape, with error.type/retryable from ``ERROR_SHAPES``."""
     assert event["type"] == "error", event
     assert isinstance(event.get("event_id"), str) and event["event_id"], event
     err = event["error"]

@@ -72,7 +72,7 @@ class Serve:
                  else ["--port", str(self.port)])
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "vllm_duplex.realtime.client.cli", *self.argv, *where],
+                [sys.executable, "-m", "vllm_duplex.cli", *self.argv, *where],
                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:

@@ -1,14 +1,22 @@
-"""Real speech for end-to-end tests: questions spoken by Flite, and answers
+"""Real speech for end-to-end tests: questions spoken by Flite into a socket at
+real time, answered by a real pipeline on the test session's vLLM stage, and
 checked by ear -- Whisper base (the default pipeline's final ASR, loaded once
 per test session) listening to the reply."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import re
 import subprocess
+import time
+from typing import Any
 
 import numpy as np
 import soxr
+from vllm_duplex.host.deploy import load_config
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.stages.speech.subprocess_tts import parse_wav
 
 RATE = 24000  # the Realtime default input rate
@@ -28,6 +36,26 @@ def speak(text: str, *, rate: int = RATE, lead_s: float = 0.3, tail_s: float = 1
 def chunks(pcm: np.ndarray, *, rate: int = RATE, ms: int = 20) -> list[bytes]:
     step = rate * ms // 1000
     return [pcm[i:i + step].astype("<i2").tobytes() for i in range(0, len(pcm), step)]
+
+
+async def say(client: RealtimeClient, pcm: np.ndarray) -> float:
+    """Stream ``pcm`` in 20 ms chunks at real time (as a microphone would);
+    returns when it started."""
+    start = time.monotonic()
+    for i, chunk in enumerate(chunks(pcm)):
+        await client.append_audio(chunk)
+        await asyncio.sleep(max(0.0, start + (i + 1) * 0.02 - time.monotonic()))
+    return start
+
+
+def cascade_runtime(vllm_stage: Any, name: str = "cascade-cpu", **limits: Any) -> Runtime:
+    """A config of ``configs/`` on the test session's vLLM stage. A dropped
+    socket ends its session (``resume_grace_s=0``): a detached session would
+    outlive its test."""
+    config = load_config(name)
+    limits = {"resume_grace_s": 0, **limits}
+    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, **limits))
+    return Runtime(config, shared_stages={"vllm": vllm_stage})
 
 
 def recognize(pcm: np.ndarray, rate: int) -> str:

@@ -28,7 +28,7 @@ WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Curre
                                "required": ["city"]}}
 
 
-def text_engine(vllm_stage: Any, **limits: Any) -> Runtime:
+def text_runtime(vllm_stage: Any, **limits: Any) -> Runtime:
     """The default deployment (cascade-cpu) with API keys, on the shared engine."""
     config = load_config("cascade-cpu")
     limits = {"resume_grace_s": 0.0, **limits}  # dropped realtime sockets end their sessions

@@ -123,7 +123,7 @@ def test_an_uninstalled_package_says_what_to_install(fake_model, monkeypatch):
 
 
 def test_the_cli_reports_a_bad_model_and_fails(fake_model, capsys):
-    from vllm_duplex.realtime.client.cli import main
+    from vllm_duplex.cli import main
 
     name, pkg = fake_model
     (pkg / "data" / "model.bin.part1").write_bytes(b"x" * len(PART1))
@@ -133,7 +133,7 @@ def test_the_cli_reports_a_bad_model_and_fails(fake_model, capsys):
 
 
 def test_serve_refuses_a_config_whose_model_is_bad(fake_model, tmp_path, capsys):
-    from vllm_duplex.realtime.client.cli import main
+    from vllm_duplex.cli import main
 
     name, pkg = fake_model
     (pkg / "data" / "config.json").unlink()

@@ -3,11 +3,11 @@ stage outputs, and check its plans and decisions."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pytest
+from support.policy_views import CascadeView
 from vllm_duplex.core.commands import DuplexInput, ResponseOptions
 from vllm_duplex.core.contracts import FenceBump, InputMode, InterruptReason
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
@@ -36,22 +36,6 @@ from vllm_duplex.models.cascade.transcript import stable_prefix
 from vllm_duplex.policy import load_policy
 
 
-@dataclass
-class View:
-    config: SessionConfig = field(default_factory=lambda: SessionConfig(
-        model="m", policy="cascade", instructions="Be brief."))
-    items: list[ConversationItem] = field(default_factory=list)
-    active_response_id: str | None = None
-    user_speaking: bool = False
-    policy_state: CascadeState = field(default_factory=CascadeState)
-    fence: Fence = Fence("s")
-    output_paused: bool = False
-
-    @property
-    def output_modalities(self) -> tuple[str, ...]:
-        return tuple(self.config.output_modalities)
-
-
 def out(payload: Any, stage: str = "asr") -> StageOutput:
     return StageOutput(Fence("s"), Fence("s").request_id("in"), stage, payload)
 
@@ -68,7 +52,7 @@ def test_registered_through_the_entry_point():
 
 
 def test_audio_goes_to_vad_and_asr_under_server_vad():
-    plan = policy.plan_append(View(), AudioIn(np.zeros(320, np.int16), 0))
+    plan = policy.plan_append(CascadeView(), AudioIn(np.zeros(320, np.int16), 0))
     assert plan.mode is InputMode.APPEND_AUDIO_CHUNK
     assert [s.stage for s in plan.submissions] == ["vad", "asr"]
 
@@ -81,7 +65,7 @@ def test_stable_prefix_excludes_the_word_still_being_heard():
 
 
 def test_stable_words_become_deltas_and_are_pushed_to_the_live_request():
-    view = View(items=[ConversationItem("u0", ItemType.MESSAGE, Role.USER,
+    view = CascadeView(items=[ConversationItem("u0", ItemType.MESSAGE, Role.USER,
                                         content=[ContentPart("input_text", text="hi")])])
     policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     d1 = policy.decide_output(view, out(TranscriptPartial("what is")))
@@ -98,7 +82,7 @@ def test_stable_words_become_deltas_and_are_pushed_to_the_live_request():
 
 
 def test_a_revised_pushed_word_rolls_back_to_the_turn_start():
-    view = View()
+    view = CascadeView()
     policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     policy.decide_output(view, out(TranscriptPartial("what is the")))
     policy.decide_output(view, out(TranscriptPartial("what is the capitol")))  # pushed: what is the
@@ -110,7 +94,7 @@ def test_a_revised_pushed_word_rolls_back_to_the_turn_start():
 
 
 def test_speech_stopped_commits_and_the_final_transcript_answers():
-    view = View()
+    view = CascadeView()
     policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     stopped = policy.decide_output(view, out(VadSpeechStopped(900), "vad"))
     assert stopped.commit_turn and not stopped.create_response and stopped.forward
@@ -120,21 +104,21 @@ def test_speech_stopped_commits_and_the_final_transcript_answers():
 
 @pytest.mark.parametrize("text", ["", "   "])
 def test_noise_without_words_gets_no_reply(text):
-    view = View()
+    view = CascadeView()
     policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     policy.decide_output(view, out(VadSpeechStopped(300), "vad"))
     assert not policy.decide_output(view, out(TranscriptFinal(text))).create_response
 
 
 def test_speech_during_a_reply_interrupts_it_in_immediate_mode():
-    view = View(active_response_id="resp_1", config=SessionConfig(
+    view = CascadeView(active_response_id="resp_1", config=SessionConfig(
         model="m", policy="cascade", interruption=Interruption("immediate")))
     d = policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     assert d.interrupt is InterruptReason.TURN_DETECTED and not d.pause_output
 
 
 def test_adaptive_speech_over_a_reply_pauses_then_words_decide():
-    view = View(active_response_id="resp_1")  # adaptive is the default
+    view = CascadeView(active_response_id="resp_1")  # adaptive is the default
     d = policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     assert d.pause_output and d.interrupt is None
     view.output_paused = True
@@ -154,7 +138,7 @@ def test_adaptive_speech_over_a_reply_pauses_then_words_decide():
 
 
 def test_adaptive_final_decides_when_partials_did_not():
-    view = View(active_response_id="resp_1", output_paused=True)
+    view = CascadeView(active_response_id="resp_1", output_paused=True)
     policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     policy.decide_output(view, out(VadSpeechStopped(300), "vad"))
     d = policy.decide_output(view, out(TranscriptFinal("stop"), "asr"))
@@ -165,27 +149,27 @@ def test_adaptive_final_decides_when_partials_did_not():
 
 
 def test_reply_text_streams_to_tts_and_speech_done_finishes():
-    view = View()
+    view = CascadeView()
     assert policy.decide_output(view, out(TextDelta("r", "Paris."), "llm")).forward
     assert not policy.decide_output(view, out(GenerationDone("r", "stop"), "llm")).finish_response
     assert policy.decide_output(view, out(SpeechDone("r"), "tts")).finish_response
-    text_only = View(config=SessionConfig(model="m", policy="cascade", output_modalities=("text",)))
+    text_only = CascadeView(config=SessionConfig(model="m", policy="cascade", output_modalities=("text",)))
     assert policy.decide_output(text_only, out(GenerationDone("r", "stop"), "llm")).finish_response
 
 
 def test_reencode_rebuilds_the_context_in_a_new_incarnation():
-    plan = policy.plan_append(View(), DuplexInput(mode=InputMode.REENCODE_CONTEXT))
+    plan = policy.plan_append(CascadeView(), DuplexInput(mode=InputMode.REENCODE_CONTEXT))
     assert plan.bump is FenceBump.INCARNATION
     assert isinstance(llm_payloads(plan)[0], ResetContext)
     with pytest.raises(DuplexError) as info:
-        policy.plan_append(View(), DuplexInput(mode=InputMode.REPLACE_LATEST_CHUNK))
+        policy.plan_append(CascadeView(), DuplexInput(mode=InputMode.REPLACE_LATEST_CHUNK))
     assert info.value.code == "capability_unsupported"
 
 
 def test_sampling_caps_spoken_replies():
-    sampling = policy.configure_sampling_params(View(), ResponseOptions())
+    sampling = policy.configure_sampling_params(CascadeView(), ResponseOptions())
     assert sampling.max_tokens == 96
-    assert policy.configure_sampling_params(View(), ResponseOptions(max_output_tokens=5)).max_tokens == 5
+    assert policy.configure_sampling_params(CascadeView(), ResponseOptions(max_output_tokens=5)).max_tokens == 5
 
 
 def test_it_declares_its_stages_and_keeps_its_memory_per_session():
@@ -193,7 +177,7 @@ def test_it_declares_its_stages_and_keeps_its_memory_per_session():
     assert CascadePolicy(vision=True).stage_needs().names == ("llm", "vad", "asr", "tts", "vision")
     one, two = policy.new_state(), policy.new_state()
     assert isinstance(one, CascadeState) and one is not two and one.utterance is not two.utterance
-    a, b = View(policy_state=one), View(policy_state=two)
+    a, b = CascadeView(policy_state=one), CascadeView(policy_state=two)
     policy.decide_output(a, out(SceneDescription("a red door", 0), stage="vision"))
     assert one.scene == "a red door" and two.scene is None  # sessions do not share it
     assert policy.shape_context(b, ()) == ()

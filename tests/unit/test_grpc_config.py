@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vllm_duplex.host.deploy import DeployConfig
-from vllm_duplex.realtime.client.cli import build_parser
+from vllm_duplex.cli import build_parser
 
 BASE = {"name": "t", "model": "m", "policy": "scripted"}
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.policy_views import PolicyView
 from vllm_duplex.core.commands import DuplexInput, ResponseOptions
 from vllm_duplex.core.contracts import InputMode, InterruptReason, TurnCommitted
 from vllm_duplex.core.errors import DuplexError
@@ -38,18 +39,10 @@ CHUNK = 320  # 20 ms at 16 kHz
 
 
 @dataclass
-class View:
+class View(PolicyView):
     config: SessionConfig = field(default_factory=lambda: SessionConfig(
         model="m", policy="omni", instructions="Be brief.", output_modalities=("text",)))
-    items: list[Any] = field(default_factory=list)
-    active_response_id: str | None = None
-    user_speaking: bool = False
     policy_state: OmniState = field(default_factory=lambda: OmniPolicy().new_state())
-    fence: Fence = field(default_factory=lambda: Fence("s"))
-
-    @property
-    def output_modalities(self) -> tuple[str, ...]:
-        return tuple(self.config.output_modalities)
 
 
 def with_state(policy: OmniPolicy, view: View) -> tuple[OmniPolicy, View]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.policy_views import PolicyView
 from vllm_duplex.core.commands import ResponseOptions
 from vllm_duplex.core.contracts import (
     DROP,
@@ -18,7 +18,6 @@ from vllm_duplex.core.contracts import (
     StageSubmission,
     TurnCommitted,
 )
-from vllm_duplex.core.conversation import ConversationItem
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.payloads import (
@@ -31,6 +30,8 @@ from vllm_duplex.core.payloads import (
     TextDelta,
     TextIn,
     VadConfig,
+    VadPaused,
+    VadResumed,
     VadSpeechStarted,
     VadSpeechStopped,
 )
@@ -41,21 +42,6 @@ from vllm_duplex.stages.listening.energy_vad import EnergyVad, energy_threshold_
 
 F = Fence("s")
 RATE = 16000
-
-
-@dataclass
-class View:
-    """A read-only ``SessionView`` stand-in."""
-
-    config: SessionConfig = field(default_factory=lambda: SessionConfig("m", "scripted"))
-    active_response_id: str | None = None
-    user_speaking: bool = False
-    fence: Fence = F
-    items: Sequence[ConversationItem] = ()
-
-    @property
-    def output_modalities(self) -> tuple[str, ...]:
-        return tuple(self.config.output_modalities)
 
 
 def out(payload: object) -> StageOutput:
@@ -91,31 +77,31 @@ def test_capabilities() -> None:
 def test_plan_append() -> None:
     policy = ScriptedPolicy()
     audio = AudioIn(np.zeros(320, np.int16), 0)
-    plan = policy.plan_append(View(), audio)
+    plan = policy.plan_append(PolicyView(), audio)
     assert plan.mode is InputMode.APPEND_AUDIO_CHUNK
     assert [(s.stage, s.payload) for s in plan.submissions] == [("vad", audio)]
-    manual = View(config=SessionConfig("m", "scripted", turn_detection=None))
+    manual = PolicyView(config=SessionConfig("m", "scripted", turn_detection=None))
     plan = policy.plan_append(manual, audio)
     assert plan.mode is InputMode.APPEND_AUDIO_CHUNK and plan.submissions == ()
     cfg = VadConfig(0.7, 100, 300)
-    plan = policy.plan_append(View(), cfg)
+    plan = policy.plan_append(PolicyView(), cfg)
     assert plan.submissions == (StageSubmission("vad", cfg, "vad-config"),)
-    assert policy.plan_append(View(), TextIn("hi")).mode is InputMode.APPEND_TOKENS
-    assert policy.plan_append(View(), TextIn("hi")).submissions == ()
-    plan = policy.plan_append(View(), TurnCommitted("item_1"))
+    assert policy.plan_append(PolicyView(), TextIn("hi")).mode is InputMode.APPEND_TOKENS
+    assert policy.plan_append(PolicyView(), TextIn("hi")).submissions == ()
+    plan = policy.plan_append(PolicyView(), TurnCommitted("item_1"))
     assert plan.mode is InputMode.TURN_COMMIT_ONLY and plan.submissions == ()
     with pytest.raises(DuplexError) as err:
-        policy.plan_append(View(), b"raw bytes")
+        policy.plan_append(PolicyView(), b"raw bytes")
     assert err.value.code == "capability_unsupported"
 
 
 def test_sampling_params() -> None:
     policy = ScriptedPolicy()
-    view = View(config=SessionConfig("m", "scripted", temperature=0.6, max_output_tokens=50))
+    view = PolicyView(config=SessionConfig("m", "scripted", temperature=0.6, max_output_tokens=50))
     assert policy.configure_sampling_params(view, ResponseOptions()).max_tokens == 50
     sampling = policy.configure_sampling_params(view, ResponseOptions(max_output_tokens=7))
     assert (sampling.temperature, sampling.max_tokens) == (0.6, 7)
-    assert policy.configure_sampling_params(View(), ResponseOptions()).max_tokens is None
+    assert policy.configure_sampling_params(PolicyView(), ResponseOptions()).max_tokens is None
 
 
 # ---- decide_output ---------------------------------------------------------------
@@ -189,7 +175,7 @@ def test_decide_output(
     expected: OutputDecision,
 ) -> None:
     config = SessionConfig("m", "scripted", output_modalities=modalities, turn_detection=td)
-    view = View(config=config, active_response_id=active)
+    view = PolicyView(config=config, active_response_id=active)
     assert ScriptedPolicy().decide_output(view, out(payload)) == expected
 
 
@@ -299,4 +285,24 @@ def test_it_declares_its_stages_and_keeps_no_state() -> None:
     policy = ScriptedPolicy()
     assert policy.stage_needs().names == ("llm", "vad", "tts")
     assert isinstance(policy.new_state(), NoState)
-    assert policy.shape_context(View(), ()) == ()  # the conversation as it is
+    assert policy.shape_context(PolicyView(), ()) == ()  # the conversation as it is
+
+
+def test_vad_reports_a_pause_before_the_end_of_speech_and_speech_that_resumes() -> None:
+    """``pause_ms``: the pause is reported while the end-of-speech silence
+    still accrues (the session prepares the reply in it); speech before the
+    end of speech resumes the same segment."""
+    config = VadConfig(threshold=0.5, prefix_padding_ms=100, silence_duration_ms=300, pause_ms=100)
+    pcm = np.concatenate([silence(400), sine(400), silence(200), sine(400), silence(400)])
+    vad = EnergyVad(config=config)
+    assert vad.feed(pcm, 0) == [VadSpeechStarted(300), VadPaused(800), VadResumed(1000),
+                                VadPaused(1400), VadSpeechStopped(1400)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=5000), max_size=200))
+def test_vad_pauses_do_not_depend_on_chunking(sizes: list[int]) -> None:
+    config = VadConfig(threshold=0.5, prefix_padding_ms=100, silence_duration_ms=300, pause_ms=100)
+    whole = [e for e in run_vad([len(SCENE)], config=config)]
+    assert [e for e in whole if not isinstance(e, (VadPaused, VadResumed))] == SCENE_EVENTS
+    assert run_vad(sizes, config=config) == whole

@@ -12,14 +12,13 @@ import dataclasses
 
 import numpy as np
 import pytest
+from support.session_core import TEN_MS, create_response, emitted, make_core, manual, output, types
 from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.interruption import Interruption, OutputPacing
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import (
     AudioIn,
     AudioOut,
@@ -34,10 +33,10 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VideoFrame,
 )
-from vllm_duplex.core.session_config import SessionConfig, SessionPatch, TurnDetection
+from vllm_duplex.core.session_config import SessionPatch, TurnDetection
 from vllm_duplex.models.cascade import CascadePolicy
-from vllm_duplex.models.scripted import ScriptedPolicy
 from vllm_duplex.session.core import SessionCore
+from vllm_duplex.session.turn_end import PAUSE_DETECT_MS
 from vllm_duplex.session.effects import (
     AckEvents,
     Cancel,
@@ -53,56 +52,6 @@ from vllm_duplex.session.effects import (
 from vllm_duplex.session.mailbox import Lane, Mailbox, lane_of
 
 F0 = Fence("s")
-TEN_MS = bytes(2 * 240)  # 10 ms of PCM16 24 kHz silence
-# (the resampler to 16 kHz holds back its first few ms: the first chunks must be longer)
-
-
-class Ids:
-    """Deterministic ids: item_1, resp_2, ..."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def __call__(self, prefix: str) -> str:
-        self.n += 1
-        return f"{prefix}_{self.n}"
-
-
-def make_core(policy=None, *, stages=("vad", "llm", "tts"), **config) -> SessionCore:
-    """Unpaced output and immediate interruptions unless a test asks: these
-    tests pin the rest of the core (pacing and adaptive interruptions:
-    test_paced_output.py)."""
-    config.setdefault("pacing", OutputPacing("none"))
-    config.setdefault("interruption", Interruption("immediate"))
-    policy = policy or ScriptedPolicy()
-    return SessionCore("s", config=SessionConfig(model="m", policy=policy.name, **config),
-                       policy=policy, stage_names=stages, metrics=Metrics(), now=0.0,
-                       make_id=Ids())
-
-
-def manual(**config) -> SessionCore:
-    return make_core(turn_detection=None, **config)
-
-
-def emitted(effects) -> list[ev.ServerEvent]:
-    assert all(isinstance(e, Emit) for e in effects), effects
-    return [e.envelope.event for e in effects]
-
-
-def types(effects) -> list[str]:
-    return [e.envelope.event.type if isinstance(e, Emit) else type(e).__name__ for e in effects]
-
-
-def output(core: SessionCore, payload, *, stage: str = "llm", fence: Fence | None = None,
-           now: float = 0.0):
-    fence = fence or core.fence
-    return core.handle(StageOutput(fence, fence.request_id("x"), stage, payload), now)
-
-
-def create_response(core: SessionCore, now: float = 0.0) -> str:
-    effects = core.handle(cmd.ResponseCreate(), now)
-    assert types(effects)[-1] == "Submit"
-    return core.response.id
 
 
 # ---- opening ------------------------------------------------------------------------
@@ -116,7 +65,9 @@ def test_start_announces_the_session_then_configures_the_vad():
         Emit(ev.Envelope(1, F0, ev.SessionCreated(session=core.session_object(), resume_token="tok"))),
         Submit("vad", F0, "vad-config", VadConfig(threshold=td.threshold,
                                                   prefix_padding_ms=td.prefix_padding_ms,
-                                                  silence_duration_ms=td.silence_duration_ms)),
+                                                  silence_duration_ms=td.silence_duration_ms,
+                                                  # the pause before that: a reply is prepared in it
+                                                  pause_ms=PAUSE_DETECT_MS)),
     ]
     assert core.session_object()["id"] == "s"
 

@@ -1,4 +1,4 @@
-"""GA fidelity of the session core (CONFORMANCE 37-40), effects compared whole.
+"""GA fidelity of the session core, effects compared whole.
 
 What real clients depend on (docs/clients.md): a truncate of the item being
 generated stops it, a client's truncate after the server's own barge-in cut
@@ -10,7 +10,7 @@ for itself, and the transcription's ``usage``.
 from __future__ import annotations
 
 import numpy as np
-from test_session_core import TEN_MS, create_response, emitted, make_core, manual, output, types
+from support.session_core import TEN_MS, create_response, emitted, make_core, manual, output, types
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
@@ -182,9 +182,17 @@ def test_a_turn_s_stage_latencies_reach_metrics_and_response_done():
     output(core, GenerationDone(rid, "stop"), now=1.7)
     [done] = [e.envelope.event for e in output(core, SpeechDone(rid), stage="tts", now=2.0)
               if isinstance(e, Emit) and e.envelope.event.type == "response.done"]
+    path = {"vad": 400, "decision": 0, "release": 0, "llm_request": 0, "llm_first": 300,
+            "llm_phrase": 0, "tts": 100, "pacing": 0}
     assert done.response["metadata"] == {
         "duplex_vad_onset_ms": "850", "duplex_end_of_turn_ms": "400", "duplex_asr_final_ms": "100",
-        "duplex_llm_ttft_ms": "300", "duplex_tts_first_audio_ms": "100", "duplex_turn_gap_ms": "800"}
+        "duplex_llm_ttft_ms": "300", "duplex_tts_first_audio_ms": "100", "duplex_turn_gap_ms": "800",
+        # what the gap waited on: the VAD's silence, then the LLM's first token, then the TTS
+        # (the final transcript came meanwhile, off the path)
+        "duplex_critical_path": ", ".join(f"{k} {v}" for k, v in path.items()),
+        "duplex_first_phrase_tokens_ms": "0"}
+    assert sum(path.values()) == 800  # the path adds up to the turn gap
+    assert core.metrics.critical_path.count(segment="llm_first") == 1
     hist = core.metrics.stage_latency
     assert all(hist.count(stage=s) == 1 for s in STAGE_LATENCIES)
     text = core.metrics.render()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from support.policy_views import CascadeView
 from vllm_duplex.core.contracts import FenceBump, InputMode
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.payloads import (
@@ -18,8 +19,6 @@ from vllm_duplex.core.payloads import (
     VadSpeechStopped,
 )
 from vllm_duplex.models.cascade import CascadePolicy
-
-from test_cascade_policy import View  # the same stand-in session view
 from vllm_duplex.models.cascade.transcript import (
     Utterance,
     extends,
@@ -76,13 +75,13 @@ def pushed_text(plan: Any) -> list[str]:
     return [s.payload.text for s in plan.submissions if isinstance(s.payload, TextIn)]
 
 
-def speak(policy: CascadePolicy, view: View, *partials: str) -> list[Any]:
+def speak(policy: CascadePolicy, view: CascadeView, *partials: str) -> list[Any]:
     policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     return [policy.decide_output(view, out(TranscriptPartial(p))) for p in partials]
 
 
 def test_whisper_style_partials_keep_deltas_and_pushes_flowing():
-    policy, view = CascadePolicy(), View()
+    policy, view = CascadePolicy(), CascadeView()
     d = speak(policy, view, "What is the capital?", "What is the capital of France?",
               "What is the capital of France? And Spain")
     assert d[1].render == TranscriptDelta("What is the capital")
@@ -93,7 +92,7 @@ def test_whisper_style_partials_keep_deltas_and_pushes_flowing():
 
 
 def test_a_final_that_agrees_with_the_pushed_words_answers_without_a_rollback():
-    policy, view = CascadePolicy(), View()
+    policy, view = CascadePolicy(), CascadeView()
     speak(policy, view, "what is the", "what is the capital of")  # pushed: what is the capital
     policy.decide_output(view, out(VadSpeechStopped(2000), "vad"))
     final = policy.decide_output(view, out(TranscriptFinal("What is the capital of France?")))
@@ -103,7 +102,7 @@ def test_a_final_that_agrees_with_the_pushed_words_answers_without_a_rollback():
 def test_a_final_that_heard_a_pushed_word_differently_rolls_back_first():
     """The first pass pushed "capitol"; the final (Whisper base) heard
     "capital": the model context is rebuilt, so it answers what the final says."""
-    policy, view = CascadePolicy(), View()
+    policy, view = CascadePolicy(), CascadeView()
     speak(policy, view, "What is the capitol", "What is the capitol of")
     policy.decide_output(view, out(VadSpeechStopped(2000), "vad"))
     final = policy.decide_output(view, out(TranscriptFinal("What is the capital of France?")))

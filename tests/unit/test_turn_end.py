@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.session_core import Ids, types
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.contracts import InputMode
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
@@ -33,6 +34,8 @@ from vllm_duplex.core.payloads import (
     TurnEndProbability,
     UserPaused,
     VadConfig,
+    VadPaused,
+    VadResumed,
     VadSpeechStarted,
     VadSpeechStopped,
 )
@@ -48,7 +51,6 @@ from vllm_duplex.session.effects import (
     Submit,
     TimerFired,
 )
-from test_session_core import Ids
 from vllm_duplex.session.turn_end import (
     EAGERNESS_TIMING,
     PAUSE_DETECT_MS,
@@ -115,10 +117,6 @@ class Timeline:
         assert [(e.stage, e.payload.audio_ms) for e in asked] == [("asr", audio_ms)]
         heard = self.words if heard is None else heard
         return effects + self.at(t, TranscriptPartial(heard, at_pause=True), "asr")
-
-
-def types(effects) -> list[str]:
-    return [e.envelope.event.type if isinstance(e, Emit) else type(e).__name__ for e in effects]
 
 
 def pushed(effects) -> list[str]:
@@ -251,7 +249,8 @@ def test_a_hypothesis_that_missed_the_last_word_neither_ends_the_turn_nor_starts
     [req] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
     assert req.payload.context[-1] == ContextMessage("user", "what is the capital of France")
     assert emits(effects)[:2] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
-    assert "response.created" in emits(effects)
+    assert "response.created" not in emits(effects)  # held until the final confirms the words
+    assert "response.created" in emits(tl.at(2.5, TranscriptFinal("What is the capital of France?"), "asr"))
     last = tl.core.pause.last
     assert (last.reason, last.text, last.silence_ms) == ("semantic", "what is the capital of France", 450)
     assert last.needed_ms == fast
@@ -340,23 +339,25 @@ def speculate(tl: Timeline, words: str = "what is the capital of france"):
     return rid, req
 
 
-def test_a_speculation_is_released_the_moment_the_turn_commits():
+def test_a_speculation_is_released_the_moment_the_final_transcript_confirms_its_words():
     tl = Timeline("auto")
     rid, req = speculate(tl)
     effects = tl.fire()  # 200 ms after the pause began
-    # The commit, then at once the reply with what was held: no second request.
+    # The commit; the reply waits for the words to be confirmed.
     assert emits(effects) == [
         "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
-        "conversation.item.added", "conversation.item.done", "response.created",
+        "conversation.item.added", "conversation.item.done"]
+    assert tl.core.response is None
+    # The ASR's final says the same words (in its spelling): at once the reply
+    # with what was held, and no second request.
+    effects = tl.at(2.35, TranscriptFinal("What is the capital of France?"), "asr")
+    assert emits(effects) == [
+        "conversation.item.input_audio_transcription.completed", "response.created",
         "response.output_item.added", "conversation.item.added", "response.content_part.added",
         "response.output_audio_transcript.delta", "response.output_audio.delta"]
-    assert [e for e in effects if isinstance(e, Submit)] == []
+    assert [e for e in effects if isinstance(e, (Submit, Cancel))] == []
     assert tl.core.response.id == rid
     assert tl.core.metrics.speculations.get(outcome="used") == 1
-    # The ASR's final says the same words (in its spelling): nothing changes.
-    effects = tl.at(2.35, TranscriptFinal("What is the capital of France?"), "asr")
-    assert emits(effects) == ["conversation.item.input_audio_transcription.completed"]
-    assert [e for e in effects if isinstance(e, (Submit, Cancel))] == []
     # The rest streams as any reply's.
     assert "response.output_audio.delta" in emits(
         tl.at(2.4, AudioOut(rid, np.zeros(8000, np.int16), text="is Paris."), "tts"))
@@ -390,27 +391,34 @@ def test_a_speculation_is_discarded_when_the_user_goes_on_and_nothing_of_it_reac
     assert new.payload.response_id != rid and "response.output_audio.delta" not in emits(effects)
 
 
-def test_a_released_reply_to_words_the_final_transcript_revised_is_cancelled_and_redone():
+def test_a_speculation_whose_words_the_final_revised_is_discarded_unseen_and_the_final_answered():
+    """Tiny.en's "Where is the iphoton" must not be shown, then cancelled, when
+    Whisper base hears "Eiffel Tower": a reply waits for the final's words."""
     tl = Timeline("auto")
     rid, _ = speculate(tl, "what is the capital of france")
     tl.fire()
-    assert tl.core.response.id == rid
+    assert tl.core.response is None
     effects = tl.at(2.4, TranscriptFinal("What is the capital of Spain?"), "asr")
-    done = [e.envelope.event for e in effects if isinstance(e, Emit) and e.envelope.event.type == "response.done"]
-    assert [d.response["status_details"]["reason"] for d in done] == ["turn_detected"]
+    assert "response.done" not in emits(effects)  # nothing the client saw is taken back
     [new] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
     assert new.payload.context[-1].text == "What is the capital of Spain?"
     assert new.payload.response_id != rid and tl.core.response.id == new.payload.response_id
+    m = tl.core.metrics
+    assert m.speculations.get(outcome="discarded") == 1 and m.visible_revisions.get() == 0
+    # What the discarded one still makes dies at the gate.
+    assert tl.at(2.5, AudioOut(rid, np.zeros(800, np.int16)), "tts") == []
 
 
-def test_a_speculation_the_conversation_moved_under_is_discarded_at_the_commit():
+def test_a_speculation_the_conversation_moved_under_is_discarded_when_the_reply_is_asked_for():
     tl = Timeline("auto")
-    speculate(tl)
+    rid, _ = speculate(tl)
     typed = ConversationItem(id="", type=ItemType.MESSAGE, role=Role.USER,
                              content=[ContentPart("input_text", text="hello")])
     tl.core.handle(cmd.ItemCreate(item=typed), 2.16)
-    effects = tl.fire()
-    assert "response.created" not in emits(effects)
+    assert "response.created" not in emits(tl.fire())
+    effects = tl.at(2.35, TranscriptFinal("What is the capital of France?"), "asr")
+    [new] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
+    assert new.payload.response_id != rid  # it answers the conversation as it is now
     assert tl.core.metrics.speculations.get(outcome="discarded") == 1
 
 
@@ -434,3 +442,55 @@ def test_the_next_turn_is_not_judged_on_the_last_turns_words():
     tl.at(5.0, VadSpeechStarted(audio_ms=4000), "vad")
     tl.at(5.5, VadSpeechStopped(audio_ms=4400), "vad")
     assert tl.timer.at == pytest.approx(5.4 + EAGERNESS_TIMING["auto"].cap_ms / 1000)
+
+
+# ---- server_vad: the reply is prepared while its silence accrues ---------------------
+
+
+def server_vad(tl: Timeline) -> None:
+    effects = tl.core.handle(cmd.SessionUpdate(patch=SessionPatch(turn_detection=TurnDetection())), 0.5)
+    [vad] = [e.payload for e in effects if isinstance(e, Submit)]
+    assert (vad.silence_duration_ms, vad.pause_ms) == (500, PAUSE_DETECT_MS)
+
+
+def test_under_server_vad_the_reply_starts_in_the_pause_and_goes_out_when_the_final_confirms_it():
+    tl = Timeline()
+    server_vad(tl)
+    tl.speak("what is the capital of france")
+    effects = tl.at(2.1, VadPaused(audio_ms=1000), "vad")
+    # The client hears of no pause, only of the last word, no longer being heard.
+    assert emits(effects) == ["conversation.item.input_audio_transcription.delta"]
+    assert [e.payload for e in effects if isinstance(e, Submit)] == [TextIn("france"),
+                                                                     UserPaused(audio_ms=1000)]
+    effects = tl.at(2.2, TranscriptPartial("What is the capital of France?", at_pause=True), "asr")
+    # Heard: the reply starts at once, no P(end) needed (the VAD's silence ends the turn).
+    [req] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
+    assert req.payload.context[-1] == ContextMessage("user", "What is the capital of France?")
+    rid = req.payload.response_id
+    assert types(tl.at(2.3, TextDelta(rid, "Paris."), "llm")) == ["Forward"]
+    assert tl.at(2.45, AudioOut(rid, np.zeros(8000, np.int16), text="Paris."), "tts") == []
+    effects = tl.at(2.5, VadSpeechStopped(audio_ms=1000), "vad")  # 500 ms of silence
+    assert emits(effects) == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+                              "conversation.item.added", "conversation.item.done"]
+    effects = tl.at(2.51, TranscriptFinal("What is the capital of France?"), "asr")
+    assert emits(effects)[:2] == ["conversation.item.input_audio_transcription.completed",
+                                  "response.created"]
+    assert "response.output_audio.delta" in emits(effects) and tl.core.response.id == rid
+    assert [e for e in effects if isinstance(e, Submit)] == []
+    assert tl.core.metrics.speculations.get(outcome="used") == 1
+
+
+def test_under_server_vad_speech_after_the_pause_discards_the_reply_it_started():
+    tl = Timeline()
+    server_vad(tl)
+    tl.speak("what is the capital of")
+    tl.at(2.1, VadPaused(audio_ms=1000), "vad")
+    effects = tl.at(2.2, TranscriptPartial("what is the capital of", at_pause=True), "asr")
+    assert any(isinstance(e, Submit) and isinstance(e.payload, GenerateRequest) for e in effects)
+    effects = tl.at(2.3, VadResumed(audio_ms=1300), "vad")
+    f1 = Fence("s").next_epoch()
+    assert emits(effects) == [] and Cancel(f1) in effects
+    # The model is given the words again, the turn goes on.
+    assert isinstance(effects[-2].payload, ResetContext)
+    assert effects[-1].payload == TextIn("what is the capital of")
+    assert tl.core.metrics.speculations.get(outcome="discarded") == 1

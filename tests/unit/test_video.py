@@ -1,5 +1,5 @@
 """Video input without a model: image decoding, incremental WebM/MP4 decoding,
-sampling, tiling and rate limits (``vllm_duplex.video``).
+sampling, tiling and rate limits (``vllm_duplex.media.video``).
 
 Streams are encoded here with PyAV's bundled FFmpeg, so nothing is
 downloaded; every frame carries a bar whose width encodes its index, so a

@@ -1,7 +1,7 @@
 """The engine supervisor's loop with fakes and a virtual clock (no vLLM): it
 notices death by polling, restarts, backs off between failed restarts, and
 ``close`` cancels it cleanly, a rebuild in progress included. The real
-kill-and-restart is ``tests/test_engine_faults.py``."""
+kill-and-restart is ``tests/integration/test_engine_faults.py``."""
 
 from __future__ import annotations
 

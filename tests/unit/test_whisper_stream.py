@@ -211,3 +211,62 @@ def test_schedule_validation():
         PartialSchedule(budget=0)
     with pytest.raises(ValueError):
         PartialSchedule(interval_ms=0)
+
+
+class Sure(Decoder):
+    """A partial decoder that says how sure it is (``avg_logprob``)."""
+
+    def __init__(self, logprob: float) -> None:
+        super().__init__()
+        self.logprob = logprob
+
+    def __call__(self, pcm: np.ndarray):  # type: ignore[override]
+        from vllm_duplex.stages.listening.whisper_model import Transcription
+        return Transcription(super().__call__(pcm), avg_logprob=self.logprob)
+
+
+def paused_utterance(final: Decoder, partial: Decoder, **kw) -> WhisperListener:
+    """Speech from 0 to 1300 ms, then the VAD's pause report at 1400 ms."""
+    lis = WhisperListener(final, partial, vad_gated=True, tail_ms=300,
+                          schedule=PartialSchedule(interval_ms=5000, first_after_ms=5000), **kw)
+    lis.speech_started(0)
+    feed(lis, 0, 1400)
+    assert lis.pause(1300) == [TranscriptPartial("14 words", at_pause=True)]
+    return lis
+
+
+def test_a_confident_answer_at_the_pause_is_the_final_without_a_second_decode():
+    final = Decoder()
+    lis = paused_utterance(final, Sure(-0.1))
+    assert not lis.final_pending
+    feed(lis, 1400, 400, loud=False)
+    assert lis.speech_stopped(1300) == [TranscriptFinal("14 words")]
+    assert final.calls == [] and lis.finals_from_pause == 1 and not lis.in_utterance
+
+
+def test_an_unsure_answer_has_the_final_decoder_hear_the_pause_while_the_silence_accrues():
+    final = Decoder()
+    lis = paused_utterance(final, Sure(-0.9))
+    assert lis.final_pending
+    lis.final_at_pause()  # the port runs it right after the answer went out
+    assert final.calls == [(timeline(0, 1)[0], 1400 * MS)] and not lis.final_pending
+    feed(lis, 1400, 400, loud=False)
+    assert lis.speech_stopped(1300) == [TranscriptFinal("14 words")]
+    assert len(final.calls) == 1  # the end of speech took it: no decode on the critical path
+
+
+def test_speech_after_the_pause_makes_its_answer_void():
+    final = Decoder()
+    lis = paused_utterance(final, Sure(-0.1))
+    feed(lis, 1400, 1000)  # the user goes on
+    assert lis.speech_stopped(2300) == [TranscriptFinal("24 words")]
+    assert final.calls == [(timeline(0, 1)[0], 2400 * MS)]  # all of it, decoded at the end
+
+
+def test_without_a_confidence_threshold_the_final_decoder_always_decides():
+    final = Decoder()
+    lis = paused_utterance(final, Sure(-0.01), confident_logprob=None)
+    assert lis.final_pending
+    feed(lis, 1400, 400, loud=False)
+    assert lis.speech_stopped(1300) == [TranscriptFinal("16 words")]  # decoded at the end, with the tail
+    assert len(final.calls) == 1

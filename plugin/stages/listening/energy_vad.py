@@ -17,6 +17,8 @@ from vllm_duplex.core.payloads import (
     AudioIn,
     StageInput,
     VadConfig,
+    VadPaused,
+    VadResumed,
     VadSpeechStarted,
     VadSpeechStopped,
 )
@@ -77,6 +79,7 @@ class EnergyVad:
         self._run_start_ms = 0
         self._silence_ms = 0  # unvoiced time while speaking
         self._last_voiced_end_ms = 0
+        self._paused = False  # a VadPaused went out for the silence in progress
 
     def feed(self, pcm: np.ndarray, start_ms: int) -> list[VadSpeechStarted | VadSpeechStopped]:
         events: list[VadSpeechStarted | VadSpeechStopped] = []
@@ -123,6 +126,9 @@ class EnergyVad:
                 onset = max(0, self._run_start_ms - self.config.prefix_padding_ms)
                 events.append(VadSpeechStarted(audio_ms=onset))
         elif voiced:
+            if self._paused:
+                self._paused = False
+                events.append(VadResumed(audio_ms=begin_ms))
             self._silence_ms = 0
             self._last_voiced_end_ms = end_ms
         else:
@@ -133,8 +139,12 @@ class EnergyVad:
         if self.speaking:
             self._silence_ms += ms
             if self._silence_ms >= self.config.silence_duration_ms:
-                self.speaking = False
+                self.speaking = self._paused = False
                 events.append(VadSpeechStopped(audio_ms=self._last_voiced_end_ms))
+            elif (not self._paused and self.config.pause_ms
+                    and self._silence_ms >= self.config.pause_ms):
+                self._paused = True
+                events.append(VadPaused(audio_ms=self._last_voiced_end_ms))
 
     def _gap(self, start: int, events: list[Any]) -> None:
         """Audio skipped ahead: the missing stretch counts as unvoiced time

@@ -28,6 +28,7 @@ what to reinstall, never a fallback.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.devices import CPU, Device
 from vllm_duplex.core.payloads import (
     AudioIn,
+    StageInput,
     TranscriptFinal,
     UserPaused,
     VadSpeechStarted,
@@ -45,9 +47,16 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.stages.listening.base import ListeningPort, ListeningStage
 from vllm_duplex.stages.listening.pocketsphinx import EndOfUtterance
-from vllm_duplex.stages.listening.whisper_model import DecodeOptions, WhisperModel, load
+from vllm_duplex.stages.listening.whisper_model import (
+    DecodeOptions,
+    Transcription,
+    WhisperModel,
+    load,
+)
 from vllm_duplex.stages.listening.whisper_stream import PartialSchedule, WhisperListener
 from vllm_duplex.stages.port import StagePort
+
+log = logging.getLogger(__name__)
 
 # Inputs queued per session: a final decode of a long utterance (seconds) must
 # not block the session on a full queue; 1024 x 20 ms chunks = 20 s of audio.
@@ -82,6 +91,7 @@ class WhisperAsrStage(ListeningStage):
         tail_ms: int = 300,
         max_utterance_s: float = 120.0,
         vad_gated: bool | None = None,
+        confident_logprob: float | None = -0.3,
         compute_type: str = "int8",
         workers: int | None = None,
         warm_up: bool = True,
@@ -103,6 +113,12 @@ class WhisperAsrStage(ListeningStage):
         self.prebuffer_ms, self.tail_ms = prebuffer_ms, tail_ms
         self.max_utterance_s = max_utterance_s
         self.vad_gated = vad_gated
+        # An at-pause answer of the partial model this sure is the final
+        # transcript (no second decode on the turn's critical path); None:
+        # the final model always decides. -0.3: on the speech bench's six
+        # voices, tiny.en's answers at or above it are as right as base's
+        # (bench/README.md "Fast turns").
+        self.confident_logprob = confident_logprob
         # The final decode is on the turn's critical path while the LLM waits
         # for it: it may use two cores. Partials run while the user speaks,
         # beside everything else: one.
@@ -122,9 +138,10 @@ class WhisperAsrStage(ListeningStage):
     def final_text(self, pcm: np.ndarray) -> str:
         return self.model.transcribe(pcm, self.options).text
 
-    def partial_text(self, pcm: np.ndarray) -> str:
+    def partial_text(self, pcm: np.ndarray) -> Transcription:
+        """A partial hypothesis, with the confidence that may make it final."""
         assert self.partial_model is not None
-        return self.partial_model.transcribe(pcm, self.partial_options).text
+        return self.partial_model.transcribe(pcm, self.partial_options)
 
     def port(self, session_id: str) -> StagePort:
         return _WhisperPort(self, session_id)
@@ -139,7 +156,8 @@ class _WhisperPort(ListeningPort):
         self.listener = WhisperListener(
             stage.final_text, stage.partial_text if stage.partial_model is not None else None,
             schedule=stage.schedule, prebuffer_ms=stage.prebuffer_ms, tail_ms=stage.tail_ms,
-            max_utterance_s=stage.max_utterance_s, vad_gated=stage.vad_gated)
+            max_utterance_s=stage.max_utterance_s, vad_gated=stage.vad_gated,
+            confident_logprob=stage.confident_logprob)
 
     def _work(self, payload: Any) -> list[Any]:
         listener = self.listener
@@ -157,3 +175,14 @@ class _WhisperPort(ListeningPort):
 
     def _completed(self, payload: Any, outputs: list[Any]) -> int:
         return sum(isinstance(out, TranscriptFinal) for out in outputs)  # utterances
+
+    async def _process(self, item: StageInput) -> None:
+        await super()._process(item)
+        if isinstance(item.payload, UserPaused) and self.listener.final_pending:
+            # Not sure of the words heard up to the pause: the final model
+            # hears them now, while the silence accrues (its answer waits for
+            # the end of speech, which then needs no decode).
+            try:
+                await self._stage.run(self.listener.final_at_pause)
+            except Exception:  # the end of speech decodes it then, as without a pause
+                log.exception("stage %s: the final decode at a pause failed", self.name)

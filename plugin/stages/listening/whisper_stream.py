@@ -9,8 +9,10 @@ decoders for text:
   ``TranscriptFinal`` of the turn -- and of every pause the VAD reports, since
   each ``VadSpeechStopped`` closes one utterance;
 - the *partial* one (Whisper tiny.en, greedy) while the user speaks, re-decoding
-  the utterance so far on the audio grid (every ``interval_ms`` of audio) within
-  a budget: at most ``budget`` of real time spent on partials, none while the
+  the utterance so far on the audio grid (every ``interval_ms`` of audio), and
+  up to one interval early when the audio goes quiet after speech (the first
+  40 ms of a pause: the VAD's pause report then finds the words up to it
+  already heard), within a budget: at most ``budget`` of real time spent on partials, none while the
   worker is behind (``backlog``), none over audio that added no speech (the
   trailing silence before ``speech_stopped``, so the final never waits behind a
   useless partial), none past ``max_partial_s`` (re-decoding a long monologue
@@ -22,6 +24,17 @@ decoders for text:
   must be all of them (up to ``max_partial_s`` of utterance: past that, the
   last partial's). The answer is a ``TranscriptPartial(at_pause=True)``, sent
   even when it says nothing new.
+
+The final decoder stays off the turn's critical path when it can: the
+at-pause answer heard every word up to the pause, so when the partial
+decoder was *confident* of it (its average log-probability at least
+``confident_logprob``; measured on the speech bench's voices: tiny.en's
+confident answers are as right as base's) and the speech ended there, it is
+the utterance's final transcript -- sent at the end of speech at once,
+without a second decode on the CPU the reply needs. When it was not, the
+final decoder runs on the pause's audio right after the answer went out
+(``final_at_pause``), while the silence accrues, and its text is the final if
+the speech ended there; speech that goes on makes both void.
 
 Utterance boundaries follow the PocketSphinx stage's rules (see
 ``pocketsphinx.py``): ``VadSpeechStarted(onset)`` opens one at ``onset`` (the
@@ -47,7 +60,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from vllm_duplex.core.payloads import INTERNAL_RATE, TranscriptFinal, TranscriptPartial
@@ -56,8 +69,29 @@ log = logging.getLogger(__name__)
 
 SPMS = INTERNAL_RATE // 1000  # samples per ms
 _FRAME = 320  # 20 ms: the unit of the "did this audio add speech?" check
+_ENDING_QUIET_MS = 40  # this much quiet after speech: it may have ended (decode at once)
 
 Transcribe = Callable[[np.ndarray], str]  # int16 16 kHz mono -> words
+
+
+class Heard(Protocol):
+    """A partial decoder's answer with its confidence (``whisper_model.Transcription``)."""
+
+    text: str
+    avg_logprob: float
+
+
+HearPartial = Callable[[np.ndarray], "str | Heard"]  # a plain str: no confidence known
+
+
+@dataclass
+class _AtPause:
+    """What the listener heard at a pause: up to ``end`` (a sample position)."""
+
+    end: int
+    text: str
+    confident: bool
+    final: str | None = None  # the final decoder's text of the same audio, once decoded
 
 
 @dataclass(frozen=True)
@@ -86,13 +120,14 @@ def _frame_peak(pcm: np.ndarray) -> float:
 
 
 class WhisperListener:
-    def __init__(self, final: Transcribe, partial: Transcribe | None = None, *,
+    def __init__(self, final: Transcribe, partial: HearPartial | None = None, *,
                  schedule: PartialSchedule = PartialSchedule(), prebuffer_ms: int = 2000,
                  tail_ms: int = 300, max_utterance_s: float = 120.0,
-                 vad_gated: bool | None = None,
+                 vad_gated: bool | None = None, confident_logprob: float | None = -0.3,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self._final = final
         self._partial = partial
+        self._confident_logprob = confident_logprob  # None: the final decoder always runs
         self._schedule = schedule
         self._prebuffer = prebuffer_ms * SPMS
         self._tail = tail_ms * SPMS
@@ -107,8 +142,11 @@ class WhisperListener:
         self._partial_from = 0  # audio after this position is new since the last partial
         self._peak = 0.0
         self._last_partial = ""
+        self._last_logprob: float | None = None  # of the last partial (None: not known)
+        self._at_pause: _AtPause | None = None
         self.partials_decoded = 0
         self.partials_skipped = 0
+        self.finals_from_pause = 0  # finals that needed no decode at the end of speech
 
     @property
     def in_utterance(self) -> bool:
@@ -158,15 +196,40 @@ class WhisperListener:
 
     def pause(self, end_ms: int) -> list[Any]:
         """A pause after speech that ended at ``end_ms`` (see the module docstring)."""
+        self._at_pause = None
         if self._onset is None:
             return [TranscriptPartial("", at_pause=True)]
         assert self._end is not None
-        stale = self._partial_from < max(end_ms * SPMS, self._onset)
+        end = max(end_ms * SPMS, self._onset)
+        stale = self._partial_from < end
         if stale and self._end - self._onset <= self._schedule.max_partial_s * INTERNAL_RATE:
             # The hypothesis is older than the speech's end: hear it all now
             # (the final's decoder when partials are off).
-            self._last_partial = self._decode(self._partial or self._final)
+            self._last_partial, self._last_logprob = self._decode(self._partial or self._final)
+        if not stale or self._partial_from >= end:  # the answer heard the speech to its end
+            if self._partial is None:  # the final's own decoder heard it: that is the final
+                self._at_pause = _AtPause(end, self._last_partial, False, self._last_partial)
+            else:
+                limit = self._confident_logprob
+                confident = (limit is not None and bool(self._last_partial)
+                             and self._last_logprob is not None and self._last_logprob >= limit)
+                self._at_pause = _AtPause(end, self._last_partial, confident)
         return [TranscriptPartial(self._last_partial, at_pause=True)]
+
+    @property
+    def final_pending(self) -> bool:
+        """The last pause's answer was not confident, and the final decoder
+        has not heard that audio yet (``final_at_pause``)."""
+        at = self._at_pause
+        return at is not None and not at.confident and at.final is None and self._onset is not None
+
+    def final_at_pause(self) -> None:
+        """Decode the pause's audio with the final decoder now, while the
+        silence accrues; the end of speech there takes it as its final."""
+        at = self._at_pause
+        if at is not None and self._onset is not None:
+            audio = self._utterance_audio(self._end if self._end is not None else at.end)
+            at.final = self._final(audio) if len(audio) else ""
 
     def end_of_utterance(self) -> list[Any]:
         """Manual end of turn: exactly one ``TranscriptFinal``, empty without audio."""
@@ -177,6 +240,8 @@ class WhisperListener:
     # ---- internals ---------------------------------------------------------
 
     def _open(self, onset: int, *, by_vad: bool) -> None:
+        self._at_pause = None
+        self._last_logprob = None
         self._onset = onset
         self._opened_by_vad = by_vad
         self._next_partial = onset + self._schedule.first_after_ms * SPMS
@@ -213,25 +278,44 @@ class WhisperListener:
     def _maybe_partial(self, backlog: int) -> list[Any]:
         s = self._schedule
         assert self._onset is not None and self._end is not None
-        if self._partial is None or self._end < self._next_partial:
+        if self._partial is None:
+            return []
+        # Up to one interval early (within the budget, still) when the speech seems to end.
+        early = self._end >= self._next_partial - s.interval_ms * SPMS and self._speech_just_ended()
+        if self._end < self._next_partial and not early:
             return []
         if (backlog > s.max_backlog or self._end - self._onset > s.max_partial_s * INTERNAL_RATE
                 or _frame_peak(self._span(self._partial_from, self._end)) <= s.quiet_ratio * self._peak):
             self.partials_skipped += 1
             self._next_partial = self._end + s.interval_ms * SPMS
             return []
-        text = self._decode(self._partial)
+        text, logprob = self._decode(self._partial)
+        self._last_logprob = logprob
         if text == self._last_partial:
             return []
         self._last_partial = text
         return [TranscriptPartial(text)]
 
-    def _decode(self, transcribe: Transcribe) -> str:
+    def _speech_just_ended(self) -> bool:
+        """The newest audio went quiet after speech the last partial did not
+        hear: decode now, off the grid -- the VAD reports the pause a moment
+        later (``PAUSE_DETECT_MS``), and its answer is then ready (the
+        partial is the words up to the pause, unless the user goes on)."""
+        s = self._schedule
+        assert self._onset is not None and self._end is not None
+        quiet_from = self._end - _ENDING_QUIET_MS * SPMS
+        if quiet_from - self._onset < s.first_after_ms * SPMS or quiet_from <= self._partial_from:
+            return False
+        floor = s.quiet_ratio * self._peak
+        return (_frame_peak(self._span(quiet_from, self._end)) <= floor
+                and _frame_peak(self._span(self._partial_from, quiet_from)) > floor)
+
+    def _decode(self, transcribe: HearPartial) -> tuple[str, float | None]:
         """A partial decode of the utterance so far, and the next one scheduled."""
         assert self._end is not None
         s = self._schedule
         started = self._timer()
-        text = transcribe(self._utterance_audio(self._end))
+        heard = transcribe(self._utterance_audio(self._end))
         cost = self._timer() - started
         self.partials_decoded += 1
         # The next partial waits for more audio than this one cost to decode,
@@ -239,9 +323,20 @@ class WhisperListener:
         wait = max(s.interval_ms * SPMS, int(cost / s.budget * INTERNAL_RATE))
         self._partial_from = self._end
         self._next_partial = self._end + wait
-        return text
+        if isinstance(heard, str):
+            return heard, None
+        return heard.text, heard.avg_logprob
 
     def _finish(self, end: int) -> list[Any]:
+        at, self._at_pause = self._at_pause, None
+        if at is not None and end - self._tail <= at.end:  # the speech ended at the pause
+            if at.confident:
+                self._onset = None
+                self.finals_from_pause += 1
+                return [TranscriptFinal(at.text)]
+            if at.final is not None:
+                self._onset = None
+                return [TranscriptFinal(at.final)]
         audio = self._utterance_audio(end)  # what has arrived of it
         self._onset = None
         return [TranscriptFinal(self._final(audio) if len(audio) else "")]

@@ -6,8 +6,10 @@ The port is the sentence-streaming port of the subprocess synthesizers
 the piece being made). Piper is fast enough (real-time factor ~0.07 on one
 core) to speak clause by clause, so pieces are cut at clause punctuation
 from ``clause_words`` (4) words on, and the reply's first piece is its first
-phrase (``first_words``, 4: a clause mark or its first four words), so the
-first audio follows the first few words, not the first sentence.
+phrase (``first_words``, 2: a clause mark or its first two words), so the
+first audio follows the reply's first words, not its first sentence
+(``bench/first_phrase.py``: first audio 0.66x as late as with four words,
+Whisper still hears the spoken reply whole).
 
 Each piece, on this stage's worker threads: phonemes from an ``espeak-ng``
 process that stays up (``phonemizer.py``: one per worker thread; starting a
@@ -66,14 +68,15 @@ class PiperTtsStage(SubprocessTtsStage):
     binary = "espeak-ng"  # the phonemizer; the voice itself is the ONNX graph
 
     def __init__(self, name: str = "tts", *, clock: Clock, voice: str | Path = "en_US-joe-medium",
-                 rate: int = INTERNAL_RATE, clause_words: int = 4, threads: int = 1,
+                 rate: int = INTERNAL_RATE, clause_words: int = 4, first_words: int = 2,
+                 threads: int = 1,
                  workers: int = 2, length_scale: float | None = None,
                  espeak_voice: str | None = None, warm_up: bool = True,
                  device: Device | str = CPU, **kwargs: Any) -> None:
         if workers < 1 or threads < 1 or (length_scale is not None and length_scale <= 0):
             raise ValueError("workers and threads must be >= 1, length_scale > 0")
-        super().__init__(name, clock=clock, rate=rate, clause_words=clause_words, workers=workers,
-                         **kwargs)
+        super().__init__(name, clock=clock, rate=rate, clause_words=clause_words,
+                         first_words=first_words, workers=workers, **kwargs)
         onnx, config = piper_voice_files(voice)
         self.device = Device.parse(device)
         self.voice = load_voice(onnx, config, threads=threads, length_scale=length_scale,

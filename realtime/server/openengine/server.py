@@ -1,5 +1,5 @@
 """The gRPC server beside the HTTP one: same process, same event loop, same
-engine. OpenEngine services, the standard health-checking service
+runtime. OpenEngine services, the standard health-checking service
 (``grpc.health.v1.Health``: SERVING once started, NOT_SERVING while it
 stops) and server reflection (so ``grpcurl`` needs no proto files)."""
 
@@ -24,16 +24,16 @@ SERVICES = (
 
 
 class GrpcServer:
-    """``await start()`` after the engine started (the HTTP lifespan), ``await stop()`` before it stops."""
+    """``await start()`` after the runtime started (the HTTP lifespan), ``await stop()`` before it stops."""
 
-    def __init__(self, engine: Runtime, host: str, port: int) -> None:
-        self.engine = engine
+    def __init__(self, runtime: Runtime, host: str, port: int) -> None:
+        self.runtime = runtime
         self.host = host
         self.port = port
         self.health = health.aio.HealthServicer()
-        limit = engine.config.limits.max_request_bytes
+        limit = runtime.config.limits.max_request_bytes
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit)])
-        for name, servicer in zip(SERVICES, (Sessions(engine), Engine(engine), Streaming(engine))):
+        for name, servicer in zip(SERVICES, (Sessions(runtime), Engine(runtime), Streaming(runtime))):
             register(self.server, name, servicer)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

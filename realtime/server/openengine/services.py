@@ -52,12 +52,12 @@ def _internal() -> DuplexError:
 class Call:
     """Who is asking, and on which service (raises the typed error)."""
 
-    def __init__(self, engine: Runtime, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, runtime: Runtime, context: grpc.aio.ServicerContext) -> None:
         meta = {k.lower(): v for k, v in (context.invocation_metadata() or ())
                 if isinstance(v, str)}
         self.api_key = bearer_key(meta)
-        check_key(engine, self.api_key)
-        service = engine.text
+        check_key(runtime, self.api_key)
+        service = runtime.text
         if service is None:
             raise DuplexError("capability_unsupported", "this deployment has no vLLM text stage")
         self.service: TextService = service
@@ -111,7 +111,7 @@ def typed(method: Callable) -> Callable:
     """A unary method whose ``DuplexError`` is answered as its status."""
     async def run(self, request, context):
         try:
-            call = Call(self.engine, context)
+            call = Call(self.runtime, context)
             if request is UNDECODABLE:
                 raise _not_decoded()
             return await method(self, call, request)
@@ -125,8 +125,8 @@ def typed(method: Callable) -> Callable:
 
 
 class Sessions(sessions_pb2_grpc.OpenEngineSessionsServicer):
-    def __init__(self, engine: Runtime) -> None:
-        self.engine = engine
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
 
     @typed
     async def OpenGenerationSession(self, call: Call, req: s.OpenGenerationSessionRequest):
@@ -155,8 +155,8 @@ class Sessions(sessions_pb2_grpc.OpenEngineSessionsServicer):
 
 
 class Engine(engine_pb2_grpc.OpenEngineServicer):
-    def __init__(self, engine: Runtime) -> None:
-        self.engine = engine
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
 
     @typed
     async def Generate(self, call: Call, req: e.GenerateRequest):
@@ -189,7 +189,7 @@ class Engine(engine_pb2_grpc.OpenEngineServicer):
 
     @typed
     async def GetCapabilities(self, call: Call, req: e.GetCapabilitiesRequest):
-        return convert.capabilities(self.engine.capabilities(), self.engine.model)
+        return convert.capabilities(self.runtime.capabilities(), self.runtime.model)
 
 
 _CLOSED = object()
@@ -197,13 +197,13 @@ _FAILED = object()
 
 
 class Streaming(engine_pb2_grpc.OpenEngineStreamingServicer):
-    def __init__(self, engine: Runtime) -> None:
-        self.engine = engine
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
 
     async def GenerateStream(self, requests: AsyncIterator[e.GenerateStreamRequest],
                              context: grpc.aio.ServicerContext) -> AsyncIterator[e.GenerateResponse]:
         try:
-            call = Call(self.engine, context)
+            call = Call(self.runtime, context)
         except DuplexError as err:
             await abort(context, err)
             return

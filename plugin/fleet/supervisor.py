@@ -5,7 +5,7 @@ worker::
 
     supervisor ── SharedEngineCore (when the config has a `vllm` stage)
        │       ── nginx (router.py): least_conn for new sessions, owner map for ids
-       │       ── fleet endpoint (fleet.py): /health and /metrics of all workers
+       │       ── fleet endpoint (view.py): /health and /metrics of all workers
        └── worker w1 … wN: `vllm-duplex serve --instance-id wI --port P [--engine-slot …]`
                            each its own Runtime, sessions and CPU stages
 
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_duplex.host.deploy import DeployConfig
-from vllm_duplex.host.engine_core import SharedEngineCore, WorkerSlot
-from vllm_duplex.host.fleet import FleetView, WorkerStatus, http_get
-from vllm_duplex.host.router import Nginx, RouterPlan
+from vllm_duplex.fleet.engine_core import SharedEngineCore, WorkerSlot
+from vllm_duplex.fleet.view import FleetView, WorkerStatus, http_get
+from vllm_duplex.fleet.router import Nginx, RouterPlan
 from vllm_duplex.host.topology import Workers
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class WorkerFleet:
         return f"127.0.0.1:{port}"
 
     def _argv(self, w: Worker) -> list[str]:
-        argv = [sys.executable, "-m", "vllm_duplex.realtime.client.cli", "serve",
+        argv = [sys.executable, "-m", "vllm_duplex.cli", "serve",
                 "--config", str(self.config_path), "--host", "127.0.0.1",
                 "--port", str(w.port), "--workers", "1", "--instance-id", w.instance_id,
                 "--worker-life", str(w.life), "--log-level", self.log_level]

@@ -9,8 +9,8 @@ import pytest
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.owner_ids import check_routed_id, mint, owner_of
 from vllm_duplex.host.deploy import DeployConfig
-from vllm_duplex.host.fleet import WorkerStatus, fleet_health, merge_metrics
-from vllm_duplex.host.router import MINTED_ID_REGEX, RouterPlan, nginx_conf
+from vllm_duplex.fleet.view import WorkerStatus, fleet_health, merge_metrics
+from vllm_duplex.fleet.router import MINTED_ID_REGEX, RouterPlan, nginx_conf
 from vllm_duplex.host.topology import Workers
 
 # The router's regex, read the way Python reads it: the two must agree.

@@ -26,7 +26,7 @@ from vllm_duplex.core.commands import SessionResume
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.owner_ids import owner_of
 from vllm_duplex.host.deploy import DeployConfig
-from vllm_duplex.host.engine_core import WorkerSlot, connect_client
+from vllm_duplex.fleet.engine_core import WorkerSlot, connect_client
 from vllm_duplex.host.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -42,22 +42,22 @@ from vllm_duplex.stages.port import FencedPort, StageBase
 
 
 @pytest.fixture
-async def engine():
-    engine = Runtime(load_config("scripted"))
-    await engine.start()
-    yield engine
-    await engine.stop()
+async def runtime():
+    runtime = Runtime(load_config("scripted"))
+    await runtime.start()
+    yield runtime
+    await runtime.stop()
 
 
-async def manual_session(engine):
-    session = await engine.open_realtime_session(None)
+async def manual_session(runtime):
+    session = await runtime.open_realtime_session(None)
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(turn_detection=None)))
     await next_event(session, "session.updated")
     return session
 
 
-async def test_cancel_behind_100_appends_is_applied_first(engine):
-    session = await manual_session(engine)
+async def test_cancel_behind_100_appends_is_applied_first(runtime):
+    session = await manual_session(runtime)
     session.deliver(cmd.ResponseCreate())
     await next_event(session, "response.created")
     # Queue 100 audio appends and a commit, then the cancel, without letting
@@ -76,12 +76,12 @@ async def test_cancel_behind_100_appends_is_applied_first(engine):
             assert env.event.response["status_details"]["reason"] == "client_cancelled"
     assert order == ["response.done", "input_audio_buffer.committed"]
     assert session.mailbox.overtaken >= 1
-    assert engine.metrics.control_overtakes.get() >= 1
-    await engine.end_session(session, CloseReason.CLIENT)
+    assert runtime.metrics.control_overtakes.get() >= 1
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
-async def test_interrupt_bumps_epoch_once_and_drops_stale_deltas(engine):
-    session = await manual_session(engine)
+async def test_interrupt_bumps_epoch_once_and_drops_stale_deltas(runtime):
+    session = await manual_session(runtime)
     session.deliver(cmd.ResponseCreate())
     await next_event(session, "response.output_audio_transcript.delta")
     before = session.fence
@@ -98,7 +98,7 @@ async def test_interrupt_bumps_epoch_once_and_drops_stale_deltas(engine):
         if env.event.type == "error":
             assert env.event.error.event_id == "sentinel"
             break
-    await engine.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
 class _DeafLlmStage:
@@ -147,9 +147,9 @@ class _DeafPort:
         await self.queue.put(None)
 
 
-async def test_fence_gate_is_the_one_place_stale_outputs_die(engine):
-    engine.stages = [engine.stages[0], _DeafLlmStage()]
-    session = await manual_session(engine)
+async def test_fence_gate_is_the_one_place_stale_outputs_die(runtime):
+    runtime.stages = [runtime.stages[0], _DeafLlmStage()]
+    session = await manual_session(runtime)
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(output_modalities=("text",))))
     await next_event(session, "session.updated")
     session.deliver(cmd.ResponseCreate())
@@ -161,29 +161,29 @@ async def test_fence_gate_is_the_one_place_stale_outputs_die(engine):
         while session.gate.dropped == 0:  # the deaf stage keeps talking for the old fence
             await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)  # and some more of it is dropped on the way
-    assert engine.metrics.stale_dropped.get(stage="llm") == session.gate.dropped
+    assert runtime.metrics.stale_dropped.get(stage="llm") == session.gate.dropped
     while not session.attachment.empty():
         env = session.attachment.get_nowait()
         assert env.event.type != "response.output_text.delta", "a stale delta reached the client"
     assert first.fence.epoch < session.fence.epoch
-    await engine.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
-async def test_speech_after_cancel_still_starts_a_turn(engine):
+async def test_speech_after_cancel_still_starts_a_turn(runtime):
     """Input-side (VAD) outputs describe the user, not a reply: an epoch bump
     between the audio and its VAD event must not lose the user's turn."""
-    session = await engine.open_realtime_session(None)
+    session = await runtime.open_realtime_session(None)
     session.deliver(cmd.ResponseCreate())
     await next_event(session, "response.created")
     session.deliver(cmd.AudioAppend(audio=pcm16(0.3, amplitude=0.3)))
     session.deliver(cmd.ResponseCancel())  # overtakes the audio, bumps the epoch
     started = await next_event(session, "input_audio_buffer.speech_started")
     assert started.event.item_id
-    await engine.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
-async def test_fences_only_grow_and_seq_is_dense(engine):
-    session = await engine.open_realtime_session(None)
+async def test_fences_only_grow_and_seq_is_dense(runtime):
+    session = await runtime.open_realtime_session(None)
     audio = pcm16(0.1) + pcm16(0.6, amplitude=0.3) + pcm16(1.0)
     for i in range(0, len(audio), 960):
         session.deliver(cmd.AudioAppend(audio=audio[i:i + 960]))
@@ -198,31 +198,31 @@ async def test_fences_only_grow_and_seq_is_dense(engine):
     assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
     fences = [(e.fence.incarnation, e.fence.epoch) for e in seen]
     assert fences == sorted(fences) and fences[-1][1] == fences[0][1] + 1
-    await engine.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
-async def test_immutable_and_unsupported_updates_are_refused(engine):
-    session = await engine.open_realtime_session(None)
+async def test_immutable_and_unsupported_updates_are_refused(runtime):
+    session = await runtime.open_realtime_session(None)
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(model="other"), event_id="u1"))
     err = await next_event(session, "error")
     assert (err.event.error.code, err.event.error.param, err.event.error.event_id) == (
         "immutable_field", "session.model", "u1")
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(model=session.config.model)))
     await next_event(session, "session.updated")  # unchanged immutable value is fine
-    await engine.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
-async def test_close_is_idempotent_and_refuses_later_commands(engine):
-    session = await engine.open_realtime_session(None)
-    await engine.end_session(session, CloseReason.CLIENT)
-    await engine.end_session(session, CloseReason.CLIENT)
-    assert len(engine.manager) == 0
+async def test_close_is_idempotent_and_refuses_later_commands(runtime):
+    session = await runtime.open_realtime_session(None)
+    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
+    assert len(runtime.manager) == 0
     with pytest.raises(Exception) as info:
         session.deliver(cmd.AudioCommit(event_id="late"))
     assert info.value.code == "session_closed" and info.value.event_id == "late"
 
 
-def test_engine_rejects_unknown_stage_type():
+def test_runtime_rejects_unknown_stage_type():
     config = load_config("scripted")
     bad = dataclasses.replace(config, stages=(dataclasses.replace(config.stages[0], type="nope"),))
     with pytest.raises(ValueError, match="unknown stage type 'nope'"):
@@ -288,51 +288,51 @@ def test_gate_keeps_listening_outputs_across_fence_bumps():
     assert gate.dropped == 2
 
 
-async def test_a_consumer_that_stops_reading_ends_its_session_with_bounded_memory(engine):
+async def test_a_consumer_that_stops_reading_ends_its_session_with_bounded_memory(runtime):
     """Without resume (grace 0), a socket that stops reading ends its session."""
-    engine.session_limits = dataclasses.replace(engine.session_limits, outbound_capacity=8,
+    runtime.session_limits = dataclasses.replace(runtime.session_limits, outbound_capacity=8,
                                                 survives_disconnect=False)
-    session = await manual_session(engine)  # reads session.created/updated only
+    session = await manual_session(runtime)  # reads session.created/updated only
     att = session.attachment
     session.deliver(cmd.ResponseCreate())  # ~60 events, nobody reads them
     await asyncio.wait_for(session.closed.wait(), 5)
     assert session.close_reason is CloseReason.SLOW_CONSUMER
     assert att.qsize() == 1 and att.get_nowait() is Notice.SLOW_CONSUMER  # backlog dropped
-    await engine.end_session(session, CloseReason.CLIENT)
-    assert engine.metrics.sessions_closed.get(reason="slow_consumer") == 1
+    await runtime.end_session(session, CloseReason.CLIENT)
+    assert runtime.metrics.sessions_closed.get(reason="slow_consumer") == 1
 
 
-async def test_with_resume_a_slow_consumer_loses_its_socket_not_its_session(engine):
-    engine.session_limits = dataclasses.replace(engine.session_limits, outbound_capacity=8,
+async def test_with_resume_a_slow_consumer_loses_its_socket_not_its_session(runtime):
+    runtime.session_limits = dataclasses.replace(runtime.session_limits, outbound_capacity=8,
                                                 survives_disconnect=True)
-    session = await manual_session(engine)
+    session = await manual_session(runtime)
     att = session.attachment
     session.deliver(cmd.ResponseCreate())
     while session.attachment is att:
         await asyncio.sleep(0.01)
     assert att.get_nowait() is Notice.SLOW_CONSUMER and att.pending_bytes == 0
-    assert session.close_reason is None and engine.metrics.slow_consumers.get() == 1
+    assert session.close_reason is None and runtime.metrics.slow_consumers.get() == 1
     # the journal kept everything: a resume from the last seq read replays it all
     new, replay, resumed = session.resume(session.resume_token, 2)
     assert not replay.resync and [e.seq for e in replay.events] == list(range(3, replay.head_seq + 1))
     assert resumed["resume_token"] == session.resume_token
-    await engine.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
-async def test_silence_under_server_vad_does_not_grow_the_buffer(engine):
-    session = await engine.open_realtime_session(None)
+async def test_silence_under_server_vad_does_not_grow_the_buffer(runtime):
+    session = await runtime.open_realtime_session(None)
     for _ in range(250):  # 5 s of silence
         session.deliver(cmd.AudioAppend(audio=pcm16(0.02)))
     session.deliver(cmd.ItemRetrieve(item_id="x"))  # a sentinel behind the audio
     await next_event(session, "error")
     td = session.config.turn_detection
     assert session.core.input.samples <= (td.prefix_padding_ms + 1000 + 20) * 16
-    await engine.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
-async def test_manual_buffer_is_capped_with_a_typed_error(engine):
-    engine.session_limits = dataclasses.replace(engine.session_limits, max_buffer_ms=100)
-    session = await manual_session(engine)
+async def test_manual_buffer_is_capped_with_a_typed_error(runtime):
+    runtime.session_limits = dataclasses.replace(runtime.session_limits, max_buffer_ms=100)
+    session = await manual_session(runtime)
     for i in range(6):
         session.deliver(cmd.AudioAppend(audio=pcm16(0.02), event_id=f"a{i}"))
     err = await next_event(session, "error")
@@ -340,7 +340,7 @@ async def test_manual_buffer_is_capped_with_a_typed_error(engine):
     session.deliver(cmd.AudioCommit())
     committed = await next_event(session, "conversation.item.done")
     assert committed.event.item["role"] == "user"
-    await engine.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
 async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
@@ -352,9 +352,9 @@ async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
     from vllm_duplex.testing.clock import VirtualClock
 
     clock = VirtualClock()
-    engine = Runtime(load_config("scripted"), clock=clock)
-    await engine.start()
-    session = await engine.open_realtime_session(None)
+    runtime = Runtime(load_config("scripted"), clock=clock)
+    await runtime.start()
+    session = await runtime.open_realtime_session(None)
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(pacing=OutputPacing("none"))))
     session.deliver(cmd.ResponseCreate())
     while session.core.response is None or session.core.response.first_audio_at is None:
@@ -369,15 +369,15 @@ async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
     assert heard.text() == "Hello from the scripted"
     context = session.core.context(cmd.ResponseOptions())
     assert context[-1].role == "assistant" and context[-1].text == "Hello from the scripted"
-    await engine.end_session(session, CloseReason.CLIENT)
-    await engine.stop()
+    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.stop()
 
 
-async def test_a_terminal_stage_failure_ends_the_session_with_one_error(engine):
+async def test_a_terminal_stage_failure_ends_the_session_with_one_error(runtime):
     from vllm_duplex.core.errors import DuplexError
     from vllm_duplex.core.payloads import StageFailed
 
-    session = await engine.open_realtime_session(None)
+    session = await runtime.open_realtime_session(None)
     dead = DuplexError("engine_dead", "the vLLM engine died")
     fence = session.fence
     await session._enqueue_output(StageOutput(fence, fence.request_id("llm"), "llm", StageFailed(dead)))
@@ -385,7 +385,7 @@ async def test_a_terminal_stage_failure_ends_the_session_with_one_error(engine):
     assert err.event.error.code == "engine_dead" and err.event.error.to_wire()["retryable"]
     await asyncio.wait_for(session.closed.wait(), 5)
     assert session.close_reason is CloseReason.ENGINE_DEAD
-    await engine.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
 # ---- a session that lags: bounded, merged, never deadlocked ---------------------------
@@ -417,11 +417,11 @@ class _FloodPort(FencedPort):
                          GenerationDone(rid, "stop", 0, len(self._stage.words)))
 
 
-async def test_a_flood_of_deltas_is_merged_not_queued_without_bound(engine):
+async def test_a_flood_of_deltas_is_merged_not_queued_without_bound(runtime):
     words = [f"w{i} " for i in range(2000)]
-    engine.stages = [engine.stages[0], _FloodLlmStage(words)]
-    engine.session_limits = dataclasses.replace(engine.session_limits, stage_capacity=4)
-    session = await manual_session(engine)
+    runtime.stages = [runtime.stages[0], _FloodLlmStage(words)]
+    runtime.session_limits = dataclasses.replace(runtime.session_limits, stage_capacity=4)
+    session = await manual_session(runtime)
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(output_modalities=("text",))))
     await next_event(session, "session.updated")
     session.deliver(cmd.ResponseCreate())
@@ -435,7 +435,7 @@ async def test_a_flood_of_deltas_is_merged_not_queued_without_bound(engine):
     assert deltas < len(words) and session.mailbox.merged == len(words) - deltas
     assert session.mailbox.peak[Lane.STAGE] <= 4
     assert env.event.response["status"] == "completed"
-    await engine.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
 class _ChattyVadStage(StageBase):
@@ -465,13 +465,13 @@ class _ChattyPort(FencedPort):
                 await self._emit(item.fence, item.request_id, TranscriptDelta(f"{n}.{k} "))
 
 
-async def test_a_stage_that_waits_on_its_outputs_cannot_deadlock_the_session(engine):
+async def test_a_stage_that_waits_on_its_outputs_cannot_deadlock_the_session(runtime):
     """The session used to await ``submit``; here ``submit`` waits for the
     session to take outputs from a full STAGE lane. It must still finish,
     with every output, and with both the lane and the stage feed bounded."""
-    engine.stages = [_ChattyVadStage(), *engine.stages[1:]]
-    engine.session_limits = dataclasses.replace(engine.session_limits, stage_capacity=2)
-    session = await engine.open_realtime_session(None)
+    runtime.stages = [_ChattyVadStage(), *runtime.stages[1:]]
+    runtime.session_limits = dataclasses.replace(runtime.session_limits, stage_capacity=2)
+    session = await runtime.open_realtime_session(None)
     for _ in range(100):  # 100 ms each: every one yields samples past the resampler's delay
         session.deliver(cmd.AudioAppend(audio=pcm16(0.1)))
     got = []
@@ -482,11 +482,11 @@ async def test_a_stage_that_waits_on_its_outputs_cannot_deadlock_the_session(eng
     assert session.mailbox.peak[Lane.STAGE] <= 2
     assert session.feed.peak <= HIGH_WATER + 1  # client data paused above the watermark
     assert not session.feed.paused
-    await engine.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
-async def test_a_submission_the_stage_refuses_is_an_internal_error_not_a_stall(engine):
-    session = await engine.open_realtime_session(None)
+async def test_a_submission_the_stage_refuses_is_an_internal_error_not_a_stall(runtime):
+    session = await runtime.open_realtime_session(None)
     fence = session.fence
     session.feed.submit("llm", fence, "llm", TextDelta("r", "not a request"))  # llm takes GenerateRequest
     err = await next_event(session, "error")
@@ -494,7 +494,7 @@ async def test_a_submission_the_stage_refuses_is_an_internal_error_not_a_stall(e
     session.deliver(cmd.ItemRetrieve(item_id="nope", event_id="after"))
     err = await next_event(session, "error")
     assert err.event.error.event_id == "after"  # the session goes on
-    await engine.end_session(session, CloseReason.CLIENT)
+    await runtime.end_session(session, CloseReason.CLIENT)
 
 
 def test_a_timer_never_wakes_the_core_before_its_time():
@@ -507,10 +507,10 @@ def test_a_timer_never_wakes_the_core_before_its_time():
     import uvloop
 
     async def fire_timers() -> list[float]:
-        engine = Runtime(load_config("scripted"))
-        await engine.start()
+        runtime = Runtime(load_config("scripted"))
+        await runtime.start()
         try:
-            session = await engine.open_realtime_session(None)
+            session = await runtime.open_realtime_session(None)
             fired: dict[str, float] = {}  # timer -> the session clock when it woke the core
             put = session.mailbox.put_nowait
 
@@ -527,10 +527,10 @@ def test_a_timer_never_wakes_the_core_before_its_time():
                 at = session.clock.now() + 0.0123
                 await session._timer(f"t{i}", at)  # sleeps, then queues TimerFired
                 early.append(at - fired[f"t{i}"])
-            await engine.end_session(session, CloseReason.CLIENT)
+            await runtime.end_session(session, CloseReason.CLIENT)
             return early
         finally:
-            await engine.stop()
+            await runtime.stop()
 
     early = uvloop.run(fire_timers())
     assert max(early) <= 0, f"{sum(e > 0 for e in early)} of 40 timers woke the core early"

@@ -1,4 +1,6 @@
-"""Unit tests for the realtime wire codec: the Realtime wire codec (no sockets)."""
+"""The Realtime wire codec (``realtime/wire``), without sockets: client frames
+parsed into typed commands or typed errors, server events rendered as JSON (GA
+and beta names), and what the official SDK sends and expects."""
 
 from __future__ import annotations
 
@@ -381,6 +383,7 @@ INVALID_VALUE_CASES = [
     (su({"tools": [{"type": "mcp", "server_label": "x"}]}), "session.tools[0].type"),
     (su({"tools": [{"name": "a"}, {"name": "a"}]}), "session.tools[1].name"),
     (su({"tools": [{"description": "no name"}]}), "session.tools[0].name"),
+    (su({"tools": [{"name": "get weather"}]}), "session.tools[0].name"),
     (su({"tools": [{"name": "a", "parameters": "{}"}]}), "session.tools[0].parameters"),
     (su({"tool_choice": "sometimes"}), "session.tool_choice"),
     (su({"tool_choice": {"type": "function"}}), "session.tool_choice.name"),

@@ -1,5 +1,9 @@
 """``vllm-duplex``: serve | edge | talk | prepare.
 
+The top of the layering: it starts a server process (``realtime.server``), a
+fleet of them (``fleet``), an edge router, the ``talk`` client, or the model
+preparation; nothing imports it.
+
     vllm-duplex prepare [--force] [--name NAME ...]
     vllm-duplex serve [--config configs/<name>.yaml] [--host H] [--port P] [--grpc-port G] [--workers N]
     vllm-duplex edge --machine m1=HOST:PORT --machine m2=HOST:PORT [--listen H:P]
@@ -26,7 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
             print("vllm-duplex: --grpc-port is served by a single server (not with --workers)",
                   file=sys.stderr)
             return 2
-        from vllm_duplex.host.workers import serve_workers
+        from vllm_duplex.fleet.supervisor import serve_workers
 
         return serve_workers(config, resolve_config_path(args.config), workers, host=host,
                              port=port, log_level=args.log_level)
@@ -38,15 +42,15 @@ def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int,
     """One server process: a plain ``serve``, or one worker of ``serve --workers N``."""
     import uvicorn
     from vllm_duplex.assets.files import AssetError
-    from vllm_duplex.host.engine_core import WorkerSlot
-    from vllm_duplex.host.worker_runtime import worker_runtime
+    from vllm_duplex.fleet.engine_core import WorkerSlot
+    from vllm_duplex.fleet.worker import worker_runtime
     from vllm_duplex.realtime.server.serving import uvicorn_config
 
     instance_id = args.instance_id or (workers.instance_ids()[0] if workers.configured else None)
     slot = WorkerSlot.from_json(args.engine_slot) if args.engine_slot else None
     supervised = args.worker_life is not None
     try:
-        engine, close = worker_runtime(config, instance_id=instance_id, slot=slot,
+        runtime, close = worker_runtime(config, instance_id=instance_id, slot=slot,
                                        life=args.worker_life or 1)
     except AssetError as e:  # a missing or corrupt model: refuse, never fall back
         print(f"vllm-duplex: cannot serve {config.name!r}: {e}", file=sys.stderr, flush=True)
@@ -56,7 +60,7 @@ def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int,
             print(f"vllm-duplex: serving {config.name!r} (model {config.model!r}, policy "
                   f"{config.policy!r}) on ws://{host}:{port}/v1/realtime"
                   + (f" and gRPC {host}:{grpc_port}" if grpc_port is not None else ""), flush=True)
-        uvicorn.Server(uvicorn_config(engine, host, port, args.log_level, grpc_port)).run()
+        uvicorn.Server(uvicorn_config(runtime, host, port, args.log_level, grpc_port)).run()
     finally:
         close()
     return 0
@@ -65,7 +69,7 @@ def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int,
 def _edge(args: argparse.Namespace) -> int:
     import asyncio
 
-    from vllm_duplex.host.router import Nginx, RouterPlan, nginx_conf
+    from vllm_duplex.fleet.router import Nginx, RouterPlan, nginx_conf
 
     machines = dict(m.split("=", 1) for m in args.machine)
     plan = RouterPlan.for_edge(args.listen, machines, max_request_bytes=args.max_request_bytes)

@@ -1,0 +1,71 @@
+"""Tool definitions are read by one parser (``vllm_duplex.core.tools``) on
+every surface: a realtime ``session.update`` and a text ``generate`` accept
+the same tools and refuse the same mistakes with the same code, naming the
+same field under their own prefix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.tools import parse_tools
+from vllm_duplex.realtime.wire.codec import RealtimeCodec
+from vllm_duplex.text.requests import parse_generate
+
+WEATHER = {"type": "function", "name": "get_weather-2", "description": "Weather now.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+def realtime_tools(tools):
+    """``session.tools`` as the codec parses it, or the error event's (code, param)."""
+    codec = RealtimeCodec()
+    try:
+        update = codec.parse(json.dumps({"type": "session.update", "session": {"tools": tools}}))
+    except DuplexError as err:
+        return err.code, err.param
+    return update.patch.tools
+
+
+def text_tools(tools):
+    """``tools`` of a generate request as parsed, or the error's (code, param)."""
+    try:
+        spec = parse_generate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                               "tools": tools}, served_model="m", max_tokens_cap=16)
+    except DuplexError as err:
+        return err.code, err.param
+    return spec.tools
+
+
+@pytest.mark.parametrize("tools, field", [
+    ([{"type": "code_interpreter"}], "[0].type"),
+    ([{"type": "mcp", "server_label": "x"}], "[0].type"),
+    ([{"name": "get weather"}], "[0].name"),  # a space: off OpenAI's pattern
+    ([{"name": "a.b"}], "[0].name"),
+    ([{"name": "x" * 65}], "[0].name"),
+    ([{"name": ""}], "[0].name"),
+    ([{"description": "no name"}], "[0].name"),
+    ([{"name": "a"}, {"name": "a"}], "[1].name"),
+    ([{"type": "function", "function": {"name": "a"}}, {"name": "a"}], "[1].name"),
+    ([{"name": "a", "parameters": "{}"}], "[0].parameters"),
+    ([{"name": "a", "description": 3}], "[0].description"),
+    ([5], "[0]"),
+    ({"name": "a"}, ""),
+])
+def test_both_surfaces_refuse_the_same_tool_with_invalid_value(tools, field):
+    assert realtime_tools(tools) == ("invalid_value", f"session.tools{field}")
+    assert text_tools(tools) == ("invalid_value", f"tools{field}")
+
+
+def test_both_surfaces_accept_both_shapes_and_the_same_names():
+    nested = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+    for shape in (WEATHER, nested):
+        assert realtime_tools([shape]) == (WEATHER,)
+        assert text_tools([shape]) == (WEATHER,)
+
+
+def test_a_tool_keeps_only_what_was_given_and_text_fills_the_template_defaults():
+    assert parse_tools([{"name": "ping"}]) == ({"type": "function", "name": "ping"},)
+    assert realtime_tools([{"name": "ping"}]) == ({"type": "function", "name": "ping"},)
+    assert text_tools([{"name": "ping"}]) == ({"type": "function", "name": "ping", "description": "",
+                                               "parameters": {"type": "object"}},)
