@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import os
 import sys
@@ -67,7 +68,8 @@ class Scheduling:
     window_s: float  # the span the figures cover
     loop_ran_s: float  # the loop thread on a CPU
     loop_queued_s: float  # the loop thread runnable, waiting for a CPU
-    others_queued_s: float  # the most any other thread of the process waited for a CPU
+    others_queued_s: float  # the most any other thread of the process waited for a CPU ...
+    others_window_s: float  # ... over this (later, shorter) span; 0: not measured
     watchdog_late_s: float  # the most the watchdog woke late meanwhile (it needs the GIL too)
 
 
@@ -99,7 +101,7 @@ def classify(sched: Scheduling | None, in_selector: bool,
         return "starved"
     if sched.watchdog_late_s < 0.5 * threshold_s and not in_selector:
         return "blocked"  # the GIL was free: a lock, a sleep, a queue on the loop
-    if sched.others_queued_s >= half:
+    if sched.others_window_s >= 0.05 and sched.others_queued_s >= 0.5 * sched.others_window_s:
         return "starved"
     return "gil"
 
@@ -127,6 +129,29 @@ def _task_ids() -> list[int]:
         return [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
         return []
+
+
+_heap_frozen = False
+
+
+def freeze_startup_heap() -> int:
+    """Keep the objects that exist once the server has started out of every
+    later garbage collection (``gc.freeze``), once per process; returns how
+    many are frozen.
+
+    A started server holds ~680k objects (the models, the tokenizers, the
+    vLLM client); CPython's full (generation 2) collection walks them all, on
+    whatever thread allocated last -- the loop thread, mostly: 0.5-1.1 s of
+    every session frozen each time one ran (issue 21). They live as long as
+    the process, so nothing is lost by not walking them again; what the
+    sessions allocate is still collected as usual. One full collection first,
+    so no garbage of the start-up is frozen with them."""
+    global _heap_frozen
+    if not _heap_frozen:
+        _heap_frozen = True
+        gc.collect()
+        gc.freeze()
+    return gc.get_freeze_count()
 
 
 class LoopLagMonitor:
@@ -329,11 +354,8 @@ class _OpenStall:
         (run0, wait0), (run1, wait1) = self.loop[loop_id], after[loop_id]
         others = max((after[t][1] - w0 for t, (_, w0) in before.items()
                       if t != loop_id and t in after), default=0.0)
-        # The others' figures cover a later, shorter span: scale their share.
-        span = max(now - since, 1e-9)
-        window = max(now - self.at, 1e-9)
-        return Scheduling(window, run1 - run0, wait1 - wait0, others * window / span,
-                          max(self.watchdog_late_s, held))
+        return Scheduling(now - self.at, run1 - run0, wait1 - wait0, others,
+                          now - since if before else 0.0, max(self.watchdog_late_s, held))
 
 
 def _describe(sched: Scheduling | None) -> str:
@@ -341,7 +363,10 @@ def _describe(sched: Scheduling | None) -> str:
         return ""
     text = (f"; of the last {sched.window_s * 1000:.0f} ms the loop thread ran "
             f"{sched.loop_ran_s * 1000:.0f} ms and waited {sched.loop_queued_s * 1000:.0f} ms "
-            f"for a CPU, another thread waited up to {sched.others_queued_s * 1000:.0f} ms")
+            f"for a CPU")
+    if sched.others_window_s:
+        text += (f", another thread up to {sched.others_queued_s * 1000:.0f} ms of the last "
+                 f"{sched.others_window_s * 1000:.0f}")
     if sched.watchdog_late_s >= 0.1:
         text += f", the watchdog woke up to {sched.watchdog_late_s * 1000:.0f} ms late"
     return text

@@ -18,7 +18,7 @@ from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.owner_ids import mint
 from vllm_duplex.core.session_config import EAGERNESS, SessionConfig, TurnDetection
 from vllm_duplex.host.deploy import DeployConfig
-from vllm_duplex.host.loop_lag import LoopLagMonitor
+from vllm_duplex.host.loop_lag import LoopLagMonitor, freeze_startup_heap
 from vllm_duplex.host.stage_types import build_stage
 from vllm_duplex.leases.manager import SessionManager
 from vllm_duplex.policy import ModelPolicy, load_policy
@@ -154,6 +154,7 @@ class Runtime:
         except BaseException:
             await self.loop_lag.stop()
             raise
+        freeze_startup_heap()  # before the first session: what is here now stays
 
     async def stop(self) -> None:
         if self.text is not None:
