@@ -91,6 +91,12 @@ setup(
             "grpcio-reflection>=1.85,<1.86",
             "grpcio-status>=1.85,<1.86",
         ],
+        # WebRTC calls (POST /v1/realtime/calls, realtime/server/webrtc): aiortc
+        # (BSD) and its PyAV (Opus); 1.16.0 takes PyAV 14-19.
+        "webrtc": [
+            "aiortc==1.16.0",
+            "av>=14,<20",
+        ],
         "test": [
             "scikit-image>=0.21",  # its bundled astronaut portrait: a real face
             "pytest>=8",

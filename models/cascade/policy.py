@@ -311,6 +311,8 @@ class CascadePolicy(PolicyBase[CascadeState]):
         """Stream stable words into the live LLM request; roll back if the ASR
         revised one that was already pushed."""
         state = view.policy_state
+        if not view.config.responds:
+            return None  # a transcription session never asks the LLM
         if utt.pushed and utt.revised(hypothesis):
             utt.rollbacks += 1
             utt.pushed = list(stable)

@@ -129,6 +129,15 @@ class SessionResume(Command):
 
 
 @dataclass(frozen=True)
+class OutputAudioClear(Command):
+    """``output_audio_buffer.clear`` (WebRTC calls): cut off the audio the
+    call's outgoing track still holds. The call's transport carries it out
+    (the buffer is its own); it never reaches a session."""
+
+    urgent: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
 class EventAck(Command):
     """Extension ``session.event_ack``: the client has every event up to ``seq``;
     the journal may forget them."""

@@ -235,6 +235,14 @@ ERRORS: dict[str, ErrorSpec] = {
         ErrorSpec("session_expired", _INVALID, False, 410, Expired),
         ErrorSpec("session_closed", _INVALID, False, 409, Closed),
         ErrorSpec("invalid_resume_token", _INVALID, False, 401, AccessDenied),
+        # ephemeral client keys (POST /v1/realtime/client_secrets)
+        ErrorSpec("client_secret_expired", "authentication_error", False, 401, AccessDenied),
+        ErrorSpec("client_secret_used", "authentication_error", False, 401, AccessDenied),
+        ErrorSpec("client_secret_mismatch", _INVALID, False, 403, AccessDenied),
+        # WebRTC calls (POST /v1/realtime/calls)
+        ErrorSpec("invalid_sdp", _INVALID, False, 400, InvalidRequest),
+        ErrorSpec("unsupported_codec", _INVALID, False, 400, Unsupported),
+        ErrorSpec("call_not_found", _INVALID, False, 404, NotFound),
         ErrorSpec("lease_conflict", _INVALID, True, 409, Conflict),
         ErrorSpec("duplicate_id", _INVALID, False, 409, Conflict),
         ErrorSpec("model_not_found", _INVALID, False, 404, NotFound),

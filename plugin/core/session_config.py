@@ -98,6 +98,7 @@ _UNSET: Any = object()
 class SessionPatch:
     """Fields a ``session.update`` sets; ``_UNSET`` means "leave as is"."""
 
+    type: Any = _UNSET  # SessionType (fixed when the session opens)
     model: Any = _UNSET
     policy: Any = _UNSET
     instructions: Any = _UNSET
@@ -118,14 +119,34 @@ class SessionPatch:
     def fields_set(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not _UNSET}
 
+    def get(self, name: str, default: Any = None) -> Any:
+        value = getattr(self, name)
+        return default if value is _UNSET else value
 
-IMMUTABLE_FIELDS = ("model", "policy")
+    def without(self, *names: str) -> SessionPatch:
+        return replace(self, **{n: _UNSET for n in names})
+
+    def over(self, base: SessionPatch) -> SessionPatch:
+        """``base`` with what this patch sets on top."""
+        return replace(base, **self.fields_set())
+
+
+IMMUTABLE_FIELDS = ("type", "model", "policy")
+
+
+class SessionType(str, enum.Enum):
+    """What a session is for. ``transcription``: audio in, transcripts out --
+    it never makes a response, so it never asks the LLM for anything."""
+
+    REALTIME = "realtime"
+    TRANSCRIPTION = "transcription"
 
 
 @dataclass(frozen=True)
 class SessionConfig:
     model: str
     policy: str
+    type: SessionType = SessionType.REALTIME
     instructions: str = ""
     output_modalities: tuple[str, ...] = ("audio",)
     input_format: AudioFormat = AudioFormat()
@@ -141,6 +162,11 @@ class SessionConfig:
     interruption: Interruption = Interruption()
     pacing: OutputPacing = OutputPacing()
 
+    @property
+    def responds(self) -> bool:
+        """Whether the session makes responses (a transcription session does not)."""
+        return self.type is SessionType.REALTIME
+
     def apply(self, patch: SessionPatch) -> SessionConfig:
         """Merge a patch. Raises ``ValueError(field)`` naming an immutable
         field that the patch tries to change."""
@@ -155,12 +181,25 @@ class SessionConfig:
 def session_wire(
     config: SessionConfig, *, session_id: str, extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The GA ``realtime`` session object (what session.created/updated carry).
+    """The GA session object (what session.created/updated carry): a
+    ``realtime`` session, or a ``transcription`` one (input audio only).
 
     ``extra`` holds duplex extensions (policy, capabilities, fence) that the
     official SDK tolerates as unknown fields.
     """
-    out: dict[str, Any] = {
+    audio_input = {
+        "format": config.input_format.wire(),
+        "transcription": config.transcription.wire() if config.transcription else None,
+        "turn_detection": config.turn_detection.wire() if config.turn_detection else None,
+        "noise_reduction": None,
+    }
+    if config.type is SessionType.TRANSCRIPTION:
+        out: dict[str, Any] = {"type": "transcription", "object": "realtime.transcription_session",
+                               "id": session_id, "model": config.model,
+                               "audio": {"input": audio_input}, "include": None}
+        out.update(extra or {})
+        return out
+    out = {
         "type": "realtime",
         "object": "realtime.session",
         "id": session_id,
@@ -168,12 +207,7 @@ def session_wire(
         "instructions": config.instructions,
         "output_modalities": list(config.output_modalities),
         "audio": {
-            "input": {
-                "format": config.input_format.wire(),
-                "transcription": config.transcription.wire() if config.transcription else None,
-                "turn_detection": config.turn_detection.wire() if config.turn_detection else None,
-                "noise_reduction": None,
-            },
+            "input": audio_input,
             "output": {
                 "format": config.output_format.wire(),
                 "voice": config.voice,
@@ -210,9 +244,10 @@ def updated_config(config: SessionConfig, patch: SessionPatch, caps: Capabilitie
         raise DuplexError("immutable_field", f"{name} cannot change after the session opened",
                           param=f"session.{name}") from None
     td = new.turn_detection
-    if td is not None and td.semantic and td.type not in caps.turn_detection:
-        # A valid GA setting this policy cannot honour: accepted as what runs
-        # instead (never the whole update refused for it).
+    if td is not None and td.semantic and (td.type not in caps.turn_detection or not new.responds):
+        # A valid GA setting this policy cannot honour (or, in a transcription
+        # session, could only with the LLM it never asks): accepted as what
+        # runs instead (never the whole update refused for it).
         new = replace(new, turn_detection=td.as_server_vad())
         td = new.turn_detection
     if td is not None and td.type not in caps.turn_detection:

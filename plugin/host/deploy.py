@@ -65,6 +65,38 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class WebRtc:
+    """``webrtc:`` -- how ``POST /v1/realtime/calls`` connects (ICE).
+
+    ``host_addresses``: the local addresses ICE host candidates are gathered
+    on (``[]``: every non-loopback address, aiortc's own choice);
+    ``ice_servers``: STUN/TURN servers (``{urls, username?, credential?}``);
+    none by default: a server with a reachable address needs none.
+    ``connect_timeout_s``: a call whose peer never connects is hung up."""
+
+    host_addresses: tuple[str, ...] = ("127.0.0.1",)
+    ice_servers: tuple[dict[str, Any], ...] = ()
+    connect_timeout_s: float = 20.0
+
+    @classmethod
+    def from_raw(cls, raw: Any) -> WebRtc:
+        if raw is None:
+            return cls()
+        if not isinstance(raw, dict):
+            raise ValueError("webrtc must be a mapping")
+        bad = set(raw) - {f.name for f in fields(cls)}
+        if bad:
+            raise ValueError(f"unknown webrtc keys: {sorted(bad)}")
+        servers = tuple(dict(s) for s in raw.get("ice_servers") or ())
+        for s in servers:
+            if "urls" not in s or set(s) - {"urls", "username", "credential"}:
+                raise ValueError("webrtc.ice_servers entries are {urls, username?, credential?}")
+        return cls(host_addresses=tuple(raw.get("host_addresses", cls.host_addresses)),
+                   ice_servers=servers,
+                   connect_timeout_s=float(raw.get("connect_timeout_s", cls.connect_timeout_s)))
+
+
+@dataclass(frozen=True)
 class DeployConfig:
     name: str
     model: str
@@ -81,6 +113,7 @@ class DeployConfig:
     loop_lag_warning_ms: float = 250.0
     api_keys: tuple[str, ...] = ()
     workers: Workers = Workers()  # `serve --workers N` behind a router (host/topology.py)
+    webrtc: WebRtc = WebRtc()  # POST /v1/realtime/calls (realtime/server/webrtc)
     # Other names clients may use for ``model`` (like vLLM's --served-model-name):
     # each client's default (``gpt-realtime``...) works unchanged; /v1/models lists them.
     served_model_names: tuple[str, ...] = ()
@@ -128,7 +161,7 @@ class DeployConfig:
             grpc_port=int(server["grpc_port"]) if server.get("grpc_port") is not None else None,
             loop_lag_warning_ms=_loop_lag_warning_ms(server),
             api_keys=keys, workers=Workers.from_raw(raw.get("workers")),
-            served_model_names=tuple(aliases),
+            served_model_names=tuple(aliases), webrtc=WebRtc.from_raw(raw.get("webrtc")),
         )
 
 

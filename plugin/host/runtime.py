@@ -16,10 +16,17 @@ from vllm_duplex.core.commands import SessionResume
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.owner_ids import mint
-from vllm_duplex.core.session_config import EAGERNESS, SessionConfig, TurnDetection
+from vllm_duplex.core.session_config import (
+    EAGERNESS,
+    SessionConfig,
+    SessionPatch,
+    TurnDetection,
+    updated_config,
+)
 from vllm_duplex.host.deploy import DeployConfig
 from vllm_duplex.host.loop_lag import LoopLagMonitor, freeze_startup_heap
 from vllm_duplex.host.stage_types import build_stage
+from vllm_duplex.leases.client_secrets import ClientSecret, ClientSecrets, is_client_secret
 from vllm_duplex.leases.manager import SessionManager
 from vllm_duplex.policy import ModelPolicy, load_policy
 from vllm_duplex.replay.journal import JournalBudget, Replay
@@ -83,6 +90,7 @@ class Runtime:
             clock=self.clock,
             instance_id=instance_id or os.environ.get("VLLM_DUPLEX_INSTANCE_ID"),
         )
+        self.client_secrets = ClientSecrets(self.clock, self.manager.instance_id)
         self.session_limits = SessionLimits(
             mailbox_capacity=limits.mailbox_capacity, outbound_capacity=limits.outbound_capacity,
             outbound_bytes=limits.outbound_bytes, journal_events=limits.journal_events,
@@ -165,21 +173,67 @@ class Runtime:
                 await stage.close()
         await self.loop_lag.stop()
 
-    async def open_realtime_session(self, api_key: str | None) -> DuplexSession:
+    def session_config(self, *patches: SessionPatch | None) -> SessionConfig:
+        """The config a session opens with: the deployment's defaults with
+        ``patches`` applied in order (a client secret's, then the opening
+        request's: ``?intent=``, a call's ``session``). The type is set here,
+        once; a bad value is the typed error of ``session.update``."""
+        config = self.session_defaults
+        caps = self.policy.capabilities()
+        for patch in patches:
+            if patch is None:
+                continue
+            model = patch.get("model")
+            if model is not None and not self.config.serves(model):
+                raise DuplexError("model_not_found", f"model {model!r} is not served here",
+                                  param="session.model")
+            config = dataclasses.replace(config, type=patch.get("type", config.type))
+            config = updated_config(config, patch.without("type", "model"), caps, self.policy.name)
+        return config
+
+    def mint_client_secret(self, api_key: str | None, patch: SessionPatch | None,
+                           ttl_s: float, now_unix: float) -> tuple[str, ClientSecret, SessionConfig]:
+        """A client secret for ``api_key`` (already checked) whose session
+        opens with ``patch`` (checked now: a key that could not open is never
+        handed out)."""
+        config = self.session_config(patch)
+        value, secret = self.client_secrets.mint(
+            api_key, mint("sess", self.manager.instance_id), patch, ttl_s, now_unix)
+        return value, secret, config
+
+    async def open_realtime_session(self, api_key: str | None,
+                                    patch: SessionPatch | None = None) -> DuplexSession:
         """Admit (may raise ``resource_exhausted``) and start a session; it is
-        pinned while its socket is attached."""
+        pinned while its socket is attached. ``api_key`` may be a client
+        secret (``ek_…``): it is redeemed (once), its session config comes
+        first, and the session is its minting key's. ``patch``: what the
+        opening request asks for (``?intent=transcription``, a call's session)."""
+        secret: ClientSecret | None = None
+        if is_client_secret(api_key):
+            assert api_key is not None
+            secret = self.client_secrets.redeem(api_key)
+        try:
+            if secret is not None:
+                _check_secret_fits(secret, patch)
+                api_key = secret.owner_key
+            config = self.session_config(secret.patch if secret else None, patch)
 
-        def factory(session_id: str) -> DuplexSession:
-            return DuplexSession(session_id, config=self.session_defaults, policy=self.policy,
-                                 stages=self.stages, clock=self.clock, metrics=self.metrics,
-                                 limits=self.session_limits, journal_budget=self.journal_budget,
-                                 extra_wire={"owner_instance_id": self.manager.instance_id})
+            def factory(session_id: str) -> DuplexSession:
+                return DuplexSession(session_id, config=config, policy=self.policy,
+                                     stages=self.stages, clock=self.clock, metrics=self.metrics,
+                                     limits=self.session_limits, journal_budget=self.journal_budget,
+                                     extra_wire={"owner_instance_id": self.manager.instance_id})
 
-        grace = self.config.limits.resume_grace_s
-        # The id names its owner, so a router sends the resume here (core/owner_ids.py).
-        session, _ = self.manager.admit(factory, api_key=api_key, pinned=True,
-                                        session_id=mint("sess", self.manager.instance_id),
-                                        ttl_s=grace if grace > 0 else None)
+            grace = self.config.limits.resume_grace_s
+            # The id names its owner, so a router sends the resume here (core/owner_ids.py).
+            session_id = secret.session_id if secret else mint("sess", self.manager.instance_id)
+            session, _ = self.manager.admit(factory, api_key=api_key, pinned=True,
+                                            session_id=session_id,
+                                            ttl_s=grace if grace > 0 else None)
+        except BaseException:
+            if secret is not None:
+                secret.used = False  # nothing was opened with it
+            raise
         session.attach()  # the opening socket
         try:
             await session.start()
@@ -188,6 +242,14 @@ class Runtime:
             await session.close(CloseReason.START_FAILED)
             raise
         return session
+
+    def caller_key(self, key: str | None) -> str | None:
+        """The API key a request that opens nothing acts as (a resume, a
+        sideband socket): a client secret acts as its minting key."""
+        if is_client_secret(key):
+            assert key is not None
+            return self.client_secrets.owner(key)
+        return key
 
     async def end_session(self, session: DuplexSession, reason: CloseReason) -> None:
         await session.close(reason)
@@ -243,6 +305,16 @@ class Runtime:
             "realtime": {"path": "/v1/realtime", "dialects": ["ga", "beta"]},
             "text": self.text.capabilities() if self.text is not None else None,
         }
+
+
+def _check_secret_fits(secret: ClientSecret, patch: SessionPatch | None) -> None:
+    """A client secret opens only the kind of session it was minted for."""
+    fixed = secret.patch.get("type") if secret.patch is not None else None
+    asked = patch.get("type") if patch is not None else None
+    if fixed is not None and asked is not None and fixed != asked:
+        raise DuplexError("client_secret_mismatch",
+                          f"this client secret was minted for a {fixed.value} session, "
+                          f"not a {asked.value} one", param="session.type")
 
 
 def _check_stages(config: DeployConfig, policy: ModelPolicy, stages: list[Stage]) -> None:

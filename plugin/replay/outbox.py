@@ -6,6 +6,9 @@ socket's writer). A socket that stops reading fills its queue: it is cut off
 (``SLOW_CONSUMER``) so server memory stays bounded, while the session and its
 journal go on; the client resumes from its last seq (or is told to resync).
 A second socket that resumes the session replaces the first (``REPLACED``).
+*Watchers* are further sockets that follow the session live without taking
+it over (a WebRTC call's sideband WebSocket): each gets every event from the
+moment it joined, in its own bounded queue; a slow one is cut off alone.
 The session's single writer is the only caller of ``publish``; ``attach``
 runs synchronously on the same loop, so the replay it snapshots and the live
 events after it never overlap or miss one.
@@ -96,12 +99,18 @@ class Outbox:
         self.journal = journal
         self.limits = limits
         self.attachment: Attachment | None = None
+        self.watchers: list[Attachment] = []
         self.slow_consumers = 0
 
     def publish(self, env: Envelope, now: float) -> bool:
         """Journal ``env`` and send it to the socket; False when that socket
         was just cut off for not reading."""
         size = self.journal.append(env, now)
+        for watcher in self.watchers:
+            if not watcher.offer(env, size):
+                watcher.end(Notice.SLOW_CONSUMER)
+        if any(w.closed for w in self.watchers):
+            self.watchers = [w for w in self.watchers if not w.closed]
         att = self.attachment
         if att is None or att.offer(env, size):
             return True
@@ -123,6 +132,18 @@ class Outbox:
         self.attachment = att
         return att, replay
 
+    def watch(self) -> Attachment:
+        """A socket that follows the session live from now on, beside the
+        attached one (it replaces nothing and gets no replay)."""
+        att = Attachment(self.limits)
+        self.watchers.append(att)
+        return att
+
+    def unwatch(self, att: Attachment) -> None:
+        if att in self.watchers:
+            self.watchers.remove(att)
+        att.end(None)
+
     def detach(self, att: Attachment) -> bool:
         """The socket of ``att`` is gone; True when it was the current one."""
         if self.attachment is not att:
@@ -136,4 +157,7 @@ class Outbox:
         if self.attachment is not None:
             self.attachment.end(None)
             self.attachment = None
+        for watcher in self.watchers:
+            watcher.end(None)
+        self.watchers.clear()
         self.journal.clear()

@@ -100,7 +100,8 @@ class SessionCore:
         self.policy = policy
         self.caps = policy.capabilities()
         td = config.turn_detection
-        if td is not None and td.semantic and td.type not in self.caps.turn_detection:
+        if td is not None and td.semantic and (td.type not in self.caps.turn_detection
+                                               or not config.responds):
             config = dataclasses.replace(config, turn_detection=td.as_server_vad())  # what runs
         self._config = config
         self.metrics = metrics
@@ -350,6 +351,10 @@ class SessionCore:
     # ---- responses --------------------------------------------------------
 
     def create_response(self, options: cmd.ResponseOptions) -> None:
+        if not self._config.responds:
+            raise DuplexError("capability_unsupported", "a transcription session makes no "
+                              "responses (open a realtime session to get answers)",
+                              param="type")
         if self.response is not None:
             raise DuplexError("conversation_already_has_active_response",
                               f"response {self.response.id} is still in progress; cancel it "

@@ -67,7 +67,7 @@ def apply(core: SessionCore, out: StageOutput, decision: OutputDecision, *,
         core.effect(Forward(out, decision.forward))
     if decision.commit_turn and core.input.samples > 0:
         core.commit_input()
-    if decision.create_response and core.response is None:
+    if decision.create_response and core.response is None and core.config.responds:
         core.create_response(cmd.ResponseOptions())
     if decision.dismiss is not None:
         core.dismiss(decision.dismiss, getattr(payload, "text", ""))

@@ -214,7 +214,8 @@ def speculate(core: SessionCore, words: str) -> None:
     """Answer ``words`` (the user's turn so far) ahead of the commit, held."""
     td = core.config.turn_detection
     if (core.speculation.held is not None or core.response is not None or not words.strip()
-            or td is None or not td.create_response or core.generator not in core.stage_names):
+            or not core.config.responds or td is None or not td.create_response
+            or core.generator not in core.stage_names):
         return
     options = cmd.ResponseOptions()
     context = _answering(core, words)

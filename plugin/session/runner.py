@@ -189,6 +189,16 @@ class DuplexSession:
     def detach(self, att: Attachment) -> bool:
         return self.outbox.detach(att)
 
+    def watch(self) -> Attachment:
+        """Another socket that follows the session live (a call's sideband);
+        raises ``session_closed`` once it ended."""
+        if self.close_reason is not None:
+            raise DuplexError("session_closed", "the session is closed")
+        return self.outbox.watch()
+
+    def unwatch(self, att: Attachment) -> None:
+        self.outbox.unwatch(att)
+
     async def start(self) -> None:
         await self.pipeline.open(self.fence)
         self.feed.start()

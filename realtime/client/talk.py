@@ -233,6 +233,10 @@ def _report(result: ResponseResult, user: dict[str, Any] | None, ref_t: float,
         # decision included, which TTFA from speech_stopped leaves out).
         print(f"turn gap (end of speech -> first audio): {(first['_recv_t'] - speech_end_t) * 1000:.0f} ms")
     print(f"TTFA ({ref} -> first audio): {ttfa}")
+    # What the gap waited on, as the server measured it (segment by segment).
+    path = ((result.done.get("response") or {}).get("metadata") or {}).get("duplex_critical_path")
+    if path:
+        print(f"critical path (server, ms): {path}")
     # The first word of the reply: the LLM's time to first token as the client sees it.
     word = next((e for e in result.events if e.get("type") in _TEXT_DELTAS), None)
     if word is not None:

@@ -1,7 +1,10 @@
 """The ASGI app: a thin I/O shell around the sans-I/O codec and sessions.
 
 Routes:
-- ``WS /v1/realtime``    OpenAI Realtime (GA events; beta with ``OpenAI-Beta: realtime=v1``)
+- ``WS /v1/realtime``    OpenAI Realtime (GA events; beta with ``OpenAI-Beta: realtime=v1``;
+  ``?intent=transcription``; ``?call_id=`` a call's sideband)
+- ``POST /v1/realtime/calls`` (+ ``…/{call_id}/hangup``): WebRTC calls (``webrtc/``)
+- ``POST /v1/realtime/client_secrets``: ephemeral client keys
 - ``GET /v1/models``     what this server serves
 - ``GET /v1/capabilities``
 - ``GET /health``, ``GET /metrics`` (Prometheus text)
@@ -29,6 +32,7 @@ from starlette.websockets import WebSocket
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.auth import bearer_key, check_key
+from vllm_duplex.realtime.server.client_secrets import client_secret_routes
 from vllm_duplex.realtime.server.connection import RealtimeConnection
 from vllm_duplex.realtime.server.generate_ws import GenerateStream
 from vllm_duplex.realtime.server.owner_header import OwnerHeader
@@ -48,6 +52,10 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
                ) -> Starlette:
     """``grpc_port``: also serve the OpenEngine gRPC services there, in this
     process and on this runtime (started after it, stopped before it)."""
+    from vllm_duplex.realtime.server.webrtc.call import Calls
+    from vllm_duplex.realtime.server.webrtc.routes import call_routes
+
+    calls = Calls(runtime)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -63,6 +71,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
         finally:
             if grpc_server is not None:
                 await grpc_server.stop()
+            await calls.close()  # their sessions, peer connections and UDP sockets
             await runtime.stop()
 
     async def health(request: Request):
@@ -98,12 +107,12 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
         return FileResponse(STATIC / "index.html", headers=_NO_CACHE)
 
     async def realtime(ws: WebSocket):
-        await RealtimeConnection(runtime, ws).serve()
+        await RealtimeConnection(runtime, ws, calls).serve()
 
     def authorize(request: Request) -> str | None:
         key = bearer_key(request.headers)
         check_key(runtime, key)
-        return key
+        return runtime.caller_key(key)
 
     async def generate_stream(ws: WebSocket):
         await ws.accept()
@@ -118,7 +127,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
             return
         await GenerateStream(runtime.text, ws, key).serve()
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/", playground),
             Route("/playground", playground),
@@ -128,6 +137,8 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
             Route("/v1/models", models),
             Route("/v1/capabilities", capabilities),
             WebSocketRoute("/v1/realtime", realtime),
+            *call_routes(runtime, calls, error_response),
+            *client_secret_routes(runtime, error_response),
             # A client given the server's base URL instead of the socket's (Pipecat
             # takes ``base_url`` as the socket URL itself) reaches the same socket.
             WebSocketRoute("/v1", realtime),
@@ -138,3 +149,5 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
         lifespan=lifespan,
         middleware=[Middleware(OwnerHeader, instance_id=runtime.manager.instance_id)],
     )
+    app.state.calls = calls  # tests and benchmarks look at the live calls
+    return app

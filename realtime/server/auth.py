@@ -6,6 +6,7 @@ import hmac
 
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.leases.client_secrets import is_client_secret
 
 
 def bearer_key(headers, subprotocols: list[str] = ()) -> str | None:
@@ -22,7 +23,12 @@ def bearer_key(headers, subprotocols: list[str] = ()) -> str | None:
 
 def check_key(runtime: Runtime, key: str | None) -> None:
     """With keys configured, a request must present one of them (compared in
-    constant time). Without, every caller is local and keys only scope."""
+    constant time). Without, every caller is local and keys only scope. A
+    client secret (``ek_…``) passes while it is live (it acts as the key that
+    minted it; opening a session redeems it, see ``Runtime``)."""
+    if is_client_secret(key):
+        runtime.client_secrets.owner(key)  # unknown: unauthorized; lapsed: client_secret_expired
+        return
     allowed = runtime.config.api_keys
     if not allowed:
         return

@@ -11,23 +11,37 @@ sends ``session.resume`` first and is attached to an existing one: it gets
 events after its ``last_seq``, or ``session.resync_required`` with a snapshot
 when they are no longer all retained, then live events. When a socket ends,
 its session waits detached for the grace window (``limits.resume_grace_s``).
+
+``?intent=transcription`` opens a transcription session; the key may be a
+client secret (``ek_…``), which opens its own session once.
+
+A *sideband* socket (``?call_id=rtc_…``, with the key that owns the call)
+follows a running WebRTC call's session beside the call's data channel: it
+gets every event from the moment it joined and may send any, including the
+call's ``output_audio_buffer.clear``. It never owns the session: when it
+ends, the call goes on; when the call ends, it is closed (``hangup``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.commands import SessionResume
+from vllm_duplex.core.commands import OutputAudioClear, SessionResume
 from vllm_duplex.core.errors import Capacity, Closed, DuplexError, FramingError
+from vllm_duplex.core.session_config import SessionPatch, SessionType
 from vllm_duplex.core.owner_ids import check_routed_id
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.auth import bearer_key, check_key
 from vllm_duplex.realtime.wire.codec import Dialect, RealtimeCodec
 from vllm_duplex.replay.outbox import Attachment, Notice
 from vllm_duplex.session.runner import DuplexSession
+
+if TYPE_CHECKING:
+    from vllm_duplex.realtime.server.webrtc.call import Calls, RtcCall
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +53,11 @@ CLOSE_SLOW_CONSUMER = 4008  # this socket stopped reading; the session lives on:
 
 
 class RealtimeConnection:
-    def __init__(self, runtime: Runtime, ws: WebSocket) -> None:
+    def __init__(self, runtime: Runtime, ws: WebSocket, calls: Calls | None = None) -> None:
         self.runtime = runtime
         self.ws = ws
+        self.calls = calls
+        self.call: RtcCall | None = None  # a sideband socket's call
         beta = "realtime=v1" in ws.headers.get("openai-beta", "")
         self.codec = RealtimeCodec(max_event_bytes=runtime.config.limits.max_event_bytes,
                                    dialect=Dialect.BETA if beta else Dialect.GA,
@@ -70,11 +86,15 @@ class RealtimeConnection:
                                   f"model {model!r} is not served here; this server serves "
                                   f"{', '.join(map(repr, self.runtime.config.model_names))}",
                                   param="model")
+            call_id = self.ws.query_params.get("call_id")
+            if call_id is not None:
+                await self._sideband(call_id, key)
+                return
             if self.ws.query_params.get("resume") in ("1", "true"):
-                if not await self._resume(key):
+                if not await self._resume(self.runtime.caller_key(key)):
                     return
             else:
-                self.session = await self.runtime.open_realtime_session(key)
+                self.session = await self.runtime.open_realtime_session(key, self._intent())
                 self.attachment = self.session.attachment
         except DuplexError as err:
             await self._refuse(err, 1013 if isinstance(err, Capacity) else 1008)
@@ -87,6 +107,33 @@ class RealtimeConnection:
             await self._read(session)
         finally:
             await self.runtime.release_socket(session, att)
+            await asyncio.gather(writer, return_exceptions=True)
+
+    def _intent(self) -> SessionPatch | None:
+        intent = self.ws.query_params.get("intent")
+        if intent is None:
+            return None
+        if intent not in ("transcription", "realtime"):
+            raise DuplexError("invalid_value", 'intent must be "transcription" (or "realtime")',
+                              param="intent")
+        return SessionPatch(type=SessionType(intent))
+
+    async def _sideband(self, call_id: str, key: str | None) -> None:
+        """Follow and drive a running call's session (see the module docstring)."""
+        if self.calls is None:
+            raise DuplexError("call_not_found", f"no call {call_id!r}", param="call_id")
+        call = self.calls.get(call_id, key)
+        session = call.session
+        att = session.watch()
+        self.call = call
+        call.sidebands.add(self._send)
+        writer = asyncio.create_task(self._write(session, att),
+                                     name=f"duplex-ws-sideband-{call_id}")
+        try:
+            await self._read(session)
+        finally:
+            call.sidebands.discard(self._send)
+            session.unwatch(att)
             await asyncio.gather(writer, return_exceptions=True)
 
     async def _resume(self, key: str | None) -> bool:
@@ -138,6 +185,13 @@ class RealtimeConnection:
                 if isinstance(command, SessionResume):
                     raise DuplexError("invalid_event", "session.resume starts a ?resume=1 socket",
                                       param="type", event_id=command.event_id)
+                if isinstance(command, OutputAudioClear):
+                    if self.call is None:
+                        raise DuplexError("capability_unsupported", "output_audio_buffer.clear "
+                                          "is for WebRTC calls (and their sideband sockets)",
+                                          param="type", event_id=command.event_id)
+                    self.call.clear_output()
+                    continue
                 session.deliver(command, received_at)
             except DuplexError as err:
                 self.runtime.metrics.errors.inc(code=err.code)

@@ -46,6 +46,7 @@ from vllm_duplex.core.commands import (
     ItemDelete,
     ItemRetrieve,
     ItemTruncate,
+    OutputAudioClear,
     ResponseCancel,
     ResponseCreate,
     ResponseOptions,
@@ -59,6 +60,7 @@ from vllm_duplex.core.contracts import InputMode
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.events import Envelope, ServerEvent
 from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.session_config import SessionPatch
 from vllm_duplex.realtime.wire.aliases import (
     _BETA_DOCS,
     _MISSING,
@@ -282,6 +284,7 @@ _HANDLERS: dict[str, Callable[[dict[str, Any], str | None], Command]] = {
     "duplex.video.frame": _on_video_frame,
     "duplex.video.chunk": _on_video_chunk,
     "session.event_ack": lambda o, eid: EventAck(seq=_seq(o, "seq"), event_id=eid),
+    "output_audio_buffer.clear": lambda o, eid: OutputAudioClear(event_id=eid),  # WebRTC calls
 }
 CLIENT_EVENT_TYPES: frozenset[str] = frozenset(_HANDLERS)
 
@@ -399,6 +402,20 @@ class RealtimeCodec:
             patch = dataclasses.replace(command.patch, model=self.model_aliases[command.patch.model])
             command = dataclasses.replace(command, patch=patch)
         return command
+
+    def session_patch(self, raw: Any, param: str = "session") -> SessionPatch:
+        """A session object sent outside an event -- a call's ``session`` part,
+        a client secret's ``session`` -- as the patch a ``session.update``
+        of it would be (the served model's other names mean the model)."""
+        try:
+            patch = _session_patch(raw)
+        except DuplexError as err:
+            if param != "session" and err.param and err.param.startswith("session"):
+                err.param = param + err.param[len("session"):]
+            raise
+        if patch.get("model") in self.model_aliases:
+            patch = dataclasses.replace(patch, model=self.model_aliases[patch.model])
+        return patch
 
     def _text(self, frame: str | bytes | bytearray) -> str:
         limit = self.max_event_bytes

@@ -29,6 +29,7 @@ from vllm_duplex.core.session_config import (
     AudioEncoding,
     AudioFormat,
     SessionPatch,
+    SessionType,
     Transcription,
     TurnDetection,
 )
@@ -352,8 +353,8 @@ _SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], An
 def _session_patch(raw: Any) -> SessionPatch:
     s = _obj(raw, "session")
     kind = s.get("type")
-    if kind is not None and kind != "realtime":
-        raise _bad("session.type", 'only "realtime" sessions are supported')
+    if kind is not None and kind not in ("realtime", "transcription"):
+        raise _bad("session.type", 'session.type must be "realtime" or "transcription"')
     found: dict[tuple[str, ...], tuple[Any, str]] = {}
     # Beta aliases first so that the GA shape wins when a client sends both.
     for beta_key, path in SESSION_BETA_TO_GA.items():
@@ -369,6 +370,8 @@ def _session_patch(raw: Any) -> SessionPatch:
         parsed = parse(value, param)
         if name is not None and parsed is not _MISSING:
             patch[name] = parsed
+    if kind is not None:
+        patch["type"] = SessionType(kind)
     return SessionPatch(**patch)
 
 

@@ -290,8 +290,16 @@ async def test_a_spoken_turn_s_response_done_carries_its_latency_figures(emitted
     ASR stage, so no asr_final); its figures are whole ms as strings, and
     /metrics counts each stage."""
     meta = emitted["response.done"][0]["response"]["metadata"]
+    path = meta.pop("duplex_critical_path")  # what the turn gap waited on, segment by segment
+    tokens = meta.pop("duplex_first_phrase_tokens_ms")
     figures = {k: v for k, v in meta.items() if k.startswith("duplex_")}
     assert set(figures) == VAD_TURN_FIGURES, meta
+    segments = dict(part.rsplit(" ", 1) for part in path.split(", "))
+    assert list(segments)[0] == "vad" and list(segments)[-1] == "pacing", path
+    assert all(ms.isdigit() for ms in segments.values())
+    # the path adds up to the server's turn gap (each segment rounded to whole ms)
+    assert abs(sum(map(int, segments.values())) - int(figures["duplex_turn_gap_ms"])) <= len(segments)
+    assert tokens.split(",")[0] == "0"
     assert all(v.isdigit() for v in figures.values())
     assert int(figures["duplex_turn_gap_ms"]) >= int(figures["duplex_end_of_turn_ms"])
     async with httpx.AsyncClient(base_url=server.http_url) as http:

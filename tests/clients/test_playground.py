@@ -33,8 +33,10 @@ KEY = "sk-playground"
 
 
 def browser(http_url: str, *args: str, timeout: float = 90) -> asyncio.Future:
+    """The page over its WebSocket transport (the WebRTC default: test_playground_webrtc.py)."""
     BUILD.mkdir(exist_ok=True)
-    return run_driver("browser_driver", http_url, "--out", str(BUILD), *args, timeout=timeout)
+    return run_driver("browser_driver", http_url, "--out", str(BUILD), "--path", "/?transport=websocket",
+                      *args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +58,9 @@ async def talked(barge_in_wav):
 
 async def test_the_page_loads_only_from_the_engine(talked):
     seen = scenario(talked, "talk")
-    origin = seen["requests"][0].rsplit("/", 1)[0]
-    assert seen["requests"][0].endswith("/")
+    page = seen["requests"][0].split("?")[0]
+    origin = page.rsplit("/", 1)[0]
+    assert page.endswith("/")
     assert all(url.startswith(origin + "/") for url in seen["requests"]), seen["requests"]
     assert not [c for c in seen["console"] if c.startswith(("error", "pageerror"))], seen["console"]
 

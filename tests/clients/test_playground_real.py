@@ -44,7 +44,8 @@ async def test_a_spoken_question_in_the_browser(vllm_stage, tmp_path):
     BUILD.mkdir(exist_ok=True)
     async with BackgroundServer(cascade_runtime(vllm_stage)) as server:
         results = await run_driver(
-            "browser_driver", server.http_url, "--out", str(BUILD), "--audio", str(wav),
+            "browser_driver", server.http_url, "--out", str(BUILD), "--path", "/?transport=websocket",
+            "--audio", str(wav),
             "--scenarios", "talk", "--shot", "real", "--wait", "60", "--timeout", "150",
             "--until", "d.userFinal.length > 0 && d.playedSamples > 12000", timeout=200)
     seen = scenario(results, "talk")
@@ -68,7 +69,8 @@ async def test_the_camera_sign_reaches_the_answer(vllm_stage, tmp_path):
     video = y4m(tmp_path / "sign.y4m", "OPEN")
     async with BackgroundServer(cascade_runtime(vllm_stage, "cascade-video-cpu")) as server:
         results = await run_driver(
-            "browser_driver", server.http_url, "--out", str(BUILD), "--audio", str(wav),
+            "browser_driver", server.http_url, "--out", str(BUILD), "--path", "/?transport=websocket",
+            "--audio", str(wav),
             "--video", video, "--camera", "--scenarios", "talk", "--shot", "video",
             "--wait", "60", "--timeout", "150",
             "--until", "Object.values(d.assistant).some(a => /open/i.test(a.text))", timeout=200)

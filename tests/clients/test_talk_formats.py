@@ -98,6 +98,7 @@ async def test_the_cli_talks_flac_in_mp3_out(tmp_path):
     text = out.decode()
     for figure in ("assistant: Hello from the scripted", "TTFA (speech_stopped -> first audio)",
                    "end of input (speech_stopped) -> response.done", "audio in: 1.80 s",
+                   "critical path (server, ms): vad ",
                    "wrote " + str(tmp_path / "a.mp3") + " (44100 Hz, 1 channel)"):
         assert figure in text, text
     info = sf.info(tmp_path / "a.mp3")

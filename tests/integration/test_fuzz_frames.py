@@ -191,9 +191,10 @@ EVENT_FIELDS: dict[str, dict[str, Any]] = {
     "session.event_ack": {"seq": st.integers(-1, 50) | BIG_INTS},
     "duplex.video.frame": {"image": AUDIO_FIELD, "timestamp_ms": st.integers(-1, 10**6) | BIG_INTS},
     "duplex.video.chunk": {"container": one_of_values("webm", "mp4", "avi"), "data": AUDIO_FIELD},
+    "output_audio_buffer.clear": {},  # WebRTC calls; a plain socket refuses it (SEMANTIC_BAD)
 }
 # Names a client might send that this server does not take (beta-only, server-side, typos).
-OTHER_TYPES = one_of_values("transcription_session.update", "output_audio_buffer.clear",
+OTHER_TYPES = one_of_values("transcription_session.update", "output_audio_buffer.cleared",
                             "session.created", "error", "", "response.create ", "Response.Create",
                             "conversation.item.create.", "input_audio_buffer")
 EVENT_IDS = st.text(max_size=12) | WRONG
@@ -415,6 +416,7 @@ SEMANTIC_BAD = st.one_of(
                              "last_seq": q}, "invalid_event"), TEXT, st.integers(0, 9)),
     st.builds(lambda q: ({"type": "session.event_ack", "seq": q}, "invalid_value"),
               st.integers(10**6, 10**9)),
+    st.just(({"type": "output_audio_buffer.clear"}, "capability_unsupported")),
 )
 BAD_LISTS = st.lists(weighted((2, BAD_FRAMES.map(lambda f: (f, None))), (1, SEMANTIC_BAD)),
                      min_size=4, max_size=16)

@@ -72,7 +72,7 @@ INVALID = [
     ({"max_output_tokens": 0}, "session.max_output_tokens"),
     ({"audio": {"output": {"speed": 3.0}}}, "session.audio.output.speed"),
     ({"audio": "loud"}, "session.audio"),
-    ({"type": "transcription"}, "session.type"),
+    ({"type": "translation"}, "session.type"),
     (_td(threshold=2), "session.audio.input.turn_detection.threshold"),
     (_td(silence_duration_ms=-1), "session.audio.input.turn_detection.silence_duration_ms"),
     (_td(create_response="yes"), "session.audio.input.turn_detection.create_response"),
@@ -91,7 +91,8 @@ async def test_invalid_values_are_rejected_naming_the_field(rt, patch, param):
 # ---- 6: immutable fields ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("field, value", [("model", "gpt-4o"), ("policy", "other")])
+@pytest.mark.parametrize("field, value", [("model", "gpt-4o"), ("policy", "other"),
+                                          ("type", "transcription")])
 async def test_immutable_fields_cannot_change(rt, field, value):
     eid = await rt.send({"type": "session.update", "session": {field: value}})
     await expect_error(rt, "immutable_field", event_id=eid, param=f"session.{field}")

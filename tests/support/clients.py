@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CLIENT_PYTHON = ROOT / ".venv-clients" / "bin" / "python"
 DRIVERS = ROOT / "tests" / "clients" / "drivers"
 BUILD = ROOT / "build"  # screenshots
+# The browser SDK (@openai/agents-realtime, npm), installed by scripts/setup.sh
+AGENTS_RT_BUNDLE = (ROOT / ".venv-clients" / "npm" / "node_modules" / "@openai" / "agents-realtime"
+                    / "dist" / "bundle" / "openai-realtime-agents.mjs")
 # What every client's default turn gets from the scripted pipeline (configs/scripted.yaml).
 TOOL_ARGUMENTS = '{"city": "Paris"}'
 

@@ -58,6 +58,7 @@ from vllm_duplex.core.session_config import (
     AudioFormat,
     SessionConfig,
     SessionPatch,
+    SessionType,
     Transcription,
     TurnDetection,
     session_wire,
@@ -121,6 +122,7 @@ class TestSessionUpdate:
         })
         assert isinstance(cmd, SessionUpdate) and cmd.event_id == "evt_1"
         assert fields(cmd.patch) == {
+            "type": SessionType.REALTIME,
             "model": "m",
             "instructions": "be brief",
             "output_modalities": ("text",),
@@ -349,7 +351,7 @@ TD = "session.audio.input.turn_detection"
 INVALID_VALUE_CASES = [
     (su(None), "session"),
     (su([]), "session"),
-    (su({"type": "transcription"}), "session.type"),
+    (su({"type": "translation"}), "session.type"),
     (su({"model": 5}), "session.model"),
     (su({"instructions": ["x"]}), "session.instructions"),
     (su({"output_modalities": []}), "session.output_modalities"),

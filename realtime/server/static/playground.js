@@ -1,8 +1,16 @@
 // The vllm-duplex playground: one page, no build step, nothing from elsewhere.
-// Microphone -> AudioWorklet (PCM16 at the session rate) -> /v1/realtime;
-// reply audio -> AudioWorklet, stopped the moment the user speaks or the reply
-// is cancelled; what was actually played goes back as conversation.item.truncate.
-// The API key travels in the WebSocket subprotocol (browsers cannot set headers).
+// Two transports, one event handler:
+// - WebRTC (the default): the page mints an ephemeral key with the API key
+//   (POST /v1/realtime/client_secrets, as an app's backend would), offers a
+//   call (POST /v1/realtime/calls): the microphone on an Opus track (the
+//   browser's echo cancellation), the reply on the answer's track, the events
+//   on the oai-events data channel; the server stops the track when the user
+//   speaks (output_audio_buffer.cleared).
+// - WebSocket (?transport=websocket): microphone -> AudioWorklet (PCM16 at the
+//   session rate) -> /v1/realtime; reply audio -> AudioWorklet, stopped the
+//   moment the user speaks or the reply is cancelled; what was actually played
+//   goes back as conversation.item.truncate. The key travels in the socket's
+//   subprotocol (browsers cannot set headers); a dropped socket resumes.
 // `window.duplex` holds what the page shows (the browser test reads it).
 "use strict";
 
@@ -14,6 +22,8 @@ const state = window.duplex = {
   playedSamples: 0, stops: [], gapMs: null, ttfaMs: null, scene: null,
 };
 let ws = null, ctx = null, mic = null, camera = null, capture = null, playback = null;
+let pc = null, dc = null, statsTimer = null;  // the WebRTC call
+const rtc = () => $("transport").value === "webrtc";
 let resumeToken = null, lastSeq = 0, intentional = false, refused = false, frameTimer = null;
 let stoppedAt = null, gapPending = false, ttfaPending = false, playingItem = null;
 
@@ -32,8 +42,16 @@ function log(dir, event) {
   while (list.children.length > 200) list.lastChild.remove();
 }
 function send(event) {
-  if (!ws || ws.readyState !== WebSocket.OPEN) return;
-  ws.send(JSON.stringify(event));
+  const text = JSON.stringify(event);
+  if (dc) {
+    if (dc.readyState !== "open") return;
+    // a message over the channel's limit would fail the whole channel
+    if (pc.sctp && text.length > pc.sctp.maxMessageSize) return;
+    dc.send(text);
+  } else {
+    if (!ws || ws.readyState !== WebSocket.OPEN) return;
+    ws.send(text);
+  }
   const bulky = event.type === "input_audio_buffer.append" || event.type === "duplex.video.frame";
   state.sent.push(bulky ? event.type : event);  // audio and frames by name only
   if (event.type !== "input_audio_buffer.append" && event.type !== "duplex.video.frame") log("→", event);
@@ -112,9 +130,10 @@ async function startCamera() {
   const canvas = document.createElement("canvas");
   frameTimer = setInterval(() => {  // 1 frame/s: the server samples to 2/s anyway
     if (!video.videoWidth) return;
-    canvas.width = video.videoWidth;
-    canvas.height = video.videoHeight;
-    canvas.getContext("2d").drawImage(video, 0, 0);
+    const scale = dc ? Math.min(1, 320 / video.videoWidth) : 1;  // a call's channel takes 64 KiB a message
+    canvas.width = Math.round(video.videoWidth * scale);
+    canvas.height = Math.round(video.videoHeight * scale);
+    canvas.getContext("2d").drawImage(video, 0, 0, canvas.width, canvas.height);
     canvas.toBlob(async (blob) => {
       if (blob) send({ type: "duplex.video.frame", image: b64(await blob.arrayBuffer()),
                        timestamp_ms: Math.round(performance.now()) });
@@ -144,7 +163,60 @@ function openSocket(resume) {
   ws.onclose = (e) => onClose(e);
 }
 
+// ---- the call (WebRTC) -------------------------------------------------------------------
+
+async function mintKey() {
+  const key = $("key").value.trim();
+  const r = await fetch("v1/realtime/client_secrets", { method: "POST",
+    headers: { "Content-Type": "application/json", ...(key ? { Authorization: "Bearer " + key } : {}) },
+    body: JSON.stringify({ expires_after: { anchor: "created_at", seconds: 60 } }) });
+  const body = await r.json();
+  if (!r.ok) throw Object.assign(new Error(body.error.message), { code: body.error.code });
+  return body.value;
+}
+
+async function openCall() {
+  const ek = await mintKey();
+  pc = new RTCPeerConnection();
+  dc = pc.createDataChannel("oai-events");
+  dc.onmessage = (e) => onEvent(JSON.parse(e.data));
+  dc.onclose = () => onClose({ code: 1000, reason: "hangup" });
+  pc.addTrack(mic.getAudioTracks()[0], mic);
+  pc.ontrack = (e) => { $("reply").srcObject = e.streams[0] || new MediaStream([e.track]); };
+  pc.onconnectionstatechange = () => {
+    if (pc && pc.connectionState === "failed") onClose({ code: 1006, reason: "the call failed" });
+  };
+  await pc.setLocalDescription(await pc.createOffer());
+  await new Promise((done) => {  // the offer with its candidates (or what 2 s gathered)
+    if (pc.iceGatheringState === "complete") return done();
+    pc.onicegatheringstatechange = () => pc.iceGatheringState === "complete" && done();
+    setTimeout(done, 2000);
+  });
+  const r = await fetch("v1/realtime/calls", { method: "POST", body: pc.localDescription.sdp,
+    headers: { "Content-Type": "application/sdp", Authorization: "Bearer " + ek } });
+  if (!r.ok) {
+    const body = await r.json();
+    throw Object.assign(new Error(body.error.message), { code: body.error.code });
+  }
+  state.callId = r.headers.get("Location").split("/").pop();
+  await pc.setRemoteDescription({ type: "answer", sdp: await r.text() });
+  statsTimer = setInterval(async () => {  // what the reply track played, for the meters
+    if (!pc) return;
+    (await pc.getStats()).forEach((s) => {
+      if (s.type === "inbound-rtp" && s.kind === "audio" && s.totalAudioEnergy > 0) {
+        state.playedSamples = Math.round((s.totalSamplesDuration || 0) * RATE);
+        $("played").textContent = (state.playedSamples / RATE).toFixed(1) + " s";
+      }
+    });
+  }, 250);
+}
+
 function configure() {
+  if (dc) {  // a call's audio is Opus on its tracks: only how turns are taken
+    send({ type: "session.update", session: { type: "realtime", audio: {
+      input: { transcription: { model: "default" }, turn_detection: { type: "server_vad" } } } } });
+    return;
+  }
   const rate = ctx.sampleRate;
   send({ type: "session.update", session: { type: "realtime", audio: {
     input: { format: { type: "audio/pcm", rate }, transcription: { model: "default" },
@@ -167,6 +239,7 @@ const PROBLEMS = {
   resource_exhausted: "The server is full (resource_exhausted). Try again in a moment.",
   session_expired: "The session expired before it could be resumed. Connect again.",
   session_not_found: "The session is gone. Connect again.",
+  client_secret_expired: "The call's key expired before it was used. Connect again.",
 };
 
 function onEvent(event) {
@@ -189,6 +262,17 @@ function onEvent(event) {
       state.connected = true;
       showProblem(null);
       setStatus("Reconnected: the session resumed where it was.");
+      break;
+    case "output_audio_buffer.started":  // a call: the reply's first sound went out
+      if (gapPending && stoppedAt !== null) {
+        gapPending = ttfaPending = false;
+        state.gapMs = state.ttfaMs = Math.round(performance.now() - stoppedAt);
+        $("gap").textContent = state.gapMs + " ms";
+        $("ttfa").textContent = state.ttfaMs + " ms";
+      }
+      break;
+    case "output_audio_buffer.cleared":  // a call: the server stopped the reply's track
+      state.stops.push({ item: null, played: state.playedSamples, at: performance.now() });
       break;
     case "input_audio_buffer.speech_started":
       stopPlayback();  // barge-in: silence now; the server cancels the reply
@@ -252,6 +336,12 @@ function onClose(e) {
     teardown();
     return;
   }
+  if (pc) {  // a call has no resume: its session ended with it
+    showProblem(`The call ended (${e.reason || e.code}).`);
+    setStatus("Not connected.");
+    teardown();
+    return;
+  }
   if (state.sessionId && resumeToken && state.resumes < 5) {  // dropped: resume the session
     setStatus("Connection lost; resuming…");
     showProblem("Connection lost. Resuming the session…");
@@ -264,6 +354,10 @@ function onClose(e) {
 
 function teardown() {
   clearInterval(frameTimer);
+  clearInterval(statsTimer);
+  if (dc) dc.onclose = null;
+  if (pc) { pc.onconnectionstatechange = null; pc.close(); }
+  pc = dc = null;
   for (const stream of [mic, camera]) if (stream) stream.getTracks().forEach((t) => t.stop());
   mic = camera = null;
   if (ctx) ctx.close();
@@ -295,7 +389,7 @@ async function connect() {
     return;
   }
   try {
-    await startAudio();
+    if (!rtc()) await startAudio();  // a call sends and plays its audio on its tracks
     if ($("camera").checked) await startCamera();
   } catch (err) {
     showProblem(`Cannot start audio or camera: ${err.message}`);
@@ -305,7 +399,18 @@ async function connect() {
   $("hangup").disabled = false;
   localStorage.setItem("duplex-key", $("key").value);
   setStatus("Connecting…");
-  openSocket(false);
+  if (!rtc()) {
+    openSocket(false);
+    return;
+  }
+  try {
+    await openCall();
+  } catch (err) {
+    refused = true;
+    showProblem(PROBLEMS[err.code] || `The call could not start: ${err.message}`);
+    setStatus("Not connected.");
+    teardown();
+  }
 }
 
 function hangUp() {
@@ -313,9 +418,12 @@ function hangUp() {
   send({ type: "session.close" });
   if (ws) ws.close(1000);
   teardown();
+  setStatus("Hung up.");
 }
 
 $("key").value = localStorage.getItem("duplex-key") || "";
+const asked = new URLSearchParams(location.search).get("transport");
+if (asked === "websocket" || asked === "webrtc") $("transport").value = asked;
 $("connect").onclick = connect;
 $("hangup").onclick = hangUp;
 // For tests and for trying resume by hand: drop the socket as a network failure would.

@@ -18,7 +18,10 @@ from playwright.async_api import async_playwright
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--autoplay-policy=no-user-gesture-required"]
+         "--autoplay-policy=no-user-gesture-required",
+         # a WebRTC call on loopback: the server offers only 127.0.0.1; the page's
+         # candidates must be plain addresses (no mDNS names) to reach it
+         "--allow-loopback-in-peer-connection", "--disable-features=WebRtcHideLocalIpsWithMdns"]
 STATE = "() => JSON.parse(JSON.stringify(window.duplex, (k, v) => k === 'li' ? undefined : v))"
 
 
