@@ -56,6 +56,10 @@ class Summary:
 STAGE_LATENCIES = ("vad_onset", "end_of_turn", "asr_final", "llm_ttft", "tts_first_audio", "turn_gap")
 # Seconds: from a VAD's few ms to a slow CPU turn's seconds.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
+# Seconds the event loop woke late (host/loop_lag.py): from a healthy loop's
+# fraction of a millisecond to a frozen server's tens of seconds.
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0)
 
 
 class Histogram:
@@ -140,6 +144,16 @@ class Metrics:
             "duplex_turn_latency_seconds", "Per-stage latency of a turn, by stage")
         for stage in STAGE_LATENCIES:
             self.stage_latency.declare(stage=stage)
+        # The event loop's health (host/loop_lag.py): how late its ticks wake,
+        # and the stalls its watchdog reported, by cause.
+        self.loop_lag = self.histogram(
+            "duplex_event_loop_lag_seconds",
+            "How late the server's event loop woke for a 50 ms timer (everything else it ran meanwhile)",
+            LOOP_LAG_BUCKETS)
+        self.loop_lag.declare()
+        self.loop_stalls = c("duplex_event_loop_stalls_total",
+                             "Event-loop stalls past the warning threshold, by cause (blocked: "
+                             "code on the loop; gil: another thread held the GIL; starved: no CPU)")
         # What each turn's gap waited on (session/critical_path.py), segment by
         # segment along its critical path.
         self.critical_path = self.histogram(
@@ -171,9 +185,10 @@ class Metrics:
         with self._lock:
             return self.summaries.setdefault(name, Summary(name, help))
 
-    def histogram(self, name: str, help: str) -> Histogram:
+    def histogram(self, name: str, help: str,
+                  buckets: tuple[float, ...] = LATENCY_BUCKETS) -> Histogram:
         with self._lock:
-            return self.histograms.setdefault(name, Histogram(name, help))
+            return self.histograms.setdefault(name, Histogram(name, help, buckets))
 
     def gauge(self, name: str, help: str, read: Callable[[], float], **labels: str) -> None:
         with self._lock:

@@ -108,6 +108,9 @@ class DeployConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     grpc_port: int | None = None  # server.grpc_port: the OpenEngine gRPC services; unset: off
+    # server.loop_lag_warning_ms: an event-loop stall this long logs a WARNING
+    # with the stack that held the loop (host/loop_lag.py); 0: no warnings.
+    loop_lag_warning_ms: float = 250.0
     api_keys: tuple[str, ...] = ()
     workers: Workers = Workers()  # `serve --workers N` behind a router (host/topology.py)
     webrtc: WebRtc = WebRtc()  # POST /v1/realtime/calls (realtime/server/webrtc)
@@ -156,9 +159,18 @@ class DeployConfig:
             session=dict(raw.get("session") or {}), limits=Limits(**limits_raw),
             host=server.get("host", "127.0.0.1"), port=int(server.get("port", 8000)),
             grpc_port=int(server["grpc_port"]) if server.get("grpc_port") is not None else None,
+            loop_lag_warning_ms=_loop_lag_warning_ms(server),
             api_keys=keys, workers=Workers.from_raw(raw.get("workers")),
             served_model_names=tuple(aliases), webrtc=WebRtc.from_raw(raw.get("webrtc")),
         )
+
+
+def _loop_lag_warning_ms(server: dict[str, Any]) -> float:
+    raw = server.get("loop_lag_warning_ms", 250.0)
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw < 0:
+        raise ValueError(f"server.loop_lag_warning_ms must be a number of ms >= 0 (0: off), "
+                         f"got {raw!r}")
+    return float(raw)
 
 
 def resolve_config_path(name_or_path: str | None) -> Path:

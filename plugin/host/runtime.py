@@ -24,6 +24,7 @@ from vllm_duplex.core.session_config import (
     updated_config,
 )
 from vllm_duplex.host.deploy import DeployConfig
+from vllm_duplex.host.loop_lag import LoopLagMonitor, freeze_startup_heap
 from vllm_duplex.host.stage_types import build_stage
 from vllm_duplex.leases.client_secrets import ClientSecret, ClientSecrets, is_client_secret
 from vllm_duplex.leases.manager import SessionManager
@@ -121,6 +122,7 @@ class Runtime:
             self.text = TextService(llm, model=config.model, instance_id=self.manager.instance_id,
                                     limits=limits, clock=self.clock, metrics=self.metrics)
         self._publish_stage_counters()
+        self.loop_lag = LoopLagMonitor(self.metrics, warn_after_s=config.loop_lag_warning_ms / 1000)
 
     def _publish_stage_counters(self) -> None:
         """One gauge per counter a ``Metered`` stage publishes, read at scrape time."""
@@ -149,12 +151,18 @@ class Runtime:
     async def start(self) -> None:
         """Start shared stage engines (e.g. vLLM, ~20 s on a 2-core CPU) before
         the first session, so no caller waits for them."""
-        for stage in self.stages:
-            if isinstance(stage, Lifecycle):
-                await stage.start()
-        await self.manager.start()
-        if self.text is not None:
-            await self.text.start()
+        self.loop_lag.start()  # first: the stage starts are watched too
+        try:
+            for stage in self.stages:
+                if isinstance(stage, Lifecycle):
+                    await stage.start()
+            await self.manager.start()
+            if self.text is not None:
+                await self.text.start()
+        except BaseException:
+            await self.loop_lag.stop()
+            raise
+        freeze_startup_heap()  # before the first session: what is here now stays
 
     async def stop(self) -> None:
         if self.text is not None:
@@ -163,6 +171,7 @@ class Runtime:
         for stage in self._owned:  # their resources: worker threads, the vLLM engine
             if isinstance(stage, Lifecycle):
                 await stage.close()
+        await self.loop_lag.stop()
 
     def session_config(self, *patches: SessionPatch | None) -> SessionConfig:
         """The config a session opens with: the deployment's defaults with

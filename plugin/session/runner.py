@@ -328,9 +328,15 @@ class DuplexSession:
             timer.cancel()
 
     async def _timer(self, name: str, at: float) -> None:
-        """Sleep on the session's clock (virtual in tests), then wake the core
-        on the control lane: a paced frame must not wait behind queued audio."""
-        await self.clock.sleep(at - self.clock.now())
+        """Sleep on the session's clock (virtual in tests) until ``at``, then
+        wake the core on the control lane: a paced frame must not wait behind
+        queued audio. Never early: the loop's timers are not the session's
+        clock (uvloop's wake up to ~1 ms before a ``time.monotonic`` deadline),
+        and a timer the core finds not yet due is dropped as stale -- a
+        pause's ``turn_end`` timer so dropped left the turn uncommitted for
+        good (the session never answered; issue 21)."""
+        while (left := at - self.clock.now()) > 0:
+            await self.clock.sleep(left)
         if self._timers.get(name) is asyncio.current_task():
             del self._timers[name]
         if self.close_reason is None:

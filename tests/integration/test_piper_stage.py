@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import os
 import re
 import shutil
+import subprocess
+import threading
 from typing import Any
 
 import numpy as np
 import pytest
+import uvloop
 from vllm_duplex.assets.files import AssetError
 from vllm_duplex.assets.locate import whisper_model_dir
 from vllm_duplex.core.clock import MonotonicClock
@@ -29,7 +33,8 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.stages.listening.whisper_model import load
 from vllm_duplex.stages.speech.piper import PiperTtsStage
-from vllm_duplex.stages.speech.piper_voice import ipa_with_punctuation
+from vllm_duplex.stages.speech.phonemizer import MARKER, EspeakPhonemizer, PhonemizerError
+from vllm_duplex.stages.speech.piper_voice import espeak_argv, ipa_with_punctuation
 
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
                                 reason="needs the espeak-ng binary (Piper's phonemizer)")
@@ -156,11 +161,12 @@ async def test_cancel_stops_the_piece_in_progress(stage, monkeypatch):
     long = " ".join(["This sentence goes on and on without any end in sight"] * 8) + "."
     phonemized = asyncio.Event()
     original = stage.phonemize
+    loop = asyncio.get_running_loop()
 
-    async def spy(text: str) -> str:
-        ipa = await original(text)
+    def spy(text: str) -> str:  # on the stage's worker thread
+        ipa = original(text)
         if len(text.split()) > 40:  # the long second piece: its ONNX run starts now
-            phonemized.set()
+            loop.call_soon_threadsafe(phonemized.set)
         return ipa
 
     monkeypatch.setattr(stage, "phonemize", spy)
@@ -201,3 +207,82 @@ def test_clause_punctuation_is_put_back():
     # espeak-ng split elsewhere (numbers, abbreviations): its breaks become commas
     assert ipa_with_punctuation("It costs 3.5 dollars; e.g. cheap!", "x\ny\n") == "x, y!"
     assert ipa_with_punctuation("...", "") == ""
+
+
+# Forks seen by os.register_at_fork (a hook cannot be removed: it records only
+# while a test asks). uvloop's subprocess start runs these hooks (it forks the
+# whole process, on the loop thread, with the GIL held); subprocess.Popen's
+# vfork does not.
+FORKS: list[int] | None = None
+
+
+def _record_fork() -> None:
+    if FORKS is not None:
+        FORKS.append(threading.get_ident())
+
+
+os.register_at_fork(before=_record_fork)
+
+
+def test_speaking_never_forks_the_server(stage):
+    """Under uvloop (the server's loop) a process started per piece forked the
+    server on the event loop: 80-250 ms of every session frozen per piece
+    (issue 21). The phonemes now come from espeak-ng processes that stay up."""
+    global FORKS
+    text = ("Paris is the capital of France. It is known for the Eiffel Tower, the Louvre, "
+            "and its cafes. Many people visit it every year.")
+
+    async def speak_twice() -> int:
+        for _ in range(2):
+            speech = await say(stage, text)
+            assert isinstance(speech.outputs[-1], SpeechDone)
+        return threading.get_ident()
+
+    FORKS = []
+    synthesized = stage.synthesized
+    try:
+        loop_thread = uvloop.run(speak_twice())
+        forks = FORKS
+    finally:
+        FORKS = None
+    assert stage.synthesized >= synthesized + 6  # several pieces, twice
+    assert loop_thread not in forks and forks == []
+    starts = [p.starts for p in stage._phonemizers]
+    assert 1 <= len(starts) <= 2 and all(n == 1 for n in starts)  # one per worker, kept up
+
+
+def test_a_phonemizer_that_dies_is_started_again(stage):
+    phonemizer = EspeakPhonemizer(espeak_argv(stage.espeak_voice), timeout_s=5)
+    try:
+        first = phonemizer.phonemize("The capital of France is Paris.")
+        assert first == "ðə kˈæpɪɾəl ʌv fɹˈæns ɪz pˈæɹɪs\n"
+        assert phonemizer.phonemize(f"Hello, {MARKER} there.") == "həlˈoʊ\nðˈɛɹ\n"
+        assert phonemizer.phonemize("...") == "" and phonemizer.phonemize("  ") == ""
+        assert phonemizer._proc is not None
+        phonemizer._proc.kill()
+        phonemizer._proc.wait()
+        assert phonemizer.phonemize("The capital of France is Paris.") == first
+        assert phonemizer.starts == 2
+    finally:
+        phonemizer.close()
+    assert phonemizer._proc is None
+
+
+def test_a_phonemizer_that_hangs_fails_in_time_and_is_stopped():
+    phonemizer = EspeakPhonemizer(["sleep", "30"], timeout_s=0.5)
+    with pytest.raises(PhonemizerError, match="no answer within 0.5 s"):
+        phonemizer.phonemize("Hello there.")
+    assert phonemizer._proc is None  # killed, not left behind
+
+
+def test_the_phonemes_are_those_of_espeak_run_on_the_text_alone(stage):
+    texts = ["Hello there, how are you?", "It costs $3.50 e.g. today.",
+             "Dr. Smith lives on St. James St.", "1999 was a good year; 2000 too.", "OK."]
+    phonemizer = EspeakPhonemizer(espeak_argv(stage.espeak_voice))
+    try:
+        for text in texts:
+            alone = subprocess.run(espeak_argv(stage.espeak_voice), input=text.encode(),
+                                   capture_output=True, check=True).stdout.decode()
+            assert phonemizer.phonemize(text) == alone
+    finally:
+        phonemizer.close()

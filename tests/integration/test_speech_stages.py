@@ -458,3 +458,43 @@ def test_flite_synthesizes_under_uvloop():
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         pcm = runner.run(speak())
     assert pcm.size > 8000 and np.abs(pcm).max() > 1000
+
+
+# Forks seen by os.register_at_fork (a hook cannot be removed: it records only
+# while a test asks). uvloop's subprocess start runs these hooks -- it forks the
+# whole process on the loop thread, GIL held -- while subprocess.Popen's vfork
+# does not.
+FORKS: list[int] | None = None
+
+
+def _record_fork() -> None:
+    if FORKS is not None:
+        FORKS.append(threading.get_ident())
+
+
+os.register_at_fork(before=_record_fork)
+
+
+@pytest.mark.parametrize("make", [lambda: FliteTtsStage(clock=MonotonicClock()),
+                                  lambda: EspeakTtsStage(clock=MonotonicClock())])
+def test_synthesizers_start_off_the_event_loop(make):
+    """A synthesizer started on the loop forked the server there: 80-250 ms of
+    every session frozen per sentence under uvloop (issue 21)."""
+    import uvloop
+
+    global FORKS
+    stage: SubprocessTtsStage = make()
+
+    async def speak() -> int:
+        for text in ("Hello there.", "How are you today?", "Fine, thanks."):
+            assert (await stage.synthesize(text)).size > 4000
+        return threading.get_ident()
+
+    FORKS = []
+    try:
+        loop_thread = uvloop.run(speak())
+        forks = FORKS
+    finally:
+        FORKS = None
+    assert loop_thread not in forks
+    stage.shutdown_workers()

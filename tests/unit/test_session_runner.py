@@ -495,3 +495,42 @@ async def test_a_submission_the_stage_refuses_is_an_internal_error_not_a_stall(r
     err = await next_event(session, "error")
     assert err.event.error.event_id == "after"  # the session goes on
     await runtime.end_session(session, CloseReason.CLIENT)
+
+
+def test_a_timer_never_wakes_the_core_before_its_time():
+    """Under uvloop (the server's loop) ``asyncio.sleep`` wakes up to ~1 ms
+    before a ``time.monotonic`` deadline; the core drops a timer that is not
+    yet due as stale, so a semantic_vad pause whose ``turn_end`` timer woke
+    early was never committed and the session never answered (issue 21)."""
+    import random
+
+    import uvloop
+
+    async def fire_timers() -> list[float]:
+        runtime = Runtime(load_config("scripted"))
+        await runtime.start()
+        try:
+            session = await runtime.open_realtime_session(None)
+            fired: dict[str, float] = {}  # timer -> the session clock when it woke the core
+            put = session.mailbox.put_nowait
+
+            def spy(item: Any, lane: Lane) -> None:
+                stamp, message = item
+                if lane is Lane.CONTROL and isinstance(getattr(message, "name", None), str):
+                    fired[message.name] = stamp
+                put(item, lane)
+
+            session.mailbox.put_nowait = spy  # type: ignore[method-assign]
+            early = []
+            for i in range(40):
+                await asyncio.sleep(random.random() * 0.003)
+                at = session.clock.now() + 0.0123
+                await session._timer(f"t{i}", at)  # sleeps, then queues TimerFired
+                early.append(at - fired[f"t{i}"])
+            await runtime.end_session(session, CloseReason.CLIENT)
+            return early
+        finally:
+            await runtime.stop()
+
+    early = uvloop.run(fire_timers())
+    assert max(early) <= 0, f"{sum(e > 0 for e in early)} of 40 timers woke the core early"

@@ -11,10 +11,11 @@ first audio follows the reply's first words, not its first sentence
 (``bench/first_phrase.py``: first audio 0.66x as late as with four words,
 Whisper still hears the spoken reply whole).
 
-Each piece: phonemes from the ``espeak-ng`` program (an asynchronous
-subprocess, killed on cancel), then the ONNX graph on this stage's worker
-threads (onnxruntime releases the GIL; a cancel terminates the run through
-its ``RunOptions``), then soxr from the voice's 22.05 kHz to ``rate``.
+Each piece, on this stage's worker threads: phonemes from an ``espeak-ng``
+process that stays up (``phonemizer.py``: one per worker thread; starting a
+process per piece forked the whole server on the event loop), then the ONNX
+graph (onnxruntime releases the GIL; a cancel terminates the run through its
+``RunOptions``); then soxr from the voice's 22.05 kHz to ``rate``.
 
 ``voice``: a pinned voice name (``en_US-joe-medium``, verified against its
 hashes on first use) or a path to any Piper ``.onnx`` voice with its
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from vllm_duplex.assets.locate import piper_voice_files
 from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.devices import CPU, Device
 from vllm_duplex.core.payloads import INTERNAL_RATE
+from vllm_duplex.stages.speech.phonemizer import EspeakPhonemizer
 from vllm_duplex.stages.speech.piper_voice import (
     PiperVoice,
     espeak_argv,
@@ -72,10 +73,10 @@ class PiperTtsStage(SubprocessTtsStage):
                  workers: int = 2, length_scale: float | None = None,
                  espeak_voice: str | None = None, warm_up: bool = True,
                  device: Device | str = CPU, **kwargs: Any) -> None:
-        super().__init__(name, clock=clock, rate=rate, clause_words=clause_words,
-                         first_words=first_words, **kwargs)
         if workers < 1 or threads < 1 or (length_scale is not None and length_scale <= 0):
             raise ValueError("workers and threads must be >= 1, length_scale > 0")
+        super().__init__(name, clock=clock, rate=rate, clause_words=clause_words,
+                         first_words=first_words, workers=workers, **kwargs)
         onnx, config = piper_voice_files(voice)
         self.device = Device.parse(device)
         self.voice = load_voice(onnx, config, threads=threads, length_scale=length_scale,
@@ -83,21 +84,33 @@ class PiperTtsStage(SubprocessTtsStage):
         self.espeak_voice = espeak_voice or self.voice.config.espeak_voice
         if self.espeak_voice.startswith("-") or not espeak_voice_ok(self.espeak_voice):
             raise ValueError(f"espeak-ng has no voice {self.espeak_voice!r} for the phonemes")
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"duplex-{name}")
         self.cancelled_runs = 0  # ONNX runs a cancel terminated
+        self._local = threading.local()  # each worker thread's phonemizer
+        self._phonemizers: list[EspeakPhonemizer] = []
+        self._phonemizers_lock = threading.Lock()
+        self._closed = False
         if warm_up:
             self._executor.submit(self.voice.warm_up)
 
-    async def phonemize(self, text: str) -> str:
-        out = await self.run_binary(espeak_argv(self.espeak_voice), text.encode())
-        return ipa_with_punctuation(text, out.decode("utf-8", errors="replace"))
+    def phonemize(self, text: str) -> str:
+        """``text`` -> the voice's phoneme string. Synchronous: on a worker thread."""
+        phonemizer = getattr(self._local, "phonemizer", None)
+        if phonemizer is None:
+            phonemizer = EspeakPhonemizer(espeak_argv(self.espeak_voice))
+            with self._phonemizers_lock:
+                if self._closed:
+                    raise RuntimeError(f"stage {self.name!r} is closed")
+                self._phonemizers.append(phonemizer)
+            self._local.phonemizer = phonemizer
+        return ipa_with_punctuation(text, phonemizer.phonemize(text))
+
+    def _speak(self, text: str, run: object) -> np.ndarray:
+        return self.voice.synthesize(self.phonemize(text), run)
 
     async def synthesize(self, text: str) -> np.ndarray:
         """``text`` (already sanitized) -> int16 PCM at ``self.rate``."""
-        phonemes = await self.phonemize(text)
         run = self.voice.new_run()
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self.voice.synthesize,
-                                                            phonemes, run)
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self._speak, text, run)
         try:
             audio = await future
         except asyncio.CancelledError:
@@ -110,9 +123,15 @@ class PiperTtsStage(SubprocessTtsStage):
         return (np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
 
     def shutdown_workers(self) -> None:
-        """Stop the worker threads (idempotent; ports must be closed first).
-        Synchronous, for owners outside an event loop."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop the worker threads and their espeak-ng processes (idempotent;
+        ports must be closed first). Synchronous, for owners outside an event
+        loop: it may wait for a phonemization in progress."""
+        super().shutdown_workers()
+        with self._phonemizers_lock:
+            self._closed = True
+            phonemizers, self._phonemizers = self._phonemizers, []
+        for phonemizer in phonemizers:
+            phonemizer.close()
 
     async def close(self) -> None:  # Lifecycle: what Runtime.stop awaits
-        self.shutdown_workers()
+        await asyncio.to_thread(self.shutdown_workers)

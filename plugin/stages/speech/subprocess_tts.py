@@ -4,10 +4,15 @@
 (``espeak-ng``) share one port: text deltas are buffered per response, cut
 into pieces -- the reply's first phrase (its first clause mark or its first
 ``first_words`` words), then sentences, long ones cut into clauses -- and
-each piece is synthesized by a subprocess as soon as it is complete.
-Subprocesses are asynchronous by nature (no thread, nothing on the loop but
-pipe I/O); a cancel kills the running one. Text goes to the binary as one
-argv element or on stdin, never through a shell.
+each piece is synthesized by a subprocess as soon as it is complete; a
+cancel kills the running one. Text goes to the binary as one argv element or
+on stdin, never through a shell.
+
+The subprocess is started and waited for on the stage's worker threads
+(``subprocess.Popen``, which vforks), never on the event loop: under uvloop
+(what ``vllm-duplex serve`` runs) ``asyncio.create_subprocess_exec`` forks
+the whole server on the loop thread with the GIL held, 80-250 ms per start
+on the 2-core CPU, which stalled every session at once (issue 21).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import shutil
 import subprocess
 import tempfile
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -146,11 +152,14 @@ class SubprocessTtsStage(StageBase):
     binary: ClassVar[str] = ""
 
     def __init__(self, name: str, *, clock: Clock, rate: int = INTERNAL_RATE,
-                 chunk_ms: int = 100, clause_words: int = 12, first_words: int = 4) -> None:
+                 chunk_ms: int = 100, clause_words: int = 12, first_words: int = 4,
+                 workers: int = 4) -> None:
         super().__init__(name, clock)
         if rate <= 0 or chunk_ms <= 0 or clause_words < 4 or not 0 <= first_words <= 64:
             raise ValueError("rate and chunk_ms must be > 0, clause_words >= 4, "
                              "first_words in 0..64")
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
         if shutil.which(self.binary) is None:
             raise RuntimeError(f"TTS binary {self.binary!r} is not installed")
         self.rate = rate
@@ -159,6 +168,9 @@ class SubprocessTtsStage(StageBase):
         self.first_words = first_words  # the first piece's length in words (0: a sentence)
         self.killed_processes = 0  # synthesizers killed by cancel/close
         self.synthesized = 0  # pieces synthesized
+        # Threads that start synthesizers and wait for them (one per piece
+        # being made, all sessions together; threads start on first use).
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"duplex-{name}")
 
     def command(self, text: str, wav_path: str) -> tuple[list[str], bytes | None]:
         """argv, and what to write to its stdin (None: nothing)."""
@@ -169,23 +181,50 @@ class SubprocessTtsStage(StageBase):
 
     async def run_binary(self, argv: list[str], stdin: bytes | None) -> bytes:
         """Run ``argv`` (``stdin`` written to it; None: nothing) and return its
-        stdout; a cancel (barge-in) or the timeout kills it at once."""
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout; a cancel (barge-in) or the timeout kills it at once. Started
+        and awaited on the worker threads (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        started = loop.run_in_executor(self._executor, functools.partial(
+            subprocess.Popen, argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE))
         try:
-            async with asyncio.timeout(SYNTH_TIMEOUT_S):
-                out, err = await proc.communicate(stdin)
-        except BaseException:  # cancelled (barge-in) or timed out: stop it now
-            if proc.returncode is None:
-                proc.kill()
-                self.killed_processes += 1
-            await asyncio.shield(proc.wait())
+            proc = await asyncio.shield(started)
+        except asyncio.CancelledError:  # it starts anyway: stop it
+            proc = await started
+            self._kill(proc)
+            await loop.run_in_executor(self._executor, proc.communicate)  # reap it
+            raise
+        finished = loop.run_in_executor(self._executor, proc.communicate, stdin, SYNTH_TIMEOUT_S)
+        try:
+            out, err = await asyncio.shield(finished)
+        except BaseException as exc:  # cancelled (barge-in) or timed out: stop it now
+            self._kill(proc)
+            try:
+                await finished  # after a cancel: the waiting thread ends with the process
+            except subprocess.TimeoutExpired:  # it gave up first: reap and drain it now
+                await loop.run_in_executor(self._executor, proc.communicate)
+            except Exception:
+                pass
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise TimeoutError(f"{argv[0]} gave no audio within {SYNTH_TIMEOUT_S:g} s") from None
             raise
         if proc.returncode != 0:
             raise RuntimeError(f"{argv[0]} exited with {proc.returncode}: "
                                f"{err.decode(errors='replace').strip()[:200]}")
         return out
+
+    def _kill(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.kill()
+            self.killed_processes += 1
+
+    def shutdown_workers(self) -> None:
+        """Stop the worker threads (idempotent; ports must be closed first).
+        Synchronous, for owners outside an event loop."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def close(self) -> None:  # Lifecycle: what Runtime.stop awaits
+        self.shutdown_workers()
 
     async def synthesize(self, text: str) -> np.ndarray:
         """``text`` (already sanitized) -> int16 PCM at ``self.rate``."""
