@@ -180,6 +180,7 @@ class LoopLagMonitor:
         self._current: _OpenStall | None = None  # the watchdog's figures since the last tick
         self.worst_s = 0.0  # the longest lag seen
         self.stalls: list[Stall] = []  # reported stalls (the last 32)
+        self._stalls_lock = threading.Lock()  # the watchdog and the tick both record stalls
 
     @property
     def running(self) -> bool:
@@ -227,27 +228,24 @@ class LoopLagMonitor:
             reported = self._reported_beat is not None and self._reported_beat == self._beat
             self._beat = now
             self.metrics.loop_lag.observe(lag)
-            if lag > self.worst_s:
-                self.worst_s = lag
+            self.worst_s = max(self.worst_s, lag)
             if reported:
                 self._stall_ended(lag)
             elif lag >= self.warn_after_s > 0:
                 self._unseen_stall(lag)
 
     def _stall_ended(self, lag: float) -> None:
-        """The loop is back from a stall the watchdog reported: its cause,
-        judged over the whole stall, is counted and logged."""
-        opened, self._open = self._open, None
-        if opened is None:
-            return
-        stall = opened.stall
-        sched = opened.scheduling(self._timer(), self._loop_native_id)
-        cause = classify(sched, stall.in_selector, self.warn_after_s) if sched else stall.cause
-        final = dataclasses.replace(stall, silent_s=lag, cause=cause, sched=sched or stall.sched)
-        self.stalls = [*(s for s in self.stalls if s is not stall), final][-32:]
-        self.metrics.loop_stalls.inc(cause=cause)
-        log.warning("event loop stalled for %.0f ms (cause: %s%s; the stack is above)",
-                    lag * 1000, cause, _describe(final.sched))
+        """The loop is back from a stall the watchdog reported: its length and
+        the scheduler's figures now go to the watchdog, which judges, counts
+        and logs it (``_finish``). Its report may still be in the making (it
+        formats the stack while the loop runs again), so it is not done here."""
+        opened = self._open
+        if opened is not None and opened.ended is None:
+            opened.ended = (lag, opened.scheduling(self._timer(), self._loop_native_id))
+
+    def _record(self, stall: Stall, replacing: Stall | None = None) -> None:
+        with self._stalls_lock:
+            self.stalls = [*(s for s in self.stalls if s is not replacing), stall][-32:]
 
     def _unseen_stall(self, lag: float) -> None:
         """A stall the watchdog could not report while it lasted: it was held
@@ -259,7 +257,7 @@ class LoopLagMonitor:
                  if current is not None else None)
         cause = classify(sched, True, self.warn_after_s)
         stall = Stall(lag, "", cause, True, sched)
-        self.stalls = [*self.stalls[-31:], stall]
+        self._record(stall)
         self.metrics.loop_stalls.inc(cause=cause)
         log.warning("event loop stalled for %.0f ms (threshold %.0f ms; load average %s%s); "
                     "cause: %s -- the watchdog was held as long (the GIL was held by another "
@@ -277,6 +275,8 @@ class LoopLagMonitor:
         seen_beat: float | None = None
         current: _OpenStall | None = None  # the scheduler's figures of this silence
         while not self._stop.wait(max(0.0, due - self._timer())):
+            if self._open is not None and self._open.ended is not None:
+                self._finish(self._open)
             now = self._timer()
             late = max(0.0, now - due)  # how late this thread itself woke up
             due = now + step
@@ -294,11 +294,46 @@ class LoopLagMonitor:
                 continue
             if self._reported_beat == beat and now - reported_at < REPEAT_S:
                 continue  # this stall is reported; again only if it goes on
+            if not current.looked_again and self._loop_idle():
+                # Idle in its selector with a tick overdue: either held out of
+                # the GIL (a stall to report), or it has just let the GIL go to
+                # poll, its stall over, the tick about to run. A step later tells.
+                current.looked_again = True
+                continue
             self._reported_beat, reported_at = beat, now
+            self._open = current  # before the report: the loop may end the stall meanwhile
             stall = self._report(silent, current.scheduling(now, self._loop_native_id))
             if stall is not None:
                 current.stall = stall
-                self._open = current
+            if current.ended is not None:
+                self._finish(current)
+        if self._open is not None and self._open.ended is not None:
+            self._finish(self._open)
+
+    def _finish(self, opened: _OpenStall) -> None:
+        """A reported stall is over: its cause, judged over the whole stall,
+        is counted and logged."""
+        self._open = None
+        stall, ended = opened.stall, opened.ended
+        if stall is None or ended is None:
+            return  # the loop's thread was gone when it was reported
+        lag, sched = ended
+        cause = classify(sched, stall.in_selector, self.warn_after_s) if sched else stall.cause
+        final = dataclasses.replace(stall, silent_s=lag, cause=cause, sched=sched or stall.sched)
+        self._record(final, replacing=stall)
+        self.metrics.loop_stalls.inc(cause=cause)
+        log.warning("event loop stalled for %.0f ms (cause: %s%s; the stack is above)",
+                    lag * 1000, cause, _describe(final.sched))
+
+    def _idle(self, frame: FrameType) -> bool:
+        """The loop thread's innermost frame is its selector's (it runs none of our code)."""
+        return frame is self._idle_frame or (
+            frame.f_code.co_name in _SELECTOR_FUNCS and frame.f_back is not None
+            and frame.f_back.f_code.co_name == "_run_once")
+
+    def _loop_idle(self) -> bool:
+        frame = sys._current_frames().get(self._loop_thread) if self._loop_thread else None
+        return frame is not None and self._idle(frame)
 
     def _report(self, silent: float, sched: Scheduling | None) -> Stall | None:
         frames = sys._current_frames()
@@ -306,12 +341,10 @@ class LoopLagMonitor:
         if frame is None:
             return None  # the loop's thread is gone
         stack = "".join(traceback.format_stack(frame))
-        in_selector = frame is self._idle_frame or (
-            frame.f_code.co_name in _SELECTOR_FUNCS and frame.f_back is not None
-            and frame.f_back.f_code.co_name == "_run_once")
+        in_selector = self._idle(frame)
         cause = classify(sched, in_selector, self.warn_after_s)
         stall = Stall(silent, stack, cause, in_selector, sched)
-        self.stalls = [*self.stalls[-31:], stall]
+        self._record(stall)
         load = "/".join(f"{x:.2f}" for x in os.getloadavg())
         if cause == "starved":
             verdict = ("cause: starved -- the machine had no CPU for the process (other "
@@ -340,6 +373,9 @@ class _OpenStall:
         self.others: tuple[float, Snapshot] | None = None
         self.watchdog_late_s = 0.0
         self.stall: Stall | None = None
+        # Set once by the loop's tick when the stall is over: its length, the figures then.
+        self.ended: tuple[float, Scheduling | None] | None = None
+        self.looked_again = False  # found idle in its selector once: looked again a step later
 
     def scheduling(self, now: float, loop_id: int | None, *, held: float = 0.0
                    ) -> Scheduling | None:
