@@ -22,7 +22,8 @@ waiting for one), and where the thread is:
 
 - ``blocked`` when it ran on a CPU for half the threshold or more: code on
   the loop (the stack is the culprit; it would stall an idle machine too);
-- ``starved``: otherwise, when it waited for a CPU most of the time -- the
+- ``starved``: otherwise, when it waited for a CPU most of the time, or the
+  process's other Python threads (those that can hold the GIL) did -- the
   machine is busy (other processes); the stack is wherever it happened to be;
 - ``gil``: it slept in its selector while a timer was due -- it waits for the
   GIL, which another thread holds (the warning lists what the other threads
@@ -32,6 +33,13 @@ waiting for one), and where the thread is:
 
 A watchdog that itself woke up late by as much as the threshold says the
 whole process was held (the GIL, or no CPU for any of its threads).
+
+The watchdog's path from "the loop is silent" to "reported" does no I/O: each
+file read hands the GIL over, and taking it back from code that computes on
+the loop costs up to the switch interval, so a stall could end before it was
+seen. A loop that is not running (stopped between runs of an embedding
+program, or at shutdown) is not stalled: that silence is neither warned of
+nor measured.
 """
 
 from __future__ import annotations
@@ -109,10 +117,11 @@ def classify(sched: Scheduling | None, in_selector: bool,
 Snapshot = dict[int, tuple[float, float]]  # native thread id -> (on a CPU, waiting for one), s
 
 
-def _snapshot(only: int | None = None) -> Snapshot:
-    """The scheduler's figures of this process's threads (or of ``only``);
-    empty where the kernel does not say."""
-    ids = [only] if only is not None else _task_ids()
+def _snapshot(ids: list[int]) -> Snapshot:
+    """The scheduler's figures of these threads; empty where the kernel does
+    not say. One small file each, and each read hands the GIL over and back:
+    while code computes on the loop, taking it back costs up to the switch
+    interval (5 ms), so the watchdog reads as few as it can."""
     out: Snapshot = {}
     for tid in ids:
         try:
@@ -122,13 +131,6 @@ def _snapshot(only: int | None = None) -> Snapshot:
             continue
         out[tid] = (int(run) / 1e9, int(wait) / 1e9)
     return out
-
-
-def _task_ids() -> list[int]:
-    try:
-        return [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        return []
 
 
 _heap_frozen = False
@@ -142,10 +144,10 @@ def freeze_startup_heap() -> int:
     A started server holds ~680k objects (the models, the tokenizers, the
     vLLM client); CPython's full (generation 2) collection walks them all, on
     whatever thread allocated last -- the loop thread, mostly: 0.5-1.1 s of
-    every session frozen each time one ran (issue 21). They live as long as
-    the process, so nothing is lost by not walking them again; what the
-    sessions allocate is still collected as usual. One full collection first,
-    so no garbage of the start-up is frozen with them."""
+    every session frozen each time one ran. They live as long as the process,
+    so nothing is lost by not walking them again; what the sessions allocate
+    is still collected as usual. One full collection first, so no garbage of
+    the start-up is frozen with them."""
     global _heap_frozen
     if not _heap_frozen:
         _heap_frozen = True
@@ -166,17 +168,24 @@ class LoopLagMonitor:
         self.warn_after_s = warn_after_s
         self.interval_s = interval_s
         self._timer = timer
-        self._beat = timer()  # the tick's last wake-up (read by the watchdog thread)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._loop_native_id: int | None = None
         self._task: asyncio.Task[None] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._reported_beat: float | None = None  # the heartbeat of the stall last reported
+        # The tick and the watchdog meet here, under the lock (no I/O inside):
+        # the tick's last wake-up, the heartbeat whose stall was reported, and
+        # that stall's figures -- so a stall is either reported by the
+        # watchdog and ended by the tick, or found by the tick alone, never both.
+        self._handshake = threading.Lock()
+        self._beat = timer()
+        self._reported_beat: float | None = None
+        self._open: _OpenStall | None = None
+        self._paused_beat: float | None = None  # the loop was stopped after this tick (not a stall)
         # uvloop's loop is C: an idle loop thread's innermost Python frame is
         # the one that started the loop (found from the tick, below).
         self._idle_frame: FrameType | None = None
-        self._open: _OpenStall | None = None  # the stall reported and not yet over
         self._current: _OpenStall | None = None  # the watchdog's figures since the last tick
         self.worst_s = 0.0  # the longest lag seen
         self.stalls: list[Stall] = []  # reported stalls (the last 32)
@@ -189,7 +198,7 @@ class LoopLagMonitor:
     def start(self) -> None:
         if self._task is not None:
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._loop_native_id = threading.get_native_id()
         self._beat = self._timer()
@@ -225,46 +234,40 @@ class LoopLagMonitor:
             await asyncio.sleep(interval)
             now = timer()
             lag = max(0.0, now - asked - interval)
-            reported = self._reported_beat is not None and self._reported_beat == self._beat
-            self._beat = now
+            with self._handshake:
+                beat, self._beat = self._beat, now
+                opened = self._open if self._reported_beat == beat else None
+            if opened is not None:  # reported while it lasted: the watchdog judges it
+                opened.ended = (lag, now, _snapshot([self._loop_native_id or 0]))
+            if self._paused_beat == beat:
+                continue  # the loop was stopped meanwhile (between runs): no lag of its own
             self.metrics.loop_lag.observe(lag)
             self.worst_s = max(self.worst_s, lag)
-            if reported:
-                self._stall_ended(lag)
-            elif lag >= self.warn_after_s > 0:
+            if opened is None and lag >= self.warn_after_s > 0:
                 self._unseen_stall(lag)
-
-    def _stall_ended(self, lag: float) -> None:
-        """The loop is back from a stall the watchdog reported: its length and
-        the scheduler's figures now go to the watchdog, which judges, counts
-        and logs it (``_finish``). Its report may still be in the making (it
-        formats the stack while the loop runs again), so it is not done here."""
-        opened = self._open
-        if opened is not None and opened.ended is None:
-            opened.ended = (lag, opened.scheduling(self._timer(), self._loop_native_id))
 
     def _record(self, stall: Stall, replacing: Stall | None = None) -> None:
         with self._stalls_lock:
             self.stalls = [*(s for s in self.stalls if s is not replacing), stall][-32:]
 
     def _unseen_stall(self, lag: float) -> None:
-        """A stall the watchdog could not report while it lasted: it was held
-        too, so the loop ran no Python (that would have let it run) -- the
-        GIL was held by another thread in a C call, or the process had no
-        CPU. Counted and logged now, with what the other threads do now."""
+        """A stall the watchdog could not report while it lasted: it got
+        neither the GIL (another thread kept it in a C call) nor a CPU (the
+        machine was busy) long enough to look. Counted and logged now, with
+        the loop thread's figures and what the other threads do now."""
         current = self._current
-        sched = (current.scheduling(self._timer(), self._loop_native_id, held=lag)
-                 if current is not None else None)
-        cause = classify(sched, True, self.warn_after_s)
-        stall = Stall(lag, "", cause, True, sched)
-        self._record(stall)
+        sched = (current.scheduling(self._timer(), _snapshot([self._loop_native_id or 0]),
+                                    held=lag) if current is not None else None)
+        # Where the loop thread was is unknown; it ran our code if the kernel says it ran.
+        in_selector = sched is None or sched.loop_ran_s < 0.5 * self.warn_after_s
+        cause = classify(sched, in_selector, self.warn_after_s)
+        self._record(Stall(lag, "", cause, in_selector, sched))
         self.metrics.loop_stalls.inc(cause=cause)
         log.warning("event loop stalled for %.0f ms (threshold %.0f ms; load average %s%s); "
                     "cause: %s -- the watchdog was held as long (the GIL was held by another "
-                    "thread, or no CPU for the process), so no stack while it lasted. Other "
-                    "threads now:\n%s", lag * 1000, self.warn_after_s * 1000,
-                    "/".join(f"{x:.2f}" for x in os.getloadavg()), _describe(sched), cause,
-                    _other_threads(sys._current_frames(), self._loop_thread))
+                    "thread, or no CPU for it), so no stack while it lasted. Other threads "
+                    "now:\n%s", lag * 1000, self.warn_after_s * 1000, _load(), _describe(sched),
+                    cause, _other_threads(sys._current_frames(), self._loop_thread))
 
     # ---- on the watchdog thread --------------------------------------------
 
@@ -274,50 +277,68 @@ class LoopLagMonitor:
         reported_at = 0.0
         seen_beat: float | None = None
         current: _OpenStall | None = None  # the scheduler's figures of this silence
+        loop, loop_id = self._loop, self._loop_native_id or 0
+        assert loop is not None
         while not self._stop.wait(max(0.0, due - self._timer())):
-            if self._open is not None and self._open.ended is not None:
-                self._finish(self._open)
+            opened = self._open
+            if opened is not None and opened.ended is not None:
+                self._finish(opened)
             now = self._timer()
             late = max(0.0, now - due)  # how late this thread itself woke up
             due = now + step
             beat = self._beat
-            if beat != seen_beat:  # a new tick: the loop thread's figures from here
+            if beat != seen_beat or current is None:  # a new tick: the loop's figures from here
                 seen_beat = beat
-                current = self._current = _OpenStall(now, _snapshot(self._loop_native_id))
+                current = self._current = _OpenStall(now, loop_id, _snapshot([loop_id]))
                 continue
-            assert current is not None
+            if not loop.is_running():
+                self._paused_beat = beat  # stopped (between runs, at shutdown), not held
+            if self._paused_beat == beat:
+                continue  # and until its next tick: the restart's first steps are not a stall
             current.watchdog_late_s = max(current.watchdog_late_s, late)
             silent = now - beat - self.interval_s  # past the tick's expected wake-up
-            if silent >= self.warn_after_s / 2 and current.others is None:
-                current.others = (now, _snapshot())  # late already: every thread from here
             if silent < self.warn_after_s:
                 continue
             if self._reported_beat == beat and now - reported_at < REPEAT_S:
                 continue  # this stall is reported; again only if it goes on
-            if not current.looked_again and self._loop_idle():
+            frame = sys._current_frames().get(self._loop_thread or 0)
+            if frame is None:
+                continue  # the loop's thread is gone
+            in_selector = self._idle(frame)
+            if in_selector and not current.looked_again:
                 # Idle in its selector with a tick overdue: either held out of
                 # the GIL (a stall to report), or it has just let the GIL go to
                 # poll, its stall over, the tick about to run. A step later tells.
                 current.looked_again = True
                 continue
-            self._reported_beat, reported_at = beat, now
-            self._open = current  # before the report: the loop may end the stall meanwhile
-            stall = self._report(silent, current.scheduling(now, self._loop_native_id))
-            if stall is not None:
-                current.stall = stall
+            # The stack as it is now, with no I/O (no GIL hand-over), then the
+            # handshake: from here the stall is this report's.
+            held = traceback.StackSummary.extract(traceback.walk_stack(frame),
+                                                  lookup_lines=False)
+            with self._handshake:
+                if self._beat != beat:
+                    continue  # the loop came back meanwhile: the tick counts it
+                self._open, self._reported_beat = current, beat
+            reported_at = now
+            self._report(silent, current, held, in_selector, now)
             if current.ended is not None:
                 self._finish(current)
-        if self._open is not None and self._open.ended is not None:
-            self._finish(self._open)
+        opened = self._open
+        if opened is not None and opened.ended is not None:
+            self._finish(opened)
 
     def _finish(self, opened: _OpenStall) -> None:
         """A reported stall is over: its cause, judged over the whole stall,
         is counted and logged."""
-        self._open = None
+        with self._handshake:
+            if self._open is opened:
+                self._open = None
         stall, ended = opened.stall, opened.ended
         if stall is None or ended is None:
-            return  # the loop's thread was gone when it was reported
-        lag, sched = ended
+            return
+        lag, at, loop_after = ended
+        others = _snapshot(list(opened.others[1])) if opened.others is not None else None
+        sched = opened.scheduling(at, loop_after, others)
         cause = classify(sched, stall.in_selector, self.warn_after_s) if sched else stall.cause
         final = dataclasses.replace(stall, silent_s=lag, cause=cause, sched=sched or stall.sched)
         self._record(final, replacing=stall)
@@ -335,63 +356,75 @@ class LoopLagMonitor:
         frame = sys._current_frames().get(self._loop_thread) if self._loop_thread else None
         return frame is not None and self._idle(frame)
 
-    def _report(self, silent: float, sched: Scheduling | None) -> Stall | None:
-        frames = sys._current_frames()
-        frame = frames.get(self._loop_thread) if self._loop_thread is not None else None
-        if frame is None:
-            return None  # the loop's thread is gone
-        stack = "".join(traceback.format_stack(frame))
-        in_selector = self._idle(frame)
+    def _python_threads(self) -> list[int]:
+        """The other threads that can hold the GIL: Python's. A native pool's
+        threads (OpenMP, onnxruntime: a hundred in a server) never keep the
+        loop out of it, and reading each one's figures costs a GIL hand-over."""
+        mine = {self._loop_native_id, threading.get_native_id()}
+        return [t.native_id for t in threading.enumerate()
+                if t.native_id is not None and t.native_id not in mine]
+
+    def _report(self, silent: float, current: _OpenStall, held: traceback.StackSummary,
+                in_selector: bool, now: float) -> None:
+        if current.others is None:  # from here: did the threads that hold the GIL get a CPU?
+            current.others = (now, _snapshot(self._python_threads()))
+        sched = current.scheduling(now, _snapshot([current.loop_id]))
         cause = classify(sched, in_selector, self.warn_after_s)
-        stall = Stall(silent, stack, cause, in_selector, sched)
+        held.reverse()  # outermost first, as a traceback reads
+        stack = "".join(held.format())  # the source lines are read now
+        stall = current.stall = Stall(silent, stack, cause, in_selector, sched)
         self._record(stall)
-        load = "/".join(f"{x:.2f}" for x in os.getloadavg())
         if cause == "starved":
             verdict = ("cause: starved -- the machine had no CPU for the process (other "
                        "processes); the loop thread was here:")
         elif cause == "gil":
             verdict = ("cause: gil -- the loop thread waits for the GIL, which another thread "
-                       "holds. Other threads:\n" + _other_threads(frames, self._loop_thread)
+                       "holds. Other threads:\n"
+                       + _other_threads(sys._current_frames(), self._loop_thread)
                        + "\nThe loop thread:")
         else:
             verdict = ("cause: blocked -- the loop thread runs this (the code that holds the "
                        "loop):")
         log.warning("event loop blocked for %.0f ms so far (threshold %.0f ms; load average "
-                    "%s%s); %s\n%s", silent * 1000, self.warn_after_s * 1000, load,
+                    "%s%s); %s\n%s", silent * 1000, self.warn_after_s * 1000, _load(),
                     _describe(sched), verdict, stack)
-        return stall
 
 
 class _OpenStall:
     """The watchdog's figures of one silence of the loop: the loop thread's
-    scheduling at its last tick, every thread's once the silence was long,
-    the watchdog's own lateness, and the report (once made)."""
+    scheduling at its last tick, the Python threads' from the report on, the
+    watchdog's own lateness, the report, and the loop's figures at its end."""
 
-    def __init__(self, at: float, loop: Snapshot) -> None:
+    def __init__(self, at: float, loop_id: int, loop: Snapshot) -> None:
         self.at = at
+        self.loop_id = loop_id
         self.loop = loop
         self.others: tuple[float, Snapshot] | None = None
         self.watchdog_late_s = 0.0
         self.stall: Stall | None = None
-        # Set once by the loop's tick when the stall is over: its length, the figures then.
-        self.ended: tuple[float, Scheduling | None] | None = None
+        # Set once by the loop's tick when the stall is over: its length, when, the loop's figures.
+        self.ended: tuple[float, float, Snapshot] | None = None
         self.looked_again = False  # found idle in its selector once: looked again a step later
 
-    def scheduling(self, now: float, loop_id: int | None, *, held: float = 0.0
-                   ) -> Scheduling | None:
+    def scheduling(self, now: float, loop_after: Snapshot, others_after: Snapshot | None = None,
+                   *, held: float = 0.0) -> Scheduling | None:
         """The figures from the last tick to ``now``; ``held``: the watchdog
         is known to have been held that long (it could not say so itself)."""
-        if loop_id is None or loop_id not in self.loop:
+        if self.loop_id not in self.loop or self.loop_id not in loop_after:
             return None
-        since, before = self.others if self.others is not None else (self.at, {})
-        after = _snapshot() if before else _snapshot(loop_id)
-        if loop_id not in after:
-            return None
-        (run0, wait0), (run1, wait1) = self.loop[loop_id], after[loop_id]
-        others = max((after[t][1] - w0 for t, (_, w0) in before.items()
-                      if t != loop_id and t in after), default=0.0)
-        return Scheduling(now - self.at, run1 - run0, wait1 - wait0, others,
-                          now - since if before else 0.0, max(self.watchdog_late_s, held))
+        (run0, wait0), (run1, wait1) = self.loop[self.loop_id], loop_after[self.loop_id]
+        others = window = 0.0
+        if self.others is not None and others_after:
+            since, before = self.others
+            window = now - since
+            others = max((others_after[t][1] - w0 for t, (_, w0) in before.items()
+                          if t in others_after), default=0.0)
+        return Scheduling(now - self.at, run1 - run0, wait1 - wait0, others, window,
+                          max(self.watchdog_late_s, held))
+
+
+def _load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _describe(sched: Scheduling | None) -> str:
@@ -409,14 +442,11 @@ def _describe(sched: Scheduling | None) -> str:
 
 
 def _other_threads(frames: dict[int, FrameType], loop_thread: int | None) -> str:
-    """One line per other thread: its name and innermost frame."""
+    """One line per other thread: its name and innermost frame (no source
+    lines read: this runs while the loop may be held)."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
-    lines = []
-    for ident, frame in frames.items():
-        if ident in (loop_thread, me):
-            continue
-        (summary,) = traceback.extract_stack(frame, limit=1)
-        lines.append(f"  {names.get(ident, ident)}: {summary.name} "
-                     f"({summary.filename}:{summary.lineno})")
+    lines = [f"  {names.get(ident, ident)}: {frame.f_code.co_name} "
+             f"({frame.f_code.co_filename}:{frame.f_lineno})"
+             for ident, frame in frames.items() if ident not in (loop_thread, me)]
     return "\n".join(sorted(lines)) or "  (none)"

@@ -158,8 +158,7 @@ async def _idle_verdict() -> bool:
 
         def look() -> None:
             time.sleep(0.02)  # ... for this thread
-            monitor._report(0.3, None)
-            seen.append(monitor.stalls[-1].in_selector)
+            seen.append(monitor._loop_idle())
             asyncio.run_coroutine_threadsafe(_set(idle), loop)
 
         loop = asyncio.get_running_loop()
@@ -203,9 +202,12 @@ async def test_the_server_serves_the_histogram_and_stops_the_watchdog():
         count = [ln for ln in text.splitlines()
                  if ln.startswith("duplex_event_loop_lag_seconds_count")]
         assert count and float(count[0].split()[-1]) >= 1
-        assert any(t.name == "duplex-loop-watchdog" for t in threading.enumerate())
+        # This runtime's own watchdog (a session-scoped server of other tests has one too).
+        watchdog = engine.loop_lag._thread
+        assert watchdog is not None and watchdog.is_alive()
+        assert watchdog.name == "duplex-loop-watchdog"
     assert not engine.loop_lag.running
-    assert not any(t.name == "duplex-loop-watchdog" for t in threading.enumerate())
+    assert not watchdog.is_alive()
 
 
 def test_a_started_server_keeps_its_heap_out_of_full_collections():
@@ -229,3 +231,29 @@ def test_a_started_server_keeps_its_heap_out_of_full_collections():
     frozen, walked = int(out[0]), int(out[1])
     assert frozen > 20_000  # the start-up heap (a scripted one: ~35k; the default: ~680k)
     assert walked < frozen / 20  # what a full collection walks now
+
+
+def test_a_stopped_loop_is_neither_a_stall_nor_a_lag(caplog):
+    """A loop that is not running (a program that runs it in turns, a test
+    session's loop between its tests, a server shutting down) holds nobody:
+    the watchdog warns of nothing and the lag of that pause is not measured."""
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    metrics = Metrics()
+    monitor = LoopLagMonitor(metrics, warn_after_s=0.25)
+    loop = asyncio.new_event_loop()
+
+    async def start() -> None:
+        monitor.start()
+        await asyncio.sleep(0.2)
+
+    try:
+        loop.run_until_complete(start())
+        time.sleep(0.8)  # the loop is stopped: this thread runs other things
+        loop.run_until_complete(asyncio.sleep(0.3))  # its tick runs again
+        loop.run_until_complete(monitor.stop())
+    finally:
+        loop.close()
+    assert not monitor.stalls, [s.stack for s in monitor.stalls]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert monitor.worst_s < 0.25
+    assert lag_count_above(metrics, 0.25) == 0
