@@ -18,7 +18,9 @@ plays), and read as events arrive:
   that were then cancelled -- the words they answered changed;
 * **answers right**: the expected word in the reply's transcript;
 * the server's **critical path** of each turn (``response.done.metadata``):
-  which stage the gap waited on, segment by segment, and the p50 per segment.
+  which stage the gap waited on, segment by segment, and the p50 per segment;
+  ``socket`` is the rest of the client's gap (the last chunk's way in, the
+  first audio's way out).
 
 Each side runs its questions on a fresh server, then holds filler sessions
 until it has held ``--warm-after`` (10), then runs them again: "fresh" and
@@ -232,6 +234,12 @@ async def ask(server: Server, mode: str, stage: str, text: str, voice: str, expe
         turn.right = right_answer(turn.answer, (expect,))
         turn.metadata = answered.get("metadata") or {}
         turn.path = turn.metadata.get("duplex_critical_path", "")
+        if turn.path and turn.gap_ms is not None:
+            # The server's path starts when the end of speech reached it and
+            # ends when it sent the first audio: the rest of the client's gap
+            # is the socket, both ways (and the client's own loop).
+            server_ms = sum(float(part.rsplit(" ", 1)[1]) for part in turn.path.split(", "))
+            turn.path += f", socket {max(0.0, turn.gap_ms - server_ms):.0f}"
     turn.revisions = max(turn.revisions, len(created) - (1 if answered is not None else 0))
     return turn
 

@@ -5,6 +5,15 @@ Functions of the core and one typed command: they read and change the
 core's state and add effects through it, never await, and raise
 ``DuplexError`` for a client's mistake (the core turns it into an error
 event echoing the command's ``event_id``).
+
+Why these take the whole core, where the helpers (``turn_end``,
+``speculation``, ``pacing``, ``barge_in``, ``rendering``, ``replies``) take
+a small state of their own: a client command *is* the session's business --
+``conversation.item.truncate`` touches the conversation, the active
+response, the pacer and the policy's context at once -- so this file is the
+core's own dispatch, split out by size, not a part with state to narrow.
+The same holds for ``decisions.py``, ``pauses.py`` and ``output.py``: they
+compose the parts; the parts stay pure.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def check_routes(stages: Sequence[Any], needs: StageNeeds) -> list[str]:
 @dataclass
 class PipelineStats:
     submitted: int = 0  # submissions made by the session (policy plans)
-    forwarded: int = 0  # outputs passed from stage i to stage i+1
+    forwarded: int = 0  # outputs passed on to the stage they were forwarded to (by name)
     outputs: int = 0  # outputs delivered to the sink (stage failures included)
     failures: int = 0  # pumps that stopped because their port raised
 

@@ -33,7 +33,7 @@ class Ids:
 def make_core(policy=None, *, stages=("vad", "llm", "tts"), **config) -> SessionCore:
     """Unpaced output and immediate interruptions unless a test asks: these
     tests pin the rest of the core (pacing and adaptive interruptions:
-    test_paced_output.py)."""
+    test_output_pacing.py)."""
     config.setdefault("pacing", OutputPacing("none"))
     config.setdefault("interruption", Interruption("immediate"))
     policy = policy or ScriptedPolicy()

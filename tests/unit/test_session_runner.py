@@ -347,7 +347,7 @@ async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
     """Virtual clock, unpaced output: the user barges in exactly 500 ms after
     the first audio delta; the first sentence is 6 words x 120 ms, so 4 words
     were heard. (Paced output knows what was heard from the pacer:
-    tests/unit/test_paced_output.py.)"""
+    tests/unit/test_output_pacing.py.)"""
     from vllm_duplex.core.interruption import OutputPacing
     from vllm_duplex.testing.clock import VirtualClock
 

@@ -69,7 +69,7 @@ class Timeline:
         policy = policy or CascadePolicy()
         td = TurnDetection(type="semantic_vad", eagerness=eagerness)
         # Unpaced output: these tests are about when the turn ends and what a
-        # speculation holds (pacing has its own, test_paced_output.py).
+        # speculation holds (pacing has its own, test_output_pacing.py).
         self.core = SessionCore("s", config=SessionConfig(model="m", policy=policy.name,
                                                           turn_detection=td,
                                                           pacing=OutputPacing(type="none")),
