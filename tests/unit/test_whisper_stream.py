@@ -141,6 +141,39 @@ def test_a_pause_the_last_partial_heard_out_is_answered_without_a_decode():
     assert len(partial.calls) == before
 
 
+def _spoken_then_quiet() -> tuple[WhisperListener, Decoder, list]:
+    """Speech from 0 to 1000 ms, then quiet: the partial runs early, at 1040 ms."""
+    partial = Decoder()
+    lis = WhisperListener(Decoder(), partial, vad_gated=True,
+                          schedule=PartialSchedule(interval_ms=300, first_after_ms=200))
+    lis.speech_started(0)
+    feed(lis, 0, 1000)
+    out = feed(lis, 1000, 60, loud=False)
+    assert out and partial.calls[-1] == (timeline(0, 1)[0], 1040 * MS)
+    return lis, partial, out
+
+
+def test_quiet_audio_between_the_last_partial_and_the_vads_end_needs_no_decode():
+    """The VAD places the end of speech a frame or two after the last loud one
+    (Silero's probability decays), past the partial made as the audio went
+    quiet: that partial heard every word, and the pause is answered at once
+    (a re-decode there cost each turn 200-350 ms before its reply could start)."""
+    lis, partial, out = _spoken_then_quiet()
+    feed(lis, 1060, 60, loud=False)
+    before = len(partial.calls)
+    assert lis.pause(1064) == [TranscriptPartial(out[-1].text, at_pause=True)]  # Silero's end
+    assert len(partial.calls) == before
+
+
+def test_a_soft_syllable_after_the_last_partial_is_heard_out_at_the_pause():
+    lis, partial, _ = _spoken_then_quiet()
+    feed(lis, 1060, 40)  # a last syllable after the early partial
+    feed(lis, 1100, 20, loud=False)
+    before = len(partial.calls)
+    assert lis.pause(1100) == [TranscriptPartial("11 words", at_pause=True)]
+    assert len(partial.calls) == before + 1
+
+
 def test_a_pause_without_partials_uses_the_final_decoder_and_none_without_speech():
     final = Decoder()
     lis = WhisperListener(final, None, vad_gated=True)

@@ -20,7 +20,7 @@ decoders for text:
 - and at a pause ``semantic_vad`` is judging (``UserPaused``), the partial one
   again, at once and outside the schedule, when the last partial did not hear
   the speech up to its end (it ran before the last word, or the budget skipped
-  it): the session decides whether the turn ended from these words, so they
+  it; quiet audio after it does not count): the session decides whether the turn ended from these words, so they
   must be all of them (up to ``max_partial_s`` of utterance: past that, the
   last partial's). The answer is a ``TranscriptPartial(at_pause=True)``, sent
   even when it says nothing new.
@@ -201,7 +201,12 @@ class WhisperListener:
             return [TranscriptPartial("", at_pause=True)]
         assert self._end is not None
         end = max(end_ms * SPMS, self._onset)
-        stale = self._partial_from < end
+        # Stale: speech the last partial did not hear. The VAD's end runs a
+        # frame or two past the last loud one (Silero's probability decays),
+        # and the partial made as the audio went quiet stopped there: quiet
+        # audio after it adds no word, and re-decoding it cost every pause
+        # 200-350 ms on the reply's critical path.
+        stale = self._partial_from < end and not self._quiet(self._partial_from, end)
         if stale and self._end - self._onset <= self._schedule.max_partial_s * INTERNAL_RATE:
             # The hypothesis is older than the speech's end: hear it all now
             # (the final's decoder when partials are off).
@@ -296,6 +301,10 @@ class WhisperListener:
         self._last_partial = text
         return [TranscriptPartial(text)]
 
+    def _quiet(self, begin: int, end: int) -> bool:
+        """No frame between two positions is loud enough to be speech."""
+        return _frame_peak(self._span(begin, end)) <= self._schedule.quiet_ratio * self._peak
+
     def _speech_just_ended(self) -> bool:
         """The newest audio went quiet after speech the last partial did not
         hear: decode now, off the grid -- the VAD reports the pause a moment
@@ -306,9 +315,8 @@ class WhisperListener:
         quiet_from = self._end - _ENDING_QUIET_MS * SPMS
         if quiet_from - self._onset < s.first_after_ms * SPMS or quiet_from <= self._partial_from:
             return False
-        floor = s.quiet_ratio * self._peak
-        return (_frame_peak(self._span(quiet_from, self._end)) <= floor
-                and _frame_peak(self._span(self._partial_from, quiet_from)) > floor)
+        return (self._quiet(quiet_from, self._end)
+                and not self._quiet(self._partial_from, quiet_from))
 
     def _decode(self, transcribe: HearPartial) -> tuple[str, float | None]:
         """A partial decode of the utterance so far, and the next one scheduled."""
