@@ -11,7 +11,9 @@ asr       every ASR option on 20 questions x 6 voices: word error rate per voice
           and overall, real-time factor (decode time / audio), end-of-utterance
           latency (Whisper decodes the utterance when it ends; PocketSphinx
           streams, so its latency is ``end_utt``). Whisper variants show why the
-          defaults are what they are (window, beam, threads).
+          defaults are what they are (window, beam, threads); the last row is
+          the default's final as the stage makes it (tiny.en's answer at the
+          pause when it is sure of it, else base).
 partials  the streaming first pass, PocketSphinx against Whisper tiny.en
           re-decodes on the stage's budget, each followed by the Whisper base
           final: partial WER, how many of the final's words were pushed early,
@@ -71,7 +73,11 @@ from vllm_duplex.assets.locate import whisper_model_dir
 from vllm_duplex.models.cascade.transcript import Utterance, same_words, words
 from vllm_duplex.stages.listening.pocketsphinx import DecoderPool, clean_hypothesis
 from vllm_duplex.stages.listening.whisper_model import DecodeOptions, load
-from vllm_duplex.stages.listening.whisper_stream import PartialSchedule, WhisperListener
+from vllm_duplex.stages.listening.whisper_stream import (
+    CONFIDENT_LOGPROB,
+    PartialSchedule,
+    WhisperListener,
+)
 
 LEAD_MS, TAIL_MS = 300, 300  # around each utterance, as the stage passes it (prefix padding, tail)
 
@@ -163,6 +169,25 @@ def part_asr(items: list[tuple[str, str, np.ndarray]]) -> dict[str, Any]:
             cpu += dt
             lat.append(dt)
         report(label, per_voice, cpu, lat)
+    # The default's final as the stage makes it: tiny.en's answer at the
+    # pause when it is confident (no second decode), else Whisper base.
+    tiny, base = (load(whisper_model_dir(n), threads=t) for n, t in
+                  (("whisper-tiny.en", 1), ("whisper-base", 2)))
+    per_voice, cpu, lat, confident = {}, 0.0, [], 0
+    for voice, text, pcm in items:
+        t = time.perf_counter()
+        heard = tiny.transcribe(pcm, DecodeOptions(beam_size=1))
+        if heard.avg_logprob >= CONFIDENT_LOGPROB:
+            hyp, confident = heard.text, confident + 1
+        else:
+            hyp = base.transcribe(pcm, DecodeOptions(beam_size=5)).text
+        dt = time.perf_counter() - t
+        per_voice.setdefault(voice, WerCount()).add(text, hyp)
+        cpu += dt
+        lat.append(dt)
+    report("gated final (tiny.en if sure, else base)", per_voice, cpu, lat)
+    results["gated final (tiny.en if sure, else base)"]["tiny_confident"] = confident / len(items)
+    print(f"  {'':42s} tiny.en was sure of {confident} of {len(items)} (no base decode)")
     return results
 
 

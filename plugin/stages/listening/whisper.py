@@ -53,7 +53,11 @@ from vllm_duplex.stages.listening.whisper_model import (
     WhisperModel,
     load,
 )
-from vllm_duplex.stages.listening.whisper_stream import PartialSchedule, WhisperListener
+from vllm_duplex.stages.listening.whisper_stream import (
+    CONFIDENT_LOGPROB,
+    PartialSchedule,
+    WhisperListener,
+)
 from vllm_duplex.stages.port import StagePort
 
 log = logging.getLogger(__name__)
@@ -91,7 +95,7 @@ class WhisperAsrStage(ListeningStage):
         tail_ms: int = 300,
         max_utterance_s: float = 120.0,
         vad_gated: bool | None = None,
-        confident_logprob: float | None = -0.3,
+        confident_logprob: float | None = CONFIDENT_LOGPROB,
         compute_type: str = "int8",
         workers: int | None = None,
         warm_up: bool = True,
@@ -115,9 +119,7 @@ class WhisperAsrStage(ListeningStage):
         self.vad_gated = vad_gated
         # An at-pause answer of the partial model this sure is the final
         # transcript (no second decode on the turn's critical path); None:
-        # the final model always decides. -0.3: on the speech bench's six
-        # voices, tiny.en's answers at or above it are as right as base's
-        # (bench/README.md "Fast turns").
+        # the final model always decides (whisper_stream.CONFIDENT_LOGPROB).
         self.confident_logprob = confident_logprob
         # The final decode is on the turn's critical path while the LLM waits
         # for it: it may use two cores. Partials run while the user speaks,

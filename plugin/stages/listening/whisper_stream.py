@@ -70,6 +70,11 @@ log = logging.getLogger(__name__)
 SPMS = INTERNAL_RATE // 1000  # samples per ms
 _FRAME = 320  # 20 ms: the unit of the "did this audio add speech?" check
 _ENDING_QUIET_MS = 40  # this much quiet after speech: it may have ended (decode at once)
+# An at-pause answer of the partial decoder at least this sure (its average
+# log-probability) is the final transcript: on the speech bench's voices,
+# tiny.en's answers this sure are as right as base's (bench/speech_models.py,
+# "gated final").
+CONFIDENT_LOGPROB = -0.3
 
 Transcribe = Callable[[np.ndarray], str]  # int16 16 kHz mono -> words
 
@@ -123,7 +128,8 @@ class WhisperListener:
     def __init__(self, final: Transcribe, partial: HearPartial | None = None, *,
                  schedule: PartialSchedule = PartialSchedule(), prebuffer_ms: int = 2000,
                  tail_ms: int = 300, max_utterance_s: float = 120.0,
-                 vad_gated: bool | None = None, confident_logprob: float | None = -0.3,
+                 vad_gated: bool | None = None,
+                 confident_logprob: float | None = CONFIDENT_LOGPROB,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self._final = final
         self._partial = partial
