@@ -257,18 +257,19 @@ class CascadePolicy(PolicyBase[CascadeState]):
         utt = view.policy_state.utterance
         hypothesis = words(p.text)
         stable = utt.update(hypothesis)
-        if view.policy_state.paused:  # in a pause every word was heard whole
+        paused = view.policy_state.paused
+        if paused:  # in a pause every word was heard whole
             stable = hypothesis = unclosed(hypothesis)
-        return self._on_stable(view, utt, hypothesis, stable)
+        return self._on_stable(view, utt, hypothesis, stable, push=not paused or _judged(view))
 
     def _on_stable(self, view: View, utt: Utterance, hypothesis: list[str],
-                   stable: list[str]) -> OutputDecision:
+                   stable: list[str], *, push: bool = True) -> OutputDecision:
         render = None
         if extends(utt.shown, stable):
             new_words = stable[len(utt.shown):]
             render = TranscriptDelta((" " if utt.shown else "") + " ".join(new_words))
             utt.shown = stable
-        plan = self._push(view, utt, hypothesis, stable)
+        plan = self._push(view, utt, hypothesis, stable) if push else None
         # Words over a paused reply that are not a backchannel: a real turn.
         interrupt = (InterruptReason.TURN_DETECTED if view.output_paused and stable
                      and not is_backchannel(stable, view.config.interruption.backchannels)
@@ -277,17 +278,21 @@ class CascadePolicy(PolicyBase[CascadeState]):
                               interrupt=interrupt)
 
     def _on_pause(self, view: View, pause: UserPaused) -> OutputDecision:
-        """semantic_vad heard a pause: the last word is no longer being heard,
-        so the whole newest hypothesis is stable. Pushed now, the model judges
-        the whole phrase (its P(end) decides how long the session waits) and a
-        reply would start from all of it. The ASR is asked for every word up
-        to the pause as well: the newest hypothesis may be older than the last
-        word (a busy CPU's partials lag), and the session judges the pause on
-        the ASR's answer (a partial ``at_pause``, pushed the same way)."""
+        """The VAD heard a pause: the last word is no longer being heard, so
+        the whole newest hypothesis is stable. Under semantic_vad it is pushed
+        now: the model judges the whole phrase (its P(end) decides how long
+        the session waits) and a reply would start from all of it. Under
+        server_vad nothing is judged, so nothing is pushed: the reply started
+        in the pause carries the last words with its assistant prefix (one
+        vLLM step, where a push first was two). The ASR is asked for every
+        word up to the pause as well: the newest hypothesis may be older than
+        the last word (a busy CPU's partials lag), and the session judges the
+        pause on the ASR's answer (a partial ``at_pause``, taken the same way)."""
         state = view.policy_state
         state.paused = True
         hypothesis = unclosed(state.utterance.previous)
-        decision = self._on_stable(view, state.utterance, hypothesis, hypothesis)
+        decision = self._on_stable(view, state.utterance, hypothesis, hypothesis,
+                                   push=_judged(view))
         ask = StageSubmission(ASR, pause, "in")
         plan = decision.plan
         plan = (AppendPlan(InputMode.APPEND_AUDIO_CHUNK, (ask,)) if plan is None
@@ -366,3 +371,9 @@ class CascadePolicy(PolicyBase[CascadeState]):
         # A deferred commit whose reply was cancelled meanwhile: commit it now.
         return OutputDecision(plan=plan, create_response=respond,
                               interrupt=interrupt, commit_turn=deferred)
+
+
+def _judged(view: View) -> bool:
+    """The session weighs the user's words to end the turn (semantic_vad)."""
+    td = view.config.turn_detection
+    return td is not None and td.semantic

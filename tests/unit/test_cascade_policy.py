@@ -3,6 +3,7 @@ stage outputs, and check its plans and decisions."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -26,10 +27,11 @@ from vllm_duplex.core.payloads import (
     TranscriptDelta,
     TranscriptFinal,
     TranscriptPartial,
+    UserPaused,
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.core.session_config import SessionConfig, TurnDetection
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.models.cascade.policy import CascadeState
 from vllm_duplex.models.cascade.transcript import stable_prefix
@@ -79,6 +81,32 @@ def test_stable_words_become_deltas_and_are_pushed_to_the_live_request():
     d3 = policy.decide_output(view, out(TranscriptPartial("what is the capital of")))
     assert d3.render == TranscriptDelta(" the")  # "capital" was not in the last hypothesis
     assert llm_payloads(d3.plan) == [TextIn("the")]  # no second reset
+
+
+@pytest.mark.parametrize("mode", ["semantic_vad", "server_vad"])
+def test_a_pause_pushes_the_last_word_only_where_the_words_are_judged(mode):
+    """semantic_vad: the model judges the whole phrase at the pause (its
+    P(end) comes from that push). server_vad ends the turn on silence alone:
+    the reply started in the pause carries the last words with its assistant
+    prefix, one vLLM step where a push first was two."""
+    view = CascadeView()
+    view.config = dataclasses.replace(view.config, turn_detection=TurnDetection(type=mode))
+    policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
+    policy.decide_output(view, out(TranscriptPartial("what is the")))
+    policy.decide_output(view, out(TranscriptPartial("What is the capital of France?")))
+    paused = policy.decide_output(view, out(UserPaused(1900), "vad"))
+    asked = [s for s in paused.plan.submissions if s.stage == "asr"]
+    assert [type(s.payload) for s in asked] == [UserPaused]  # every word up to the pause
+    answer = policy.decide_output(view, out(TranscriptPartial("What is the capital of France?",
+                                                              at_pause=True)))
+    pushed = [p for d in (paused, answer) if d.plan is not None
+              for p in llm_payloads(d.plan) if isinstance(p, TextIn)]
+    if mode == "semantic_vad":
+        assert pushed == [TextIn("capital of France")]
+    else:
+        assert pushed == []
+    assert answer.render is None  # shown once, at the pause
+    assert paused.render == TranscriptDelta(" capital of France")
 
 
 def test_a_revised_pushed_word_rolls_back_to_the_turn_start():
