@@ -15,7 +15,8 @@ plays), and read as events arrive:
 * **TTFA after speech_stopped** (``server_vad``, 500 ms): the client's
   ``speech_stopped`` -> the first reply audio delta, p50/p90;
 * **visible revisions**: replies the client saw start (``response.created``)
-  that were then cancelled -- the words they answered changed;
+  that were then cancelled -- the words they answered changed; a turn with no
+  completed reply within 40 s is counted apart (``unanswered``);
 * **answers right**: the expected word in the reply's transcript;
 * the server's **critical path** of each turn (``response.done.metadata``):
   which stage the gap waited on, segment by segment, and the p50 per segment;
@@ -104,11 +105,13 @@ class Turn:
     question: str
     gap_ms: float | None = None
     ttfa_ms: float | None = None
-    revisions: int = 0
+    revisions: int = 0  # replies the client saw start, then cancelled
+    answered: bool = False  # a reply completed within the turn's 40 s
     right: bool = False
     answer: str = ""
     path: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)  # of a revised or unanswered turn
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,6 @@ async def ask(server: Server, mode: str, stage: str, text: str, voice: str, expe
             await asyncio.gather(sender, return_exceptions=True)
     end = start + last_loud_s(pcm)
     events = client.events
-    created = [e for e in events if e["type"] == "response.created"]
     if answered is not None:
         rid = answered["id"]
         audio = [e["_recv_t"] for e in events
@@ -240,7 +242,10 @@ async def ask(server: Server, mode: str, stage: str, text: str, voice: str, expe
             # is the socket, both ways (and the client's own loop).
             server_ms = sum(float(part.rsplit(" ", 1)[1]) for part in turn.path.split(", "))
             turn.path += f", socket {max(0.0, turn.gap_ms - server_ms):.0f}"
-    turn.revisions = max(turn.revisions, len(created) - (1 if answered is not None else 0))
+    turn.answered = answered is not None
+    if turn.revisions or answered is None:  # kept for --json: what the client saw, in order
+        turn.events = [{k: e[k] for k in ("type", "_recv_t", "delta", "transcript", "response")
+                        if k in e} for e in events if not e["type"].endswith("audio.delta")]
     return turn
 
 
@@ -250,8 +255,8 @@ def pct(xs: list[float], q: float) -> str:
 
 def report(turns: list[Turn], sides: list[str], modes: list[str]) -> None:
     print("\n| side | mode | server | turn gap p50 / p90 (ms) | TTFA after speech_stopped p50 / p90 (ms) "
-          "| visible revisions | answers right |")
-    print("|---|---|---|---|---|---|---|")
+          "| visible revisions | unanswered in 40 s | answers right |")
+    print("|---|---|---|---|---|---|---|---|")
     for mode in modes:
         for stage in ("fresh", "warm"):
             for side in sides:
@@ -262,6 +267,7 @@ def report(turns: list[Turn], sides: list[str], modes: list[str]) -> None:
                 ttfas = [t.ttfa_ms for t in ts if t.ttfa_ms is not None]
                 print(f"| {side} | {mode} | {stage} | {pct(gaps, .5)} / {pct(gaps, .9)} | "
                       f"{pct(ttfas, .5)} / {pct(ttfas, .9)} | {sum(t.revisions for t in ts)} | "
+                      f"{sum(not t.answered for t in ts)} | "
                       f"{sum(t.right for t in ts)}/{len(ts)} |")
     print("\ncritical path p50 per segment (ms), over the turns whose server reported it:")
     for side in sides:

@@ -149,6 +149,42 @@ def test_text_that_may_begin_a_stop_string_is_held_back(tok):
     assert text_of(d.finish()) == "rld" and not d.stopped
 
 
+# ---- loops ---------------------------------------------------------------------------
+
+
+def test_a_reply_that_loops_ends_there(tok):
+    """What SmolLM2 said greedily to "How many days we are in a week?": the
+    loop would run to the length limit, the voice speaking it for a minute."""
+    d = ReplyDecoder(tok, stop_loops=True)
+    ids = tok.encode("We are in a week, but in a calendar" + " calendar" * 40,
+                     add_special_tokens=False)
+    out: list[Any] = []
+    for i in ids:
+        out += d.feed([i])
+        if d.stopped:
+            break
+    assert d.stopped and d.looped
+    assert text_of(out) == "We are in a week, but in a calendar" + " calendar" * 3
+    assert d.finish() == []  # nothing more goes out
+
+
+@pytest.mark.parametrize("text", [
+    "The capital of France is Paris, and Paris is lovely.",
+    "Yes, yes, yes! I can count: one, two, three, four, five.",
+    "Ha ha ha, that is funny.",  # three: a laugh, not a loop
+])
+def test_repetition_that_is_not_a_loop_goes_on(tok, text):
+    d = ReplyDecoder(tok, stop_loops=True)
+    assert text_of(run(d, chunked(tok.encode(text, add_special_tokens=False), []))) == text
+    assert not d.stopped
+
+
+def test_loops_are_only_stopped_when_asked(tok):
+    d = ReplyDecoder(tok)  # the stateless step generates what it is asked for
+    text = "ha" + " ha" * 20
+    assert text_of(run(d, chunked(tok.encode(text, add_special_tokens=False), []))) == text
+
+
 # ---- tool calls --------------------------------------------------------------------
 
 

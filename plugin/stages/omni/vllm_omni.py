@@ -272,7 +272,8 @@ class VllmOmniPort(LivePort):
             await self._set_system(system)
         # A spoken reply: no tool calls (the policy advertises none).
         req = dataclasses.replace(req, tools=())
-        reply = Reply(item, req, ReplyDecoder(self._host.chat.tokenizer, stops=req.sampling.stop))
+        reply = Reply(item, req, ReplyDecoder(self._host.chat.tokenizer, stops=req.sampling.stop,
+                                                 stop_loops=True))
         self.prompt.generation()
         params = SamplingParams(detokenize=False, output_kind=RequestOutputKind.DELTA,
                                 **sampling_options(req.sampling, self._omni.default_max_tokens))

@@ -28,7 +28,12 @@ On that text, in order:
 - tool calls: with tools, an answer that may be a JSON call (``TOOL_STARTS``) is
   held until it ends, then goes out as one call if it parses as one, else as
   text; a constrained answer (vLLM structured outputs wrote it) streams the
-  call's arguments as they are written (``ToolCallScanner``).
+  call's arguments as they are written (``ToolCallScanner``);
+- loops (``stop_loops``): a reply whose last tokens are one short unit said
+  ``LOOP_REPEATS`` times over ("calendar calendar calendar calendar") ends
+  there, as at a stop string. Greedy decoding of a small model falls into such
+  a loop now and then, and would speak it up to the length limit -- a minute of
+  one word, the LLM and the voice busy for nobody.
 """
 
 from __future__ import annotations
@@ -47,6 +52,20 @@ from vllm_duplex.stages.vllm.parsers import (
     ToolCallScanner,
 )
 from vllm_duplex.stages.vllm.tools import may_become_tool_call, parse_tool_call
+
+LOOP_REPEATS = 4  # a unit of up to LOOP_UNIT tokens said this many times in a row: a loop
+LOOP_UNIT = 16
+
+
+def loops(ids: Sequence[int]) -> bool:
+    """The last tokens are one unit of 1..``LOOP_UNIT`` tokens repeated
+    ``LOOP_REPEATS`` times."""
+    for n in range(1, min(LOOP_UNIT, len(ids) // LOOP_REPEATS) + 1):
+        tail = list(ids[-n * LOOP_REPEATS:])
+        if tail == tail[-n:] * LOOP_REPEATS:
+            return True
+    return False
+
 
 # The error the HF tokenizers raise when a decode stream's state went bad; vLLM
 # recovers by starting a fresh stream (vllm-project/vllm#17448), so do we.
@@ -152,7 +171,7 @@ class Answer:
         self.scanner = ToolCallScanner() if constrained else None
         self.text = ""
         self.sent = 0  # characters of ``text`` released
-        self.stopped = False  # a stop string ended it
+        self.stopped = False  # a stop string (or a loop) ended it
         self.done = False
 
     def feed(self, piece: str) -> list[Piece]:
@@ -205,15 +224,19 @@ class ReplyDecoder:
     that may be a call is held); ``hold_tools``: a call is expected (hold the
     whole answer); ``constrained``: the answer is a call written under
     ``tool_call_schema`` (streamed by its arguments); ``reasoning``: split
-    ``<think>`` sections off first.
+    ``<think>`` sections off first; ``stop_loops``: a loop ends the answer
+    (``looped``).
     """
 
     def __init__(self, tokenizer: Any, *, stops: Sequence[str] = (),
                  tools: Sequence[dict[str, Any]] = (), hold_tools: bool = False,
-                 constrained: bool = False, reasoning: ReasoningSplitter | None = None) -> None:
+                 constrained: bool = False, reasoning: ReasoningSplitter | None = None,
+                 stop_loops: bool = False) -> None:
         self.detokenizer = Detokenizer(tokenizer)
         self.reasoning = reasoning
         self.answer = Answer(stops, tools, hold_tools=hold_tools, constrained=constrained)
+        self.stop_loops = stop_loops
+        self.looped = False
 
     @property
     def ids(self) -> list[int]:
@@ -237,7 +260,12 @@ class ReplyDecoder:
         return self.answer.scanner is not None
 
     def feed(self, ids: Sequence[int]) -> list[Piece]:
-        return self._route(self.detokenizer.feed(ids))
+        out = self._route(self.detokenizer.feed(ids))
+        if (self.stop_loops and not self.answer.done and not self.constrained
+                and loops(self.detokenizer.ids)):
+            self.looped = self.answer.stopped = True
+            out += self.answer.final()
+        return out
 
     def constrain(self) -> None:
         """From now on the answer is a constrained call (it starts afresh)."""

@@ -379,6 +379,9 @@ class LivePort(PortBase):
             for payload in reply.feed(ids):
                 await self._emit_for(reply.item, payload)
             if reply.decoder.stopped:
+                if reply.decoder.looped:
+                    log.info("stage %s: reply %s ended in a loop after %d tokens: %r", self.name,
+                             live.vllm_id, len(reply.decoder.ids), reply.decoder.text[-80:])
                 await self._finish(live, reply, "stop", stopped=True)
                 return
         # A finish reason with no reply token in this output was a prefill's.

@@ -324,7 +324,7 @@ class VllmLlmPort(LivePort):
         if self._voided(item):
             return
         reply = Reply(item, req, ReplyDecoder(chat.tokenizer, stops=req.sampling.stop, tools=tools,
-                                              hold_tools=constrained))
+                                              hold_tools=constrained, stop_loops=True))
         if constrained:
             counters.fresh_prefills += 1
             params = self._sampling(req, StructuredOutputsParams(json=tool_call_schema(tools)))
