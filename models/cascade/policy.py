@@ -260,16 +260,16 @@ class CascadePolicy(PolicyBase[CascadeState]):
         paused = view.policy_state.paused
         if paused:  # in a pause every word was heard whole
             stable = hypothesis = unclosed(hypothesis)
-        return self._on_stable(view, utt, hypothesis, stable, push=not paused or _judged(view))
+        return self._on_stable(view, utt, hypothesis, stable, extend=not paused or _judged(view))
 
     def _on_stable(self, view: View, utt: Utterance, hypothesis: list[str],
-                   stable: list[str], *, push: bool = True) -> OutputDecision:
+                   stable: list[str], *, extend: bool = True) -> OutputDecision:
         render = None
         if extends(utt.shown, stable):
             new_words = stable[len(utt.shown):]
             render = TranscriptDelta((" " if utt.shown else "") + " ".join(new_words))
             utt.shown = stable
-        plan = self._push(view, utt, hypothesis, stable) if push else None
+        plan = self._push(view, utt, hypothesis, stable, extend=extend)
         # Words over a paused reply that are not a backchannel: a real turn.
         interrupt = (InterruptReason.TURN_DETECTED if view.output_paused and stable
                      and not is_backchannel(stable, view.config.interruption.backchannels)
@@ -282,9 +282,10 @@ class CascadePolicy(PolicyBase[CascadeState]):
         the whole newest hypothesis is stable. Under semantic_vad it is pushed
         now: the model judges the whole phrase (its P(end) decides how long
         the session waits) and a reply would start from all of it. Under
-        server_vad nothing is judged, so nothing is pushed: the reply started
-        in the pause carries the last words with its assistant prefix (one
-        vLLM step, where a push first was two). The ASR is asked for every
+        server_vad nothing is judged, so nothing is pushed (a revised word is
+        still rolled back): the reply started in the pause carries the last
+        words with its assistant prefix (one vLLM step, where a push first
+        was two). The ASR is asked for every
         word up to the pause as well: the newest hypothesis may be older than
         the last word (a busy CPU's partials lag), and the session judges the
         pause on the ASR's answer (a partial ``at_pause``, taken the same way)."""
@@ -292,7 +293,7 @@ class CascadePolicy(PolicyBase[CascadeState]):
         state.paused = True
         hypothesis = unclosed(state.utterance.previous)
         decision = self._on_stable(view, state.utterance, hypothesis, hypothesis,
-                                   push=_judged(view))
+                                   extend=_judged(view))
         ask = StageSubmission(ASR, pause, "in")
         plan = decision.plan
         plan = (AppendPlan(InputMode.APPEND_AUDIO_CHUNK, (ask,)) if plan is None
@@ -312,9 +313,11 @@ class CascadePolicy(PolicyBase[CascadeState]):
                           (self._reset(view), StageSubmission(LLM, TextIn(" ".join(pushed)), "llm")))
 
     def _push(self, view: View, utt: Utterance, hypothesis: list[str],
-              stable: list[str]) -> AppendPlan | None:
+              stable: list[str], *, extend: bool = True) -> AppendPlan | None:
         """Stream stable words into the live LLM request; roll back if the ASR
-        revised one that was already pushed."""
+        revised one that was already pushed (``extend`` False: only that --
+        the words the model holds must be the heard ones before a reply
+        starts from them, or the final's rollback would void that reply)."""
         state = view.policy_state
         if not view.config.responds:
             return None  # a transcription session never asks the LLM
@@ -328,7 +331,7 @@ class CascadePolicy(PolicyBase[CascadeState]):
             return AppendPlan(InputMode.ROLLBACK_TO_CHECKPOINT, tuple(subs),
                               bump=FenceBump.INCARNATION, checkpoint="turn-start")
         new = stable[len(utt.pushed):] if same_words(stable[: len(utt.pushed)], utt.pushed) else []
-        if not new or view.active_response_id is not None:
+        if not extend or not new or view.active_response_id is not None:
             return None  # nothing new, or the model is busy answering
         subs = []
         if not state.turn_open:

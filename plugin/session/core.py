@@ -284,6 +284,8 @@ class SessionCore:
         self.gate.advance(fence)
         self.metrics.epoch_bumps.inc()
         self._effects.append(Cancel(fence))
+        if self.speculation.drop():  # its request is cancelled with the rest: never claimed
+            self.metrics.speculations.inc(outcome="discarded")
 
     def commit_input(self) -> None:
         """The input buffer becomes a user item (a commit, or server VAD's end of turn)."""

@@ -481,6 +481,50 @@ def test_under_server_vad_the_reply_starts_in_the_pause_and_goes_out_when_the_fi
     assert tl.core.metrics.speculations.get(outcome="used") == 1
 
 
+def test_under_server_vad_an_answer_that_revises_a_pushed_word_rolls_back_before_the_reply():
+    """The partials said "how many days we are in"; the ASR's words up to the
+    pause are "how many days are in a week": the model is given the heard words
+    first (a rollback), so the reply started in the pause answers them and the
+    final finds nothing left to revise."""
+    tl = Timeline()
+    server_vad(tl)
+    tl.speak("how many days we are in a week")
+    tl.at(2.1, VadPaused(audio_ms=1000), "vad")
+    effects = tl.at(2.2, TranscriptPartial("How many days are in a week?", at_pause=True), "asr")
+    subs = [e.payload for e in effects if isinstance(e, Submit)]
+    assert isinstance(subs[0], ResetContext) and subs[1] == TextIn("How many days are in a week")
+    [req] = [p for p in subs if isinstance(p, GenerateRequest)]
+    rid = req.response_id
+    tl.at(2.3, TextDelta(rid, "A week"), "llm")
+    tl.at(2.5, VadSpeechStopped(audio_ms=1000), "vad")
+    effects = tl.at(2.51, TranscriptFinal("How many days are in a week?"), "asr")
+    assert tl.core.response.id == rid  # the reply started in the pause is the one answered
+    assert tl.core.metrics.speculations.get(outcome="used") == 1
+
+
+def test_a_reply_held_under_an_older_fence_is_never_claimed():
+    """A bump of the fence (here the final's rollback: it revised words the
+    model held) cancels the reply started in the pause with everything else:
+    the response that follows must ask for a new one, or it would wait
+    forever for outputs the gate drops."""
+    tl = Timeline()
+    server_vad(tl)
+    tl.speak("what is the capital of france")
+    tl.at(2.1, VadPaused(audio_ms=1000), "vad")
+    effects = tl.at(2.2, TranscriptPartial("What is the capital of France?", at_pause=True), "asr")
+    assert any(isinstance(e, Submit) and isinstance(e.payload, GenerateRequest) for e in effects)
+    # A late hypothesis revises a word the model holds: a rollback, a new incarnation.
+    effects = tl.at(2.3, TranscriptPartial("What was the capital of France?"), "asr")
+    assert any(isinstance(e, Submit) and isinstance(e.payload, ResetContext) for e in effects)
+    tl.at(2.5, VadSpeechStopped(audio_ms=1000), "vad")
+    # The final says the words the held reply answers -- but that reply is cancelled.
+    effects = tl.at(2.51, TranscriptFinal("What is the capital of France?"), "asr")
+    [req] = [e.payload for e in effects if isinstance(e, Submit)
+             and isinstance(e.payload, GenerateRequest)]
+    assert tl.core.response.id == req.response_id
+    assert tl.core.metrics.speculations.get(outcome="discarded") == 1
+
+
 def test_under_server_vad_speech_after_the_pause_discards_the_reply_it_started():
     tl = Timeline()
     server_vad(tl)
