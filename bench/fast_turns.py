@@ -32,8 +32,8 @@ until it has held ``--warm-after`` (10), then runs them again: "fresh" and
 
 A side is ``NAME[@REF][:KEY=VALUE,...]``: the tree at git ``REF`` (default:
 this one), with those environment variables (``taskset=CPUS`` pins the
-server process, e.g. to compare CPU placements:
-``now:VLLM_CPU_OMP_THREADS_BIND=0-1``).
+server process, ``config=PATH`` serves another config; e.g. to compare CPU
+placements: ``now:VLLM_CPU_OMP_THREADS_BIND=0-1``).
 """
 
 from __future__ import annotations
@@ -147,8 +147,9 @@ class Server:
     def start(self) -> None:
         extra = dict(self.env)
         pin = extra.pop("taskset", None)
+        config = extra.pop("config", self.config)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra}
-        argv = [sys.executable, "-c", _BOOT, str(self.root), "serve", "--config", self.config,
+        argv = [sys.executable, "-c", _BOOT, str(self.root), "serve", "--config", config,
                 "--port", str(self.port)]
         self.proc = subprocess.Popen(["taskset", "-c", pin, *argv] if pin else argv, cwd=self.root,
                                      env=env, stdout=self.log, stderr=subprocess.STDOUT,

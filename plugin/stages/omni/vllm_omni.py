@@ -95,6 +95,7 @@ class VllmOmniStage(HostedStage):
         engine_kwargs: dict[str, Any] | None = None,
         restart_on_failure: bool = True,
         restart_backoff_s: float = 1.0,
+        stop_loops: bool = True,
     ) -> None:
         if model is None and engine is None:
             raise ValueError(f"stage {name!r} needs a model (a local path or a cached hub name)")
@@ -107,6 +108,7 @@ class VllmOmniStage(HostedStage):
                                restart_backoff_s=restart_backoff_s)
         self.dialect = get_dialect(dialect)
         self.default_max_tokens = default_max_tokens
+        self.stop_loops = stop_loops  # as the cascade's LLM stage (decode.py "loops")
         self.system_prompt = system_prompt
         # Each session's port while its session holds it: what its live request holds.
         self.ports: weakref.WeakValueDictionary[str, VllmOmniPort] = weakref.WeakValueDictionary()
@@ -273,7 +275,7 @@ class VllmOmniPort(LivePort):
         # A spoken reply: no tool calls (the policy advertises none).
         req = dataclasses.replace(req, tools=())
         reply = Reply(item, req, ReplyDecoder(self._host.chat.tokenizer, stops=req.sampling.stop,
-                                                 stop_loops=True))
+                                                 stop_loops=self._omni.stop_loops))
         self.prompt.generation()
         params = SamplingParams(detokenize=False, output_kind=RequestOutputKind.DELTA,
                                 **sampling_options(req.sampling, self._omni.default_max_tokens))

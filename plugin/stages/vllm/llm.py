@@ -110,6 +110,7 @@ class VllmLlmStage(HostedStage):
         restart_on_failure: bool = True,
         restart_backoff_s: float = 1.0,
         turn_end_logprobs: int | None = 20,
+        stop_loops: bool = True,
     ) -> None:
         settings = EngineSettings(str(model) if model is not None else None, dtype, enforce_eager,
                                   max_model_len, enable_prefix_caching, dict(engine_kwargs or {}))
@@ -125,6 +126,9 @@ class VllmLlmStage(HostedStage):
         # Tools + last message from the user -> a grammar-constrained call (a
         # one-shot request: grammars do not follow streaming-input chunks).
         self.constrain_tools = constrain_tools
+        # A reply that repeats one short unit over and over ends there
+        # (decode.py "loops"); off for a model whose replies are noise anyway.
+        self.stop_loops = stop_loops
 
     async def shutdown(self) -> None:
         await self.host.close()
@@ -324,7 +328,8 @@ class VllmLlmPort(LivePort):
         if self._voided(item):
             return
         reply = Reply(item, req, ReplyDecoder(chat.tokenizer, stops=req.sampling.stop, tools=tools,
-                                              hold_tools=constrained, stop_loops=True))
+                                              hold_tools=constrained,
+                                              stop_loops=self._llm.stop_loops))
         if constrained:
             counters.fresh_prefills += 1
             params = self._sampling(req, StructuredOutputsParams(json=tool_call_schema(tools)))
