@@ -41,6 +41,9 @@ setup(
         # event-loop bound (see bench/control_plane.py)
         "uvloop>=0.19; sys_platform != 'win32'",
         "httptools>=0.6",
+        # audio.input.noise_reduction: Speex's noise suppressor (MIT, a small
+        # abi3 extension; what Home Assistant's voice pipeline runs)
+        "pyspeex-noise==2.0.1",
     ],
     extras_require={
         # The embedded CPU voice stack. vLLM itself is installed by

@@ -38,6 +38,7 @@ class AudioFormat:
 
 
 EAGERNESS = ("low", "medium", "high", "auto")
+NOISE_REDUCTION_TYPES = ("near_field", "far_field")  # audio.input.noise_reduction.type (media/noise.py)
 
 # What ``semantic_vad`` runs as under a policy that cannot decide turns from
 # meaning: server VAD with a silence that follows the eagerness (how soon it
@@ -109,6 +110,7 @@ class SessionPatch:
     speed: Any = _UNSET
     turn_detection: Any = _UNSET  # TurnDetection | None
     transcription: Any = _UNSET  # Transcription | None
+    noise_reduction: Any = _UNSET  # str (NOISE_REDUCTION_TYPES) | None
     tools: Any = _UNSET
     tool_choice: Any = _UNSET
     temperature: Any = _UNSET
@@ -155,6 +157,7 @@ class SessionConfig:
     speed: float = 1.0
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     transcription: Transcription | None = None
+    noise_reduction: str | None = None  # off, as OpenAI's default
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
     temperature: float = 0.8
@@ -191,7 +194,7 @@ def session_wire(
         "format": config.input_format.wire(),
         "transcription": config.transcription.wire() if config.transcription else None,
         "turn_detection": config.turn_detection.wire() if config.turn_detection else None,
-        "noise_reduction": None,
+        "noise_reduction": {"type": config.noise_reduction} if config.noise_reduction else None,
     }
     if config.type is SessionType.TRANSCRIPTION:
         out: dict[str, Any] = {"type": "transcription", "object": "realtime.transcription_session",

@@ -116,6 +116,7 @@ class SessionCore:
         self.input_seq = InputSequence(max_chunk_bytes=1 << 62, max_total_bytes=1 << 62)
         self.conversation = ItemStore(limits.max_items)
         self.input = InputBuffer(config.input_format, max_ms=limits.max_buffer_ms)
+        self.input.set_noise_reduction(config.noise_reduction)
         self.user = UserTurn(make_id)
         self.video = VideoAdmission(limits.video, started_at=now)
         self.response: ActiveResponse | None = None
@@ -317,6 +318,7 @@ class SessionCore:
         old, new = self._config, updated_config(self._config, c.patch, self.caps, self.policy.name)
         self._config = new
         self.input.set_format(new.input_format)
+        self.input.set_noise_reduction(new.noise_reduction)
         if new.turn_detection is not None and new.turn_detection != old.turn_detection:
             self.execute(self.policy.plan_append(self, self.user.vad_config(new)))
         self.emit(ev.SessionUpdated(session=self.session_object()))

@@ -1,7 +1,8 @@
 """The session's input audio buffer (sans-I/O).
 
-Decodes wire audio into internal PCM, keeps the uncommitted turn, stamps each
-chunk with its place on the session's audio timeline, and bounds memory: under
+Decodes wire audio into internal PCM (noise-reduced when the session asks:
+``media/noise.py``), keeps the uncommitted turn, stamps each chunk with its
+place on the session's audio timeline, and bounds memory: under
 server VAD, silence between turns is trimmed to what a turn can still claim;
 in all modes the buffer has a hard cap.
 """
@@ -15,6 +16,9 @@ from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.payloads import IDLE_SLACK_MS, INTERNAL_RATE, AudioIn
 from vllm_duplex.core.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioDecoder
+from vllm_duplex.media.noise import FRAME, NoiseSuppressor
+
+_NO_PCM = np.zeros(0, np.int16)
 
 # Audio kept before a speech onset beyond prefix_padding_ms, for VAD latency.
 
@@ -28,6 +32,14 @@ class InputBuffer:
         self._chunks: deque[np.ndarray] = deque()
         self.samples = 0  # uncommitted
         self._timeline = 0  # every sample ever appended: VAD timestamps come from here
+        self._noise: NoiseSuppressor | None = None
+        self._held = _NO_PCM  # decoded, short of a whole noise-reduction frame
+
+    def set_noise_reduction(self, kind: str | None) -> None:
+        """Turn noise reduction on (``near_field`` / ``far_field``), change it
+        or turn it off; audio held for a frame is kept either way."""
+        if kind != (self._noise.kind if self._noise else None):
+            self._noise = NoiseSuppressor(kind) if kind else None
 
     def set_format(self, fmt: AudioFormat) -> None:
         if fmt != self._fmt:
@@ -36,7 +48,7 @@ class InputBuffer:
 
     def append(self, data: bytes) -> AudioIn | None:
         """Decode and keep ``data``; None when it yields no sample yet."""
-        pcm = self._decoder.decode(data)
+        pcm = self._clean(self._decoder.decode(data))
         if pcm.size == 0:
             return None
         if self.samples + pcm.size > self._max_samples:
@@ -44,6 +56,18 @@ class InputBuffer:
                               f"the input audio buffer is full ({self.max_ms} ms); "
                               "commit or clear it", param="audio")
         return self._keep(pcm)
+
+    def _clean(self, pcm: np.ndarray) -> np.ndarray:
+        """``pcm`` through the noise suppressor: whole 10 ms frames now, the
+        rest held for the next chunk (at most 10 ms of delay)."""
+        if self._held.size:
+            pcm = np.concatenate([self._held, pcm])
+            self._held = _NO_PCM
+        if self._noise is None:
+            return pcm
+        whole = pcm.size - pcm.size % FRAME
+        self._held = pcm[whole:]
+        return self._noise.process(pcm[:whole])
 
     def _keep(self, pcm: np.ndarray) -> AudioIn:
         self._chunks.append(pcm)
@@ -74,6 +98,11 @@ class InputBuffer:
         except DuplexError as err:
             errors.append(err)
             tail = self._decoder.flush()
+        tail = self._clean(tail)
+        if self._held.size:  # the turn's last partial frame
+            assert self._noise is not None
+            tail = np.concatenate([tail, self._noise.finish(self._held)])
+            self._held = _NO_PCM
         if tail.size:
             self._keep(tail)
         self._decoder = AudioDecoder(self._fmt)

@@ -26,6 +26,7 @@ from vllm_duplex.core.interruption import (
 )
 from vllm_duplex.core.session_config import (
     EAGERNESS,
+    NOISE_REDUCTION_TYPES,
     AudioEncoding,
     AudioFormat,
     SessionPatch,
@@ -324,8 +325,13 @@ def _tool_choice(v: Any, p: str) -> Any:
     raise _bad(p, f'{p} must be "auto", "none", "required" or {{"type":"function","name":...}}')
 
 
-def _ignored(v: Any, p: str) -> Any:
-    return _MISSING
+def _noise_reduction(v: Any, p: str) -> str | None:
+    if v is None:
+        return None  # off
+    kind = _obj(v, p).get("type")
+    if kind not in NOISE_REDUCTION_TYPES or not isinstance(kind, str):
+        raise _bad(f"{p}.type", f'{p}.type must be "near_field" or "far_field"')
+    return kind
 
 
 # GA session path -> (SessionPatch field or None, value parser).
@@ -337,7 +343,7 @@ _SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], An
     ("audio", "input", "format"): ("input_format", _audio_format),
     ("audio", "input", "transcription"): ("transcription", _transcription),
     ("audio", "input", "turn_detection"): ("turn_detection", _turn_detection),
-    ("audio", "input", "noise_reduction"): (None, _ignored),
+    ("audio", "input", "noise_reduction"): ("noise_reduction", _noise_reduction),
     ("audio", "output", "format"): ("output_format", _audio_format),
     ("audio", "output", "voice"): ("voice", _voice),
     ("audio", "output", "speed"): ("speed", _ranged(0.25, 1.5)),

@@ -192,6 +192,17 @@ async def test_server_vad_parameters_are_echoed(rt):
     assert session["audio"]["input"]["turn_detection"] == td
 
 
+async def test_noise_reduction_is_echoed_and_the_input_still_drives_vad(rt):
+    for kind in ("near_field", "far_field"):
+        session = await rt.update_session({"audio": {"input": {"noise_reduction": {"type": kind}}}})
+        assert session["audio"]["input"]["noise_reduction"] == {"type": kind}
+    await stream_audio(rt, utterance())
+    await rt.wait_for("input_audio_buffer.speech_stopped")
+    assert (await rt.collect_response()).status == "completed"
+    session = await rt.update_session({"input_audio_noise_reduction": None})  # the beta name: off
+    assert session["audio"]["input"]["noise_reduction"] is None
+
+
 async def test_unsupported_turn_detection_type(rt):
     eid = await rt.send({"type": "session.update", "session": _td(type="push_to_talk")})
     await expect_error(rt, "unsupported_turn_detection", event_id=eid,

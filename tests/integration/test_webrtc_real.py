@@ -3,7 +3,9 @@ components (Silero, Whisper, vLLM's SmolLM2, Piper; one engine for the test
 session): a question spoken into a WebRTC call (Flite, on the microphone
 track at real time) is answered on the reply track, and Whisper hears
 "Paris" in what the track carried; a transcription session transcribes the
-same question and asks vLLM for nothing."""
+same question and asks vLLM for nothing; with noise reduction on, it hears the
+question through steady noise; several transcription sessions at once each
+get their own words."""
 
 from __future__ import annotations
 
@@ -74,4 +76,40 @@ async def test_a_transcription_session_transcribes_and_asks_the_llm_nothing(serv
     assert final["transcript"] == QUESTION
     assert "conversation.item.input_audio_transcription.delta" in seen
     assert not [t for t in seen if t.startswith("response.")]
+    assert vllm_requests(vllm_stage) == before
+
+
+async def transcribe(url: str, pcm: np.ndarray, session: dict | None = None) -> tuple[str, dict]:
+    """One transcription session: ``pcm`` streamed at real time; its final
+    transcript and the session as the server last described it."""
+    async with await RealtimeClient.connect(f"{url}?intent=transcription") as rt:
+        described = await rt.update_session(session) if session else rt.events[0]["session"]
+        t0 = time.monotonic()
+        for i, chunk in enumerate(chunks(pcm)):
+            await rt.append_audio(chunk)
+            await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.monotonic()))
+        final = await rt.wait_for("conversation.item.input_audio_transcription.completed",
+                                  timeout=120)
+    return final["transcript"], described
+
+
+async def test_noise_reduction_hears_a_question_through_steady_noise(server, vllm_stage):
+    voice = speak(QUESTION, rate=RATE, lead_s=1.0).astype(np.float64)
+    noise = np.random.default_rng(3).normal(0, 900, voice.size)  # ~16 dB under the voice
+    noisy = np.clip(voice + noise, -32768, 32767).astype(np.int16)
+    before = vllm_requests(vllm_stage)
+    transcript, session = await transcribe(
+        server.ws_url, noisy,
+        {"type": "transcription", "audio": {"input": {"noise_reduction": {"type": "far_field"}}}})
+    assert session["audio"]["input"]["noise_reduction"] == {"type": "far_field"}
+    assert transcript == QUESTION
+    assert vllm_requests(vllm_stage) == before
+
+
+async def test_concurrent_transcription_sessions_each_get_their_own_words(server, vllm_stage):
+    questions = ("What is the capital of France?", "How many days are in a week?",
+                 "What is the largest ocean?")
+    before = vllm_requests(vllm_stage)
+    heard = await asyncio.gather(*(transcribe(server.ws_url, speak(q, rate=RATE)) for q in questions))
+    assert [t for t, _ in heard] == list(questions)
     assert vllm_requests(vllm_stage) == before

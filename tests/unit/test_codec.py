@@ -129,6 +129,7 @@ class TestSessionUpdate:
             "input_format": AudioFormat(AudioEncoding.PCM16, 16000),
             "transcription": Transcription(model="asr", language="en", prompt=None),
             "turn_detection": TurnDetection("server_vad", 0.7, 100, 250, False, False, 5000),
+            "noise_reduction": "near_field",
             "output_format": AudioFormat(AudioEncoding.PCMU, 8000),
             "voice": "alloy",
             "speed": 1.25,
@@ -161,6 +162,7 @@ class TestSessionUpdate:
             "output_format": AudioFormat(AudioEncoding.PCM16, 24000),
             "transcription": Transcription(model="whisper-1"),
             "turn_detection": TurnDetection(silence_duration_ms=800),
+            "noise_reduction": None,  # off
             "max_output_tokens": None,  # "inf"
             "temperature": 0.6,
         }
@@ -355,6 +357,10 @@ INVALID_VALUE_CASES = [
     (su({"model": 5}), "session.model"),
     (su({"instructions": ["x"]}), "session.instructions"),
     (su({"output_modalities": []}), "session.output_modalities"),
+    (su({"audio": {"input": {"noise_reduction": "near_field"}}}), "session.audio.input.noise_reduction"),
+    (su({"audio": {"input": {"noise_reduction": {"type": "studio"}}}}),
+     "session.audio.input.noise_reduction.type"),
+    (su({"input_audio_noise_reduction": {}}), "session.input_audio_noise_reduction.type"),
     (su({"output_modalities": ["video"]}), "session.output_modalities"),
     (su({"modalities": "audio"}), "session.modalities"),
     (su({"audio": "x"}), "session.audio"),
