@@ -34,7 +34,7 @@ from vllm_duplex.core.payloads import (
 from vllm_duplex.stages.listening.whisper_model import load
 from vllm_duplex.stages.speech.piper import PiperTtsStage
 from vllm_duplex.stages.speech.phonemizer import MARKER, EspeakPhonemizer, PhonemizerError
-from vllm_duplex.stages.speech.piper_voice import espeak_argv, ipa_with_punctuation
+from vllm_duplex.stages.speech.piper_voice import continued, espeak_argv, ipa_with_punctuation
 
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
                                 reason="needs the espeak-ng binary (Piper's phonemizer)")
@@ -198,6 +198,17 @@ def test_phoneme_ids_follow_the_voice_map(stage):
     assert ids == [*id_map["^"], *id_map["_"], *id_map["a"], *id_map["_"], *id_map["b"],
                    *id_map["_"], *id_map["$"]]
     assert stage.voice.phoneme_ids("a\u2603") == stage.voice.phoneme_ids("a")  # unknown: skipped
+
+
+def test_a_piece_cut_before_its_sentence_ends_is_spoken_as_going_on(stage):
+    """The reply's first two words ("A week") are voiced as a clause that
+    goes on (a comma), not as a sentence that ends there."""
+    assert continued("A week") == "A week,"
+    assert continued("Sure thing, ") == "Sure thing,"
+    for done in ("It is Paris.", "Really?", 'He said "hi."', "Wait (really)!"):
+        assert continued(done) == done
+    assert stage.phonemize("A week").endswith(",")
+    assert stage.phonemize("A week has seven days.").endswith(".")
 
 
 def test_clause_punctuation_is_put_back():

@@ -39,6 +39,7 @@ from vllm_duplex.core.payloads import INTERNAL_RATE
 from vllm_duplex.stages.speech.phonemizer import EspeakPhonemizer
 from vllm_duplex.stages.speech.piper_voice import (
     PiperVoice,
+    continued,
     espeak_argv,
     ipa_with_punctuation,
 )
@@ -102,7 +103,7 @@ class PiperTtsStage(SubprocessTtsStage):
                     raise RuntimeError(f"stage {self.name!r} is closed")
                 self._phonemizers.append(phonemizer)
             self._local.phonemizer = phonemizer
-        return ipa_with_punctuation(text, phonemizer.phonemize(text))
+        return ipa_with_punctuation(continued(text), phonemizer.phonemize(text))
 
     def _speak(self, text: str, run: object) -> np.ndarray:
         return self.voice.synthesize(self.phonemize(text), run)
