@@ -122,8 +122,8 @@ def sphinx_stream(pool: DecoderPool, pcm: np.ndarray, partial_every: int = 3200
 
 
 WHISPER_OPTIONS = (  # (label, model, beam, window, threads)
-    ("whisper base b5 w10 t2 (default final)", "whisper-base", 5, 10.0, 2),
-    ("whisper base b5 w10 t1", "whisper-base", 5, 10.0, 1),
+    ("whisper base b5 w10 t1 (default final)", "whisper-base", 5, 10.0, 1),
+    ("whisper base b5 w10 t2", "whisper-base", 5, 10.0, 2),
     ("whisper base b1 w10 t2", "whisper-base", 1, 10.0, 2),
     ("whisper base b5 w30 t2 (30 s window)", "whisper-base", 5, 30.0, 2),
     ("whisper base b5 w5 t2 (5 s window)", "whisper-base", 5, 5.0, 2),
@@ -171,16 +171,15 @@ def part_asr(items: list[tuple[str, str, np.ndarray]]) -> dict[str, Any]:
         report(label, per_voice, cpu, lat)
     # The default's final as the stage makes it: tiny.en's answer at the
     # pause when it is confident (no second decode), else Whisper base.
-    tiny, base = (load(whisper_model_dir(n), threads=t) for n, t in
-                  (("whisper-tiny.en", 1), ("whisper-base", 2)))
+    tiny, base = (load(whisper_model_dir(n), threads=1) for n in ("whisper-tiny.en", "whisper-base"))
     per_voice, cpu, lat, confident = {}, 0.0, [], 0
     for voice, text, pcm in items:
         t = time.perf_counter()
-        heard = tiny.transcribe(pcm, DecodeOptions(beam_size=1))
+        heard = tiny.transcribe(pcm, DecodeOptions(beam_size=1, min_window_s=10.0))
         if heard.avg_logprob >= CONFIDENT_LOGPROB:
             hyp, confident = heard.text, confident + 1
         else:
-            hyp = base.transcribe(pcm, DecodeOptions(beam_size=5)).text
+            hyp = base.transcribe(pcm, DecodeOptions(beam_size=5, min_window_s=10.0)).text
         dt = time.perf_counter() - t
         per_voice.setdefault(voice, WerCount()).add(text, hyp)
         cpu += dt
