@@ -247,15 +247,17 @@ def test_schedule_validation():
 
 
 class Sure(Decoder):
-    """A partial decoder that says how sure it is (``avg_logprob``)."""
+    """A partial decoder that says how sure it is (``avg_logprob``), and
+    whether its answer is a loop it could not get out of (``suspect``)."""
 
-    def __init__(self, logprob: float) -> None:
+    def __init__(self, logprob: float, *, suspect: bool = False) -> None:
         super().__init__()
         self.logprob = logprob
+        self.suspect = suspect
 
     def __call__(self, pcm: np.ndarray):  # type: ignore[override]
         from vllm_duplex.stages.listening.whisper_model import Transcription
-        return Transcription(super().__call__(pcm), avg_logprob=self.logprob)
+        return Transcription(super().__call__(pcm), avg_logprob=self.logprob, suspect=self.suspect)
 
 
 def paused_utterance(final: Decoder, partial: Decoder, **kw) -> WhisperListener:
@@ -275,6 +277,19 @@ def test_a_confident_answer_at_the_pause_is_the_final_without_a_second_decode():
     feed(lis, 1400, 400, loud=False)
     assert lis.speech_stopped(1300) == [TranscriptFinal("14 words")]
     assert final.calls == [] and lis.finals_from_pause == 1 and not lis.in_utterance
+
+
+def test_a_loop_the_partial_decoder_could_not_leave_is_never_the_final():
+    """tiny.en greedy looping ("Tell me about the Eiffel tour Tell me about
+    the Eiffel tour Tell me ...") scores a high log-probability: the final
+    decoder decides instead."""
+    final = Decoder()
+    lis = paused_utterance(final, Sure(-0.1, suspect=True))
+    assert lis.final_pending
+    lis.final_at_pause()
+    feed(lis, 1400, 400, loud=False)
+    assert lis.speech_stopped(1300) == [TranscriptFinal("14 words")]
+    assert len(final.calls) == 1 and lis.finals_from_pause == 0
 
 
 def test_an_unsure_answer_has_the_final_decoder_hear_the_pause_while_the_silence_accrues():

@@ -13,7 +13,14 @@ search), called the way faster-whisper calls it, with its two safeguards:
   log-probability below -1, the window is silence or noise (Whisper would
   otherwise write "you" or "Thank you." for it): the transcript is empty;
 - repetition: a transcript that compresses too well (gzip ratio > 2.4) is
-  decoded again with sampling at rising temperatures.
+  decoded again with sampling at rising temperatures. A short one never
+  compresses that well, loop or not, so a transcript that says a run of two or
+  more words again right after itself (``looped``: tiny.en greedy heard "Tell
+  me about the Eiffel Tower" in Flite's awb voice as "Tell me about the Eiffel
+  tour Tell me about the Eiffel tour Tell me about the E", average
+  log-probability -0.16) is decoded again the same way. A transcript that
+  fails these checks at every temperature is marked (``suspect``): the best of
+  them is kept, cut where its loop starts, and never taken as a sure answer.
 
 Longer utterances (window over 30 s) go through faster-whisper's own
 long-form ``transcribe`` (30 s windows that follow the timestamps), so
@@ -24,6 +31,7 @@ every stage of the process (``load``), and ``generate`` is thread-safe.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import zlib
 from dataclasses import dataclass
@@ -64,6 +72,31 @@ class Transcription:
     no_speech_prob: float = 0.0
     avg_logprob: float = 0.0
     window_s: float = 0.0  # the encoder window used (30 per window in long form)
+    suspect: bool = False  # failed the repetition checks at every temperature
+
+
+def loop_start(text: str) -> int | None:
+    """Where the words first say a run of two or more again right after itself
+    (case and punctuation aside), as a count of words: Whisper's decoder caught
+    in a loop -- or the rare user who says a phrase twice, whose words the
+    fallback then confirms. None: no such run."""
+    words = [t.strip(".,!?;:\"'").lower() for t in text.split()]
+    n = len(words)
+    for end in range(4, n + 1):  # the earliest repeat to end wins
+        for u in range(2, end // 2 + 1):
+            if words[end - 2 * u:end - u] == words[end - u:end]:
+                return end - u
+    return None
+
+
+def looped(text: str) -> bool:
+    return loop_start(text) is not None
+
+
+def unlooped(text: str) -> str:
+    """``text`` up to where its loop starts (all of it when it has none)."""
+    cut = loop_start(text)
+    return text if cut is None else " ".join(text.split()[:cut])
 
 
 def compression_ratio(text: str) -> float:
@@ -150,11 +183,11 @@ class WhisperModel:
                     and avg_logprob < options.log_prob_threshold):
                 return Transcription("", result.no_speech_prob, avg_logprob, window)
             candidate = Transcription(text, result.no_speech_prob, avg_logprob, window)
-            if compression_ratio(text) <= options.compression_ratio_threshold:
+            if compression_ratio(text) <= options.compression_ratio_threshold and not looped(text):
                 return candidate
             best = best if best is not None and best.avg_logprob >= avg_logprob else candidate
         assert best is not None
-        return best
+        return dataclasses.replace(best, text=unlooped(best.text), suspect=True)
 
     def _long_form(self, audio: np.ndarray, options: DecodeOptions) -> Transcription:
         segments, _info = self._fw.transcribe(

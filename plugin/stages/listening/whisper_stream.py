@@ -28,7 +28,7 @@ decoders for text:
 The final decoder stays off the turn's critical path when it can: the
 at-pause answer heard every word up to the pause, so when the partial
 decoder was *confident* of it (its average log-probability at least
-``confident_logprob``; measured on the speech bench's voices: tiny.en's
+``confident_logprob``, and not a loop it could not get out of; measured on the speech bench's voices: tiny.en's
 confident answers are as right as base's) and the speech ended there, it is
 the utterance's final transcript -- sent at the end of speech at once,
 without a second decode on the CPU the reply needs. When it was not, the
@@ -84,6 +84,7 @@ class Heard(Protocol):
 
     text: str
     avg_logprob: float
+    suspect: bool  # a loop the decoder could not get out of: never sure
 
 
 HearPartial = Callable[[np.ndarray], "str | Heard"]  # a plain str: no confidence known
@@ -339,7 +340,7 @@ class WhisperListener:
         self._next_partial = self._end + wait
         if isinstance(heard, str):
             return heard, None
-        return heard.text, heard.avg_logprob
+        return heard.text, (None if heard.suspect else heard.avg_logprob)
 
     def _finish(self, end: int) -> list[Any]:
         at, self._at_pause = self._at_pause, None
