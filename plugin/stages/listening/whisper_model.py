@@ -78,8 +78,9 @@ class Transcription:
 def loop_start(text: str) -> int | None:
     """Where the words first say a run of two or more again right after itself
     (case and punctuation aside), as a count of words: Whisper's decoder caught
-    in a loop -- or the rare user who says a phrase twice, whose words the
-    fallback then confirms. None: no such run."""
+    in a loop -- or the rare user who says a phrase twice (every temperature
+    then hears it twice, and it is kept once: the meaning stays). None: no
+    such run."""
     words = [t.strip(".,!?;:\"'").lower() for t in text.split()]
     n = len(words)
     for end in range(4, n + 1):  # the earliest repeat to end wins

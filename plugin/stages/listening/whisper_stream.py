@@ -28,8 +28,9 @@ decoders for text:
 The final decoder stays off the turn's critical path when it can: the
 at-pause answer heard every word up to the pause, so when the partial
 decoder was *confident* of it (its average log-probability at least
-``confident_logprob``, and not a loop it could not get out of; measured on the speech bench's voices: tiny.en's
-confident answers are as right as base's) and the speech ended there, it is
+``confident_logprob``, and not a loop it could not get out of; measured on
+the speech bench's voices: tiny.en's confident answers are as right as
+base's) and the speech ended there, it is
 the utterance's final transcript -- sent at the end of speech at once,
 without a second decode on the CPU the reply needs. When it was not, the
 final decoder runs on the pause's audio right after the answer went out
