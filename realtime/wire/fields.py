@@ -329,7 +329,7 @@ def _noise_reduction(v: Any, p: str) -> str | None:
     if v is None:
         return None  # off
     kind = _obj(v, p).get("type")
-    if kind not in NOISE_REDUCTION_TYPES or not isinstance(kind, str):
+    if not isinstance(kind, str) or kind not in NOISE_REDUCTION_TYPES:
         raise _bad(f"{p}.type", f'{p}.type must be "near_field" or "far_field"')
     return kind
 

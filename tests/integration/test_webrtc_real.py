@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 import time
 
 import numpy as np
@@ -21,6 +20,7 @@ import soxr
 from support.speech_fixtures import RATE, chunks, recognize, speak
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 from support.webrtc import RtcClient
+from vllm_duplex.core.words import spoken_words
 from vllm_duplex.host.deploy import load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.client.realtime import RealtimeClient
@@ -80,10 +80,6 @@ async def test_a_transcription_session_transcribes_and_asks_the_llm_nothing(serv
     assert vllm_requests(vllm_stage) == before
 
 
-def words(text: str) -> list[str]:
-    return re.sub(r"[^\w' ]", " ", text.lower()).split()
-
-
 async def transcribe(url: str, pcm: np.ndarray, session: dict | None = None) -> tuple[str, dict]:
     """One transcription session: ``pcm`` streamed at real time; its final
     transcript and the session as the server last described it."""
@@ -107,7 +103,7 @@ async def test_noise_reduction_hears_a_question_through_steady_noise(server, vll
         server.ws_url, noisy,
         {"type": "transcription", "audio": {"input": {"noise_reduction": {"type": "far_field"}}}})
     assert session["audio"]["input"]["noise_reduction"] == {"type": "far_field"}
-    assert {"capital", "france"} <= set(words(transcript)), transcript
+    assert {"capital", "france"} <= set(spoken_words(transcript)), transcript
     assert vllm_requests(vllm_stage) == before
 
 
@@ -119,5 +115,5 @@ async def test_concurrent_transcription_sessions_each_get_their_own_words(server
     before = vllm_requests(vllm_stage)
     heard = await asyncio.gather(*(transcribe(server.ws_url, speak(q, rate=RATE)) for q in questions))
     for (transcript, _), key in zip(heard, questions.values()):
-        assert {w for w in questions.values() if w in words(transcript)} == {key}, heard
+        assert {w for w in questions.values() if w in spoken_words(transcript)} == {key}, heard
     assert vllm_requests(vllm_stage) == before

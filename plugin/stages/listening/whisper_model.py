@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 from vllm_duplex.core.devices import CPU, Device
+from vllm_duplex.core.words import spoken, written_words
 
 SAMPLE_RATE = 16000
 MAX_WINDOW_S = 30.0  # Whisper's positional embeddings end here
@@ -77,13 +78,12 @@ class Transcription:
 
 def loop_start(text: str) -> int | None:
     """Where the words first say a run of two or more again right after itself
-    (case and punctuation aside), as a count of words: Whisper's decoder caught
-    in a loop -- or the rare user who says a phrase twice (every temperature
-    then hears it twice, and it is kept once: the meaning stays). None: no
-    such run."""
-    words = [t.strip(".,!?;:\"'").lower() for t in text.split()]
-    n = len(words)
-    for end in range(4, n + 1):  # the earliest repeat to end wins
+    (compared as spoken: ``core/words.py``), as a count of ``text``'s written
+    words: Whisper's decoder caught in a loop -- or the rare user who says a
+    phrase twice (every temperature then hears it twice, and it is kept once:
+    the meaning stays). None: no such run."""
+    words = [spoken(w) for w in written_words(text)]
+    for end in range(4, len(words) + 1):  # the earliest repeat to end wins
         for u in range(2, end // 2 + 1):
             if words[end - 2 * u:end - u] == words[end - u:end]:
                 return end - u
@@ -97,7 +97,7 @@ def looped(text: str) -> bool:
 def unlooped(text: str) -> str:
     """``text`` up to where its loop starts (all of it when it has none)."""
     cut = loop_start(text)
-    return text if cut is None else " ".join(text.split()[:cut])
+    return text if cut is None else " ".join(written_words(text)[:cut])
 
 
 def compression_ratio(text: str) -> float:

@@ -30,8 +30,9 @@ from vllm_duplex.core.devices import CPU, Device
 
 BOS, EOS, PAD = "^", "$", "_"
 # espeak-ng ends a clause at these when whitespace (or the end) follows.
-_CLAUSE_END = re.compile(r"([.,;:!?])[.,;:!?\"')\]]*(?=\s|$)")
-_ENDS_MARKED = re.compile(r"[.,;:!?][\"')\]]*$")
+_MARK = r"([.,;:!?])[.,;:!?\"')\]]*"  # a clause mark, and what may close around it
+_CLAUSE_END = re.compile(_MARK + r"(?=\s|$)")
+_ENDS_MARKED = re.compile(_MARK + r"$")
 
 
 def espeak_argv(voice: str) -> list[str]:
