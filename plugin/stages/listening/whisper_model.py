@@ -9,9 +9,10 @@ questions (0.25 s for base). Windows under about 6 s make Whisper repeat
 itself, hence the 10 s floor. The decoder is CTranslate2's ``generate`` (beam
 search), called the way faster-whisper calls it, with its two safeguards:
 
-- no speech: when the no-speech probability is above 0.6 and the average
-  log-probability below -1, the window is silence or noise (Whisper would
-  otherwise write "you" or "Thank you." for it): the transcript is empty;
+- no speech: the no-speech gate (``no_speech.py``: the no-speech
+  probability, known hallucinations, the log-probability) says the window is
+  silence or noise (Whisper would otherwise write "you" or "Thank you." for
+  it): the transcript is empty;
 - repetition: a transcript that compresses too well (gzip ratio > 2.4) is
   decoded again with sampling at rising temperatures. A short one never
   compresses that well, loop or not, so a transcript that says a run of two or
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 from vllm_duplex.core.devices import CPU, Device
 from vllm_duplex.core.words import spoken, written_words
+from vllm_duplex.stages.listening.no_speech import DEFAULT_GATE, NoSpeechGate
 
 SAMPLE_RATE = 16000
 MAX_WINDOW_S = 30.0  # Whisper's positional embeddings end here
@@ -55,8 +57,7 @@ class DecodeOptions:
     beam_size: int = 5
     min_window_s: float = 10.0
     window_pad_s: float = 1.0
-    no_speech_threshold: float = 0.6
-    log_prob_threshold: float = -1.0
+    gate: NoSpeechGate = DEFAULT_GATE
     compression_ratio_threshold: float = 2.4
     language: str = "en"
     max_tokens_per_s: float = 12.0  # a bound on runaway output (speech is ~3-5 tokens/s)
@@ -74,6 +75,8 @@ class Transcription:
     avg_logprob: float = 0.0
     window_s: float = 0.0  # the encoder window used (30 per window in long form)
     suspect: bool = False  # failed the repetition checks at every temperature
+    silenced: str | None = None  # why the no-speech gate dropped the words (no_speech.py)
+    dropped: str = ""  # the words it dropped
 
 
 def loop_start(text: str) -> int | None:
@@ -180,10 +183,11 @@ class WhisperModel:
             tokens = result.sequences_ids[0]
             avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
             text = tokenizer.decode(tokens).strip()
-            if (result.no_speech_prob > options.no_speech_threshold
-                    and avg_logprob < options.log_prob_threshold):
-                return Transcription("", result.no_speech_prob, avg_logprob, window)
             candidate = Transcription(text, result.no_speech_prob, avg_logprob, window)
+            why = options.gate.silence(candidate)
+            if why is not None:
+                return Transcription("", result.no_speech_prob, avg_logprob, window,
+                                     silenced=why, dropped=text)
             if compression_ratio(text) <= options.compression_ratio_threshold and not looped(text):
                 return candidate
             best = best if best is not None and best.avg_logprob >= avg_logprob else candidate
@@ -194,11 +198,18 @@ class WhisperModel:
         segments, _info = self._fw.transcribe(
             audio, language=options.language,
             beam_size=options.beam_size, condition_on_previous_text=False, vad_filter=False,
-            no_speech_threshold=options.no_speech_threshold,
-            log_prob_threshold=options.log_prob_threshold,
-            compression_ratio_threshold=options.compression_ratio_threshold)
-        texts = [s.text.strip() for s in segments]
-        return Transcription(" ".join(t for t in texts if t), window_s=MAX_WINDOW_S)
+            no_speech_threshold=None, compression_ratio_threshold=options.compression_ratio_threshold)
+        # Each 30 s window's words pass the same gate as a short utterance's.
+        kept = [s.text.strip() for s in segments
+                if options.gate.silence(_Segment(s.text, s.no_speech_prob, s.avg_logprob)) is None]
+        return Transcription(" ".join(t for t in kept if t), window_s=MAX_WINDOW_S)
+
+
+@dataclass(frozen=True)
+class _Segment:
+    text: str
+    no_speech_prob: float
+    avg_logprob: float
 
 
 _loaded: dict[tuple[str, int, int, str, Device], WhisperModel] = {}
