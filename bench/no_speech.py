@@ -8,14 +8,17 @@ Whisper model the default loads (tiny.en greedy: the partials and the sure
 final; base beam 5: the final), it prints Whisper's no-speech probability,
 its average log-probability, the words it wrote and the gate's verdict
 (``stages/listening/no_speech.py``); then the same for real speech that must
-get through (questions at -40 dB, "Thank you.", "You.", "Okay.", and a
-question over each noise at +10 dB SNR), and how much of each noise Silero
+get through (questions at -40 dB, "Thank you.", "You.", "Okay.", a
+question over each noise at +10 dB SNR, and the speech bench's 20 questions
+in its six voices, misheard ones included), and how much of each noise Silero
 VAD calls speech (its verdict gates what Whisper hears on a live session).
 
-Each ISA runs in its own process: ``native`` as the machine is, ``avx2``
-with CTranslate2 capped (``CT2_FORCE_CPU_ISA=AVX2``: the int8 kernels of an
-AVX2 machine, whose decodes differ), so both instruction sets are measured in
-one run on one machine. The summary per ISA: noise windows with words before
+Each ISA runs in its own process under ``scripts/isa-cap.sh``: ``native`` as
+the machine is, ``avx2`` with MKL, oneDNN and CTranslate2 capped at AVX2 (the
+int8 kernels of an AVX2 machine, whose decodes differ), each also with
+``/onednn``: CTranslate2's GEMMs through oneDNN, as on AMD CPUs. So both
+instruction sets and both GEMM libraries are measured in one run on one
+machine. The summary per ISA: noise windows with words before
 the gate (faster-whisper's rule) and after it, speech windows lost, and the
 margins (the lowest no-speech probability of noise, the highest of speech).
 """
@@ -38,13 +41,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import machine
-from speech_corpus import espeak, flite
+from speech_corpus import ASR_QUESTIONS, VOICES, espeak, flite
 from vllm_duplex.testing import noise
 
 LEVELS = (-50, -35, -25, -15)
 SEEDS = (0, 1)
-ISA_ENV = {"native": {}, "avx2": {"CT2_FORCE_CPU_ISA": "AVX2"},
-           "avx512": {"CT2_FORCE_CPU_ISA": "AVX512"}}
+REPO = Path(__file__).resolve().parent.parent
 
 BABBLE_LINES = (
     (flite("slt"), "The weather was lovely so we went down to the river for a picnic."),
@@ -124,8 +126,11 @@ def measure(seconds: float) -> dict[str, Any]:
               "base b5": (load(whisper_model_dir("whisper-base"), threads=1),
                           DecodeOptions(beam_size=5))}
     noises, speech = sounds(seconds)
+    pad = np.zeros(4800, np.int16)
+    corpus = [(f"{q!r} {v.name}", np.concatenate([pad, v.speak(q), pad]))
+              for v in VOICES for q in ASR_QUESTIONS]
     rows = []
-    for group, cases in (("noise", noises), ("speech", speech)):
+    for group, cases in (("noise", noises), ("speech", speech), ("corpus", corpus)):
         for label, pcm in cases:
             vad_ms = silero_speech_ms(pcm)
             for name, (model, options) in models.items():
@@ -142,9 +147,11 @@ def measure(seconds: float) -> dict[str, Any]:
 def summary(isa: str, result: dict[str, Any]) -> None:
     rows = result["rows"]
     noise_rows = [r for r in rows if r["group"] == "noise"]
-    speech_rows = [r for r in rows if r["group"] == "speech"]
+    speech_rows = [r for r in rows if r["group"] != "noise"]
     print(f"\n[{isa}] {result['machine']['summary']}")
     for r in rows:
+        if r["group"] == "corpus" and r["kept"]:
+            continue  # the speech bench's 120 utterances: only a lost one is shown
         verdict = "kept" if r["kept"] else (f"dropped ({r['gate']})" if r["gate"] else "no words")
         print(f"  {r['group']:6} {r['case']:44s} {r['model']:10s} vad {r['vad_ms']:5d} ms  "
               f"p(no speech) {r['no_speech']:.2f}  logprob {r['logprob']:6.2f}  "
@@ -165,7 +172,8 @@ def summary(isa: str, result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--isas", default="native,avx2", help="comma-separated: native, avx2, avx512")
+    p.add_argument("--isas", default="native,avx2,native/onednn,avx2/onednn",
+                   help="comma-separated LEVEL[/onednn] of scripts/isa-cap.sh")
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--json", help="write every row here")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: this ISA only
@@ -176,9 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     print(machine.line(), flush=True)
     results = {}
     for isa in args.isas.split(","):
-        env = {**os.environ, **ISA_ENV[isa]}
-        out = subprocess.run([sys.executable, __file__, "--one", "--seconds", str(args.seconds)],
-                             env=env, capture_output=True, text=True, check=True).stdout
+        level, _, onednn = isa.partition("/")
+        cap = ["bash", str(REPO / "scripts/isa-cap.sh"), level, *(["--onednn"] if onednn else [])]
+        out = subprocess.run([*cap, sys.executable, __file__, "--one", "--seconds", str(args.seconds)],
+                             capture_output=True, text=True, check=True).stdout
         results[isa] = json.loads(out.strip().splitlines()[-1])
         summary(isa, results[isa])
     if args.json:

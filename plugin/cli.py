@@ -60,6 +60,7 @@ def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int,
             print(f"vllm-duplex: serving {config.name!r} (model {config.model!r}, policy "
                   f"{config.policy!r}) on ws://{host}:{port}/v1/realtime"
                   + (f" and gRPC {host}:{grpc_port}" if grpc_port is not None else ""), flush=True)
+            print(f"vllm-duplex: machine: {runtime.machine_line()}", flush=True)
         uvicorn.Server(uvicorn_config(runtime, host, port, args.log_level, grpc_port)).run()
     finally:
         close()

@@ -14,6 +14,7 @@ from vllm_duplex.core.clock import Clock, MonotonicClock
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.commands import SessionResume
 from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.machine import detect
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.owner_ids import mint
 from vllm_duplex.core.session_config import (
@@ -35,7 +36,7 @@ from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session.runner import DuplexSession
 from vllm_duplex.session.video_input import VideoLimits
 from vllm_duplex.stages.pipeline import check_routes
-from vllm_duplex.stages.lifecycle import Lifecycle, Metered, ServesText, StageCounter
+from vllm_duplex.stages.lifecycle import Lifecycle, MachineTuned, Metered, ServesText, StageCounter
 from vllm_duplex.stages.port import Stage
 
 _SESSION_DEFAULT_KEYS = ("instructions", "output_modalities", "voice", "temperature",
@@ -139,6 +140,20 @@ class Runtime:
     @property
     def model(self) -> str:
         return self.config.model
+
+    def machine(self) -> dict[str, Any]:
+        """The CPU as detected and what each stage chose on it (``/health``)."""
+        return {"cpu": detect().to_json(),
+                "stages": {s.name: dict(s.machine_settings()) for s in self.stages
+                           if isinstance(s, MachineTuned)}}
+
+    def machine_line(self) -> str:
+        """The start-up line's account of the machine and the choices."""
+        chosen = "; ".join(f"{name}: " + ", ".join(
+            f"{key} {v['value']}" + ("" if v["source"] == "machine" else f" ({v['source']})")
+            for key, v in settings.items() if isinstance(v, dict))
+            for name, settings in self.machine()["stages"].items())
+        return f"{detect().summary()}" + (f"; {chosen}" if chosen else "")
 
     def stage_health(self) -> dict[str, bool]:
         """Per stage: can it serve? (a dead vLLM engine says no)."""

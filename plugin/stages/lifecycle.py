@@ -82,5 +82,13 @@ class Metered(Protocol):
 
 
 @runtime_checkable
+class MachineTuned(Protocol):
+    def machine_settings(self) -> Mapping[str, object]:
+        """The settings this stage took from the machine or its config, each
+        with its source (``core/machine.py``): what ``/health`` reports."""
+        ...
+
+
+@runtime_checkable
 class ServesText(Protocol):
     serves_text: ClassVar[bool]

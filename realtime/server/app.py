@@ -79,7 +79,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
         healthy = all(stages.values())
         return JSONResponse({"status": "ok" if healthy else "unhealthy", "stages": stages,
                              "instance_id": runtime.manager.instance_id,
-                             "sessions": len(runtime.manager)},
+                             "sessions": len(runtime.manager), "machine": runtime.machine()},
                             status_code=200 if healthy else 503)
 
     async def metrics(request: Request):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import numpy as np
 from vllm_duplex.assets.locate import whisper_model_dir
 from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.devices import CPU, Device
+from vllm_duplex.core.machine import choose, detect
 from vllm_duplex.core.payloads import (
     AudioIn,
     StageInput,
@@ -52,6 +52,7 @@ from vllm_duplex.stages.listening.whisper_model import (
     Transcription,
     WhisperModel,
     load,
+    supported_compute_types,
 )
 from vllm_duplex.stages.listening.whisper_stream import (
     CONFIDENT_LOGPROB,
@@ -96,7 +97,7 @@ class WhisperAsrStage(ListeningStage):
         max_utterance_s: float = 120.0,
         vad_gated: bool | None = None,
         confident_logprob: float | None = CONFIDENT_LOGPROB,
-        compute_type: str = "int8",
+        compute_type: str | None = None,
         workers: int | None = None,
         warm_up: bool = True,
         device: Device | str = CPU,
@@ -122,20 +123,29 @@ class WhisperAsrStage(ListeningStage):
         # the final model always decides (whisper_stream.CONFIDENT_LOGPROB).
         self.confident_logprob = confident_logprob
         # The final decode is on the turn's critical path while the LLM waits
-        # for it: it may use two cores. Partials run while the user speaks,
-        # beside everything else: one.
-        final_threads = threads or min(2, os.cpu_count() or 1)
+        # for it: it gets the cores the LLM does not (core/machine.py; one on
+        # two cores, where the placement bench measured one fastest).
+        # Partials run while the user speaks, beside everything else: one.
+        # compute_type None: int8 where CTranslate2 has int8 kernels for this CPU.
         self.device = Device.parse(device)
-        self.model: WhisperModel = load(final_dir, threads=final_threads, compute_type=compute_type,
-                                        device=self.device)
+        self.chosen = choose(detect(), {}, compute_type=compute_type, threads=threads,
+                             compute_types=supported_compute_types(self.device))
+        compute = str(self.chosen.whisper_compute_type.value)
+        self.model: WhisperModel = load(final_dir, threads=int(self.chosen.whisper_threads.value),
+                                        compute_type=compute, device=self.device)
         self.partial_model: WhisperModel | None = None
         if partial_dir is not None:
-            self.partial_model = load(partial_dir, threads=1, compute_type=compute_type,
+            self.partial_model = load(partial_dir, threads=1, compute_type=compute,
                                       device=self.device)
         if warm_up:
             for loaded in (self.model, self.partial_model):
                 if loaded is not None:
                     self.run_later(loaded.warm_up)
+
+    def machine_settings(self) -> dict[str, object]:
+        """What ``/health`` and the start-up line report (``core/machine.py``)."""
+        return {"compute_type": self.chosen.whisper_compute_type.to_json(),
+                "threads": self.chosen.whisper_threads.to_json(), "device": str(self.device)}
 
     def final_text(self, pcm: np.ndarray) -> str:
         return self.model.transcribe(pcm, self.options).text

@@ -212,6 +212,14 @@ class _Segment:
     avg_logprob: float
 
 
+def supported_compute_types(device: Device = CPU) -> frozenset[str]:
+    """What CTranslate2 computes on ``device`` of this machine (its int8
+    kernels need AVX2 or better on x86)."""
+    import ctranslate2
+
+    return frozenset(ctranslate2.get_supported_compute_types(device.kind, device.index))
+
+
 _loaded: dict[tuple[str, int, int, str, Device], WhisperModel] = {}
 _load_lock = threading.Lock()
 

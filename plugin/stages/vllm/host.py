@@ -18,9 +18,16 @@ from __future__ import annotations
 
 import os
 
+from vllm_duplex.core.machine import MachineChoices, choose, detect
+
 # An operator's own values win; model hubs are unreachable at run time (the
 # model is a local path or already in the local Hugging Face cache).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The machine's settings for the engine (core/machine.py), chosen before vLLM
+# reads its environment: its CPU worker's OpenMP threads are bound to the
+# cores left over from the speech stages, unless the operator bound them.
+MACHINE: MachineChoices = choose(detect(), os.environ)
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(MACHINE.vllm_cpu_bind.value))
 
 # ruff: noqa: E402  (the imports below must follow the environment default)
 import asyncio
@@ -57,9 +64,10 @@ def prefill_params(logprobs: int | None = None) -> SamplingParams:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """How to build an engine. ``model`` None: the prepared SmolLM2. On CPU the
-    defaults are float32 + eager (deterministic greedy answers -- bf16 answers
-    differently -- and no compile time); GPUs keep vLLM's own."""
+    """How to build an engine. ``model`` None: the prepared SmolLM2. On CPU
+    ``dtype`` None is the machine's (``core/machine.py``: bfloat16 where the
+    CPU computes it natively, float32 where not) and the engine is eager (no
+    compile time); GPUs keep vLLM's own (``auto``)."""
 
     model: str | None = None
     dtype: str | None = None
@@ -90,12 +98,24 @@ class EngineSettings:
         cpu = current_platform.is_cpu()
         return AsyncEngineArgs(
             model=str(model),
-            dtype=self.dtype or ("float32" if cpu else "auto"),
+            dtype=self.dtype or (str(MACHINE.llm_dtype.value) if cpu else "auto"),
             enforce_eager=cpu if self.enforce_eager is None else self.enforce_eager,
             max_model_len=self.max_model_len,
             enable_prefix_caching=self.enable_prefix_caching,
             **dict(self.engine_kwargs),
         )
+
+
+    def machine_settings(self) -> dict[str, object]:
+        """What ``/health`` and the start-up line report: the dtype and the
+        CPU binding, each with where it came from (machine, config, env)."""
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return {"dtype": {"value": self.dtype or "auto", "source": "config" if self.dtype
+                              else "vllm", "reason": "GPU"}}
+        chosen = choose(MACHINE.cpu, {}, dtype=self.dtype)
+        return {"dtype": chosen.llm_dtype.to_json(), "cpu_bind": MACHINE.vllm_cpu_bind.to_json()}
 
 
 # The options of a ``vllm`` stage that configure its engine.
@@ -297,6 +317,9 @@ class HostedStage(Lifecycle, Metered):
     @property
     def name(self) -> str:
         return self.host.name
+
+    def machine_settings(self) -> dict[str, object]:
+        return self.host.settings.machine_settings()
 
     @property
     def clock(self) -> Clock:
