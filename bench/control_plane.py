@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the server subprocess is always stopped.
     signal.signal(signal.SIGTERM, _interrupted)
     info = machine()
-    print(f"machine: {info['nproc']} CPUs ({info['cpu_model']}), {info['memory_gib']} GiB, "
+    print(f"machine: {info['summary']}, {info['memory_gib']} GiB, "
           f"Python {info['python']}, Linux {info['kernel']}", flush=True)
     print(f"config: {args.config}; {args.seconds:g} s of 20 ms chunks per session, "
           f"{args.cancels_per_session} cancels per session, deflate "

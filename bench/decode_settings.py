@@ -3,11 +3,14 @@ bfloat16), eager vs compiled (``enforce_eager``), and OpenMP thread binding
 (``VLLM_CPU_OMP_THREADS_BIND``), each in a fresh process with vLLM's offline
 ``LLM`` on the prepared SmolLM2-135M-Instruct.
 
-Per setting: engine start, time to first token (``max_tokens=1``) and decode
-speed (greedy, 48 tokens) over spoken-style questions, and the answers.
-Correctness: greedy answers are compared with the float32/eager baseline's
-(same text), and each must contain the expected word ("Paris"...). The
-figures print beside the baseline as ratios; nothing is asserted.
+Per setting: engine start, time to first token (``max_tokens=1``), decode
+speed (greedy, 48 tokens) over spoken-style questions and ms per engine step
+with 1, 4 and 8 requests decoding at once (64 tokens each: several sessions
+answering), and the answers. Correctness: greedy answers are compared with
+the float32/eager baseline's (same text), and each must contain the expected
+word ("Paris"...). The figures print beside the baseline as ratios; nothing
+is asserted. The row the engine would choose on this machine
+(``core/machine.py``: its dtype and core binding) is marked ``<- machine``.
 
     .venv/bin/python bench/decode_settings.py [--settings all|f32-eager,bf16-eager,...]
 """
@@ -25,11 +28,13 @@ import time
 QUESTIONS = (("What is the capital of France?", "paris"), ("What is the largest ocean?", "pacific"),
              ("What is the capital of Italy?", "rome"), ("How many legs does a spider have?", "eight|8"))
 SYSTEM = "You are a helpful voice assistant. Answer in one short sentence."
-SETTINGS = {
+SETTINGS = {  # bind None: vLLM's own ("auto": all cores but one, on two cores the second)
     "f32-eager": {"dtype": "float32", "enforce_eager": True, "bind": None},
     "bf16-eager": {"dtype": "bfloat16", "enforce_eager": True, "bind": None},
+    "f16-eager": {"dtype": "float16", "enforce_eager": True, "bind": None},
     "f32-compiled": {"dtype": "float32", "enforce_eager": False, "bind": None},
     "f32-eager-bind": {"dtype": "float32", "enforce_eager": True, "bind": "0-1"},
+    "bf16-eager-bind": {"dtype": "bfloat16", "enforce_eager": True, "bind": "0-1"},
 }
 
 
@@ -60,8 +65,16 @@ def child(setting: dict) -> None:
         dt = time.monotonic() - t
         tps.append(len(out.token_ids) / dt)
         answers.append(out.text.strip())
+    step_ms = {}
+    fixed = SamplingParams(max_tokens=64, min_tokens=64, temperature=0.0, ignore_eos=True)
+    for batch in (1, 4, 8):
+        batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
+        t = time.monotonic()
+        llm.generate(batch_prompts, fixed, use_tqdm=False)
+        step_ms[batch] = (time.monotonic() - t) / 64 * 1000
     print("RESULT " + json.dumps({"start_s": start_s, "ttft_ms": statistics.median(ttft) * 1000,
-                                  "tok_s": statistics.median(tps), "answers": answers}))
+                                  "tok_s": statistics.median(tps), "step_ms": step_ms,
+                                  "answers": answers}))
 
 
 def main() -> None:
@@ -73,9 +86,16 @@ def main() -> None:
         child(SETTINGS[args.child])
         return
     names = list(SETTINGS) if args.settings == "all" else args.settings.split(",")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import machine
+    from vllm_duplex.core.machine import choose, detect
+
+    print(machine.line(), flush=True)
+    chosen = choose(detect(), os.environ)
     results: dict[str, dict] = {}
     for name in names:
-        env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
+        env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1",
+                   VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
         if SETTINGS[name]["bind"]:
             env["VLLM_CPU_OMP_THREADS_BIND"] = SETTINGS[name]["bind"]
         print(f"[{name}] ...", flush=True)
@@ -91,7 +111,7 @@ def main() -> None:
         print(f"  {results[name]}", flush=True)
     base = results.get(names[0], {})
     print(f"\n{'setting':16s} {'start s':>8s} {'TTFT ms':>8s} {'x base':>7s} {'tok/s':>7s} "
-          f"{'x base':>7s}  same answers as {names[0]} / right")
+          f"{'x base':>7s} {'ms/step at 1/4/8':>18s}  same answers as {names[0]} / right")
     for name in names:
         r = results[name]
         if "error" in r:
@@ -100,9 +120,14 @@ def main() -> None:
         same = sum(a == b for a, b in zip(r["answers"], base.get("answers", [])))
         right = sum(any(w in a.lower() for w in exp.split("|"))  # "eight" or "8"
                     for a, (_, exp) in zip(r["answers"], QUESTIONS))
+        steps = "/".join(f"{r['step_ms'][str(b)]:.0f}" for b in (1, 4, 8))
+        setting = SETTINGS[name]
+        mine = (setting["dtype"] == chosen.llm_dtype.value and setting["enforce_eager"]
+                and setting["bind"] is None)
         print(f"{name:16s} {r['start_s']:8.1f} {r['ttft_ms']:8.1f} "
               f"{r['ttft_ms'] / base['ttft_ms']:7.2f} {r['tok_s']:7.1f} {r['tok_s'] / base['tok_s']:7.2f}"
-              f"  {same}/{len(QUESTIONS)} / {right}/{len(QUESTIONS)}")
+              f" {steps:>18s}  {same}/{len(QUESTIONS)} / {right}/{len(QUESTIONS)}"
+              + ("  <- machine" if mine else ""))
 
 
 if __name__ == "__main__":

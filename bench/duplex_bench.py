@@ -49,6 +49,7 @@ import numpy as np
 # speech_fixtures (Flite speech) lives in tests/support/; voice_scenarios imports it too.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 from voice_scenarios import CHUNK_S, ONSET_DBFS, RATE, SILENCE, Conn  # noqa: E402
 
 from speech_fixtures import chunks as pcm_chunks  # noqa: E402
@@ -362,6 +363,7 @@ async def main() -> None:
     args = ap.parse_args()
     phases = [p for p in phase_sessions(args.turn_detection, args.eagerness)
               if p.name in args.phases.split(",")]
+    print(machine.line(), flush=True)
     runtime = Runtime(load_config(args.config))
     async with BackgroundServer(runtime) as server:
         for phase in phases:

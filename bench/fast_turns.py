@@ -328,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
     turns = asyncio.run(run(args))
     load1 = os.getloadavg()
-    print(f"\nmachine: {json.dumps(machine())}; load average {load0[0]:.2f} before, {load1[0]:.2f} after")
+    m = machine()
+    print(f"\nmachine: {m['summary']}, {m['memory_gib']} GiB, Python {m['python']}, Linux {m['kernel']}; "
+          f"load average {load0[0]:.2f} before, {load1[0]:.2f} after")
     report(turns, [Side.parse(spec).name for spec in args.sides], args.modes)
     if args.json:
         Path(args.json).write_text(json.dumps([t.__dict__ for t in turns], indent=1))

@@ -25,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import machine  # noqa: E402
 from speech_corpus import WerCount, pct  # noqa: E402
 from vllm_duplex.assets.locate import whisper_model_dir  # noqa: E402
 from vllm_duplex.core.clock import MonotonicClock  # noqa: E402
@@ -82,6 +83,7 @@ async def speak(stage: PiperTtsStage, text: str, step_s: float) -> tuple[np.ndar
 
 
 async def run(args: argparse.Namespace) -> None:
+    print(machine.line(), flush=True)
     whisper = load(whisper_model_dir("whisper-base"), threads=2)
     whisper.warm_up()
     rows: list[tuple[int, float, float, float]] = []

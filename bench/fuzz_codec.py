@@ -29,6 +29,7 @@ import os
 import sys
 import traceback
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import atheris
@@ -37,6 +38,9 @@ with atheris.instrument_imports(include=["vllm_duplex"]):
     from vllm_duplex.core.errors import ERRORS, DuplexError
     from vllm_duplex.realtime.wire.codec import CLIENT_EVENT_TYPES, RealtimeCodec
     from vllm_duplex.text.requests import parse_control, parse_generate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 
 MODEL = "m"
 EVENT_TYPES = sorted(CLIENT_EVENT_TYPES) + ["bogus"]
@@ -160,6 +164,7 @@ def report() -> None:
 
 
 if __name__ == "__main__":
+    print(machine.line(), file=sys.stderr, flush=True)
     if KEEP_GOING:
         atexit.register(report)
     atheris.Setup(sys.argv, one_input)

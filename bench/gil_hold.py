@@ -18,14 +18,19 @@ import argparse
 import asyncio
 import os
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 import wave
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 
 PHRASE = "what is the capital of france and how many people live there today"
 
@@ -149,6 +154,7 @@ def main() -> None:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models or set(models) - set(WORK):
         ap.error(f"--models: a comma-separated subset of {sorted(WORK)}")
+    print(machine.line(), flush=True)
     pcm = speech_16k()
     print(f"{len(pcm) / 32000:.2f} s of speech; {args.decoders} decoders; loop ticks every 1 ms")
     print(f"{'mode':24} {'lag p50':>8} {'lag p99':>8} {'lag max':>8} {'calls/s':>9} "

@@ -41,6 +41,7 @@ from websockets.frames import Frame, Opcode
 from websockets.uri import parse_uri
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 from churn import churn, rss_bytes, settle  # noqa: E402
 from vllm_duplex.core.close_reason import CloseReason  # noqa: E402
 from vllm_duplex.host.deploy import StageSpec, load_config  # noqa: E402
@@ -275,7 +276,7 @@ async def bench_engine_kill() -> None:
 
 async def main(args: argparse.Namespace) -> None:
     only = set(args.only.split(",")) if args.only else {"resume", "churn", "slow", "kill"}
-    print(f"machine: {os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB")
+    print(machine.line(), flush=True)
     if "resume" in only:
         await bench_resume()
     if "slow" in only:

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import machine as bench_machine  # bench/machine.py; bench/ is on sys.path for every caller
 import numpy as np
 import psutil
 import yaml
@@ -30,17 +31,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def machine() -> dict[str, Any]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": model,
-            "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
-            "python": platform.python_version(), "kernel": platform.release()}
+    """``machine.info()`` (bench/machine.py: CPU model, cores, ISA, memory, load) with the
+    Python and kernel versions."""
+    return {**bench_machine.info(), "python": platform.python_version(), "kernel": platform.release()}
 
 
 def free_port() -> int:

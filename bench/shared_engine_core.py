@@ -19,8 +19,12 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Water boils at", "One, two, three,"]
 
@@ -107,6 +111,7 @@ def main() -> int:
 
     from vllm_duplex.fleet.engine_core import SharedEngineCore
 
+    print(machine.line(), flush=True)
     baseline, single_rss = single_process(args.tokens)
     core = SharedEngineCore({}, workers=2, spare_slots=1 if args.late_s else 0)
     started = time.monotonic()

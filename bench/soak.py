@@ -416,6 +416,7 @@ def report(out: dict[str, Any]) -> None:
     print(f"\nsoak: {out['soak_s']:.0f} s, {out['lanes']} lanes, {len(out['sessions'])} sessions, "
           f"config {Path(out['config']).name}; load average before {out['load_before'][0]:.2f}, "
           f"after {out['load_after'][0]:.2f}")
+    print(f"machine: {out['machine']['summary']}, {out['machine']['memory_gib']} GiB")
     print("\n| figure | result | target |\n|---|---|---|")
     rows = [
         ("GET /health worst (polled every 250 ms)",

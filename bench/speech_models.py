@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine
 from speech_corpus import (
     ASR_QUESTIONS,
     QA,
@@ -413,8 +414,7 @@ def main() -> int:
     parser.add_argument("--fast", action="store_true", help="qa: send audio faster than real time")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} "
-          f"{os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}", flush=True)
+    print(machine.line(), flush=True)
     results: dict[str, Any] = {}
     if args.parts & {"asr", "partials"}:
         items = corpus(args.questions)

@@ -41,6 +41,7 @@ from vllm_duplex.core.payloads import ContextMessage
 from vllm_duplex.host.deploy import load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.serving import BackgroundServer
+import machine  # noqa: E402  (bench/, the script's directory)
 from voice_llm_ttft import HISTORY, SYSTEM  # noqa: E402  (same long context as the voice bench)
 
 QUESTION = "And how much does it cost to take a second checked bag on that flight?"
@@ -149,7 +150,8 @@ async def main(reps: int) -> None:
         chat = stage.host.chat
         tokens = len(chat.encode(chat.render(context, True)))
     base = statistics.median(figures["stateless"])
-    print(f"TTFT of a {tokens}-token context, median of {reps} (2 vCPUs, SmolLM2-135M float32):")
+    print(machine.line())
+    print(f"TTFT of a {tokens}-token context, median of {reps} (SmolLM2-135M float32):")
     for name, label in (("stateless", "stateless /v1/generate (baseline)"),
                         ("cached", "stateless, prefix cached"),
                         ("session", "session continuation"),

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import dataclasses
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import machine  # noqa: E402
 from support.speech_fixtures import RATE, chunks, speak  # noqa: E402
 from vllm_duplex.host.deploy import load_config  # noqa: E402
 from vllm_duplex.host.runtime import Runtime  # noqa: E402
@@ -133,9 +134,8 @@ async def run(args: argparse.Namespace) -> None:
                 takeovers[ms] = sum(r["commits"] > 1 for r in runs) / len(runs)
             spec = {k: m.speculations.get(outcome=k) - spec0[k] for k in spec0}
             rows.append((name, gaps, stops, takeovers, spec))
-    load = os.getloadavg()
-    print(f"\nturn-taking on {args.config} (load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "
-          f"{os.cpu_count()} CPUs), {args.repeat} run(s) per case")
+    print(f"\nturn-taking on {args.config}, {args.repeat} run(s) per case")
+    print(machine.line())
     head = ("turn_detection", "gap p50", "gap p90", "stop p50", *(f"take-over {ms}" for ms in PAUSES_MS),
             "spec s/u/d")
     print(" | ".join(head))

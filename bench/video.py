@@ -24,9 +24,10 @@ import asyncio
 import base64
 import dataclasses
 import io
-import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import av
 import numpy as np
@@ -38,6 +39,9 @@ from vllm_duplex.media.video import decode_image
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.realtime.server.serving import BackgroundServer
 from vllm_duplex.stages.vision.scene import SceneAnalyzer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 
 
 def camera(sign: str) -> np.ndarray:
@@ -154,7 +158,7 @@ async def context_latency(samples: int) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    print(f"machine: {os.cpu_count()} CPUs")
+    print(machine.line(), flush=True)
     await ingest(args.frames)
     await stream_decode(args.seconds)
     await context_latency(args.samples)

@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--turns must be 1..{len(QUESTIONS)}")
 
     info = machine()
-    print(f"machine: {info['nproc']} CPUs ({info['cpu_model']}), {info['memory_gib']} GiB, "
+    print(f"machine: {info['summary']}, {info['memory_gib']} GiB, "
           f"Python {info['python']}, Linux {info['kernel']}, commit {info['commit']}", flush=True)
     print(f"load average before: {loadavg()}", flush=True)
     utts = {"turns": [utterance(q) for q in QUESTIONS[:args.turns]],

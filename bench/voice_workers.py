@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--workers must be >= 2, --sessions and --turns >= 1")
     config = str(resolve_config_path(args.config))
     info = machine()
-    print(f"machine: {info['nproc']} CPUs ({info['cpu_model']}), {info['memory_gib']} GiB; "
-          f"config {config}", flush=True)
+    print(f"machine: {info['summary']}, {info['memory_gib']} GiB; config {config}", flush=True)
     utts = [utterance(q) for q in QUESTIONS]
     one = asyncio.run(run_phase(config, args.sessions, args.turns, 1, utts))
     many = asyncio.run(run_phase(config, args.sessions, args.turns, args.workers, utts))

@@ -36,7 +36,9 @@ import soxr
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import machine  # noqa: E402
 from support.audio import silence, tone  # noqa: E402
 from support.webrtc import RtcClient  # noqa: E402
 from vllm_duplex.host.deploy import load_config  # noqa: E402
@@ -108,6 +110,7 @@ async def main() -> None:
     ws50, ws90 = quantiles(gaps["websocket"])
     rtc50, rtc90 = quantiles(gaps["webrtc"])
     print(f"\nconfig {args.config}, {args.turns} turns each (end of speech -> first reply audio)")
+    print(machine.line())
     print(f"{'transport':<12}{'p50 ms':>10}{'p90 ms':>10}")
     print(f"{'websocket':<12}{ws50 * 1000:>10.0f}{ws90 * 1000:>10.0f}")
     print(f"{'webrtc':<12}{rtc50 * 1000:>10.0f}{rtc90 * 1000:>10.0f}   "

@@ -116,9 +116,9 @@ class Cpu:
             return self.arch
         best = "generic"
         for level, needs in _LEVELS[1:]:
-            if not needs <= self.flags:
-                break
-            best = level
+            # Not a strict chain: AMD's Zen 4 has AVX-512 VNNI without AVX-VNNI.
+            if needs <= self.flags and (level == "avx2_vnni" or "avx2" in self.flags):
+                best = level
         return best
 
     @property
