@@ -152,8 +152,13 @@ class Turn:
         port = self.session.port
         if not self._primed:
             self._primed = True
-            if self.base:  # make the live request hold the history first (a no-op when it does)
-                await port.submit(self._item(ResetContext(tuple(m.context() for m in self.base)),
+            # The live request holds what comes before the streamed words first
+            # (a no-op when it does): the history and the start's own messages
+            # (``instructions`` is one); without the latter, a stream that had
+            # any rebuilt its whole prompt at the end.
+            before = (*self.base, *self.request.messages)
+            if before:
+                await port.submit(self._item(ResetContext(tuple(m.context() for m in before)),
                                              "ctx"))
         self.pushed += text
         cut = max(self.pushed.rfind(" "), self.pushed.rfind("\n"))

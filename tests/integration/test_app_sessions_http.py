@@ -116,7 +116,7 @@ async def test_continuation_keeps_the_conversation_in_the_live_request(text_serv
         assert r.json()["output"]["text"] == second["output"]["text"]
         info = (await http.get(f"/v1/sessions/{sid}", params={"messages": "true"})).json()
         assert info["turns"] == 2 and [m["role"] for m in info["history"]] == [
-            "user", "assistant", "user", "assistant"]
+            "system", "user", "assistant", "user", "assistant"]
         assert info["resident"] is True and info["state"] == "detached"
         await http.delete(f"/v1/sessions/{sid}")
         assert await live_llm_requests(http) == before  # close freed it

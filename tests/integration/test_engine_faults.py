@@ -174,7 +174,7 @@ async def test_engine_death_fails_every_surface_then_a_restart_recovers() -> Non
             async with await RealtimeClient.connect(server.ws_url, api_key=KEYS[0]) as rt:
                 await rt.update_session({"output_modalities": ["text"],
                                          "audio": {"input": {"turn_detection": None}}})
-                await rt.send(user_item(FRANCE[0]["content"]))
+                await rt.send(user_item(FRANCE[-1]["content"]))
                 await rt.create_response({"output_modalities": ["text"]})
                 reply = await rt.collect_response(timeout=120)
             assert reply.status == "completed" and "Paris" in reply.text, reply.text

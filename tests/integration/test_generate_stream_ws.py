@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import websockets
-from support.text_fixtures import KEYS, MODEL, auth  # noqa: F401
+from support.text_fixtures import INSTRUCTIONS, KEYS, MODEL, auth  # noqa: F401
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -59,7 +59,8 @@ async def engine_idle(server) -> bool:
 async def test_chunks_in_order_then_end_gives_one_answer(text_server):
     stage = text_server.runtime.text.generator.stage
     async with await connect(text_server) as ws:
-        await send(ws, type="start", model=MODEL, request_id="ws-1", options={"max_tokens": 24})
+        await send(ws, type="start", model=MODEL, request_id="ws-1", instructions=INSTRUCTIONS,
+                   options={"max_tokens": 24})
         started = await recv(ws)
         assert started == {"type": "started", "request_id": "ws-1", "session_id": None,
                            "early_output": False}
@@ -174,7 +175,8 @@ async def test_abort_by_request_id_mid_reply(text_server):
 
 async def test_a_bound_session_continues_and_survives_cancel(text_server):
     async with httpx.AsyncClient(base_url=text_server.http_url, headers=auth(), timeout=60) as http:
-        sid = (await http.post("/v1/sessions", json={"model": MODEL})).json()["id"]
+        sid = (await http.post("/v1/sessions", json={"model": MODEL, "instructions": INSTRUCTIONS})
+               ).json()["id"]
         async with await connect(text_server) as ws:
             await send(ws, type="start", session_id=sid, options={"max_tokens": 24})
             assert (await recv(ws))["session_id"] == sid
@@ -185,7 +187,8 @@ async def test_a_bound_session_continues_and_survives_cancel(text_server):
             frames = await rest(ws)
         assert "Paris" in "".join(f.get("delta", "") for f in frames)
         info = (await http.get(f"/v1/sessions/{sid}", params={"messages": "true"})).json()
-        assert [m["content"] for m in info["history"]][0] == "What is the capital of France?"
+        assert [m["content"] for m in info["history"] if m["role"] == "user"] == [
+            "What is the capital of France?"]
         assert info["turns"] == 1 and info["generating"] is None
 
         # another key cannot bind it; a cancelled stream leaves it open (unless asked)

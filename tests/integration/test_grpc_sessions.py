@@ -48,7 +48,7 @@ async def test_a_session_opened_over_grpc_is_the_http_session_of_the_same_key(te
                             json={"messages": FRANCE, "stream": False, "options": {"max_tokens": 8}})
         assert r.status_code == 200
         got = await g.get_session(s.ref, history=True)
-        assert got.turns == 1 and [m.role for m in got.history] == ["user", "assistant"]
+        assert got.turns == 1 and [m.role for m in got.history] == ["system", "user", "assistant"]
         # close is idempotent; a closed session is FAILED_PRECONDITION, its tombstone answers
         assert (await g.close_session(s.ref)).state == "closed"
         assert (await g.close_session(s.ref)).state == "closed"

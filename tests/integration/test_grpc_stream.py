@@ -48,7 +48,8 @@ def kinds(responses) -> list[str]:
 async def test_chunks_in_order_duplicates_and_gaps_then_one_finish(text_server):
     async with grpc_client(text_server) as g:
         call = g.streaming.GenerateStream(metadata=g.metadata)
-        await call.write(start(model=MODEL, max_tokens=12, request_id="grpc-stream-1"))
+        await call.write(start(model=MODEL, max_tokens=12, request_id="grpc-stream-1",
+                               messages_=FRANCE[:1]))  # the instruction, then the streamed question
         started = await call.read()
         assert started.started.request_id == "grpc-stream-1" and not started.started.early_output
         for seq, text in ((1, "What is the "), (2, "capital of "), (1, "What is the ")):
@@ -70,9 +71,7 @@ async def test_chunks_in_order_duplicates_and_gaps_then_one_finish(text_server):
         assert "Paris" in text
         assert await call.code() is grpc.StatusCode.OK
         # the same question, stateless: the same greedy answer
-        same = await g.generate(model=MODEL, messages=[{"role": "user", "content":
-                                                        "What is the capital of France?"}],
-                                max_tokens=12)
+        same = await g.generate(model=MODEL, messages=FRANCE, max_tokens=12)
         assert same.text == text
 
 

@@ -27,7 +27,8 @@ from support.router_fixtures import Serve, get_json
 from vllm_duplex.host.deploy import resolve_config_path
 
 MODEL = "smollm2-135m-instruct"
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+FRANCE = [{"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
+          {"role": "user", "content": "What is the capital of France?"}]  # (text_fixtures.FRANCE: why)
 STORY = [{"role": "user", "content": "Tell me a long story about a dragon who learns to fly."}]
 
 pytestmark = pytest.mark.soak

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support.text_fixtures import FRANCE, KEYS, MODEL  # noqa: F401
+from support.text_fixtures import FRANCE, INSTRUCTIONS, KEYS, MODEL  # noqa: F401
 from vllm_duplex.realtime.client.generate_stream import GenerateStreamClient
 from vllm_duplex.realtime.client.http import DuplexAPIError, DuplexHttpClient
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
@@ -43,7 +43,7 @@ async def test_session_two_turns_then_close(text_server):  # noqa: F811
     async with client(text_server) as c:
         session = await c.open_session(MODEL, instructions="Answer in one short sentence.")
         assert session.owner_instance_id and session.wire["state"] == "active"
-        first = await session.ask(FRANCE, options=SHORT)
+        first = await session.ask(FRANCE[-1:], options=SHORT)  # (the session has its instructions)
         second = await session.ask([{"role": "user", "content": "And of Italy?"}], options=SHORT)
         assert first and second
         info = await session.info(messages=True)
@@ -65,7 +65,8 @@ async def test_session_two_turns_then_close(text_server):  # noqa: F811
 
 async def test_streaming_input_answers_the_streamed_question(text_server):  # noqa: F811
     async with await GenerateStreamClient.connect(text_server.http_url, api_key=KEYS[0],
-                                                  model=MODEL, options={"max_tokens": 24}) as gen:
+                                                  model=MODEL, instructions=INSTRUCTIONS,
+                                                  options={"max_tokens": 24}) as gen:
         assert gen.started["type"] == "started" and gen.request_id
         for piece in ("What is the ", "capital of ", "France?"):
             ack = await gen.send(piece, wait=True)

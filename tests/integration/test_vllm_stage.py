@@ -30,6 +30,7 @@ from vllm_duplex.assets import prepare
 from vllm_duplex.stages.vllm.llm import VllmLlmStage, parse_tool_call
 from support.vllm_fixtures import (  # noqa: F401  (no_leaked_tasks overrides the conftest fixture)
     GREEDY,
+    INSTRUCTED,
     ask,
     assistant,
     next_reply,
@@ -108,7 +109,7 @@ async def test_streaming_prefill_equals_one_shot_prefill(vllm_stage: VllmLlmStag
 async def test_answers_the_capital_of_france(vllm_stage: VllmLlmStage) -> None:
     port, fence = await open_port(vllm_stage, "france")
     try:
-        text, outs = await ask(port, fence, (user(FRANCE),))
+        text, outs = await ask(port, fence, (INSTRUCTED, user(FRANCE)))
     finally:
         await port.close()
     assert "Paris" in text
@@ -120,13 +121,13 @@ async def test_answers_the_capital_of_france(vllm_stage: VllmLlmStage) -> None:
 
 @session_loop
 async def test_multi_turn_fast_path_then_rebuild_on_divergence(vllm_stage: VllmLlmStage) -> None:
-    port, fence = await open_port(vllm_stage, "multi")
+    port, fence = await open_port(vllm_stage, "multi", (INSTRUCTED,))
     try:
         await speak(port, fence, FRANCE)
-        first, _ = await ask(port, fence, (user(FRANCE),), "r1")
+        first, _ = await ask(port, fence, (INSTRUCTED, user(FRANCE)), "r1")
         assert "Paris" in first
 
-        history = (user(FRANCE), assistant(first), user("And of Germany?"))
+        history = (INSTRUCTED, user(FRANCE), assistant(first), user("And of Germany?"))
         rebuilds, fast = vllm_stage.rebuilds, vllm_stage.fast_paths
         await port.submit(StageInput(fence, fence.request_id("resp"),
                                      GenerateRequest("r2", history, GREEDY)))
@@ -206,7 +207,7 @@ async def test_reset_context_then_generate(vllm_stage: VllmLlmStage) -> None:
     port, fence = await open_port(vllm_stage, "reset")
     try:
         await speak(port, fence, "Tell me about the weather")  # to be thrown away
-        context = (ContextMessage("system", "You are a helpful geography assistant."), user(FRANCE))
+        context = (INSTRUCTED, user(FRANCE))
         new = fence.next_incarnation()
         await port.cancel(new)
         await port.submit(StageInput(new, new.request_id("in"), ResetContext(context)))
@@ -224,8 +225,8 @@ async def test_turn_start_reset_extends_the_live_request(vllm_stage: VllmLlmStag
     live request already holds a prefix of it, only the rest is appended."""
     port, fence = await open_port(vllm_stage, "turnstart")
     try:
-        first, _ = await ask(port, fence, (user(FRANCE),), "t1")
-        history = (user(FRANCE), assistant(first))
+        first, _ = await ask(port, fence, (INSTRUCTED, user(FRANCE)), "t1")
+        history = (INSTRUCTED, user(FRANCE), assistant(first))
         rebuilds, fast = vllm_stage.rebuilds, vllm_stage.fast_paths
         await port.submit(StageInput(fence, fence.request_id("llm"), ResetContext(history)))
         await speak(port, fence, "And of Germany?")
@@ -273,13 +274,14 @@ async def test_a_long_conversation_is_tokenized_off_the_event_loop(
 async def test_stop_strings_are_enforced_by_the_stage(vllm_stage: VllmLlmStage) -> None:
     port, fence = await open_port(vllm_stage, "stop")
     try:
-        text, outs = await ask(port, fence, (user(FRANCE),),
+        text, outs = await ask(port, fence, (INSTRUCTED, user(FRANCE)),
                                sampling=SamplingConfig(max_tokens=48, stop=(" Paris",)))
         assert text == "The capital of France is"
         assert isinstance(outs[-1].payload, GenerationDone) and outs[-1].payload.finish_reason == "stop"
         # The aborted live request is rebuilt for the next turn.
         rebuilt = vllm_stage.fresh_prefills
-        again, _ = await ask(port, fence, (user(FRANCE), assistant(text), user("Are you sure?")))
+        again, _ = await ask(port, fence, (INSTRUCTED, user(FRANCE), assistant(text),
+                                           user("Are you sure?")))
         assert again and vllm_stage.fresh_prefills == rebuilt + 1
     finally:
         await port.close()

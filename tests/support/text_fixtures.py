@@ -22,7 +22,15 @@ from vllm_duplex.host.runtime import Runtime
 
 MODEL = "smollm2-135m-instruct"
 KEYS = ("key-alice", "key-bob")
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+# SmolLM2-135M's greedy answer to a bare question follows the CPU's numerics:
+# with the chat template's own system prompt, "What is the capital of France?"
+# is "Paris" in float32 and "L'Étoile, la Marseillaise..." in bfloat16, while
+# "... of Italy?" goes the other way. With an instruction both answer every
+# capital of the QA set alike (bench/decode_settings.py, README "Machines"),
+# so the tests ask as an app would, with one.
+INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
+INSTRUCTED = {"role": "system", "content": INSTRUCTIONS}
+FRANCE = [INSTRUCTED, {"role": "user", "content": "What is the capital of France?"}]
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather of a city",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                "required": ["city"]}}

@@ -24,6 +24,7 @@ from vllm_duplex.core.payloads import (
     ContextMessage,
     GenerateRequest,
     GenerationDone,
+    ResetContext,
     StageFailed,
     StageInput,
     StageOutput,
@@ -38,10 +39,20 @@ GREEDY = SamplingConfig(temperature=0.0, max_tokens=48)
 no_leaked_tasks = leak_check(loop_scope="session", tries=100)
 
 
-async def open_port(stage: VllmLlmStage, session_id: str) -> tuple[VllmLlmPort, Fence]:
+# An app's instruction: with it SmolLM2's greedy answers do not follow the
+# CPU's numerics (support/text_fixtures.py, FRANCE).
+INSTRUCTED = ContextMessage("system", "You are a helpful assistant. Answer in one short sentence.")
+
+
+async def open_port(stage: VllmLlmStage, session_id: str,
+                    context: tuple[ContextMessage, ...] = ()) -> tuple[VllmLlmPort, Fence]:
+    """A port; with ``context``, its live request starts with it (as the
+    cascade opens a turn: ``ResetContext``), before any words are spoken."""
     fence = Fence(session_id)
     port = stage.port(session_id)
     await port.open(fence)
+    if context:
+        await port.submit(StageInput(fence, fence.request_id("in"), ResetContext(context)))
     return port, fence
 
 
