@@ -202,6 +202,14 @@ class EngineHost:
     def max_model_len(self) -> int:
         return self.settings.max_model_len
 
+    def machine_settings(self) -> dict[str, object]:
+        """The engine's machine settings for ``/health``: a borrowed engine
+        (``vllm serve``'s) runs as its own flags say."""
+        if not self._owns_engine and self._engine is not None:
+            dtype = str(self._engine.model_config.dtype).removeprefix("torch.")
+            return {"dtype": {"value": dtype, "source": "engine", "reason": "the served engine's"}}
+        return self.settings.machine_settings()
+
     def request_id(self, base: str) -> str:
         """A vLLM request id: ``base`` (a ``Fence.request_id``) made unique."""
         return f"{base}.{next(self._ids)}"
@@ -319,7 +327,7 @@ class HostedStage(Lifecycle, Metered):
         return self.host.name
 
     def machine_settings(self) -> dict[str, object]:
-        return self.host.settings.machine_settings()
+        return self.host.machine_settings()
 
     @property
     def clock(self) -> Clock:
