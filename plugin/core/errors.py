@@ -256,6 +256,7 @@ ERRORS: dict[str, ErrorSpec] = {
         ErrorSpec("generation_finished", _INVALID, False, 409, Closed),
         ErrorSpec("deadline_exceeded", _SERVER, True, 504, Capacity),
         ErrorSpec("resource_exhausted", _SERVER, True, 429, Capacity),
+        ErrorSpec("at_capacity", _SERVER, True, 429, Capacity),
         # engine
         ErrorSpec("stage_failed", _SERVER, True, 500, EngineError),
         ErrorSpec("engine_dead", _SERVER, True, 503, EngineDead),

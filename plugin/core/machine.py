@@ -161,13 +161,15 @@ class MachineChoices:
     whisper_compute_type: Choice
     whisper_threads: Choice
     vllm_cpu_bind: Choice
+    stage_slots: Choice = Choice(1, "machine")
     llm_cores: tuple[int, ...] = field(default=())
 
     def to_json(self) -> dict[str, object]:
         return {"cpu": self.cpu.to_json(), "llm_dtype": self.llm_dtype.to_json(),
                 "whisper_compute_type": self.whisper_compute_type.to_json(),
                 "whisper_threads": self.whisper_threads.to_json(),
-                "vllm_cpu_bind": self.vllm_cpu_bind.to_json()}
+                "vllm_cpu_bind": self.vllm_cpu_bind.to_json(),
+                "stage_slots": self.stage_slots.to_json()}
 
     def summary(self) -> str:
         def one(name: str, c: Choice) -> str:
@@ -175,7 +177,8 @@ class MachineChoices:
         return ", ".join((one("llm dtype", self.llm_dtype),
                           one("whisper", self.whisper_compute_type),
                           one("whisper threads", self.whisper_threads),
-                          one("vllm cores", self.vllm_cpu_bind)))
+                          one("vllm cores", self.vllm_cpu_bind),
+                          one("stage slots", self.stage_slots)))
 
 
 def choose(cpu: Cpu, env: Mapping[str, str], *, dtype: str | None = None,
@@ -209,7 +212,16 @@ def choose(cpu: Cpu, env: Mapping[str, str], *, dtype: str | None = None,
         bind = Choice(bound, "env")
     else:
         bind = Choice(_id_list(llm_cores), "machine", f"the last {llm_n} of {n} cores")
-    return MachineChoices(cpu, llm_dtype, ct, th, bind, llm_cores)
+    raw_slots = env.get("VLLM_DUPLEX_CPU_SLOTS", "").strip()
+    if raw_slots:
+        if not raw_slots.isdigit() or int(raw_slots) < 1:
+            raise ValueError(f"VLLM_DUPLEX_CPU_SLOTS must be a whole number >= 1, got {raw_slots!r}")
+        slots = Choice(int(raw_slots), "env")
+    else:
+        slots = Choice(max(2, n - llm_n), "machine",
+                       f"the {n - llm_n} core{'s' if n - llm_n != 1 else ''} the LLM does not take"
+                       + (", and one beside the LLM's" if n - llm_n < 2 else ""))
+    return MachineChoices(cpu, llm_dtype, ct, th, bind, slots, llm_cores)
 
 
 def _id_list(ids: tuple[int, ...]) -> str:

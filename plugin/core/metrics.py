@@ -117,6 +117,7 @@ class Metrics:
         self.summaries: dict[str, Summary] = {}
         # name -> (help, {labels: reader}); read at scrape time
         self.gauges: dict[str, tuple[str, dict[tuple[tuple[str, str], ...], Callable[[], float]]]] = {}
+        self._collectors: list[Callable[[], list[str]]] = []  # whole families, read at scrape time
 
         c, s = self.counter, self.summary
         self.sessions_opened = c("duplex_sessions_opened_total", "Realtime sessions opened")
@@ -190,6 +191,16 @@ class Metrics:
         with self._lock:
             return self.histograms.setdefault(name, Histogram(name, help, buckets))
 
+    def add_histogram(self, hist: Histogram) -> None:
+        """Show a histogram kept by someone else (e.g. the process's CPU scheduler)."""
+        with self._lock:
+            self.histograms.setdefault(hist.name, hist)
+
+    def collector(self, lines: Callable[[], list[str]]) -> None:
+        """Metric families rendered by ``lines()`` at scrape time."""
+        with self._lock:
+            self._collectors.append(lines)
+
     def gauge(self, name: str, help: str, read: Callable[[], float], **labels: str) -> None:
         with self._lock:
             self.gauges.setdefault(name, (help, {}))[1][tuple(sorted(labels.items()))] = read
@@ -203,8 +214,10 @@ class Metrics:
         for name, (help, readers) in self.gauges.items():
             lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge"]
             lines += [f"{name}{_labels(key)} {read():g}" for key, read in sorted(readers.items())]
-        for hist in self.histograms.values():
+        for hist in list(self.histograms.values()):
             lines += hist.lines()
+        for collect in self._collectors:
+            lines += collect()
         for summ in self.summaries.values():
             lines += [f"# HELP {summ.name} {summ.help}", f"# TYPE {summ.name} summary"]
             for q in (0.5, 0.99):

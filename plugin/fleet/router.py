@@ -16,6 +16,10 @@ Routing rules, in the order nginx applies them:
   ``stream_not_found``, ``request_not_found``), never routed at random.
 * Everything else — new sessions, ``/v1/generate``, ``/v1/models``,
   ``/v1/capabilities`` — goes to the least-loaded worker (``least_conn``).
+  A new session a full worker refuses (429 ``at_capacity`` /
+  ``resource_exhausted``, before the upgrade: nothing was done) is sent to
+  the next worker (``proxy_next_upstream http_429``); the client hears the
+  429 only when every worker is full.
 * ``/health`` and ``/metrics`` go to the supervisor's fleet endpoint, which
   aggregates every worker's (``vllm_duplex.fleet.view``).
 * Limits as in the app: bodies over ``limits.max_request_bytes`` get 413
@@ -139,7 +143,9 @@ def nginx_conf(plan: RouterPlan, run_dir: Path, user: str | None = None) -> str:
     upstreams = "\n".join(
         f"    upstream {r.upstream} {{ server {r.address} max_fails=0; keepalive 16; }}"
         for r in plan.routes)
-    pool = "\n".join(f"        server {r.address};" for r in plan.routes)
+    # max_fails=0: a worker's 429 (full) is an answer, not a failure to count
+    # against it (nginx would skip it for fail_timeout once it had room again).
+    pool = "\n".join(f"        server {r.address} max_fails=0;" for r in plan.routes)
     fleet = (f"    upstream {FLEET} {{ server {plan.fleet}; }}" if plan.fleet else "")
     health = FLEET if plan.fleet else POOL
     too_large = _error_body("payload_too_large",
@@ -233,8 +239,16 @@ http {{
         location = /v1/realtime {{
             set $duplex_id $arg_session_id;
             if ($duplex_realtime_upstream = "") {{ {_refuse("session")} }}
+            # A full worker refuses a new session before the upgrade (429): try
+            # the next; the client hears 429 only when every worker is full.
+            # (A resume's upstream has one server: nothing else is tried.)
+            proxy_next_upstream error timeout http_429;
             {ws}
             proxy_pass http://$duplex_realtime_upstream;
+        }}
+        location = /v1/realtime/calls {{
+            proxy_next_upstream http_429 non_idempotent;  # a 429 did nothing: safe to retry
+            proxy_pass http://{POOL};
         }}
         location = /v1/generate/stream {{
             set $duplex_id $arg_session_id;
@@ -243,6 +257,7 @@ http {{
             proxy_pass http://$duplex_generate_stream_upstream;
         }}
         location = /v1/sessions {{
+            proxy_next_upstream http_429 non_idempotent;  # a 429 did nothing: safe to retry
             proxy_pass http://{POOL};
         }}
         location ~ ^/v1/sessions/(?<duplex_path_id>[^/]+)(/renew|/generate)?$ {{

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -152,8 +153,11 @@ class WorkerFleet:
             w.slot = slot
         w.life += 1
         w.state = "starting"
+        # The machine's measured capacity (limits.max_voice_sessions: auto) is
+        # shared by the workers on it (host/capacity.py).
+        env = {**os.environ, "VLLM_DUPLEX_FLEET_WORKERS": str(len(self.workers))}
         w.proc = await asyncio.create_subprocess_exec(
-            *self._argv(w), pass_fds=w.slot.pass_fds if w.slot else ())
+            *self._argv(w), pass_fds=w.slot.pass_fds if w.slot else (), env=env)
         if w.slot is not None and self.core is not None:
             self.core.release_slot(w.slot)  # the worker holds the listeners now
         return True

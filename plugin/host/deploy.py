@@ -30,6 +30,10 @@ class StageSpec:
 @dataclass(frozen=True)
 class Limits:
     max_sessions: int = 256
+    # Voice sessions (realtime sockets and calls) past the measured capacity
+    # are refused (429 before the upgrade): a number, "auto" (the machine's,
+    # host/capacity.py) or None (no ceiling but max_sessions).
+    max_voice_sessions: int | str | None = None
     max_sessions_per_key: int | None = None
     max_event_bytes: int = 1 << 20  # larger events get `event_too_large`, socket stays open
     max_frame_bytes: int = 16 << 20  # larger frames are refused by the WebSocket layer (close 1009)

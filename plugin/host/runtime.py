@@ -24,6 +24,7 @@ from vllm_duplex.core.session_config import (
     TurnDetection,
     updated_config,
 )
+from vllm_duplex.host.capacity import VoiceCapacity
 from vllm_duplex.host.deploy import DeployConfig
 from vllm_duplex.host.loop_lag import LoopLagMonitor, freeze_startup_heap
 from vllm_duplex.host.stage_types import build_stage
@@ -38,6 +39,7 @@ from vllm_duplex.session.video_input import VideoLimits
 from vllm_duplex.stages.pipeline import check_routes
 from vllm_duplex.stages.lifecycle import Lifecycle, MachineTuned, Metered, ServesText, StageCounter
 from vllm_duplex.stages.port import Stage
+from vllm_duplex.stages.scheduler import cpu_scheduler, slots_choice
 
 _SESSION_DEFAULT_KEYS = ("instructions", "output_modalities", "voice", "temperature",
                          "max_output_tokens", "turn_detection")
@@ -91,6 +93,14 @@ class Runtime:
             clock=self.clock,
             instance_id=instance_id or os.environ.get("VLLM_DUPLEX_INSTANCE_ID"),
         )
+        self.capacity = VoiceCapacity(limits.max_voice_sessions)
+        self._refusals = self.metrics.counter(
+            "duplex_voice_sessions_refused_total",
+            "New voice sessions refused at the measured capacity (limits.max_voice_sessions)")
+        if self.capacity.ceiling is not None:
+            self.metrics.gauge("duplex_voice_sessions_max",
+                               "The ceiling of voice sessions (limits.max_voice_sessions)",
+                               lambda: float(self.capacity.ceiling or 0))
         self.client_secrets = ClientSecrets(self.clock, self.manager.instance_id)
         self.session_limits = SessionLimits(
             mailbox_capacity=limits.mailbox_capacity, outbound_capacity=limits.outbound_capacity,
@@ -123,6 +133,7 @@ class Runtime:
             self.text = TextService(llm, model=config.model, instance_id=self.manager.instance_id,
                                     limits=limits, clock=self.clock, metrics=self.metrics)
         self._publish_stage_counters()
+        cpu_scheduler().publish(self.metrics)
         self.loop_lag = LoopLagMonitor(self.metrics, warn_after_s=config.loop_lag_warning_ms / 1000)
 
     def _publish_stage_counters(self) -> None:
@@ -142,10 +153,15 @@ class Runtime:
         return self.config.model
 
     def machine(self) -> dict[str, Any]:
-        """The CPU as detected and what each stage chose on it (``/health``)."""
+        """The CPU as detected, what each stage chose on it and the CPU
+        scheduler's slots (``/health``)."""
+        sched = cpu_scheduler()
         return {"cpu": detect().to_json(),
                 "stages": {s.name: dict(s.machine_settings()) for s in self.stages
-                           if isinstance(s, MachineTuned)}}
+                           if isinstance(s, MachineTuned)},
+                "scheduler": {"slots": slots_choice().to_json(),
+                              "background_slots": sched.background_slots,
+                              "patience_ms": round(sched.patience_s * 1000)}}
 
     def machine_line(self) -> str:
         """The start-up line's account of the machine and the choices."""
@@ -153,7 +169,10 @@ class Runtime:
             f"{key} {v['value']}" + ("" if v["source"] == "machine" else f" ({v['source']})")
             for key, v in settings.items() if isinstance(v, dict))
             for name, settings in self.machine()["stages"].items())
-        return f"{detect().summary()}" + (f"; {chosen}" if chosen else "")
+        slots = slots_choice()
+        chosen += ("; " if chosen else "") + f"cpu scheduler: slots {slots.value}" + (
+            "" if slots.source == "machine" else f" ({slots.source})")
+        return f"{detect().summary()}; {chosen}"
 
     def stage_health(self) -> dict[str, bool]:
         """Per stage: can it serve? (a dead vLLM engine says no)."""
@@ -232,6 +251,7 @@ class Runtime:
                 _check_secret_fits(secret, patch)
                 api_key = secret.owner_key
             config = self.session_config(secret.patch if secret else None, patch)
+            self.check_voice_room()  # with admit below, no await between: no race
 
             def factory(session_id: str) -> DuplexSession:
                 return DuplexSession(session_id, config=config, policy=self.policy,
@@ -257,6 +277,19 @@ class Runtime:
             await session.close(CloseReason.START_FAILED)
             raise
         return session
+
+    def check_voice_room(self) -> None:
+        """Raise ``at_capacity`` when a new voice session would pass the
+        ceiling (a resume never asks: its session holds its seat)."""
+        try:
+            self.capacity.check(len(self.manager))
+        except DuplexError:
+            self._refusals.inc()
+            raise
+
+    def capacity_report(self) -> dict[str, Any]:
+        """``/health``'s ``capacity``: the ceiling, the sessions, the room left."""
+        return self.capacity.to_json(len(self.manager))
 
     def caller_key(self, key: str | None) -> str | None:
         """The API key a request that opens nothing acts as (a resume, a
@@ -311,6 +344,7 @@ class Runtime:
             "stages": [s.name for s in self.stages],
             "limits": {
                 "max_sessions": limits.max_sessions,
+                "max_voice_sessions": self.capacity.ceiling,
                 "max_sessions_per_key": limits.max_sessions_per_key,
                 "max_event_bytes": limits.max_event_bytes,
                 "max_frame_bytes": limits.max_frame_bytes,

@@ -35,6 +35,7 @@ from vllm_duplex.realtime.server.auth import bearer_key, check_key
 from vllm_duplex.realtime.server.client_secrets import client_secret_routes
 from vllm_duplex.realtime.server.connection import RealtimeConnection
 from vllm_duplex.realtime.server.generate_ws import GenerateStream
+from vllm_duplex.realtime.server.http_errors import error_response
 from vllm_duplex.realtime.server.owner_header import OwnerHeader
 from vllm_duplex.realtime.server.text_routes import text_routes
 
@@ -42,10 +43,6 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
 # The page is small and changes with the server: always revalidate it.
 _NO_CACHE = {"Cache-Control": "no-cache"}
-
-
-def error_response(err: DuplexError) -> JSONResponse:
-    return JSONResponse({"error": err.to_wire()}, status_code=err.spec.http_status)
 
 
 def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = "127.0.0.1"
@@ -79,7 +76,8 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
         healthy = all(stages.values())
         return JSONResponse({"status": "ok" if healthy else "unhealthy", "stages": stages,
                              "instance_id": runtime.manager.instance_id,
-                             "sessions": len(runtime.manager), "machine": runtime.machine()},
+                             "sessions": len(runtime.manager), "capacity": runtime.capacity_report(),
+                             "machine": runtime.machine()},
                             status_code=200 if healthy else 503)
 
     async def metrics(request: Request):

@@ -36,6 +36,7 @@ from vllm_duplex.core.session_config import SessionPatch, SessionType
 from vllm_duplex.core.owner_ids import check_routed_id
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.auth import bearer_key, check_key
+from vllm_duplex.realtime.server.http_errors import error_response
 from vllm_duplex.realtime.wire.codec import Dialect, RealtimeCodec
 from vllm_duplex.replay.outbox import Attachment, Notice
 from vllm_duplex.session.runner import DuplexSession
@@ -74,10 +75,34 @@ class RealtimeConnection:
         await self._send(self.codec.render_error(err))
         await self.ws.close(code=code, reason=err.code)
 
+    async def _refused_at_capacity(self, key: str | None) -> bool:
+        """A new session past the server's ceiling is refused before the
+        upgrade: HTTP 429 with ``Retry-After`` (host/capacity.py), which a
+        router in front takes as "try the next worker". A key that would be
+        refused anyway hears why after the upgrade, as always."""
+        params = self.ws.query_params
+        if params.get("call_id") is not None or params.get("resume") in ("1", "true"):
+            return False
+        try:
+            check_key(self.runtime, key)
+            self.runtime.check_voice_room()
+        except DuplexError as err:
+            if not isinstance(err, Capacity):
+                return False
+            if "websocket.http.response" not in self.ws.scope.get("extensions", {}):
+                await self.ws.accept()
+                await self._refuse(err, 1013)  # a server without denial responses
+            else:
+                await self.ws.send_denial_response(error_response(err))
+            return True
+        return False
+
     async def serve(self) -> None:
         offered = list(self.ws.scope.get("subprotocols") or [])
-        await self.ws.accept(subprotocol="realtime" if "realtime" in offered else None)
         key = bearer_key(self.ws.headers, offered)
+        if await self._refused_at_capacity(key):
+            return
+        await self.ws.accept(subprotocol="realtime" if "realtime" in offered else None)
         try:
             check_key(self.runtime, key)
             model = self.ws.query_params.get("model")

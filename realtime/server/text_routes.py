@@ -26,6 +26,7 @@ from vllm_duplex.text import continuation as sessions_api
 from vllm_duplex.text.continuation import SessionTurn, begin_continuation
 from vllm_duplex.text.events import ErrorEvent, TextEvent, collect, from_wire
 from vllm_duplex.text.requests import parse_control, parse_generate
+from vllm_duplex.realtime.server.http_errors import error_response
 
 if TYPE_CHECKING:
     from vllm_duplex.text.service import TextService
@@ -40,10 +41,6 @@ class Caller:
     def __init__(self, api_key: str | None, key_id: str | None) -> None:
         self.api_key = api_key
         self.key_id = key_id
-
-
-def error_response(err: DuplexError) -> JSONResponse:
-    return JSONResponse({"error": err.to_wire()}, status_code=err.spec.http_status)
 
 
 def answer(body: dict[str, Any]) -> JSONResponse:

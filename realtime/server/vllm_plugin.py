@@ -69,6 +69,7 @@ from starlette.websockets import WebSocket
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.host.deploy import DeployConfig, StageSpec, load_config
 from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.realtime.server.http_errors import error_response
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -144,8 +145,7 @@ class _Mounted:
             return
         err = self._error()
         if scope["type"] == "http":
-            await JSONResponse({"error": err.to_wire()}, status_code=err.spec.http_status)(
-                scope, receive, send)
+            await error_response(err)(scope, receive, send)
         elif scope["type"] == "websocket":
             # Accept, say why (a Realtime ``error`` event), close: clients see
             # the reason instead of a bare handshake failure.

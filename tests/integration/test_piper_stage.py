@@ -207,7 +207,7 @@ def test_a_piece_cut_before_its_sentence_ends_is_spoken_as_going_on(stage):
     assert continued("Sure thing, ") == "Sure thing,"
     for done in ("It is Paris.", "Really?", 'He said "hi."', "Wait (really)!"):
         assert continued(done) == done
-    # On the stage's worker threads, as it phonemizes (one phonemizer per worker).
+    # On the stage's worker threads, as it phonemizes.
     assert stage._executor.submit(stage.phonemize, "A week").result().endswith(",")
     assert stage._executor.submit(stage.phonemize, "A week has seven days.").result().endswith(".")
 
@@ -260,7 +260,7 @@ def test_speaking_never_forks_the_server(stage):
     assert stage.synthesized >= synthesized + 6  # several pieces, twice
     assert loop_thread not in forks and forks == []
     starts = [p.starts for p in stage._phonemizers]
-    assert 1 <= len(starts) <= 2 and all(n == 1 for n in starts)  # one per worker, kept up
+    assert 1 <= len(starts) <= 2 and all(n == 1 for n in starts)  # one per piece at once, kept up
 
 
 def test_a_phonemizer_that_dies_is_started_again(stage):

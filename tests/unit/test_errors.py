@@ -50,7 +50,7 @@ def test_kinds_group_the_codes_that_code_branches_on() -> None:
     assert codes(Closed) == {"session_closed", "generation_finished"}
     assert codes(ResyncRequired) == {"resync_required"}
     assert codes(Gone) == codes(Expired) | codes(Closed) | codes(ResyncRequired)
-    assert codes(Capacity) == {"resource_exhausted", "rate_limited", "deadline_exceeded"}
+    assert codes(Capacity) == {"resource_exhausted", "rate_limited", "deadline_exceeded", "at_capacity"}
     assert codes(NotFound) == {"session_not_found", "stream_not_found", "item_not_found",
                                "model_not_found", "request_not_found", "call_not_found"}
     assert codes(AccessDenied) == {"unauthorized", "invalid_resume_token", "client_secret_expired",

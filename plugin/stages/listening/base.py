@@ -1,9 +1,14 @@
-"""Shared shape of the listening stages (VAD, ASR): model work on worker
-threads, one serial worker per session so chunks stay in order.
+"""Shared shape of the listening stages (VAD, ASR, vision): model work on
+worker threads, one serial worker per session so chunks stay in order.
 
-A ``ListeningStage`` owns a small thread pool (its ``Lifecycle``: ``close``
-stops the threads); each ``ListeningPort`` queues its inputs and runs
-``_work(payload)`` (synchronous, on a worker thread) for one item at a time. Its outputs describe what the user said, so ``cancel``
+A ``ListeningStage`` owns a thread pool (its ``Lifecycle``: ``close`` stops
+the threads); each ``ListeningPort`` queues its inputs and runs
+``_work(payload)`` (synchronous, on a worker thread) for one item at a time.
+The threads only carry the work: how much model work runs at once, and whose
+first, is the process's CPU scheduler's (``stages/scheduler.py``), which the
+work asks for a slot. A thread may wait there, so the pool is sized for
+every session at once (threads start only when needed), and one session's
+waiting partial never holds up another's final. Its outputs describe what the user said, so ``cancel``
 aborts nothing: they are ``InputObservation``s that the fence gate never
 drops, and skipping queued audio would break recurrent state and the timeline.
 """
@@ -12,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -22,6 +26,7 @@ from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.payloads import StageFailed, StageInput
 from vllm_duplex.stages.port import FencedPort, StageBase
+from vllm_duplex.stages.scheduler import CARRIERS, cpu_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +37,9 @@ INBOX_SIZE = 64  # chunks queued per session before submit() waits (backpressure
 class ListeningStage(StageBase):
     def __init__(self, name: str, clock: Clock, *, workers: int | None = None) -> None:
         super().__init__(name, clock)
-        self._executor = ThreadPoolExecutor(
-            max_workers=workers or min(4, os.cpu_count() or 1), thread_name_prefix=f"duplex-{name}"
-        )
+        self.scheduler = cpu_scheduler()
+        self._executor = ThreadPoolExecutor(max_workers=workers or CARRIERS,
+                                            thread_name_prefix=f"duplex-{name}")
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)

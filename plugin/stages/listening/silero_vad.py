@@ -38,6 +38,7 @@ from vllm_duplex.core.payloads import (
 from vllm_duplex.stages.listening.base import ListeningPort, ListeningStage
 from vllm_duplex.stages.listening.energy_vad import EnergyVad
 from vllm_duplex.stages.port import StagePort
+from vllm_duplex.stages.scheduler import Urgency
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,12 @@ class _SileroPort(ListeningPort):
             # chunk on, in order with the audio.
             self.vad.configure(payload)
             return []
-        return self.vad.feed(payload.pcm, payload.start_ms)
+        # The VAD tells when a turn ends, and a chunk's windows take a
+        # fraction of a millisecond: they never wait for a slot (weight 0),
+        # and the scheduler still counts them.
+        with self._stage.scheduler.work(Urgency.TURN_END, self.name, owner=self.session_id,
+                                        weight=0):
+            return self.vad.feed(payload.pcm, payload.start_ms)
 
     def _completed(self, payload: Any, outputs: list[Any]) -> int:
         return 0 if isinstance(payload, VadConfig) else 1  # every analysed chunk

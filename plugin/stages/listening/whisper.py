@@ -28,6 +28,7 @@ what to reinstall, never a fallback.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ from vllm_duplex.stages.listening.whisper_stream import (
     WhisperListener,
 )
 from vllm_duplex.stages.port import StagePort
+from vllm_duplex.stages.scheduler import Shed, Urgency
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,9 @@ log = logging.getLogger(__name__)
 WHISPER_INBOX = 1024
 
 __all__ = ["EndOfUtterance", "WhisperAsrStage"]
+
+# What a turn that is ending waits on: its words at the pause, its final.
+_TURN_ENDING = (UserPaused, VadSpeechStopped, EndOfUtterance)
 
 
 class WhisperAsrStage(ListeningStage):
@@ -140,20 +145,35 @@ class WhisperAsrStage(ListeningStage):
         if warm_up:
             for loaded in (self.model, self.partial_model):
                 if loaded is not None:
-                    self.run_later(loaded.warm_up)
+                    self.run_later(functools.partial(self._warm_up, loaded))
 
     def machine_settings(self) -> dict[str, object]:
         """What ``/health`` and the start-up line report (``core/machine.py``)."""
         return {"compute_type": self.chosen.whisper_compute_type.to_json(),
                 "threads": self.chosen.whisper_threads.to_json(), "device": str(self.device)}
 
-    def final_text(self, pcm: np.ndarray) -> str:
-        return self.model.transcribe(pcm, self.options).text
+    def final_text(self, pcm: np.ndarray, *, owner: str | None = None) -> str:
+        """The final transcript: a turn that ends waits on it."""
+        with self.scheduler.work(Urgency.TURN_END, self.name, owner=owner):
+            return self.model.transcribe(pcm, self.options).text
 
-    def partial_text(self, pcm: np.ndarray) -> Transcription:
-        """A partial hypothesis, with the confidence that may make it final."""
+    def partial_text(self, pcm: np.ndarray, *, owner: str | None = None,
+                     ending: bool = False) -> Transcription | None:
+        """A partial hypothesis, with the confidence that may make it final.
+        ``ending``: a turn that may be ending waits on it (the audio went
+        quiet, a pause is judged); otherwise nobody does yet, and the CPU
+        scheduler drops it (None) when it cannot run in time."""
         assert self.partial_model is not None
-        return self.partial_model.transcribe(pcm, self.partial_options)
+        try:
+            with self.scheduler.work(Urgency.TURN_END if ending else Urgency.BACKGROUND, self.name,
+                                     owner=owner, sheddable=not ending):
+                return self.partial_model.transcribe(pcm, self.partial_options)
+        except Shed:
+            return None
+
+    def _warm_up(self, model: WhisperModel) -> None:
+        with self.scheduler.work(Urgency.BACKGROUND, self.name):
+            model.warm_up()
 
     def port(self, session_id: str) -> StagePort:
         return _WhisperPort(self, session_id)
@@ -165,8 +185,12 @@ class _WhisperPort(ListeningPort):
     def __init__(self, stage: WhisperAsrStage, session_id: str) -> None:
         super().__init__(stage, session_id)
         self._inbox = asyncio.Queue(maxsize=WHISPER_INBOX)  # (replaces the base's smaller one)
+        hears = stage.partial_model is not None
         self.listener = WhisperListener(
-            stage.final_text, stage.partial_text if stage.partial_model is not None else None,
+            functools.partial(stage.final_text, owner=session_id),
+            functools.partial(stage.partial_text, owner=session_id) if hears else None,
+            partial_now=functools.partial(stage.partial_text, owner=session_id, ending=True)
+            if hears else None,
             schedule=stage.schedule, prebuffer_ms=stage.prebuffer_ms, tail_ms=stage.tail_ms,
             max_utterance_s=stage.max_utterance_s, vad_gated=stage.vad_gated,
             confident_logprob=stage.confident_logprob)
@@ -187,6 +211,13 @@ class _WhisperPort(ListeningPort):
 
     def _completed(self, payload: Any, outputs: list[Any]) -> int:
         return sum(isinstance(out, TranscriptFinal) for out in outputs)  # utterances
+
+    async def _handle(self, item: StageInput) -> None:
+        if isinstance(item.payload, _TURN_ENDING):
+            # This port works in order: a turn that ends must not wait behind
+            # this session's own partial still waiting for a CPU slot.
+            self._stage.scheduler.promote(self.session_id, self.name)
+        await super()._handle(item)
 
     async def _process(self, item: StageInput) -> None:
         await super()._process(item)

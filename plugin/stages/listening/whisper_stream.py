@@ -25,6 +25,13 @@ decoders for text:
   last partial's). The answer is a ``TranscriptPartial(at_pause=True)``, sent
   even when it says nothing new.
 
+Which decoder a partial asks says who waits on it: ``partial`` for one on
+the audio grid in the middle of an utterance (nobody waits on it yet: the
+CPU scheduler may run it late, or drop it -- the decoder then answers None,
+and the listener goes on as if the budget had skipped it), ``partial_now``
+for the words a turn that may be ending waits on (the audio went quiet, or
+a pause is being judged); ``partial_now`` defaults to ``partial``.
+
 The final decoder stays off the turn's critical path when it can: the
 at-pause answer heard every word up to the pause, so when the partial
 decoder was *confident* of it (its average log-probability at least
@@ -88,7 +95,9 @@ class Heard(Protocol):
     suspect: bool  # a loop the decoder could not get out of: never sure
 
 
-HearPartial = Callable[[np.ndarray], "str | Heard"]  # a plain str: no confidence known
+# A plain str: no confidence known; None: the decode was dropped (the CPU
+# had no room for it in time: stages/scheduler.py), nothing was heard.
+HearPartial = Callable[[np.ndarray], "str | Heard | None"]
 
 
 @dataclass
@@ -128,13 +137,14 @@ def _frame_peak(pcm: np.ndarray) -> float:
 
 class WhisperListener:
     def __init__(self, final: Transcribe, partial: HearPartial | None = None, *,
-                 schedule: PartialSchedule = PartialSchedule(), prebuffer_ms: int = 2000,
+                 partial_now: HearPartial | None = None, schedule: PartialSchedule = PartialSchedule(), prebuffer_ms: int = 2000,
                  tail_ms: int = 300, max_utterance_s: float = 120.0,
                  vad_gated: bool | None = None,
                  confident_logprob: float | None = CONFIDENT_LOGPROB,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self._final = final
         self._partial = partial
+        self._partial_now = partial_now or partial
         self._confident_logprob = confident_logprob  # None: the final decoder always runs
         self._schedule = schedule
         self._prebuffer = prebuffer_ms * SPMS
@@ -154,6 +164,7 @@ class WhisperListener:
         self._at_pause: _AtPause | None = None
         self.partials_decoded = 0
         self.partials_skipped = 0
+        self.partials_shed = 0  # dropped by the decoder (the CPU had no room in time)
         self.finals_from_pause = 0  # finals that needed no decode at the end of speech
 
     @property
@@ -218,7 +229,9 @@ class WhisperListener:
         if stale and self._end - self._onset <= self._schedule.max_partial_s * INTERNAL_RATE:
             # The hypothesis is older than the speech's end: hear it all now
             # (the final's decoder when partials are off).
-            self._last_partial, self._last_logprob = self._decode(self._partial or self._final)
+            heard = self._decode(self._partial_now or self._final)
+            assert heard is not None, "a partial a turn waits on is never dropped"
+            self._last_partial, self._last_logprob = heard
         if not stale or self._partial_from >= end:  # the answer heard the speech to its end
             if self._partial is None:  # the final's own decoder heard it: that is the final
                 self._at_pause = _AtPause(end, self._last_partial, False, self._last_partial)
@@ -302,7 +315,12 @@ class WhisperListener:
             self.partials_skipped += 1
             self._next_partial = self._end + s.interval_ms * SPMS
             return []
-        text, logprob = self._decode(self._partial)
+        heard = self._decode(self._partial_now if early else self._partial)
+        if heard is None:  # dropped: nothing heard; the next one hears more
+            self.partials_shed += 1
+            self._next_partial = self._end + s.interval_ms * SPMS
+            return []
+        text, logprob = heard
         self._last_logprob = logprob
         if text == self._last_partial:
             return []
@@ -326,12 +344,15 @@ class WhisperListener:
         return (self._quiet(quiet_from, self._end)
                 and not self._quiet(self._partial_from, quiet_from))
 
-    def _decode(self, transcribe: HearPartial) -> tuple[str, float | None]:
-        """A partial decode of the utterance so far, and the next one scheduled."""
+    def _decode(self, transcribe: HearPartial) -> tuple[str, float | None] | None:
+        """A partial decode of the utterance so far, and the next one scheduled
+        (None: the decoder dropped it)."""
         assert self._end is not None
         s = self._schedule
         started = self._timer()
         heard = transcribe(self._utterance_audio(self._end))
+        if heard is None:
+            return None
         cost = self._timer() - started
         self.partials_decoded += 1
         # The next partial waits for more audio than this one cost to decode,

@@ -11,9 +11,12 @@ first audio follows the reply's first words, not its first sentence
 (``bench/first_phrase.py``: first audio 0.66x as late as with four words,
 Whisper still hears the spoken reply whole).
 
-Each piece, on this stage's worker threads: phonemes from an ``espeak-ng``
-process that stays up (``phonemizer.py``: one per worker thread; starting a
-process per piece forked the whole server on the event loop), then the ONNX
+Each piece, on this stage's worker threads, holding a slot of the CPU
+scheduler (``stages/scheduler.py``: a reply's first piece is what an ending
+turn waits on, the next ones are due as the audio before them plays out):
+phonemes from an ``espeak-ng`` process that stays up (``phonemizer.py``: one
+per piece phonemized at once, reused; starting a process per piece forked
+the whole server on the event loop), then the ONNX
 graph (onnxruntime releases the GIL; a cancel terminates the run through its
 ``RunOptions``); then soxr from the voice's 22.05 kHz to ``rate``.
 
@@ -43,6 +46,7 @@ from vllm_duplex.stages.speech.piper_voice import (
     espeak_argv,
     ipa_with_punctuation,
 )
+from vllm_duplex.stages.scheduler import CARRIERS, Urgency
 from vllm_duplex.stages.speech.subprocess_tts import SubprocessTtsStage, espeak_voice_ok
 
 _loaded: dict[tuple[str, int, float | None, Device], PiperVoice] = {}
@@ -71,7 +75,7 @@ class PiperTtsStage(SubprocessTtsStage):
     def __init__(self, name: str = "tts", *, clock: Clock, voice: str | Path = "en_US-joe-medium",
                  rate: int = INTERNAL_RATE, clause_words: int = 4, first_words: int = 2,
                  threads: int = 1,
-                 workers: int = 2, length_scale: float | None = None,
+                 workers: int = CARRIERS, length_scale: float | None = None,
                  espeak_voice: str | None = None, warm_up: bool = True,
                  device: Device | str = CPU, **kwargs: Any) -> None:
         if workers < 1 or threads < 1 or (length_scale is not None and length_scale <= 0):
@@ -86,32 +90,47 @@ class PiperTtsStage(SubprocessTtsStage):
         if self.espeak_voice.startswith("-") or not espeak_voice_ok(self.espeak_voice):
             raise ValueError(f"espeak-ng has no voice {self.espeak_voice!r} for the phonemes")
         self.cancelled_runs = 0  # ONNX runs a cancel terminated
-        self._local = threading.local()  # each worker thread's phonemizer
+        # espeak-ng processes that stay up; one per piece phonemized at once
+        # (within a CPU slot: as many as the scheduler has slots), reused.
         self._phonemizers: list[EspeakPhonemizer] = []
+        self._idle_phonemizers: list[EspeakPhonemizer] = []
         self._phonemizers_lock = threading.Lock()
         self._closed = False
         if warm_up:
-            self._executor.submit(self.voice.warm_up)
+            self._executor.submit(self._warm_up)
+
+    def _warm_up(self) -> None:
+        with self.scheduler.work(Urgency.BACKGROUND, self.name):
+            self.voice.warm_up()
 
     def phonemize(self, text: str) -> str:
         """``text`` -> the voice's phoneme string. Synchronous: on a worker thread."""
-        phonemizer = getattr(self._local, "phonemizer", None)
-        if phonemizer is None:
-            phonemizer = EspeakPhonemizer(espeak_argv(self.espeak_voice))
-            with self._phonemizers_lock:
-                if self._closed:
-                    raise RuntimeError(f"stage {self.name!r} is closed")
+        with self._phonemizers_lock:
+            if self._closed:
+                raise RuntimeError(f"stage {self.name!r} is closed")
+            phonemizer = self._idle_phonemizers.pop() if self._idle_phonemizers else None
+            if phonemizer is None:
+                phonemizer = EspeakPhonemizer(espeak_argv(self.espeak_voice))
                 self._phonemizers.append(phonemizer)
-            self._local.phonemizer = phonemizer
-        return ipa_with_punctuation(continued(text), phonemizer.phonemize(text))
+        try:
+            return ipa_with_punctuation(continued(text), phonemizer.phonemize(text))
+        finally:
+            with self._phonemizers_lock:
+                if not self._closed:
+                    self._idle_phonemizers.append(phonemizer)
 
-    def _speak(self, text: str, run: object) -> np.ndarray:
-        return self.voice.synthesize(self.phonemize(text), run)
+    def _speak(self, text: str, run: object, urgency: Urgency, due_in_s: float,
+               owner: str | None) -> np.ndarray:
+        with self.scheduler.work(urgency, self.name, owner=owner, due_in_s=due_in_s):
+            return self.voice.synthesize(self.phonemize(text), run)
 
-    async def synthesize(self, text: str) -> np.ndarray:
-        """``text`` (already sanitized) -> int16 PCM at ``self.rate``."""
+    async def synthesize(self, text: str, *, urgency: Urgency = Urgency.TURN_END,
+                         due_in_s: float = 0.0, owner: str | None = None) -> np.ndarray:
+        """``text`` (already sanitized) -> int16 PCM at ``self.rate``, made
+        when the CPU scheduler says (``urgency``, ``due_in_s``)."""
         run = self.voice.new_run()
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self._speak, text, run)
+        future = asyncio.get_running_loop().run_in_executor(
+            self._executor, self._speak, text, run, urgency, due_in_s, owner)
         try:
             audio = await future
         except asyncio.CancelledError:
@@ -131,6 +150,7 @@ class PiperTtsStage(SubprocessTtsStage):
         with self._phonemizers_lock:
             self._closed = True
             phonemizers, self._phonemizers = self._phonemizers, []
+            self._idle_phonemizers = []
         for phonemizer in phonemizers:
             phonemizer.close()
 

@@ -43,6 +43,7 @@ from vllm_duplex.core.payloads import (
     TextDelta,
 )
 from vllm_duplex.stages.port import FencedPort, StageBase, StagePort
+from vllm_duplex.stages.scheduler import CARRIERS, Urgency, cpu_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class SubprocessTtsStage(StageBase):
 
     def __init__(self, name: str, *, clock: Clock, rate: int = INTERNAL_RATE,
                  chunk_ms: int = 100, clause_words: int = 12, first_words: int = 4,
-                 workers: int = 4) -> None:
+                 workers: int = CARRIERS) -> None:
         super().__init__(name, clock)
         if rate <= 0 or chunk_ms <= 0 or clause_words < 4 or not 0 <= first_words <= 64:
             raise ValueError("rate and chunk_ms must be > 0, clause_words >= 4, "
@@ -168,8 +169,11 @@ class SubprocessTtsStage(StageBase):
         self.first_words = first_words  # the first piece's length in words (0: a sentence)
         self.killed_processes = 0  # synthesizers killed by cancel/close
         self.synthesized = 0  # pieces synthesized
-        # Threads that start synthesizers and wait for them (one per piece
-        # being made, all sessions together; threads start on first use).
+        self.scheduler = cpu_scheduler()
+        # Threads that wait for a CPU slot, start synthesizers and wait for
+        # them (one per piece being made, all sessions together; threads
+        # start on first use). How many pieces are made at once, and whose
+        # first, is the CPU scheduler's.
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"duplex-{name}")
 
     def command(self, text: str, wav_path: str) -> tuple[list[str], bytes | None]:
@@ -226,12 +230,17 @@ class SubprocessTtsStage(StageBase):
     async def close(self) -> None:  # Lifecycle: what Runtime.stop awaits
         self.shutdown_workers()
 
-    async def synthesize(self, text: str) -> np.ndarray:
-        """``text`` (already sanitized) -> int16 PCM at ``self.rate``."""
+    async def synthesize(self, text: str, *, urgency: Urgency = Urgency.TURN_END,
+                         due_in_s: float = 0.0, owner: str | None = None) -> np.ndarray:
+        """``text`` (already sanitized) -> int16 PCM at ``self.rate``.
+        ``urgency`` / ``due_in_s``: who waits on it, and when it must be
+        ready (the CPU scheduler's order; ``stages/scheduler.py``)."""
         fd, wav_path = tempfile.mkstemp(prefix="duplex-tts-", suffix=".wav")
         os.close(fd)
         try:
-            out = await self.run_binary(*self.command(text, wav_path))
+            async with self.scheduler.holding(self._executor, urgency, self.name, owner=owner,
+                                              due_in_s=due_in_s):
+                out = await self.run_binary(*self.command(text, wav_path))
             if os.path.getsize(wav_path):  # the synthesizer wrote the file, not stdout
                 with open(wav_path, "rb") as f:
                     out = f.read()
@@ -350,6 +359,11 @@ class _SynthPort(FencedPort):
         rid = speech.response_id
         chunk = max(1, stage.rate * stage.chunk_ms // 1000)
         carry = ""  # text of pieces with nothing to say ("..."), told with the next audio
+        # The reply's first sound is what an ending turn waits on; each piece
+        # after it is due when the audio before it has played (from the first
+        # audio on, at real time: the pacing of output.py), on the scheduler's timer.
+        sounding_since: float | None = None
+        said_s = 0.0
         while True:
             item, piece = await speech.work.get()
             if piece is _FLUSH:
@@ -359,10 +373,21 @@ class _SynthPort(FencedPort):
                 await self._emit(item.fence, item.request_id, SpeechDone(rid))
                 return
             text = sanitize(piece)
-            pcm = await stage.synthesize(text) if any(c.isalnum() for c in text) else None
+            pcm = None
+            if any(c.isalnum() for c in text):
+                if sounding_since is None:
+                    urgency, due_in_s = Urgency.TURN_END, 0.0
+                else:
+                    urgency = Urgency.SPEECH_DUE
+                    due_in_s = sounding_since + said_s - stage.scheduler.now()
+                pcm = await stage.synthesize(text, urgency=urgency, due_in_s=due_in_s,
+                                             owner=self.session_id)
             if pcm is None or pcm.size == 0:
                 carry += piece
                 continue
+            if sounding_since is None:
+                sounding_since = stage.scheduler.now()
+            said_s += len(pcm) / stage.rate
             label, carry = carry + piece, ""
             for i, begin in enumerate(range(0, len(pcm), chunk)):
                 if i:

@@ -39,6 +39,7 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.stages.listening.base import ListeningStage
 from vllm_duplex.stages.port import FencedPort, StagePort
+from vllm_duplex.stages.scheduler import Urgency
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,10 @@ class VisionStage(ListeningStage):
     drops uncertain text (0..1); ``max_side`` downscales frames before
     analysis; ``min_face`` is the smallest face side in pixels of the
     original frame; ``threads`` is ONNX Runtime's per-call thread count;
-    ``workers`` the number of frames analysed at once over all sessions.
+    ``workers`` the threads that carry frames (default: enough for every
+    session at once). How many frames are analysed at once, and when, is
+    the CPU scheduler's: a frame is background work (nobody waits on it),
+    never dropped -- the port already keeps only the newest.
     """
 
     accepted = (VideoFrame,)
@@ -170,7 +174,7 @@ class VisionStage(ListeningStage):
         max_side: int = 640,
         min_face: int = 40,
         threads: int = 1,
-        workers: int = 1,
+        workers: int | None = None,
     ) -> None:
         self.analyzer = SceneAnalyzer(ocr=ocr, faces=faces, min_text_score=min_text_score,
                                       max_side=max_side, min_face=min_face, threads=threads)
@@ -213,9 +217,13 @@ class _VisionPort(FencedPort):
             if self._latest is None:
                 self._idle.set()
 
+    def _analyze(self, frame: VideoFrame) -> SceneDescription:
+        with self._stage.scheduler.work(Urgency.BACKGROUND, self.name, owner=self.session_id):
+            return self._stage.analyzer.analyze(frame)
+
     async def _analyse(self, item: StageInput) -> None:
         try:
-            scene = await self._stage.run(self._stage.analyzer.analyze, item.payload)
+            scene = await self._stage.run(self._analyze, item.payload)
         except Exception as exc:  # one bad frame must not stop the stage
             log.exception("stage %s failed on %s", self.name, item.request_id)
             self._stage.failed_requests += 1

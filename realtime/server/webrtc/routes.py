@@ -74,6 +74,7 @@ def call_routes(runtime: Runtime, calls: Calls,
             if model is not None and not runtime.config.serves(model):
                 raise DuplexError("model_not_found", f"model {model!r} is not served here",
                                   param="model")
+            runtime.check_voice_room()  # before any ICE work; the open checks again
             sdp, patch = await read_offer(request)
             offer = check_offer(sdp, runtime.config.webrtc.host_addresses)
             call_id = mint("rtc", runtime.manager.instance_id)
