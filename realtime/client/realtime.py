@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
 
 Event = dict[str, Any]
 
@@ -50,6 +51,27 @@ class RealtimeError(Exception):
     @property
     def code(self) -> str | None:
         return (self.event.get("error") or {}).get("code")
+
+    @property
+    def retry_after_s(self) -> float | None:
+        """When a retry may succeed (a refusal at the server's capacity)."""
+        return (self.event.get("error") or {}).get("retry_after_s")
+
+
+def _refusal(exc: InvalidStatus) -> Exception:
+    """An HTTP refusal of the upgrade, as the error event it carries (the
+    server's ``{"error": {...}}`` body); any other status stays as it was."""
+    try:
+        body = json.loads(exc.response.body or b"")
+    except ValueError:
+        return exc
+    if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
+        return exc
+    error = dict(body["error"])
+    retry = exc.response.headers.get("Retry-After")
+    if retry is not None and "retry_after_s" not in error and retry.isdigit():
+        error["retry_after_s"] = int(retry)
+    return RealtimeError({"type": "error", "error": error, "http_status": exc.response.status_code})
 
 
 @dataclass
@@ -111,8 +133,11 @@ class RealtimeClient:
             headers["Authorization"] = f"Bearer {api_key}"
         if beta:
             headers["OpenAI-Beta"] = "realtime=v1"
-        ws = await connect(_with_model(url, model), additional_headers=headers,
-                           max_size=max_size, open_timeout=open_timeout)
+        try:
+            ws = await connect(_with_model(url, model), additional_headers=headers,
+                               max_size=max_size, open_timeout=open_timeout)
+        except InvalidStatus as exc:  # refused before the upgrade (429 at capacity)
+            raise _refusal(exc) from exc
         client = cls(ws)
         client.url, client.api_key = url, api_key
         try:
