@@ -47,7 +47,7 @@ from fast_turns import LOUD, REPO, Server, Side, before_tree  # noqa: E402
 from serve_process import http_get, machine, scrape  # noqa: E402
 from speech_corpus import right_answer  # noqa: E402
 from support.speech_fixtures import RATE, chunks, speak  # noqa: E402
-from vllm_duplex.realtime.client.realtime import RealtimeClient  # noqa: E402
+from vllm_duplex.realtime.client.realtime import RealtimeClient, RealtimeError  # noqa: E402
 
 QUESTIONS = (  # (text, voice, a word the right answer holds)
     ("What is the capital of France?", "slt", "paris"),
@@ -101,8 +101,8 @@ async def talker(server: Server, n: int, index: int, questions: int, delay_s: fl
     silence = np.zeros(RATE // 50, np.int16).astype("<i2").tobytes()  # 20 ms
     try:
         client = await RealtimeClient.connect(server.url)
-    except Exception as exc:  # noqa: BLE001 - a refusal at the ceiling is a figure
-        if "429" not in str(exc) or window is None:
+    except RealtimeError as exc:  # a refusal at the ceiling is a figure
+        if exc.code not in ("at_capacity", "resource_exhausted") or window is None:
             raise
         window.refused += 1
         return []
@@ -128,6 +128,10 @@ async def talker(server: Server, n: int, index: int, questions: int, delay_s: fl
         finally:
             mic_on = False
             await asyncio.gather(background, return_exceptions=True)
+            # Ended, not dropped: a dropped session waits for its resume and
+            # keeps its seat (resume_grace_s) after the talker has gone.
+            await client.send({"type": "session.close"})
+            await client.wait_for("session.closed", timeout=10)
     return turns
 
 

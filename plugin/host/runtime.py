@@ -160,8 +160,7 @@ class Runtime:
                 "stages": {s.name: dict(s.machine_settings()) for s in self.stages
                            if isinstance(s, MachineTuned)},
                 "scheduler": {"slots": slots_choice().to_json(),
-                              "background_slots": sched.background_slots,
-                              "patience_ms": round(sched.patience_s * 1000)}}
+                              "background_slots": sched.background_slots}}
 
     def machine_line(self) -> str:
         """The start-up line's account of the machine and the choices."""

@@ -23,12 +23,15 @@ so no session is served ahead of another in the same class (fairness).
 Background work holds at most ``background_slots`` slots at once (one less
 than the slots when there are two or more), so a turn that ends never finds
 every slot taken by partials nobody waits on; and background work that is
-``sheddable`` is dropped (``Shed``) when it waited ``patience_s``: a partial
-that late is stale, and the next one hears more. A session whose ending turn
-queues behind its own waiting background work (its port is serial) has that
-work ``promote``d to ``TURN_END``: nothing of a turn that ends waits behind a
-lower class. Work that cannot wait (``weight=0``: Silero's sub-millisecond
-windows, which tell when a turn ends) runs at once, counted but holding no slot.
+``sheddable`` runs only on room left over: when no slot is free for it at
+once it is dropped (``Shed``) rather than queued. A waiting partial would
+hold up its own session, whose listening works in order, and hear less than
+the next one will (measured on ``bench/capacity.py`` at six talkers: partials
+that waited up to 400 ms for a slot put the words at the pause 118 ms p50 /
+556 ms p90 behind the VAD, dropped at once 44 / 366 ms). Under load the
+partials thin out by themselves; the words at the pause never wait for them.
+Work that cannot wait (``weight=0``: Silero's sub-millisecond windows, which tell when a turn
+ends) runs at once, counted but holding no slot.
 
 Nothing is preempted: a slot is held until its work returns (CTranslate2 and
 onnxruntime calls cannot be interrupted), so the longest wait of a turn's
@@ -59,7 +62,6 @@ from vllm_duplex.core.metrics import Histogram, Metrics
 
 # Seconds a piece of work waited or was late: from nothing to a stalled machine.
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 2.0, 5.0)
-PATIENCE_S = 0.4  # a sheddable background wait this long is dropped (a partial's interval)
 # Worker threads a stage may have carry its work: they wait here for a slot,
 # so a stage needs one per session working at once (made only when needed).
 CARRIERS = 64
@@ -78,15 +80,14 @@ class Urgency(enum.IntEnum):
 
 
 class Shed(Exception):
-    """Sheddable background work waited its patience out and was dropped:
-    the caller goes on without it (e.g. no partial this time)."""
+    """Sheddable background work found no free slot and was dropped: the
+    caller goes on without it (e.g. no partial this time)."""
 
 
 @dataclass(eq=False)
 class _Ticket:
     urgency: Urgency
     stage: str
-    owner: str | None
     due: float  # when it is needed, on the scheduler's timer
     seq: int
     sheddable: bool
@@ -106,7 +107,6 @@ class _Figures:
 
     ran: int = 0
     shed: int = 0
-    promoted: int = 0
     busy_s: float = 0.0
 
 
@@ -121,16 +121,15 @@ class SchedulerStats:
 
 class CpuScheduler:
     def __init__(self, slots: int, *, background_slots: int | None = None,
-                 patience_s: float = PATIENCE_S, timer: Callable[[], float] = time.monotonic) -> None:
+                 timer: Callable[[], float] = time.monotonic) -> None:
         if slots < 1:
             raise ValueError("slots must be >= 1")
         if background_slots is None:
             background_slots = max(1, slots - 1)
-        if not 1 <= background_slots <= slots or patience_s <= 0:
-            raise ValueError("background_slots within 1..slots, patience_s > 0")
+        if not 1 <= background_slots <= slots:
+            raise ValueError("background_slots within 1..slots")
         self.slots = slots
         self.background_slots = background_slots
-        self.patience_s = patience_s
         self._timer = timer
         self._lock = threading.Lock()
         self._waiting: list[_Ticket] = []
@@ -152,14 +151,13 @@ class CpuScheduler:
         return self._timer()
 
     @contextmanager
-    def work(self, urgency: Urgency, stage: str, *, owner: str | None = None,
-             due_in_s: float = 0.0, sheddable: bool = False, weight: int = 1) -> Iterator[None]:
+    def work(self, urgency: Urgency, stage: str, *, due_in_s: float = 0.0, sheddable: bool = False, weight: int = 1) -> Iterator[None]:
         """Hold a slot for the body (blocking until one is granted; call it
-        from a worker thread, never the event loop). ``owner``: the session
-        (for ``promote``); ``due_in_s``: when the result is needed, from now;
-        ``sheddable``: background work that may be dropped (raises ``Shed``);
+        from a worker thread, never the event loop). ``due_in_s``: when the result is needed, from now;
+        ``sheddable``: background work that runs only if a slot is free for
+        it now (else raises ``Shed`` at once);
         ``weight`` 0: work that never waits (see the module docstring)."""
-        ticket = self._queue(urgency, stage, owner, due_in_s, sheddable, weight)
+        ticket = self._queue(urgency, stage, due_in_s, sheddable, weight)
         self._wait(ticket)
         try:
             yield
@@ -168,11 +166,11 @@ class CpuScheduler:
 
     @asynccontextmanager
     async def holding(self, carriers: Executor, urgency: Urgency, stage: str, *,
-                      owner: str | None = None, due_in_s: float = 0.0) -> AsyncIterator[None]:
+                      due_in_s: float = 0.0) -> AsyncIterator[None]:
         """``work`` for a coroutine whose work runs elsewhere (a synthesizer
         process): the slot is waited for on one of ``carriers``' threads;
         cancelled while waiting, the work is withdrawn, never granted."""
-        ticket = self._queue(urgency, stage, owner, due_in_s, False, 1)
+        ticket = self._queue(urgency, stage, due_in_s, False, 1)
         waited = asyncio.get_running_loop().run_in_executor(carriers, self._wait, ticket)
         try:
             await asyncio.shield(waited)
@@ -184,53 +182,34 @@ class CpuScheduler:
         finally:
             self._leave(ticket)
 
-    def promote(self, owner: str, stage: str | None = None) -> int:
-        """``owner``'s waiting work (of ``stage``, or all) runs as ``TURN_END``
-        from now: a turn of that session is ending behind it. Returns how many."""
-        with self._lock:
-            moved = 0
-            for t in self._waiting:
-                if t.owner == owner and (stage is None or t.stage == stage) \
-                        and t.urgency is not Urgency.TURN_END:
-                    self._figure(t).promoted += 1
-                    t.urgency, t.sheddable, t.due = Urgency.TURN_END, False, min(t.due, t.submitted)
-                    moved += 1
-            if moved:
-                self._grant()
-            return moved
-
     # ---- inside --------------------------------------------------------------
 
-    def _queue(self, urgency: Urgency, stage: str, owner: str | None, due_in_s: float,
+    def _queue(self, urgency: Urgency, stage: str, due_in_s: float,
                sheddable: bool, weight: int) -> _Ticket:
         if sheddable and urgency is not Urgency.BACKGROUND:
             raise ValueError("only background work may be shed")
         now = self._timer()
         with self._lock:
-            ticket = _Ticket(urgency, stage, owner, now + max(0.0, due_in_s), next(self._seq),
+            ticket = _Ticket(urgency, stage, now + max(0.0, due_in_s), next(self._seq),
                              sheddable, weight, now, threading.Condition(self._lock))
             if weight == 0:
                 ticket.state = "running"
             else:
                 self._waiting.append(ticket)
                 self._grant()
+                if sheddable and ticket.state == "waiting":  # no room for it now: dropped
+                    self._waiting.remove(ticket)
+                    ticket.state = "shed"
+                    self._figure(ticket).shed += 1
             return ticket
 
     def _wait(self, ticket: _Ticket) -> None:
         """Block until ``ticket`` holds a slot (raises ``Shed`` when dropped)."""
         with self._lock:
             while ticket.state == "waiting":
-                timeout = None
-                if ticket.sheddable:
-                    timeout = ticket.submitted + self.patience_s - self._timer()
-                    if timeout <= 0:
-                        self._waiting.remove(ticket)
-                        ticket.state = "shed"
-                        self._figure(ticket).shed += 1
-                        break
-                ticket.cond.wait(timeout)
+                ticket.cond.wait()
             if ticket.state == "shed":
-                raise Shed(f"{ticket.stage} work waited {self.patience_s:g} s for a CPU slot")
+                raise Shed(f"no CPU slot was free for {ticket.stage}'s background work")
             if ticket.state == "withdrawn":
                 return
             ticket.started = self._timer()
@@ -285,7 +264,7 @@ class CpuScheduler:
     def stats(self) -> SchedulerStats:
         with self._lock:
             waiting = {u.label: sum(t.urgency is u for t in self._waiting) for u in Urgency}
-            figures = {(u.label, s): _Figures(f.ran, f.shed, f.promoted, f.busy_s)
+            figures = {(u.label, s): _Figures(f.ran, f.shed, f.busy_s)
                        for (u, s), f in self._figures.items()}
             return SchedulerStats(self.slots, self.background_slots, self._running, waiting, figures)
 
@@ -307,11 +286,8 @@ class CpuScheduler:
         out: list[str] = []
         for name, help_, attr in (
                 ("duplex_cpu_work_total", "Stage work run under the CPU scheduler, by class and stage", "ran"),
-                ("duplex_cpu_shed_total", "Background stage work dropped after waiting its patience out, "
+                ("duplex_cpu_shed_total", "Background stage work dropped: no CPU slot was free for it, "
                                           "by class and stage", "shed"),
-                ("duplex_cpu_promoted_total", "Waiting stage work moved to turn_end because its "
-                                              "session's turn was ending behind it, by the class "
-                                              "it came from", "promoted"),
                 ("duplex_cpu_busy_seconds_total", "Seconds stage work held a CPU slot, by class and stage",
                  "busy_s")):
             out += [f"# HELP {name} {help_}", f"# TYPE {name} counter"]

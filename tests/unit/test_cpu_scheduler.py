@@ -90,8 +90,8 @@ def test_within_a_class_first_come_first_served():
     jobs, busy = Jobs(sched), threading.Event()
     jobs.start("running", TURN, hold=busy)
     wait_until(lambda: jobs.order == ["running"])
-    for i, owner in enumerate("abcd"):
-        jobs.start(owner, TURN, owner=owner)
+    for i, name in enumerate("abcd"):
+        jobs.start(name, TURN)
         queued(sched, i + 1)
     busy.set()
     jobs.join()
@@ -118,48 +118,32 @@ def test_background_never_holds_the_slot_a_turn_needs():
     assert jobs.order == ["partial 1", "final", "partial 2"]
 
 
-def test_a_sheddable_partial_that_waited_its_patience_is_dropped():
-    timer = Timer()
-    sched = CpuScheduler(1, patience_s=0.4, timer=timer)
-    jobs, busy = Jobs(sched), threading.Event()
-    jobs.start("final", TURN, hold=busy)
-    wait_until(lambda: jobs.order == ["final"])
-    jobs.start("partial", BACKGROUND, sheddable=True)
-    queued(sched, 1)
-    timer.t += 0.5  # past its patience: the waiting partial gives up at its next look
-    with sched._lock:
-        for t in sched._waiting:
-            t.cond.notify()
-    wait_until(lambda: "partial" in jobs.errors)
-    assert isinstance(jobs.errors["partial"], Shed)
+def test_a_sheddable_partial_runs_only_on_room_left_over():
+    """No slot free for it now: dropped at once, never queued (it would hold
+    up its own session and hear less than the next one)."""
+    sched = CpuScheduler(2, timer=Timer())
+    jobs, busy, final_busy = Jobs(sched), threading.Event(), threading.Event()
+    jobs.start("partial 1", BACKGROUND, hold=busy, sheddable=True)
+    wait_until(lambda: jobs.order == ["partial 1"])
+    jobs.start("partial 2", BACKGROUND, sheddable=True)  # the background slot is taken
+    wait_until(lambda: "partial 2" in jobs.errors)
+    assert isinstance(jobs.errors["partial 2"], Shed)
+    jobs.start("final", TURN, hold=final_busy)
+    wait_until(lambda: jobs.order == ["partial 1", "final"])
+    jobs.start("partial 3", BACKGROUND, sheddable=True)  # every slot is taken
+    wait_until(lambda: "partial 3" in jobs.errors)
     busy.set()
+    final_busy.set()
     jobs.join()
-    assert jobs.order == ["final"]
+    with sched.work(BACKGROUND, "asr", sheddable=True):  # room again: it runs
+        jobs.order.append("partial 4")
+    assert jobs.order == ["partial 1", "final", "partial 4"]
     stats = sched.stats()
-    assert stats.figures[("background", "asr")].shed == 1 and stats.running == 0
+    assert stats.figures[("background", "asr")].shed == 2 and stats.running == 0
+    assert sum(stats.waiting.values()) == 0
     with pytest.raises(ValueError):
         with sched.work(TURN, "asr", sheddable=True):
             pass
-
-
-def test_a_session_whose_turn_ends_behind_its_own_partial_has_it_promoted():
-    sched = CpuScheduler(1, timer=Timer())
-    jobs, busy = Jobs(sched), threading.Event()
-    jobs.start("running", TURN, hold=busy)
-    wait_until(lambda: jobs.order == ["running"])
-    jobs.start("b's partial", BACKGROUND, owner="b")
-    queued(sched, 1)
-    jobs.start("a's piece", SPEECH, owner="a")
-    queued(sched, 2)
-    jobs.start("a's partial", BACKGROUND, owner="a", sheddable=True)
-    queued(sched, 3)
-    assert sched.promote("a", "asr") == 2  # its piece and its partial (not b's)
-    assert sched.promote("a", "asr") == 0
-    busy.set()
-    jobs.join()
-    assert jobs.order == ["running", "a's piece", "a's partial", "b's partial"]
-    figures = sched.stats().figures  # counted by the class each came from
-    assert figures[("background", "asr")].promoted == figures[("speech_due", "asr")].promoted == 1
 
 
 def test_work_that_cannot_wait_runs_beside_full_slots():

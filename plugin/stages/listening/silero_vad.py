@@ -245,8 +245,7 @@ class _SileroPort(ListeningPort):
         # The VAD tells when a turn ends, and a chunk's windows take a
         # fraction of a millisecond: they never wait for a slot (weight 0),
         # and the scheduler still counts them.
-        with self._stage.scheduler.work(Urgency.TURN_END, self.name, owner=self.session_id,
-                                        weight=0):
+        with self._stage.scheduler.work(Urgency.TURN_END, self.name, weight=0):
             return self.vad.feed(payload.pcm, payload.start_ms)
 
     def _completed(self, payload: Any, outputs: list[Any]) -> int:

@@ -71,9 +71,6 @@ WHISPER_INBOX = 1024
 
 __all__ = ["EndOfUtterance", "WhisperAsrStage"]
 
-# What a turn that is ending waits on: its words at the pause, its final.
-_TURN_ENDING = (UserPaused, VadSpeechStopped, EndOfUtterance)
-
 
 class WhisperAsrStage(ListeningStage):
     """``AudioIn`` / ``EndOfUtterance`` / ``VadSpeechStarted`` /
@@ -152,13 +149,12 @@ class WhisperAsrStage(ListeningStage):
         return {"compute_type": self.chosen.whisper_compute_type.to_json(),
                 "threads": self.chosen.whisper_threads.to_json(), "device": str(self.device)}
 
-    def final_text(self, pcm: np.ndarray, *, owner: str | None = None) -> str:
+    def final_text(self, pcm: np.ndarray) -> str:
         """The final transcript: a turn that ends waits on it."""
-        with self.scheduler.work(Urgency.TURN_END, self.name, owner=owner):
+        with self.scheduler.work(Urgency.TURN_END, self.name):
             return self.model.transcribe(pcm, self.options).text
 
-    def partial_text(self, pcm: np.ndarray, *, owner: str | None = None,
-                     ending: bool = False) -> Transcription | None:
+    def partial_text(self, pcm: np.ndarray, *, ending: bool = False) -> Transcription | None:
         """A partial hypothesis, with the confidence that may make it final.
         ``ending``: a turn that may be ending waits on it (the audio went
         quiet, a pause is judged); otherwise nobody does yet, and the CPU
@@ -166,7 +162,7 @@ class WhisperAsrStage(ListeningStage):
         assert self.partial_model is not None
         try:
             with self.scheduler.work(Urgency.TURN_END if ending else Urgency.BACKGROUND, self.name,
-                                     owner=owner, sheddable=not ending):
+                                     sheddable=not ending):
                 return self.partial_model.transcribe(pcm, self.partial_options)
         except Shed:
             return None
@@ -187,10 +183,8 @@ class _WhisperPort(ListeningPort):
         self._inbox = asyncio.Queue(maxsize=WHISPER_INBOX)  # (replaces the base's smaller one)
         hears = stage.partial_model is not None
         self.listener = WhisperListener(
-            functools.partial(stage.final_text, owner=session_id),
-            functools.partial(stage.partial_text, owner=session_id) if hears else None,
-            partial_now=functools.partial(stage.partial_text, owner=session_id, ending=True)
-            if hears else None,
+            stage.final_text, stage.partial_text if hears else None,
+            partial_now=functools.partial(stage.partial_text, ending=True) if hears else None,
             schedule=stage.schedule, prebuffer_ms=stage.prebuffer_ms, tail_ms=stage.tail_ms,
             max_utterance_s=stage.max_utterance_s, vad_gated=stage.vad_gated,
             confident_logprob=stage.confident_logprob)
@@ -211,13 +205,6 @@ class _WhisperPort(ListeningPort):
 
     def _completed(self, payload: Any, outputs: list[Any]) -> int:
         return sum(isinstance(out, TranscriptFinal) for out in outputs)  # utterances
-
-    async def _handle(self, item: StageInput) -> None:
-        if isinstance(item.payload, _TURN_ENDING):
-            # This port works in order: a turn that ends must not wait behind
-            # this session's own partial still waiting for a CPU slot.
-            self._stage.scheduler.promote(self.session_id, self.name)
-        await super()._handle(item)
 
     async def _process(self, item: StageInput) -> None:
         await super()._process(item)

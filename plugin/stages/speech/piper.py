@@ -119,18 +119,17 @@ class PiperTtsStage(SubprocessTtsStage):
                 if not self._closed:
                     self._idle_phonemizers.append(phonemizer)
 
-    def _speak(self, text: str, run: object, urgency: Urgency, due_in_s: float,
-               owner: str | None) -> np.ndarray:
-        with self.scheduler.work(urgency, self.name, owner=owner, due_in_s=due_in_s):
+    def _speak(self, text: str, run: object, urgency: Urgency, due_in_s: float) -> np.ndarray:
+        with self.scheduler.work(urgency, self.name, due_in_s=due_in_s):
             return self.voice.synthesize(self.phonemize(text), run)
 
     async def synthesize(self, text: str, *, urgency: Urgency = Urgency.TURN_END,
-                         due_in_s: float = 0.0, owner: str | None = None) -> np.ndarray:
+                         due_in_s: float = 0.0) -> np.ndarray:
         """``text`` (already sanitized) -> int16 PCM at ``self.rate``, made
         when the CPU scheduler says (``urgency``, ``due_in_s``)."""
         run = self.voice.new_run()
         future = asyncio.get_running_loop().run_in_executor(
-            self._executor, self._speak, text, run, urgency, due_in_s, owner)
+            self._executor, self._speak, text, run, urgency, due_in_s)
         try:
             audio = await future
         except asyncio.CancelledError:

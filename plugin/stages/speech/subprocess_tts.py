@@ -231,14 +231,14 @@ class SubprocessTtsStage(StageBase):
         self.shutdown_workers()
 
     async def synthesize(self, text: str, *, urgency: Urgency = Urgency.TURN_END,
-                         due_in_s: float = 0.0, owner: str | None = None) -> np.ndarray:
+                         due_in_s: float = 0.0) -> np.ndarray:
         """``text`` (already sanitized) -> int16 PCM at ``self.rate``.
         ``urgency`` / ``due_in_s``: who waits on it, and when it must be
         ready (the CPU scheduler's order; ``stages/scheduler.py``)."""
         fd, wav_path = tempfile.mkstemp(prefix="duplex-tts-", suffix=".wav")
         os.close(fd)
         try:
-            async with self.scheduler.holding(self._executor, urgency, self.name, owner=owner,
+            async with self.scheduler.holding(self._executor, urgency, self.name,
                                               due_in_s=due_in_s):
                 out = await self.run_binary(*self.command(text, wav_path))
             if os.path.getsize(wav_path):  # the synthesizer wrote the file, not stdout
@@ -380,8 +380,7 @@ class _SynthPort(FencedPort):
                 else:
                     urgency = Urgency.SPEECH_DUE
                     due_in_s = sounding_since + said_s - stage.scheduler.now()
-                pcm = await stage.synthesize(text, urgency=urgency, due_in_s=due_in_s,
-                                             owner=self.session_id)
+                pcm = await stage.synthesize(text, urgency=urgency, due_in_s=due_in_s)
             if pcm is None or pcm.size == 0:
                 carry += piece
                 continue

@@ -218,7 +218,7 @@ class _VisionPort(FencedPort):
                 self._idle.set()
 
     def _analyze(self, frame: VideoFrame) -> SceneDescription:
-        with self._stage.scheduler.work(Urgency.BACKGROUND, self.name, owner=self.session_id):
+        with self._stage.scheduler.work(Urgency.BACKGROUND, self.name):
             return self._stage.analyzer.analyze(frame)
 
     async def _analyse(self, item: StageInput) -> None:
