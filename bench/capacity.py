@@ -2,12 +2,14 @@
 code before it, in one run.
 
     .venv/bin/python bench/capacity.py [--sides before@4083ce1 now] [--ns 1 2 4 6 8]
-                                       [--questions 3] [--config configs/cascade-cpu.yaml]
-                                       [--json out.json]
+                                       [--questions 3] [--rounds 1]
+                                       [--config configs/cascade-cpu.yaml] [--json out.json]
 
 One ``vllm-duplex serve`` per side (``fast_turns.py``'s sides: ``NAME[@REF][:KEY=VALUE,...]``,
 e.g. ``now:VLLM_DUPLEX_CPU_SLOTS=1``) on the default pipeline, all started first, then for
-each N the sides take turns (side A's N talkers, then side B's), so both see the same machine.
+each N the sides take turns (side A's N talkers, then side B's, ``--rounds`` times over: the
+turns of one N overlap differently from run to run, so one round's p90 is two or three turns),
+so both see the same machine.
 N talkers each open a realtime session, started ``--stagger-s`` apart (0.9 s), and ask
 ``--questions`` questions in a row (two at N = 8) with Flite's voices at real time, 20 ms
 chunks, the server's default turn detection, a breath of silence between questions and the
@@ -16,12 +18,13 @@ refusing, and that talker sits out.
 
 Per side and N: the **turn gap** (the last loud chunk's slot -> the first reply audio at
 the client) p50 / p90 / max, turns answered and right, the worst talker's p50 beside the
-pool's (fairness), the server's critical path (``response.done.metadata.duplex_critical_path``)
+pool's (fairness), replies whose audio ran dry while playing (a gap over 20 ms in a reply
+played from its first delta at real time: speech pieces made too late), the server's critical path (``response.done.metadata.duplex_critical_path``)
 per segment at p50 and p90 -- which stage grows with N --, each CPU stage's queue wait for a
 slot by class (the CPU scheduler's ``duplex_cpu_wait_seconds`` over the N: mean, and the share
-over 100 ms; the code before has no scheduler), partials shed, and the CPU seconds each
-process used over the N (the server split into its event loop and its stage threads, vLLM's
-engine core and its worker). Last, the **capacity** of each side: the most talkers whose turn
+over 100 ms; the code before has no scheduler), partials shed, the seconds each stage held a
+slot, the event loop's late wake-ups (over 50 ms), and the CPU seconds each process used over
+the N (the server's event loop apart from its other threads, vLLM's engine core and worker). Last, the **capacity** of each side: the most talkers whose turn
 gap p90 stayed within ``--target-p90-ms`` (1200) with every turn answered. Nothing is
 asserted; the figures go in the README beside the single-session ones.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import sys
 import time
@@ -59,7 +63,6 @@ QUESTIONS = (  # (text, voice, a word the right answer holds)
 )
 BREATH_S = 1.5  # silence after a reply ends before the next question
 TURN_TIMEOUT_S = 40.0
-STAGE_THREADS = ("duplex-vad", "duplex-asr", "duplex-tts", "duplex-vision")
 
 
 @dataclass
@@ -72,7 +75,23 @@ class Turn:
     answered: bool = False
     right: bool = False
     answer: str = ""
+    stall_ms: float = 0.0  # the reply's audio ran dry this long, played as it arrived
     path: dict[str, float] = field(default_factory=dict)
+
+
+def stall_ms(deltas: list[tuple[float, float]]) -> float:
+    """How long playback would have waited for audio: the reply played from
+    its first delta at real time, each delta (arrival, seconds of audio)
+    needed when the audio before it ends."""
+    if not deltas:
+        return 0.0
+    start, played, stalled = deltas[0][0], 0.0, 0.0
+    for arrived, seconds in deltas:
+        need = start + played + stalled
+        if arrived > need:
+            stalled += arrived - need
+        played += seconds
+    return stalled * 1000
 
 
 @dataclass
@@ -84,6 +103,21 @@ class Window:
     cpu: dict[str, float] = field(default_factory=dict)  # process (or server thread group) -> s
     waits: dict[str, tuple[int, float, int]] = field(default_factory=dict)  # class/stage -> n, s, >100ms
     shed: float = 0.0
+    busy: dict[str, float] = field(default_factory=dict)  # stage -> seconds holding a slot
+    late_ticks: float = 0.0  # event-loop wake-ups over 50 ms late
+
+    def add(self, other: Window) -> None:
+        self.wall_s = round(self.wall_s + other.wall_s, 1)
+        self.refused += other.refused
+        self.shed += other.shed
+        self.late_ticks += other.late_ticks
+        for k, v in other.cpu.items():
+            self.cpu[k] = round(self.cpu.get(k, 0.0) + v, 1)
+        for k, v in other.busy.items():
+            self.busy[k] = self.busy.get(k, 0.0) + v
+        for k, (c, sec, over) in other.waits.items():
+            c0, s0, o0 = self.waits.get(k, (0, 0.0, 0))
+            self.waits[k] = (c0 + c, s0 + sec, o0 + over)
 
 
 def _loud_end(pcm: np.ndarray) -> float:
@@ -159,9 +193,10 @@ async def _ask(client: RealtimeClient, side: str, n: int, index: int, text: str,
         return turn
     events = client.events[seen:]
     rid = done["id"]
-    audio = [e["_recv_t"] for e in events
-             if e["type"] == "response.output_audio.delta" and e.get("response_id") == rid]
-    turn.gap_ms = (audio[0] - end) * 1000 if audio else None
+    deltas = [(e["_recv_t"], len(base64.b64decode(e["delta"])) / 2 / RATE) for e in events
+              if e["type"] == "response.output_audio.delta" and e.get("response_id") == rid]
+    turn.gap_ms = (deltas[0][0] - end) * 1000 if deltas else None
+    turn.stall_ms = stall_ms(deltas)
     turn.answer = "".join(e.get("delta", "") for e in events
                           if e["type"] == "response.output_audio_transcript.delta"
                           and e.get("response_id") == rid)
@@ -174,16 +209,15 @@ async def _ask(client: RealtimeClient, side: str, n: int, index: int, text: str,
 
 
 def cpu_seconds(root: psutil.Process) -> dict[str, float]:
-    """CPU seconds (user + system) of the server, split into its event loop
-    (the main thread), its stage threads by stage, and the rest; and of each
-    child process, by name."""
+    """CPU seconds (user + system) of the server's event loop (its main
+    thread), of its other threads (the stages' model work, which the OS
+    cannot tell apart: ``busy_seconds`` splits it by stage), and of each child
+    process, by name."""
     out: dict[str, float] = {}
     try:
         for t in root.threads():
-            name = _thread_name(root.pid, t.id)
-            group = next((s.removeprefix("duplex-") for s in STAGE_THREADS if name.startswith(s)),
-                         "loop" if t.id == root.pid else "other")
-            out[f"server:{group}"] = out.get(f"server:{group}", 0.0) + t.user_time + t.system_time
+            group = "server:loop" if t.id == root.pid else "server:threads"
+            out[group] = out.get(group, 0.0) + t.user_time + t.system_time
     except psutil.Error:
         pass
     for p in root.children(recursive=True):
@@ -193,13 +227,6 @@ def cpu_seconds(root: psutil.Process) -> dict[str, float]:
         except psutil.Error:
             continue
     return out
-
-
-def _thread_name(pid: int, tid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 def scheduler_figures(metrics: dict[str, float]) -> tuple[dict[str, tuple[int, float, int]], float]:
@@ -222,6 +249,22 @@ def scheduler_figures(metrics: dict[str, float]) -> tuple[dict[str, tuple[int, f
     return {k: (int(c), s, int(c - le)) for k, (c, s, le, _) in waits.items()}, shed
 
 
+def busy_seconds(metrics: dict[str, float]) -> dict[str, float]:
+    """Seconds each stage held a CPU slot (``duplex_cpu_busy_seconds_total``), by stage."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if key.startswith("duplex_cpu_busy_seconds_total{"):
+            stage = key.split('stage="', 1)[1].split('"', 1)[0]
+            out[stage] = out.get(stage, 0.0) + value
+    return out
+
+
+def late_ticks(metrics: dict[str, float]) -> float:
+    """Event-loop wake-ups more than 50 ms late (``duplex_event_loop_lag_seconds``)."""
+    count = metrics.get("duplex_event_loop_lag_seconds_count", 0.0)
+    return count - metrics.get('duplex_event_loop_lag_seconds_bucket{le="0.05"}', count)
+
+
 def _metrics(server: Server) -> dict[str, float]:
     return scrape(http_get(f"http://127.0.0.1:{server.port}/metrics"))
 
@@ -230,12 +273,17 @@ async def one_n(server: Server, n: int, questions: int, stagger_s: float) -> tup
     assert server.proc is not None
     proc = psutil.Process(server.proc.pid)
     window = Window()
-    cpu0, (waits0, shed0) = cpu_seconds(proc), scheduler_figures(_metrics(server))
+    m0 = _metrics(server)
+    cpu0, (waits0, shed0) = cpu_seconds(proc), scheduler_figures(m0)
     t0 = time.monotonic()
     per = await asyncio.gather(*(talker(server, n, i, questions, i * stagger_s, window)
                                  for i in range(n)))
     window.wall_s = round(time.monotonic() - t0, 1)
-    cpu1, (waits1, shed1) = cpu_seconds(proc), scheduler_figures(_metrics(server))
+    m1 = _metrics(server)
+    cpu1, (waits1, shed1) = cpu_seconds(proc), scheduler_figures(m1)
+    busy0 = busy_seconds(m0)
+    window.busy = {k: v - busy0.get(k, 0.0) for k, v in busy_seconds(m1).items()}
+    window.late_ticks = late_ticks(m1) - late_ticks(m0)
     window.cpu = {k: round(v - cpu0.get(k, 0.0), 1) for k, v in cpu1.items()}
     for k, (c, s, over) in waits1.items():
         c0, s0, over0 = waits0.get(k, (0, 0.0, 0))
@@ -256,8 +304,8 @@ def _gaps(turns: list[Turn]) -> list[float]:
 def report(turns: list[Turn], windows: dict[tuple[str, int], Window], sides: list[str],
            ns: list[int], target_p90_ms: float) -> None:
     print("\n| side | N | turn gap p50 / p90 / max (ms) | worst talker's p50 | answered | right "
-          "| refused |")
-    print("|---|---|---|---|---|---|---|")
+          "| replies with audio gaps (total ms) | refused |")
+    print("|---|---|---|---|---|---|---|---|")
     for n in ns:
         for side in sides:
             ts = [t for t in turns if (t.side, t.n) == (side, n)]
@@ -270,6 +318,7 @@ def report(turns: list[Turn], windows: dict[tuple[str, int], Window], sides: lis
                 default=float("nan"))
             print(f"| {side} | {n} | {q(gaps, .5)} / {q(gaps, .9)} / {q(gaps, 1.0)} | {worst:.0f} | "
                   f"{sum(t.answered for t in ts)}/{len(ts)} | {sum(t.right for t in ts)}/{len(ts)} "
+                  f"| {sum(t.stall_ms > 20 for t in ts)} ({sum(t.stall_ms for t in ts):.0f}) "
                   f"| {w.refused} |")
     print("\ncritical path per segment, p50 / p90 (ms), over the answered turns:")
     for n in ns:
@@ -291,13 +340,16 @@ def report(turns: list[Turn], windows: dict[tuple[str, int], Window], sides: lis
             print(f"  {side:8} N={n}: " + ", ".join(
                 f"{k} {1000 * s / c:.0f} ({c}, {over})" for k, (c, s, over) in sorted(w.waits.items()))
                   + f"; shed {w.shed:.0f}")
-    print("\nCPU seconds over each N (wall s): the server by thread, then its children:")
+    print("\nCPU seconds over each N (wall s): the server's event loop and other threads, its "
+          "children; seconds each stage held a slot; event-loop wake-ups over 50 ms late:")
     for n in ns:
         for side in sides:
             w = windows.get((side, n))
             if w is not None:
                 parts = sorted(w.cpu.items(), key=lambda kv: -kv[1])
-                print(f"  {side:8} N={n} ({w.wall_s}): " + ", ".join(f"{k} {v}" for k, v in parts if v))
+                held = ", ".join(f"{k} {v:.1f}" for k, v in sorted(w.busy.items()) if v >= 0.05)
+                print(f"  {side:8} N={n} ({w.wall_s}): " + ", ".join(f"{k} {v}" for k, v in parts if v)
+                      + (f"; slots held: {held}" if held else "") + f"; late ticks {w.late_ticks:.0f}")
     print(f"\ncapacity (the most talkers with turn gap p90 <= {target_p90_ms:.0f} ms, every turn "
           "answered, none refused):")
     for side in sides:
@@ -323,13 +375,18 @@ async def run(args: argparse.Namespace) -> tuple[list[Turn], dict[tuple[str, int
             await talker(s, 0, 0, 1, 0.0)
         for n in args.ns:
             questions = 2 if n >= 8 else args.questions
-            for name, s in servers.items():
-                got, window = await one_n(s, n, questions, args.stagger_s)
-                turns += got
-                windows[(name, n)] = window
-                print(f"{name:8} N={n}: gaps {[round(g) for g in _gaps(got)]}, answered "
-                      f"{sum(t.answered for t in got)}/{len(got)}, right {sum(t.right for t in got)}"
-                      + (f", refused {window.refused}" if window.refused else ""), flush=True)
+            for r in range(args.rounds):
+                # The order alternates round by round: the side that runs second
+                # measured slower at one talker with the same code (30-50 ms p50).
+                order = list(servers.items())
+                for name, s in (order if r % 2 == 0 else order[::-1]):
+                    got, window = await one_n(s, n, questions, args.stagger_s)
+                    turns += got
+                    windows.setdefault((name, n), Window()).add(window)
+                    print(f"{name:8} N={n}: gaps {[round(g) for g in _gaps(got)]}, answered "
+                          f"{sum(t.answered for t in got)}/{len(got)}, right "
+                          f"{sum(t.right for t in got)}"
+                          + (f", refused {window.refused}" if window.refused else ""), flush=True)
     finally:
         for s in servers.values():
             s.stop()
@@ -341,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sides", nargs="+", default=["before@4083ce1", "now"])
     p.add_argument("--ns", nargs="+", type=int, default=[1, 2, 4, 6, 8])
     p.add_argument("--questions", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--stagger-s", type=float, default=0.9)
     p.add_argument("--target-p90-ms", type=float, default=1200.0)
     p.add_argument("--config", default="configs/cascade-cpu.yaml")

@@ -33,7 +33,7 @@ from vllm_duplex.core.machine import Choice, detect
 # Voice sessions per core of the default pipeline: bench/capacity.py on a
 # 2-core AMD EPYC (AVX-512 BF16), the most talkers whose turn gap p90 stayed
 # within 1200 ms with every turn answered (README "Capacity").
-SESSIONS_PER_CORE = 4
+SESSIONS_PER_CORE = 3
 RETRY_AFTER_S = 5  # a voice session lasts minutes: a seat is not freed sooner than this, typically
 
 

@@ -20,9 +20,9 @@ and when more is asked for, the waiting work is ordered by who waits on it:
 
 Waiting work goes by class, then by due time, then first come first served,
 so no session is served ahead of another in the same class (fairness).
-Background work holds at most ``background_slots`` slots at once (one less
-than the slots when there are two or more), so a turn that ends never finds
-every slot taken by partials nobody waits on; and background work that is
+Background work holds at most ``background_slots`` slots at once (one), so a
+turn that ends never finds every slot taken by partials nobody waits on
+(with one slot, it waits for the rest of one partial); and background work that is
 ``sheddable`` runs only on room left over: when no slot is free for it at
 once it is dropped (``Shed``) rather than queued. A waiting partial would
 hold up its own session, whose listening works in order, and hear less than
@@ -125,7 +125,7 @@ class CpuScheduler:
         if slots < 1:
             raise ValueError("slots must be >= 1")
         if background_slots is None:
-            background_slots = max(1, slots - 1)
+            background_slots = 1
         if not 1 <= background_slots <= slots:
             raise ValueError("background_slots within 1..slots")
         self.slots = slots
