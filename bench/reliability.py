@@ -114,7 +114,7 @@ async def bench_resume() -> None:
 async def bench_churn(sessions: int) -> None:
     config = load_config("cascade-cpu")
     config = dataclasses.replace(config, limits=dataclasses.replace(
-        config.limits, max_sessions=64, resume_grace_s=1.0))
+        config.limits, max_sessions=64, resume_grace_s=1.0, max_voice_sessions=None))
     async with BackgroundServer(Runtime(config)) as server:
         await churn(server.ws_url, 20)
         await settle(server.runtime)

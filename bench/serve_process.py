@@ -65,7 +65,7 @@ def stop(proc: subprocess.Popen[bytes] | None, grace_s: float = 10.0) -> None:
 
 class ServerProcess:
     """A fresh ``vllm-duplex serve`` on a free port, with ``limits.max_sessions`` raised to
-    fit ``sessions``. Always terminated on exit (exceptions and Ctrl-C included)."""
+    fit ``sessions`` (and no voice ceiling). Always terminated on exit (exceptions and Ctrl-C included)."""
 
     def __init__(self, config: str, sessions: int, workers: int = 1,
                  start_timeout_s: float = 60.0) -> None:
@@ -90,6 +90,7 @@ class ServerProcess:
         raw = yaml.safe_load(Path(self.config).read_text()) or {}
         limits = dict(raw.get("limits") or {})
         limits["max_sessions"] = max(int(limits.get("max_sessions", 0)), self.sessions + 8)
+        limits["max_voice_sessions"] = None  # the bench holds its N; admission is capacity.py's
         if limits.get("max_sessions_per_key") is not None:
             limits["max_sessions_per_key"] = max(int(limits["max_sessions_per_key"]),
                                                  self.sessions + 8)

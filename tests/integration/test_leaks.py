@@ -26,7 +26,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 def churn_runtime(vllm_stage) -> Runtime:  # noqa: F811
     config = load_config("cascade-cpu")
-    limits = dataclasses.replace(config.limits, max_sessions=64, resume_grace_s=1.0)
+    # The churn holds more sessions at once than the voice ceiling admits
+    # (test_capacity*.py test that): leaks, not admission, are the subject here.
+    limits = dataclasses.replace(config.limits, max_sessions=64, resume_grace_s=1.0,
+                                 max_voice_sessions=None)
     return Runtime(dataclasses.replace(config, limits=limits), shared_stages={"vllm": vllm_stage})
 
 
