@@ -237,3 +237,57 @@ async def test_a_context_past_max_model_len_fails_its_turn_with_a_clear_error(ti
     finally:
         await port.close()
     await settled(small.engine, baseline)
+
+
+async def test_a_cut_reply_is_kept_as_the_client_got_it_even_when_the_port_released_more(
+        tiny_omni_stage):
+    """The race behind an intermittent failure of the barge-in test above: a
+    reply is cut while deltas the port already released are still on their
+    way to the session, so the client never gets them. The next reply's
+    context (the session's conversation: what the client got) is what the
+    model must hold, not what the port released -- here, deterministically,
+    the client got the first delta only."""
+    from vllm_duplex.core.payloads import ContextMessage, TextDelta
+
+    stage = tiny_omni_stage
+    baseline, rebuilds = stage.engine.get_num_unfinished_requests(), stage.rebuilds
+    fence = Fence("omni-tiny-cut-race")
+    port = stage.port(fence.session_id)
+    await port.open(fence)
+    stream = port.outputs()
+    unit = OmniUnit(audio=np.zeros(16000, np.int16), final=True)
+    try:
+        await port.submit(StageInput(fence, fence.request_id("omni"), unit))
+        await port.submit(StageInput(fence, fence.request_id("omni"), GenerateRequest(
+            "long", (), SamplingConfig(temperature=0.0, max_tokens=400))))
+        deltas: list[str] = []
+        async with asyncio.timeout(60):
+            async for out in stream:
+                if isinstance(out.payload, TextDelta):
+                    deltas.append(out.payload.text)
+                    if len(deltas) == 3:
+                        break
+        fence = fence.next_epoch()  # a barge-in: the session saw only the first delta
+        await port.cancel(fence)
+        released = [c.text for c in port.prompt.history if c.kind == "reply"][-1]
+        assert released.startswith(deltas[0] + deltas[1] + deltas[2]) and released != deltas[0]
+        await port.submit(StageInput(fence, fence.request_id("omni"), unit))
+        heard = (ContextMessage("assistant", deltas[0]),)
+        await port.submit(StageInput(fence, fence.request_id("omni"), GenerateRequest(
+            "next", heard, SamplingConfig(temperature=0.0, max_tokens=2))))
+        async with asyncio.timeout(60):
+            async for out in stream:
+                if isinstance(out.payload, (GenerationDone, StageFailed)) and \
+                        getattr(out.payload, "response_id", "next") == "next":
+                    assert isinstance(out.payload, GenerationDone), out.payload
+                    break
+        replies = [c.text for c in port.prompt.history if c.kind == "reply"]
+        assert replies[0] == deltas[0]  # as the client got it
+        assert stage.rebuilds > rebuilds
+        # ... and that is what the request holds: it was replayed with it.
+        live = port.live
+        assert live is not None and live.sent == len(port.prompt.history)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+        await port.close()
+    await settled(stage.engine, baseline)

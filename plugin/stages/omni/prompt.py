@@ -185,3 +185,19 @@ class OmniPrompt:
         None for an empty one (aborted before its first token)."""
         self.state = "reply"
         return self._add(Chunk(text, kind="reply")) if text else None
+
+    def cut_reply(self, heard: str) -> bool:
+        """The last reply was heard only up to ``heard`` (a prefix of what it
+        holds): keep that much. True when the history changed."""
+        last = next((i for i in range(len(self.history) - 1, -1, -1)
+                     if self.history[i].kind == "reply"), None)
+        if last is None:
+            return False
+        kept = self.history[last].text
+        if kept == heard or not kept.startswith(heard):  # another reply's text: not this one
+            return False
+        if heard:
+            self.history[last] = Chunk(heard, kind="reply")
+        else:
+            del self.history[last]
+        return True

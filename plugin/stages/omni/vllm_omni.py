@@ -59,7 +59,7 @@ from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.omni import OmniInstructions, OmniUnit
-from vllm_duplex.core.payloads import GenerateRequest, StageInput, TextIn
+from vllm_duplex.core.payloads import ContextMessage, GenerateRequest, StageInput, TextIn
 from vllm_duplex.stages.omni.prompt import Chunk, OmniPrompt
 from vllm_duplex.stages.omni.prompt import dialect as get_dialect
 from vllm_duplex.stages.vllm.chat import sampling_options
@@ -190,6 +190,7 @@ class VllmOmniPort(LivePort):
         self._omni = stage
         self.prompt = OmniPrompt(stage.dialect, stage.system_prompt)
         self._held = 0  # most chunks any live request of this port held
+        self._cut = False  # the last reply was cut off: kept as released, not yet as heard
 
     @property
     def live(self) -> _Replayed | None:
@@ -262,7 +263,20 @@ class VllmOmniPort(LivePort):
                 live.pushed += 1  # the reply chunk: in the request, never rendered
                 live.rendered.append(Rendered(len(kept), {}, {}, self._host.clock.now()))
         else:
+            # What was released may be more than the client got (deltas on
+            # their way when the cut came): the next reply's context says.
             self.prompt.reply(reply.decoder.answer.released)
+            self._cut = True
+
+    async def _keep_heard(self, context: tuple[ContextMessage, ...]) -> None:
+        """After a cut, the model holds the cut reply as the client got it:
+        the session's conversation (``context``'s last assistant message)
+        wins over what this port released; when they differ, the live
+        request (which replayed the released text) is replaced."""
+        cut, self._cut = self._cut, False
+        heard = next((m.text for m in reversed(context) if m.role == "assistant"), None)
+        if cut and heard is not None and self.prompt.cut_reply(heard) and self._live is not None:
+            await self._abort([self._live])
 
     async def _set_system(self, text: str) -> None:
         if self.prompt.set_system(text) and self._live is not None:
@@ -272,6 +286,7 @@ class VllmOmniPort(LivePort):
         system = next((m.text for m in req.context if m.role == "system"), None)
         if system is not None:
             await self._set_system(system)
+        await self._keep_heard(req.context)
         # A spoken reply: no tool calls (the policy advertises none).
         req = dataclasses.replace(req, tools=())
         reply = Reply(item, req, ReplyDecoder(self._host.chat.tokenizer, stops=req.sampling.stop,
