@@ -372,15 +372,16 @@ class SessionCore:
         fmt = options.output_format or self._config.output_format
         context = self.context(options)
         # A reply started at the pause with exactly this context (and the
-        # session's tools, which it ran with) is used; any other is void.
+        # session's tools, which it ran with) is used; any other is void --
+        # also when this response cannot use it at all (its own tools, or
+        # outside the conversation): left running, it would speak unseen and
+        # hold this response's request behind it.
         own_tools = options.tools is not None or options.tool_choice is not None
-        held = None
-        if in_conversation and not own_tools:
-            held = self.speculation.claim(context)
-            if held is not None:
-                self.metrics.speculations.inc(outcome="used")
-            else:
-                self.discard_speculation()
+        held = self.speculation.claim(context) if in_conversation and not own_tools else None
+        if held is not None:
+            self.metrics.speculations.inc(outcome="used")
+        else:
+            self.discard_speculation()
         response = Response(
             id=held.response_id if held is not None else self.make_id("resp"),
             conversation_id=None if not in_conversation else "conv_" + self.session_id,

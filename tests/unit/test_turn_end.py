@@ -422,6 +422,32 @@ def test_a_speculation_the_conversation_moved_under_is_discarded_when_the_reply_
     assert tl.core.metrics.speculations.get(outcome="discarded") == 1
 
 
+@pytest.mark.parametrize("create", [
+    {"tools": [{"type": "function", "name": "lookup", "description": "Look it up",
+                "parameters": {"type": "object", "properties": {}}}]},
+    {"conversation": "none", "input": ()},
+])
+def test_a_response_the_client_asks_for_in_its_own_way_voids_the_held_reply(create):
+    """A ``response.create`` with its own tools (or outside the conversation)
+    cannot use the reply held at the pause: it is dropped -- one epoch bump,
+    its request cancelled -- rather than left to run unseen, its text still
+    going to the TTS and the new request queued behind it."""
+    tl = Timeline("low")
+    rid, req = speculate(tl)
+    effects = tl.core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(**{
+        k: v for k, v in create.items() if k != "tools"},
+        tools=tuple(create.get("tools", ())) or None)), 2.4)
+    f1 = Fence("s").next_epoch()
+    assert Cancel(f1) in effects and tl.core.fence == f1
+    assert tl.core.speculation.held is None
+    assert tl.core.metrics.speculations.get(outcome="discarded") == 1
+    [new] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
+    assert new.fence == f1 and new.payload.response_id != rid
+    assert tl.core.response.id == new.payload.response_id
+    # What the held one still makes dies at the gate.
+    assert tl.at(2.5, AudioOut(rid, np.zeros(800, np.int16), text="Paris."), "tts") == []
+
+
 def test_in_a_pause_whispers_closing_guess_is_not_pushed_as_the_users_words():
     """Whisper closes the sentence at the end of what it heard ("capital of?"):
     pushed to the model, that "?" would make an unfinished phrase look complete."""
