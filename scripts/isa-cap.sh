@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run a command as if this CPU had a smaller instruction set, to test and
-# measure the machines we cannot get (README "Machines").
+# measure the machines we cannot get (docs/machines.md).
 #
 #   bash scripts/isa-cap.sh LEVEL [--onednn] COMMAND [ARGS...]
 #

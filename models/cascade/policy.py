@@ -1,4 +1,4 @@
-"""``CascadePolicy``: the embedded default (README "The embedded default, turn by turn").
+"""``CascadePolicy``: the embedded default (docs/turn-taking.md).
 
 Pure: functions of (session view, input) with no I/O and no awaits; what it
 must remember per session is a ``CascadeState`` in ``view.policy_state``.

@@ -19,7 +19,7 @@ sessions per core measured for the default pipeline, ``SESSIONS_PER_CORE``,
 times the cores this process may use, shared by the workers of one machine),
 or null (no ceiling but ``max_sessions``). How to measure it for another
 machine or pipeline: ``bench/capacity.py`` prints the largest N whose turn
-gap p90 stays within the target (README "Capacity").
+gap p90 stays within the target (docs/capacity.md).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from vllm_duplex.core.machine import Choice, detect
 
 # Voice sessions per core of the default pipeline: bench/capacity.py on a
 # 2-core AMD EPYC (AVX-512 BF16), the most talkers whose turn gap p90 stayed
-# within 1200 ms with every turn answered (README "Capacity").
+# within 1200 ms with every turn answered (docs/capacity.md).
 SESSIONS_PER_CORE = 3
 RETRY_AFTER_S = 5  # a voice session lasts minutes: a seat is not freed sooner than this, typically
 

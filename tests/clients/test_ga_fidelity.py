@@ -39,7 +39,7 @@ from vllm_duplex.realtime.client.realtime import RealtimeClient
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-# Duplex extensions (README "Duplex extensions"): not in the SDK's union.
+# Duplex extensions (docs/usage.md "Realtime protocol"): not in the SDK's union.
 EXTENSIONS = frozenset({"session.closed", "session.resumed", "session.replaced",
                         "session.resync_required", "duplex.video.scene",
                         "duplex.output_audio.resumed"})

@@ -172,7 +172,7 @@ async def test_barge_in_aborts_the_request_and_the_next_turn_replays_the_context
         assert stage.rebuilds == rebuilds + 1
         # ... which holds all of it: the replay is a re-prefill, chunk by chunk
         # (vLLM looks its prefix cache up for a streaming request's first
-        # chunk only: README "Known limits").
+        # chunk only: README, "Known limits").
         assert live is not None and live.cached_tokens == 0
         sums = list(itertools.accumulate(r.tokens for r in live.rendered))
         assert len(live.rendered) == len(kinds)

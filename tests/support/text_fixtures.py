@@ -26,7 +26,7 @@ KEYS = ("key-alice", "key-bob")
 # with the chat template's own system prompt, "What is the capital of France?"
 # is "Paris" in float32 and "L'Étoile, la Marseillaise..." in bfloat16, while
 # "... of Italy?" goes the other way. With an instruction both answer every
-# capital of the QA set alike (bench/decode_settings.py, README "Machines"),
+# capital of the QA set alike (bench/decode_settings.py, docs/machines.md),
 # so the tests ask as an app would, with one.
 INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 INSTRUCTED = {"role": "system", "content": INSTRUCTIONS}
