@@ -103,7 +103,7 @@ class _Ticket:
 
 @dataclass
 class _Figures:
-    """Per (class, stage): what ran, what was shed, how long it waited."""
+    """Per (class, stage): what ran, what was shed, the seconds it held slots."""
 
     ran: int = 0
     shed: int = 0
@@ -151,11 +151,12 @@ class CpuScheduler:
         return self._timer()
 
     @contextmanager
-    def work(self, urgency: Urgency, stage: str, *, due_in_s: float = 0.0, sheddable: bool = False, weight: int = 1) -> Iterator[None]:
+    def work(self, urgency: Urgency, stage: str, *, due_in_s: float = 0.0,
+             sheddable: bool = False, weight: int = 1) -> Iterator[None]:
         """Hold a slot for the body (blocking until one is granted; call it
-        from a worker thread, never the event loop). ``due_in_s``: when the result is needed, from now;
-        ``sheddable``: background work that runs only if a slot is free for
-        it now (else raises ``Shed`` at once);
+        from a worker thread, never the event loop). ``due_in_s``: when the
+        result is needed, from now; ``sheddable``: background work that runs
+        only if a slot is free for it now (else raises ``Shed`` at once);
         ``weight`` 0: work that never waits (see the module docstring)."""
         ticket = self._queue(urgency, stage, due_in_s, sheddable, weight)
         self._wait(ticket)
