@@ -256,7 +256,8 @@ class Runtime:
                 return DuplexSession(session_id, config=config, policy=self.policy,
                                      stages=self.stages, clock=self.clock, metrics=self.metrics,
                                      limits=self.session_limits, journal_budget=self.journal_budget,
-                                     extra_wire={"owner_instance_id": self.manager.instance_id})
+                                     extra_wire={"owner_instance_id": self.manager.instance_id},
+                                     on_closed=self.manager.release)
 
             grace = self.config.limits.resume_grace_s
             # The id names its owner, so a router sends the resume here (core/owner_ids.py).

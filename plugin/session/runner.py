@@ -92,8 +92,14 @@ class DuplexSession:
         limits: SessionLimits = SessionLimits(),
         extra_wire: dict[str, Any] | None = None,
         journal_budget: JournalBudget | None = None,
+        on_closed: Callable[[str, CloseReason], Awaitable[None]] | None = None,
     ) -> None:
         self.session_id = session_id
+        # Told once the session has closed, whoever closed it: a session that
+        # ends itself while no socket is attached (a ``session.close`` the
+        # mailbox reached after the socket went) must leave its host's
+        # registry then, not when the resume grace runs out.
+        self._on_closed = on_closed
         self.policy = policy
         self.clock = clock
         self.metrics = metrics
@@ -238,6 +244,8 @@ class DuplexSession:
         self.metrics.sessions_closed.inc(reason=reason.value)
         self.outbox.close()
         self.closed.set()
+        if self._on_closed is not None:
+            await self._on_closed(self.session_id, reason)
 
     # ---- the single writer ------------------------------------------------
 

@@ -112,6 +112,20 @@ async def test_a_resume_is_never_refused_its_session_holds_its_seat():
             await live(http, 0)
 
 
+async def test_a_session_the_client_ended_frees_its_seat_at_once():
+    """``session.close`` and the socket's end race: a session that reads its
+    close after the socket went closes itself detached -- it must leave the
+    registry then, not hold its seat for the 30 s resume grace."""
+    async with serve(scripted_config(max_voice_sessions=1, resume_grace_s=30.0)) as srv:
+        async with httpx.AsyncClient(base_url=srv.http_url) as http:
+            for _ in range(5):
+                client = await RealtimeClient.connect(srv.ws_url)
+                await client.close()  # session.close, then the socket's close at once
+                await live(http, 0)  # 4 s at most
+            async with await RealtimeClient.connect(srv.ws_url) as last:
+                await assert_alive(last)
+
+
 async def test_without_a_ceiling_only_max_sessions_applies():
     async with serve(scripted_config(max_sessions=3)) as srv:
         async with httpx.AsyncClient(base_url=srv.http_url) as http:
