@@ -40,6 +40,7 @@ from vllm_duplex.core.conversation import context_messages
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.interruption import is_backchannel
 from vllm_duplex.core.payloads import (
+    AsrConfig,
     AudioIn,
     AudioOut,
     ContextMessage,
@@ -128,7 +129,7 @@ class CascadePolicy(PolicyBase[CascadeState]):
     def stage_needs(self) -> StageNeeds:
         sends: dict[str, tuple[type, ...]] = {
             VAD: (AudioIn, VadConfig),
-            ASR: (AudioIn, VadSpeechStarted, VadSpeechStopped, UserPaused),
+            ASR: (AudioIn, AsrConfig, VadSpeechStarted, VadSpeechStopped, UserPaused),
             LLM: (TextIn, ResetContext, GenerateRequest),
             TTS: (TextDelta, GenerationDone),
         }
@@ -163,6 +164,8 @@ class CascadePolicy(PolicyBase[CascadeState]):
                               tuple(StageSubmission(t, payload, "in") for t in targets))
         if isinstance(payload, VadConfig):
             return AppendPlan(InputMode.APPEND_AUDIO_CHUNK, (StageSubmission(VAD, payload, "in"),))
+        if isinstance(payload, AsrConfig):
+            return AppendPlan(InputMode.APPEND_AUDIO_CHUNK, (StageSubmission(ASR, payload, "in"),))
         if isinstance(payload, VideoFrame):
             if not self.vision:
                 raise DuplexError("capability_unsupported", "this deployment takes no video "

@@ -96,6 +96,23 @@ class VadConfig:
 
 
 @dataclass(frozen=True)
+class AsrConfig:
+    """What the session's ``audio.input.transcription`` asks of an ASR stage.
+
+    ``prompt``: text the user's speech follows -- names, spellings, terms --
+    which the ASR uses as its context where it can (Whisper takes it as its
+    previous text, as OpenAI's transcription ``prompt``); None: none."""
+
+    prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class EndOfUtterance:
+    """The current utterance is over (manual turn end, no VAD): an ASR stage
+    decodes what it heard and emits exactly one ``TranscriptFinal``."""
+
+
+@dataclass(frozen=True)
 class ResetContext:
     """Rebuild the model state from canonical history (rollback / re-encode):
     abort the live request and prefill ``context``; generate nothing yet."""

@@ -43,7 +43,7 @@ from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.gate import FenceGate
 from vllm_duplex.core.input_sequence import InputSequence
 from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import ContextMessage, StageOutput
+from vllm_duplex.core.payloads import AsrConfig, ContextMessage, StageOutput
 from vllm_duplex.core.session_config import (
     SessionConfig,
     check_modalities,
@@ -110,7 +110,10 @@ class SessionCore:
         self.make_id = make_id
         self.gate = FenceGate(Fence(session_id))
         self.stage_names = frozenset(stage_names)
-        self._generator = policy.stage_needs().generator
+        needs = policy.stage_needs()
+        self._generator = needs.generator
+        # The transcription prompt reaches an ASR stage where the policy routes one.
+        self._asr_configurable = any(issubclass(AsrConfig, kinds) for kinds in needs.sends.values())
         self._policy_state = policy.new_state()
         self._seq = 0
         self.input_seq = InputSequence(max_chunk_bytes=1 << 62, max_total_bytes=1 << 62)
@@ -202,6 +205,7 @@ class SessionCore:
         self.emit(ev.SessionCreated(session=self.session_object(), resume_token=resume_token))
         if self._config.turn_detection is not None:
             self.execute(self.policy.plan_append(self, self.user.vad_config(self._config)))
+        self._configure_asr(None)
         return self._take()
 
     def handle(self, message: object, now: float, received_at: float | None = None) -> list[Effect]:
@@ -321,7 +325,15 @@ class SessionCore:
         self.input.set_noise_reduction(new.noise_reduction)
         if new.turn_detection is not None and new.turn_detection != old.turn_detection:
             self.execute(self.policy.plan_append(self, self.user.vad_config(new)))
+        self._configure_asr((old.transcription.prompt or None) if old.transcription else None)
         self.emit(ev.SessionUpdated(session=self.session_object()))
+
+    def _configure_asr(self, old_prompt: str | None) -> None:
+        """Tell the ASR the session's transcription prompt when it changed."""
+        t = self._config.transcription
+        prompt = (t.prompt or None) if t is not None else None
+        if self._asr_configurable and prompt != old_prompt:
+            self.execute(self.policy.plan_append(self, AsrConfig(prompt)))
 
     def _on_event_ack(self, c: cmd.EventAck) -> None:
         self._effects.append(AckEvents(c.seq))

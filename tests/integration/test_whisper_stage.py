@@ -22,7 +22,9 @@ from vllm_duplex.assets.files import AssetError
 from vllm_duplex.core.clock import MonotonicClock
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.payloads import (
+    AsrConfig,
     AudioIn,
+    EndOfUtterance,
     StageInput,
     TranscriptFinal,
     TranscriptPartial,
@@ -30,7 +32,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.stages.listening.whisper import EndOfUtterance, WhisperAsrStage
+from vllm_duplex.stages.listening.whisper import WhisperAsrStage
 from vllm_duplex.stages.listening.whisper_model import loop_start, looped, unlooped
 from vllm_duplex.stages.speech.subprocess_tts import parse_wav
 from vllm_duplex.testing import noise
@@ -78,7 +80,7 @@ def stage():
 
 async def transcribe(stage: WhisperAsrStage, pcm: np.ndarray, *, chunk_ms: int = 20,
                      vad: tuple[int, int] | None = None, paced: bool = True,
-                     pause: bool = False) -> list[Any]:
+                     pause: bool = False, prompt: str | None = None) -> list[Any]:
     """Stream ``pcm`` into a port (chunk by chunk, each processed before the
     next: a worker keeping up with real time), end the utterance (VAD events
     at ``vad`` = (onset_ms, end_ms), or ``EndOfUtterance``; with ``pause``,
@@ -92,6 +94,8 @@ async def transcribe(stage: WhisperAsrStage, pcm: np.ndarray, *, chunk_ms: int =
             outputs.append(out.payload)
 
     reader = asyncio.create_task(read())
+    if prompt is not None:
+        await port.submit(item(AsrConfig(prompt)))
     n = chunk_ms * RATE // 1000
     for i in range(0, len(pcm), n):
         if vad is not None and i // 16 == vad[0] + 200:  # the VAD speaks after the onset
@@ -112,6 +116,17 @@ def final_text(outputs: list[Any]) -> str:
     finals = [o for o in outputs if isinstance(o, TranscriptFinal)]
     assert len(finals) == 1, outputs
     return finals[0].text
+
+
+async def test_the_sessions_prompt_spells_the_names_it_holds(stage):
+    """OpenAI's transcription ``prompt``: a name Whisper cannot know is heard
+    as written there -- in the partials and the final alike."""
+    pcm = padded(flite("Send a message to Siobhan saying I will be late."))
+    plain = await transcribe(stage, pcm)
+    assert "siobhan" not in spoken(final_text(plain))
+    prompted = await transcribe(stage, pcm, prompt="Siobhan")
+    assert "siobhan" in spoken(final_text(prompted))
+    assert "siobhan" in spoken([o.text for o in prompted if isinstance(o, TranscriptPartial)][-1])
 
 
 async def test_a_flite_question_is_transcribed_right_with_partials_first(stage):
@@ -240,9 +255,9 @@ async def test_decoding_runs_on_the_stage_threads_not_the_loop(stage, monkeypatc
     threads: set[str] = set()
     original = stage.final_text
 
-    def spy(pcm: np.ndarray) -> str:
+    def spy(pcm: np.ndarray, prompt: str | None = None) -> str:
         threads.add(threading.current_thread().name)
-        return original(pcm)
+        return original(pcm, prompt)
 
     monkeypatch.setattr(stage, "final_text", spy)
     port = stage.port("s1")

@@ -20,6 +20,7 @@ from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemTyp
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.payloads import (
+    AsrConfig,
     AudioIn,
     AudioOut,
     GenerateRequest,
@@ -33,7 +34,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VideoFrame,
 )
-from vllm_duplex.core.session_config import SessionPatch, TurnDetection
+from vllm_duplex.core.session_config import SessionPatch, Transcription, TurnDetection
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.session.core import SessionCore
 from vllm_duplex.session.turn_end import PAUSE_DETECT_MS
@@ -148,6 +149,30 @@ def test_a_new_turn_detection_reconfigures_the_vad_before_the_update_is_echoed()
         silence_duration_ms=300))), 0.0)
     assert types(effects) == ["Submit", "session.updated"]
     assert effects[0].payload.silence_duration_ms == 300
+
+
+def test_the_transcription_prompt_reaches_the_asr_when_it_is_set_or_changed():
+    """``audio.input.transcription.prompt`` (names, spellings) is the ASR's:
+    sent at the start, again when an update changes it, cleared with null."""
+    asr = ("vad", "asr", "llm", "tts")
+    core = make_core(CascadePolicy(), stages=asr, turn_detection=None,
+                     transcription=Transcription(prompt="Siobhan"))
+    started = core.start("tok", 0.0)
+    assert [e.payload for e in started if isinstance(e, Submit)] == [AsrConfig("Siobhan")]
+    assert started[-1].stage == "asr"
+
+    def update(prompt):
+        return core.handle(cmd.SessionUpdate(patch=SessionPatch(
+            transcription=Transcription(prompt=prompt))), 0.0)
+
+    assert types(update("Siobhan")) == ["session.updated"]  # unchanged: nothing to say
+    changed = update("Aoife, Niamh")
+    assert types(changed) == ["Submit", "session.updated"]
+    assert changed[0].payload == AsrConfig("Aoife, Niamh")
+    assert update(None)[0].payload == AsrConfig(None)
+    # A policy that routes no AsrConfig (no ASR stage of its own) is sent none.
+    scripted = make_core(turn_detection=None, transcription=Transcription(prompt="Siobhan"))
+    assert types(scripted.start("tok", 0.0)) == ["session.created"]
 
 
 # ---- responses, cancel, barge-in ----------------------------------------------------

