@@ -111,7 +111,8 @@ class DuplexSession:
                     max_age_s=limits.journal_age_s, budget=journal_budget),
             OutboxLimits(max_events=limits.outbound_capacity, max_bytes=limits.outbound_bytes))
         self.resume_token = secrets.token_urlsafe(24)
-        self.pipeline = Pipeline([s.port(session_id) for s in stages], self._enqueue_output)
+        self.pipeline = Pipeline([s.port(session_id) for s in stages], self._enqueue_output,
+                                 clock=clock)
         self.core = SessionCore(session_id, config=config, policy=policy,
                                 stage_names=self.pipeline.names, metrics=metrics,
                                 now=clock.now(), limits=limits, extra_wire=extra_wire)

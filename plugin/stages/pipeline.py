@@ -65,7 +65,7 @@ class Pipeline:
     """Ports in stream order, e.g. ``vad -> llm -> tts``."""
 
     def __init__(
-        self, ports: Sequence[StagePort], sink: OutputSink, *, clock: Clock | None = None
+        self, ports: Sequence[StagePort], sink: OutputSink, *, clock: Clock
     ) -> None:
         names = [p.name for p in ports]
         if len(set(names)) != len(names):
@@ -240,5 +240,5 @@ class Pipeline:
             request_id=self._fence.request_id("stage_failed"),
             stage=port.name,
             payload=StageFailed(error),
-            created_at=self._clock.now() if self._clock is not None else 0.0,
+            created_at=self._clock.now(),
         )

@@ -259,10 +259,12 @@ async def test_failing_port_reports_and_others_keep_going(clock: VirtualClock) -
         f1 = F0.next_epoch()
         h.gate.advance(f1)
         await h.pipeline.cancel(f1)  # the broken port's cancel must not stop the others
+        await run_for(clock, 2.0)
         await h.pipeline.submit("boom", f1, "x", "go")
         await settle()
         failures = [o for o in h.admitted if isinstance(o.payload, StageFailed)]
         assert len(failures) == 1
+        assert failures[0].created_at == clock.now() > 0  # stamped by the session's clock
         # reported under the newest fence, so the gate admits it
         assert failures[0].stage == "boom" and failures[0].fence == f1
         assert failures[0].payload.error.code == "stage_failed"
@@ -284,7 +286,7 @@ async def test_sink_errors_do_not_stop_a_pump(clock: VirtualClock) -> None:
         if len(seen) == 1:
             raise RuntimeError("sink bug")
 
-    p = Pipeline([llm.port(SID)], sink)
+    p = Pipeline([llm.port(SID)], sink, clock=clock)
     await p.open(F0)
     try:
         await p.submit("llm", F0, "gen", request())
@@ -297,7 +299,8 @@ async def test_sink_errors_do_not_stop_a_pump(clock: VirtualClock) -> None:
 def test_pipeline_rejects_duplicate_stage_names() -> None:
     clock = VirtualClock()
     with pytest.raises(ValueError):
-        Pipeline([ScriptedLlmStage(clock=clock).port(SID), ScriptedLlmStage(clock=clock).port(SID)], None)  # type: ignore[arg-type]
+        Pipeline([ScriptedLlmStage(clock=clock).port(SID), ScriptedLlmStage(clock=clock).port(SID)],
+                 None, clock=clock)  # type: ignore[arg-type]
 
 
 # ---- fence gate --------------------------------------------------------------
