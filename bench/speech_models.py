@@ -11,11 +11,14 @@ asr       every ASR option on 20 questions x 6 voices: word error rate per voice
           and overall, real-time factor (decode time / audio), end-of-utterance
           latency (Whisper decodes the utterance when it ends; PocketSphinx
           streams, so its latency is ``end_utt``). Whisper variants show why the
-          defaults are what they are (window, beam, threads); the last row is
-          the default's final as the stage makes it (tiny.en's answer at the
-          pause when it is sure of it, else base).
+          defaults are what they are (window, beam, threads; the default
+          final is tiny.en beam 5, heard at the pause); the last row is the
+          final before it (tiny.en greedy's answer at the pause when it was
+          sure of it, else base). Run again on the held-out part
+          (``speech_corpus.HELD_OUT_*``: sentences and voices no setting was
+          chosen on), reported apart.
 partials  the streaming first pass, PocketSphinx against Whisper tiny.en
-          re-decodes on the stage's budget, each followed by the Whisper base
+          re-decodes on the stage's budget, each followed by the default's
           final: partial WER, how many of the final's words were pushed early,
           how often the final revised a pushed word (a rollback) and how often the
           pushed text is a prefix of the final (the vLLM fast path), CPU per
@@ -62,6 +65,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import machine
 from speech_corpus import (
     ASR_QUESTIONS,
+    HELD_OUT_SENTENCES,
+    HELD_OUT_VOICES,
     QA,
     QA_VOICES,
     RATE,
@@ -90,6 +95,11 @@ def padded(pcm: np.ndarray) -> np.ndarray:
 def corpus(questions: int) -> list[tuple[str, str, np.ndarray]]:
     """(voice, text, int16 16 kHz audio) for every voice and question."""
     return [(v.name, q, padded(v.speak(q))) for v in VOICES for q in ASR_QUESTIONS[:questions]]
+
+
+def held_out_corpus() -> list[tuple[str, str, np.ndarray]]:
+    """The held-out part (speech_corpus.py): never used to choose a setting."""
+    return [(v.name, q, padded(v.speak(q))) for v in HELD_OUT_VOICES for q in HELD_OUT_SENTENCES]
 
 
 # ---- ASR ------------------------------------------------------------------------------------
@@ -123,12 +133,13 @@ def sphinx_stream(pool: DecoderPool, pcm: np.ndarray, partial_every: int = 3200
 
 
 WHISPER_OPTIONS = (  # (label, model, beam, window, threads)
-    ("whisper base b5 w10 t1 (default final)", "whisper-base", 5, 10.0, 1),
+    ("whisper base b5 w10 t1 (final before)", "whisper-base", 5, 10.0, 1),
     ("whisper base b5 w10 t2", "whisper-base", 5, 10.0, 2),
     ("whisper base b1 w10 t2", "whisper-base", 1, 10.0, 2),
     ("whisper base b5 w30 t2 (30 s window)", "whisper-base", 5, 30.0, 2),
     ("whisper base b5 w5 t2 (5 s window)", "whisper-base", 5, 5.0, 2),
-    ("whisper tiny.en b5 w10 t1", "whisper-tiny.en", 5, 10.0, 1),
+    ("whisper tiny.en b5 w10 t1 (default final)", "whisper-tiny.en", 5, 10.0, 1),
+    ("whisper tiny.en b3 w10 t1", "whisper-tiny.en", 3, 10.0, 1),
     ("whisper tiny.en b1 w10 t1 (partials)", "whisper-tiny.en", 1, 10.0, 1),
 )
 
@@ -170,8 +181,8 @@ def part_asr(items: list[tuple[str, str, np.ndarray]]) -> dict[str, Any]:
             cpu += dt
             lat.append(dt)
         report(label, per_voice, cpu, lat)
-    # The default's final as the stage makes it: tiny.en's answer at the
-    # pause when it is confident (no second decode), else Whisper base.
+    # The final before (as the stage made it): tiny.en greedy's answer at the
+    # pause when it was confident (no second decode), else Whisper base.
     tiny, base = (load(whisper_model_dir(n), threads=1) for n in ("whisper-tiny.en", "whisper-base"))
     per_voice, cpu, lat, confident = {}, 0.0, [], 0
     for voice, text, pcm in items:
@@ -185,8 +196,8 @@ def part_asr(items: list[tuple[str, str, np.ndarray]]) -> dict[str, Any]:
         per_voice.setdefault(voice, WerCount()).add(text, hyp)
         cpu += dt
         lat.append(dt)
-    report("gated final (tiny.en if sure, else base)", per_voice, cpu, lat)
-    results["gated final (tiny.en if sure, else base)"]["tiny_confident"] = confident / len(items)
+    report("gated final (tiny.en if sure, else base): before", per_voice, cpu, lat)
+    results["gated final (tiny.en if sure, else base): before"]["tiny_confident"] = confident / len(items)
     print(f"  {'':42s} tiny.en was sure of {confident} of {len(items)} (no base decode)")
     return results
 
@@ -264,11 +275,10 @@ def loop_lag(work: Any) -> tuple[float, float]:
 
 
 def part_partials(items: list[tuple[str, str, np.ndarray]]) -> dict[str, Any]:
-    base = load(whisper_model_dir("whisper-base"), threads=2)
     tiny = load(whisper_model_dir("whisper-tiny.en"), threads=1)
-    base.warm_up(), tiny.warm_up()
-    tiny_opts = DecodeOptions(beam_size=1)
-    finals = [base.transcribe(p).text for _, _, p in items]
+    tiny.warm_up()
+    tiny_opts, final_opts = DecodeOptions(beam_size=1), DecodeOptions(beam_size=5)
+    finals = [tiny.transcribe(p, final_opts).text for _, _, p in items]  # the default's final
     pool = DecoderPool(max_idle=1)
     sphinx, whisper = FirstPass(), FirstPass()
     for (voice, text, pcm), final in zip(items, finals):
@@ -303,7 +313,7 @@ def part_partials(items: list[tuple[str, str, np.ndarray]]) -> dict[str, Any]:
     sample = [p for _, _, p in items[:6]]
     lags = {"pocketsphinx": loop_lag(lambda: [sphinx_stream(pool, p) for p in sample]),
             "whisper tiny.en partial": loop_lag(lambda: [tiny.transcribe(p, tiny_opts) for p in sample]),
-            "whisper base final": loop_lag(lambda: [base.transcribe(p) for p in sample])}
+            "whisper tiny.en final": loop_lag(lambda: [tiny.transcribe(p, final_opts) for p in sample])}
     results = {"pocketsphinx": sphinx.row(), "whisper tiny.en re-decodes": whisper.row(),
                "loop_lag_s": {k: {"p99": a, "max": b} for k, (a, b) in lags.items()}}
     for name, row in (("pocketsphinx", results["pocketsphinx"]),
@@ -421,10 +431,13 @@ def main() -> int:
         print(f"{len(items)} utterances, {sum(len(p) for *_, p in items) / RATE:.0f} s of audio",
               flush=True)
         if "asr" in args.parts:
-            print("[asr]", flush=True)
+            print("[asr] the tuned part", flush=True)
             results["asr"] = part_asr(items)
+            held_out = held_out_corpus()
+            print(f"[asr] the held-out part: {len(held_out)} utterances", flush=True)
+            results["asr_held_out"] = part_asr(held_out)
         if "partials" in args.parts:
-            print("[partials] streaming first pass, then the Whisper base final", flush=True)
+            print("[partials] streaming first pass, then the final (tiny.en beam 5)", flush=True)
             results["partials"] = part_partials(items)
     if "tts" in args.parts:
         print("[tts]", flush=True)

@@ -59,6 +59,15 @@ async def test_a_spoken_question_gets_a_spoken_answer(server):
     assert "paris" in heard.split(), heard
 
 
+async def test_the_transcription_prompt_spells_a_name_as_the_client_wrote_it(server):
+    async with await RealtimeClient.connect(server.ws_url) as client:
+        await client.update_session({"audio": {"input": {"transcription": {"prompt": "Siobhan"}}}})
+        await say(client, speak("Send a message to Siobhan saying I will be late."))
+        final = await client.wait_for("conversation.item.input_audio_transcription.completed",
+                                      timeout=60)
+    assert "Siobhan" in final["transcript"], final["transcript"]
+
+
 async def test_the_light_pipeline_answers_too(vllm_stage):  # noqa: F811
     """configs/cascade-cpu-light.yaml: PocketSphinx and Flite, for the smallest machines."""
     async with BackgroundServer(cascade_runtime(vllm_stage, "cascade-cpu-light")) as light:

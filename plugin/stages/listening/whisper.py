@@ -1,8 +1,9 @@
 """Whisper as the ASR stage: faster-whisper (CTranslate2, int8) on CPU.
 
-The *final* transcript of each utterance comes from Whisper base (beam 5, a
-short encoder window: ``whisper_model.py``), so the model answers what Whisper
-heard; *partials* while the user speaks come from Whisper tiny.en re-decoding
+The *final* transcript of each utterance comes from the final model (the
+stage's default: Whisper base, multilingual; the default config's: tiny.en;
+beam 5, a short encoder window: ``whisper_model.py``), so the model answers
+what Whisper heard; *partials* while the user speaks come from Whisper tiny.en re-decoding
 the utterance so far on a CPU budget (``whisper_stream.py``), and feed the
 transcription deltas and the words pushed early into the live vLLM request.
 When the final differs from words already pushed, the cascade policy rolls
