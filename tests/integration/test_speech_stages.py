@@ -31,6 +31,7 @@ from vllm_duplex.core.payloads import (
     TranscriptPartial,
     UserPaused,
     VadConfig,
+    VadPaused,
     VadSpeechStarted,
     VadSpeechStopped,
 )
@@ -156,8 +157,9 @@ def item(payload: Any, fence: Fence = FENCE) -> StageInput:
 # ---- Silero VAD ------------------------------------------------------------
 
 
-def vad_events(pcm: np.ndarray, chunk_sizes: list[int], config: VadConfig) -> list[Any]:
-    vad = SileroVad(load_model("onnx"), config=config)
+def vad_events(pcm: np.ndarray, chunk_sizes: list[int], config: VadConfig,
+               **options: Any) -> list[Any]:
+    vad = SileroVad(load_model("onnx"), config=config, **options)
     events, pos, k = [], 0, 0
     while pos < len(pcm):
         n = chunk_sizes[k % len(chunk_sizes)]
@@ -208,6 +210,31 @@ async def test_silero_ignores_silence_and_white_noise(vad_stage):
     noise = rng.standard_normal(3 * RATE) * 32768 * 10 ** (-30 / 20)  # RMS -30 dBFS
     assert await run_vad(vad_stage, np.zeros(3 * RATE, np.int16), 20) == []
     assert await run_vad(vad_stage, np.clip(noise, -32768, 32767).astype(np.int16), 20) == []
+
+
+def test_silero_hears_the_pause_as_the_voice_stops(flite_speech):
+    """Silero's state lags the audio (the window after the last word still
+    scores ~1): once speaking, a window quieter than -50 dBFS is silence,
+    so the pause and the end of speech are where the voice stopped."""
+    pcm, (_, end) = flite_speech
+    config = VadConfig(pause_ms=100)
+    gated = vad_events(pcm, [320], config)
+    silero_alone = vad_events(pcm, [320], config, quiet_dbfs=None)
+    assert [type(e) for e in gated] == [VadSpeechStarted, VadPaused, VadSpeechStopped]
+    assert abs(gated[1].audio_ms - end) <= 40 and gated[2].audio_ms == gated[1].audio_ms
+    assert silero_alone[1].audio_ms - end >= 60  # what the gate saves
+    assert gated[0] == silero_alone[0]  # the onset is Silero's alone
+
+
+def test_silero_alone_judges_the_end_over_noise_louder_than_the_quiet_floor(flite_speech):
+    pcm, _ = flite_speech
+    rng = np.random.default_rng(1)
+    noise = rng.standard_normal(len(pcm)) * 32768 * 10 ** (-45 / 20)
+    noisy = np.clip(pcm + noise, -32768, 32767).astype(np.int16)
+    config = VadConfig(pause_ms=100)
+    events = vad_events(noisy, [320], config)
+    assert [type(e) for e in events] == [VadSpeechStarted, VadPaused, VadSpeechStopped]
+    assert events == vad_events(noisy, [320], config, quiet_dbfs=None)
 
 
 async def test_silero_events_do_not_depend_on_chunking(vad_stage, flite_speech):

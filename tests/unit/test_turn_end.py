@@ -119,6 +119,10 @@ class Timeline:
         return effects + self.at(t, TranscriptPartial(heard, at_pause=True), "asr")
 
 
+# The VAD reports a pause PAUSE_DETECT_MS into it: the speech ended at 2.0 s.
+PAUSED = 2.0 + PAUSE_DETECT_MS / 1000
+
+
 def pushed(effects) -> list[str]:
     return [e.payload.text for e in effects if isinstance(e, Submit) and isinstance(e.payload, TextIn)]
 
@@ -199,7 +203,7 @@ def test_a_pause_ends_the_turn_after_the_silence_its_words_need(eagerness, p, co
 def test_a_thinking_pause_inside_a_phrase_does_not_take_the_turn(eagerness):
     tl = Timeline(eagerness)
     tl.speak("what is the capital of")
-    tl.pause(2.1, 1000)
+    tl.pause(PAUSED, 1000)
     tl.at(2.2, TurnEndProbability(UNFINISHED, "what is the capital of"), "llm")
     armed = tl.timer
     # The user goes on after 900 ms: the pause is dropped, the client never heard of it.
@@ -221,7 +225,7 @@ def test_a_thinking_pause_inside_a_phrase_does_not_take_the_turn(eagerness):
 def test_a_probability_that_comes_after_the_deadline_commits_at_once():
     tl = Timeline("high")
     tl.speak("tell me a joke")
-    tl.pause(2.1, 1000)
+    tl.pause(PAUSED, 1000)
     # The model was slow (a busy CPU): by the time it says "complete", the
     # fast silence has long passed.
     effects = tl.at(2.5, TurnEndProbability(COMPLETE, "tell me a joke"), "llm")
@@ -236,7 +240,7 @@ def test_a_hypothesis_that_missed_the_last_word_neither_ends_the_turn_nor_starts
     tl = Timeline("low")
     cap, fast = EAGERNESS_TIMING["low"].cap_ms, EAGERNESS_TIMING["low"].fast_ms
     tl.speak("what is the capital of your standards")
-    assert pushed(tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")) == ["standards"]
+    assert pushed(tl.at(PAUSED, VadSpeechStopped(audio_ms=1000), "vad")) == ["standards"]
     effects = tl.at(2.2, TurnEndProbability(COMPLETE, "what is the capital of your standards"), "llm")
     assert tl.timer.at == pytest.approx(2.0 + cap / 1000)  # not judged: the ASR is still hearing
     assert not [e for e in effects if isinstance(e, Submit)]  # and no reply started on them
@@ -259,7 +263,7 @@ def test_a_hypothesis_that_missed_the_last_word_neither_ends_the_turn_nor_starts
 def test_a_probability_of_fewer_words_than_were_heard_does_not_judge_the_pause():
     tl = Timeline("auto")
     tl.speak("tell me a joke")  # the ASR had not heard "about cats" yet
-    effects = tl.pause(2.1, 1000, heard="tell me a joke about cats")
+    effects = tl.pause(PAUSED, 1000, heard="tell me a joke about cats")
     assert pushed(effects) == ["joke", "about cats"]  # the last word held back, then the rest
     # The model's judgement of the first push, still on its way.
     effects = tl.at(2.13, TurnEndProbability(COMPLETE, "tell me a joke"), "llm")
@@ -273,7 +277,7 @@ def test_a_probability_of_fewer_words_than_were_heard_does_not_judge_the_pause()
 def test_silence_alone_ends_the_turn_at_the_cap():
     tl = Timeline("low")
     tl.speak("so um")
-    tl.pause(2.1, 1000)  # no P(end) ever comes
+    tl.pause(PAUSED, 1000)  # no P(end) ever comes
     assert tl.timer.at == pytest.approx(2.0 + EAGERNESS_TIMING["low"].cap_ms / 1000)
     assert "input_audio_buffer.committed" in types(tl.fire())
     assert tl.core.pause.last.reason == "silence" and tl.core.pause.last.p is None
@@ -305,7 +309,7 @@ def test_a_policy_without_semantic_turns_runs_it_as_server_vad_and_says_so():
 def test_stale_probabilities_die_at_the_gate():
     tl = Timeline()
     tl.speak("what is the capital of france")
-    tl.at(2.1, VadSpeechStopped(audio_ms=1000), "vad")
+    tl.at(PAUSED, VadSpeechStopped(audio_ms=1000), "vad")
     old = Fence("s")
     tl.core.execute(CascadePolicy().plan_append(tl.core, cmd.DuplexInput(
         mode=InputMode.REENCODE_CONTEXT)))
@@ -325,7 +329,7 @@ def emits(effects) -> list[str]:
 def speculate(tl: Timeline, words: str = "what is the capital of france"):
     """A complete question and a pause: the reply starts, held."""
     tl.speak(words)
-    tl.pause(2.1, 1000)
+    tl.pause(PAUSED, 1000)
     effects = tl.at(2.12, TurnEndProbability(COMPLETE, words), "llm")
     [req] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
     assert req.payload.context[-1] == ContextMessage("user", words)
@@ -453,20 +457,20 @@ def test_in_a_pause_whispers_closing_guess_is_not_pushed_as_the_users_words():
     pushed to the model, that "?" would make an unfinished phrase look complete."""
     tl = Timeline()
     tl.speak("What is the capital of?")
-    assert pushed(tl.pause(2.1, 1000)) == ["of"]
+    assert pushed(tl.pause(PAUSED, 1000)) == ["of"]
     assert pushed(tl.at(2.3, TranscriptPartial("What is the capital of France?"), "asr")) == ["France"]
 
 
 def test_the_next_turn_is_not_judged_on_the_last_turns_words():
     tl = Timeline()
     tl.speak("what is the capital of france")
-    tl.pause(2.1, 1000)
+    tl.pause(PAUSED, 1000)
     tl.at(2.12, TurnEndProbability(COMPLETE, "what is the capital of france"), "llm")
     tl.fire()
     # A new turn whose words the ASR has not written yet: its pause waits for the cap.
     tl.audio(5.0)
     tl.at(5.0, VadSpeechStarted(audio_ms=4000), "vad")
-    tl.at(5.5, VadSpeechStopped(audio_ms=4400), "vad")
+    tl.at(5.4 + PAUSE_DETECT_MS / 1000, VadSpeechStopped(audio_ms=4400), "vad")
     assert tl.timer.at == pytest.approx(5.4 + EAGERNESS_TIMING["auto"].cap_ms / 1000)
 
 

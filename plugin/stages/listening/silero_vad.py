@@ -45,6 +45,13 @@ log = logging.getLogger(__name__)
 WINDOW = 512  # samples per Silero window at 16 kHz (32 ms); the model accepts nothing else
 CONTEXT = 64  # trailing samples of the previous window the model expects in front
 HYSTERESIS = 0.15  # Silero's own recipe: leave speech below threshold - 0.15
+# Silero's recurrent state lags the audio: the window after the last word
+# still scores 0.9-1.0 and the next one ~0.5, though both hold no sound, so a
+# pause was heard ~90 ms after the speech ended (p50 on the speech bench's
+# voices). Once speaking, a window quieter than this is silence whatever the
+# model says: a room's noise floor sits below it, a voice above it (a
+# whisper is ~-40 dBFS), and noise louder than it leaves Silero the judge.
+QUIET_DBFS = -50.0
 
 Backend = Literal["onnx", "jit"]
 
@@ -140,13 +147,18 @@ class SileroVad(EnergyVad):
     (or continues a pending onset) at ``p >= threshold``; once speaking, it
     stays voiced down to ``threshold - 0.15`` (hysteresis, as Silero's own
     ``VADIterator`` does), so a soft syllable does not count as silence.
-    Synchronous; call it from one thread at a time.
+    Once speaking, a window quieter than ``quiet_dbfs`` is silence
+    (``QUIET_DBFS``; None: Silero alone). Synchronous; call it from one
+    thread at a time.
     """
 
     def __init__(
-        self, model: SileroModel, *, min_speech_ms: int = 64, config: VadConfig | None = None
+        self, model: SileroModel, *, min_speech_ms: int = 64, config: VadConfig | None = None,
+        quiet_dbfs: float | None = QUIET_DBFS,
     ) -> None:
         self.model = model
+        # Compared with the window's mean square in [-1, 1] units: no sqrt or log per window.
+        self._quiet_power = None if quiet_dbfs is None else 10.0 ** (quiet_dbfs / 10.0)
         super().__init__(
             rate=INTERNAL_RATE, frame_ms=WINDOW * 1000 // INTERNAL_RATE,
             min_speech_ms=min_speech_ms, config=config,
@@ -185,6 +197,9 @@ class SileroVad(EnergyVad):
             x[0, CONTEXT:] = data[k * WINDOW : (k + 1) * WINDOW] * (1.0 / 32768.0)
             p, self._state = self.model.infer(x, self._state)
             voiced = p >= (self._off if self.speaking else self._on)
+            if voiced and self.speaking and self._quiet_power is not None:
+                window = x[0, CONTEXT:]
+                voiced = float(np.dot(window, window)) / WINDOW >= self._quiet_power
             begin = self._pending_start + k * WINDOW
             self._frame_done(voiced, begin // self._spms, events)
         self._pending = data[n * WINDOW :]
@@ -215,13 +230,17 @@ class SileroVadStage(ListeningStage):
         *,
         clock: Clock,
         min_speech_ms: int = 64,
+        quiet_dbfs: float | None = QUIET_DBFS,
         backend: Backend = "onnx",
         workers: int | None = None,
     ) -> None:
         if min_speech_ms < 0:
             raise ValueError("min_speech_ms must be >= 0")
+        if quiet_dbfs is not None and not -120.0 <= quiet_dbfs <= 0.0:
+            raise ValueError(f"quiet_dbfs must be in [-120, 0] dBFS or null, got {quiet_dbfs!r}")
         super().__init__(name, clock, workers=workers)
         self.min_speech_ms = min_speech_ms
+        self.quiet_dbfs = quiet_dbfs
         self.backend = backend
         self.model = load_model(backend)
 
@@ -234,7 +253,8 @@ class _SileroPort(ListeningPort):
 
     def __init__(self, stage: SileroVadStage, session_id: str) -> None:
         super().__init__(stage, session_id)
-        self.vad = SileroVad(stage.model, min_speech_ms=stage.min_speech_ms)
+        self.vad = SileroVad(stage.model, min_speech_ms=stage.min_speech_ms,
+                             quiet_dbfs=stage.quiet_dbfs)
 
     def _work(self, payload: Any) -> list[Any]:
         if isinstance(payload, VadConfig):
