@@ -51,11 +51,11 @@ TIMER = "turn_end"  # the session's timer at a pause's deadline
 
 
 # The VAD's silence before it reports a pause under semantic_vad (it reports
-# every pause this long; the decider says which ones end the turn): three of
-# Silero's 32 ms windows (100 ms took four). Shorter pauses are the gaps
-# inside words and between them: at 64 ms a quarter of the speech bench's
-# utterances paused mid-sentence, at 96 ms one in twenty.
-PAUSE_DETECT_MS = 96
+# every pause this long; the decider says which ones end the turn). Three of
+# Silero's 32 ms windows (96 ms) heard the pause ~30 ms sooner but put the
+# words at the pause on the reply's path (see silero_vad.SUGGESTED_QUIET_DBFS) and
+# paused mid-sentence in one utterance in twenty (at 64 ms: one in four).
+PAUSE_DETECT_MS = 100
 
 P_SURE = 0.1  # at or above: the words are a complete turn
 P_UNSURE = 0.001  # at or below: the words are unfinished

@@ -41,6 +41,7 @@ from vllm_duplex.stages.listening.pocketsphinx import (
     clean_hypothesis,
 )
 from vllm_duplex.stages.listening.silero_vad import (
+    SUGGESTED_QUIET_DBFS,
     SileroVad,
     SileroVadStage,
     load_model,
@@ -214,12 +215,13 @@ async def test_silero_ignores_silence_and_white_noise(vad_stage):
 
 def test_silero_hears_the_pause_as_the_voice_stops(flite_speech):
     """Silero's state lags the audio (the window after the last word still
-    scores ~1): once speaking, a window quieter than -50 dBFS is silence,
-    so the pause and the end of speech are where the voice stopped."""
+    scores ~1): with ``quiet_dbfs``, once speaking, a window quieter than
+    -50 dBFS is silence, so the pause and the end of speech are where the
+    voice stopped."""
     pcm, (_, end) = flite_speech
     config = VadConfig(pause_ms=100)
-    gated = vad_events(pcm, [320], config)
-    silero_alone = vad_events(pcm, [320], config, quiet_dbfs=None)
+    gated = vad_events(pcm, [320], config, quiet_dbfs=SUGGESTED_QUIET_DBFS)
+    silero_alone = vad_events(pcm, [320], config)
     assert [type(e) for e in gated] == [VadSpeechStarted, VadPaused, VadSpeechStopped]
     assert abs(gated[1].audio_ms - end) <= 40 and gated[2].audio_ms == gated[1].audio_ms
     assert silero_alone[1].audio_ms - end >= 60  # what the gate saves
@@ -232,9 +234,9 @@ def test_silero_alone_judges_the_end_over_noise_louder_than_the_quiet_floor(flit
     noise = rng.standard_normal(len(pcm)) * 32768 * 10 ** (-45 / 20)
     noisy = np.clip(pcm + noise, -32768, 32767).astype(np.int16)
     config = VadConfig(pause_ms=100)
-    events = vad_events(noisy, [320], config)
+    events = vad_events(noisy, [320], config, quiet_dbfs=SUGGESTED_QUIET_DBFS)
     assert [type(e) for e in events] == [VadSpeechStarted, VadPaused, VadSpeechStopped]
-    assert events == vad_events(noisy, [320], config, quiet_dbfs=None)
+    assert events == vad_events(noisy, [320], config)
 
 
 async def test_silero_events_do_not_depend_on_chunking(vad_stage, flite_speech):

@@ -47,11 +47,17 @@ CONTEXT = 64  # trailing samples of the previous window the model expects in fro
 HYSTERESIS = 0.15  # Silero's own recipe: leave speech below threshold - 0.15
 # Silero's recurrent state lags the audio: the window after the last word
 # still scores 0.9-1.0 and the next one ~0.5, though both hold no sound, so a
-# pause was heard ~90 ms after the speech ended (p50 on the speech bench's
-# voices). Once speaking, a window quieter than this is silence whatever the
-# model says: a room's noise floor sits below it, a voice above it (a
-# whisper is ~-40 dBFS), and noise louder than it leaves Silero the judge.
-QUIET_DBFS = -50.0
+# pause is heard ~90 ms after the speech ended (p50 on the speech bench's
+# voices). ``quiet_dbfs``: once speaking, a window quieter than it is silence
+# whatever the model says (a room's noise floor sits below -50 dBFS, a voice
+# above it; noise louder leaves Silero the judge), which hears the pause where
+# the voice stopped. Off by default: on the default pipeline the VAD's lag is
+# the time the words at the pause take to decode (tiny.en beam 5, begun 40 ms
+# into the quiet) and to reach the live request, so hearing the pause sooner
+# only moved the wait onto them -- bench/fast_turns.py, 2-core AVX2: turn gap
+# p50 657 -> 806 ms with -50 dBFS. A pipeline whose ASR is faster than
+# Silero's lag gains up to ~90 ms from it.
+SUGGESTED_QUIET_DBFS = -50.0
 
 Backend = Literal["onnx", "jit"]
 
@@ -148,13 +154,13 @@ class SileroVad(EnergyVad):
     stays voiced down to ``threshold - 0.15`` (hysteresis, as Silero's own
     ``VADIterator`` does), so a soft syllable does not count as silence.
     Once speaking, a window quieter than ``quiet_dbfs`` is silence
-    (``QUIET_DBFS``; None: Silero alone). Synchronous; call it from one
+    (``SUGGESTED_QUIET_DBFS``; None, the default: Silero alone). Synchronous; call it from one
     thread at a time.
     """
 
     def __init__(
         self, model: SileroModel, *, min_speech_ms: int = 64, config: VadConfig | None = None,
-        quiet_dbfs: float | None = QUIET_DBFS,
+        quiet_dbfs: float | None = None,
     ) -> None:
         self.model = model
         # Compared with the window's mean square in [-1, 1] units: no sqrt or log per window.
@@ -230,7 +236,7 @@ class SileroVadStage(ListeningStage):
         *,
         clock: Clock,
         min_speech_ms: int = 64,
-        quiet_dbfs: float | None = QUIET_DBFS,
+        quiet_dbfs: float | None = None,
         backend: Backend = "onnx",
         workers: int | None = None,
     ) -> None:
