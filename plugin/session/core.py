@@ -15,7 +15,8 @@ state -- and it is the ``SessionView`` the policy reads. Messages are
 dispatched through one table by type: the client's commands
 (``client_commands.py``), stage outputs (the chain of ``decisions.py``: the
 gate first, so stale outputs die in one place; then the speculation, the
-turn end and the policy, whose decision one applier carries out) and the
+turn end and the policy, whose decision ``decisions.apply`` carries out --
+a held reply's forward aside, done as it arrives) and the
 session-level rest here. Functions of the core compose its parts by concern
 -- the output chain (``decisions.py``), a pause and the reply started in it
 (``pauses.py``), the reply's way out (``output.py``) -- and the parts own

@@ -18,11 +18,14 @@ order, until a step takes it:
 ``policy``      everything else: the policy decides, ``apply`` carries it out
 ==============  ===============================================================
 
-``apply`` is the only code that carries out an ``OutputDecision`` -- for
-stage outputs, for the pause observations the turn-end step hands the policy
-(``UserPaused``, ``UserResumed``) and for a speculated reply's outputs at
-release -- in one fixed order: show, pause the output, the plan, interrupt,
-forward, commit, respond, dismiss, finish.
+``apply`` carries out an ``OutputDecision`` -- for stage outputs, for the
+pause observations the turn-end step hands the policy (``UserPaused``,
+``UserResumed``) and for a speculated reply's outputs at release -- in one
+fixed order: show, pause the output, the plan, interrupt, forward, commit,
+respond, dismiss, finish. One part is carried out elsewhere: the speculation
+step forwards a held output at once (its text must reach the TTS while the
+reply is held, so its audio is ready at release) and keeps the decision;
+at release ``apply`` does all the rest of it (``forwarded=True``).
 """
 
 from __future__ import annotations
