@@ -47,11 +47,11 @@ from vllm_duplex.stages.listening.silero_vad import (
     load_model,
 )
 from vllm_duplex.stages.port import StagePort
+from vllm_duplex.stages.speech.pieces import next_piece
 from vllm_duplex.stages.speech.subprocess_tts import (
     EspeakTtsStage,
     FliteTtsStage,
     SubprocessTtsStage,
-    next_piece,
     parse_wav,
 )
 

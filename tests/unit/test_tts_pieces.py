@@ -1,7 +1,7 @@
 """How the TTS stages cut a reply into pieces: the first phrase early, then
 sentences and clauses (``first_piece`` / ``next_piece``)."""
 
-from vllm_duplex.stages.speech.subprocess_tts import first_piece, next_piece
+from vllm_duplex.stages.speech.pieces import first_piece, next_piece
 
 
 def test_first_piece_is_the_first_few_words_not_the_sentence():

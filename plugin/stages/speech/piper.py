@@ -1,10 +1,10 @@
 """Piper as the TTS stage: a neural VITS voice on onnxruntime, on CPU.
 
-The port is the sentence-streaming port of the subprocess synthesizers
-(``subprocess_tts.py``: text deltas in, cut into pieces as they complete,
-``AudioOut`` per piece and one ``SpeechDone`` per response out, a cancel stops
-the piece being made). Piper is fast enough (real-time factor ~0.07 on one
-core) to speak clause by clause, so pieces are cut at clause punctuation
+The port is every TTS stage's (``streaming_tts.py``: text deltas in, cut into
+pieces as they complete by ``pieces.py``, ``AudioOut`` per piece and one
+``SpeechDone`` per response out, a cancel stops the piece being made). Piper
+is fast enough (real-time factor ~0.07 on one core) to speak clause by
+clause, so pieces are cut at clause punctuation
 from ``clause_words`` (4) words on, and the reply's first piece is its first
 phrase (``first_words``, 2: a clause mark or its first two words), so the
 first audio follows the reply's first words, not its first sentence
@@ -47,7 +47,8 @@ from vllm_duplex.stages.speech.piper_voice import (
     ipa_with_punctuation,
 )
 from vllm_duplex.stages.scheduler import CARRIERS, Urgency
-from vllm_duplex.stages.speech.subprocess_tts import SubprocessTtsStage, espeak_voice_ok
+from vllm_duplex.stages.speech.streaming_tts import StreamingTtsStage
+from vllm_duplex.stages.speech.subprocess_tts import espeak_voice_ok
 
 _loaded: dict[tuple[str, int, float | None, Device], PiperVoice] = {}
 _load_lock = threading.Lock()
@@ -65,7 +66,7 @@ def load_voice(onnx: Path, config: Path, *, threads: int = 1,
         return voice
 
 
-class PiperTtsStage(SubprocessTtsStage):
+class PiperTtsStage(StreamingTtsStage):
     """``TextDelta`` / ``GenerationDone`` / ``EndOfText`` in; ``AudioOut``
     chunks (``text`` = the piece they speak) and one ``SpeechDone`` per
     response out. ``length_scale`` > 1 speaks slower."""
