@@ -1,16 +1,19 @@
 """What each client command does to a session (the client's half of the
-session core's dispatch table; stage outputs are ``rendering.py``).
+session core's dispatch table; stage outputs walk the chain of
+``decisions.py``).
 
 Functions of the core and one typed command: they read and change the
 core's state and add effects through it, never await, and raise
 ``DuplexError`` for a client's mistake (the core turns it into an error
 event echoing the command's ``event_id``).
 
-Why these take the whole core, where the helpers (``turn_end``,
-``speculation``, ``pacing``, ``barge_in``, ``rendering``, ``replies``) take
-a small state of their own: a client command *is* the session's business --
-``conversation.item.truncate`` touches the conversation, the active
-response, the pacer and the policy's context at once -- so this file is the
+Why these take the whole core, where the parts (``turn_end``,
+``speculation``, ``pacing``, ``barge_in``, ``rendering``) take a small state
+of their own and ``replies`` the session's read-only view: a client command
+*is* the session's business -- ``conversation.item.truncate`` cuts the
+conversation's item, the active response's text and, while that item is
+still being generated, interrupts the reply (an epoch bump, its
+``response.done``, a cancel of the stages) at once -- so this file is the
 core's own dispatch, split out by size, not a part with state to narrow.
 The same holds for ``decisions.py``, ``pauses.py`` and ``output.py``: they
 compose the parts; the parts stay pure.

@@ -21,19 +21,23 @@ prefill chunks -- the way LiveKit's turn detector uses a SmolLM2 fine-tune).
 ``TurnEndDecider`` is the state of one pause (sans-I/O: times in, deadlines
 and decisions out) and ``Pause`` what the session holds while it lasts: the
 VAD's end of speech and the deadline of the timer armed for it. The session
-core composes them (``decisions.py``, the chain's ``turn_end`` step): it holds
-the VAD's end of speech while the pause lasts, tells the policy
-(``UserPaused``), which pushes the words it held back (so the model judges
-them while the ASR works) and may ask its ASR for every word up to the
-pause -- then only a ``P(end)`` of exactly the ASR's answer
+core composes them (``pauses.py``, the ``turn_end`` step of ``decisions.py``'s
+chain): it holds the VAD's end of speech while the pause lasts, tells the
+policy (``UserPaused``), which pushes the words it held back (so the model
+judges them while the ASR works) and may ask its ASR for every word up to
+the pause -- then only a ``P(end)`` of exactly the ASR's answer
 (``TranscriptPartial(at_pause=True)``) is judged: a hypothesis that missed
 the last word ("what is the capital of your st...") must not end the turn,
 nor start the reply. It arms the ``turn_end`` timer at the decider's
-deadline (the cap until the words are judged; re-armed when a new
-``P(end)`` arrives) and, when it fires, lets the held end of speech through:
-the turn commits exactly as under server VAD. Speech before the deadline
-drops the hold: the pause did not take the turn, and the client never heard
-of it.
+deadline (the cap until the words are judged; re-armed when the words up to
+the pause or a new ``P(end)`` arrive) and, when it fires, lets the held end
+of speech through: the turn commits exactly as under server VAD. Speech
+before the deadline drops the hold (and any reply started in the pause): the
+pause did not take the turn, and the client never heard of it.
+
+Under ``server_vad`` the decider still follows each pause (the VAD's
+``VadPaused``), so a reply can start on the words up to it; nothing is held
+and no timer is armed -- the VAD ends the turn itself.
 """
 
 from __future__ import annotations
