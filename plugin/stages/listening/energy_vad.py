@@ -83,19 +83,7 @@ class EnergyVad:
 
     def feed(self, pcm: np.ndarray, start_ms: int) -> list[VadSpeechStarted | VadSpeechStopped]:
         events: list[VadSpeechStarted | VadSpeechStopped] = []
-        start = start_ms * self._spms
-        if self._pending_start is None:
-            self._pending_start = start
-        else:
-            expected = self._pending_start + len(self._pending)
-            if start > expected:
-                self._gap(start, events)
-            elif start <= expected - self._spms:  # rewound: a new audio stream
-                self.reset()
-                self._pending_start = start
-            # else: contiguous (start_ms is whole ms, so it may trail by < 1 ms)
-        pcm = np.asarray(pcm, dtype=np.int16).ravel()
-        data = np.concatenate([self._pending, pcm]) if len(self._pending) else pcm
+        data = self._take(pcm, start_ms, events)
         n = len(data) // self._frame
         if n:
             # Raw ufuncs, not np.mean: this runs per chunk per session, where
@@ -109,6 +97,26 @@ class EnergyVad:
         self._pending = data[n * self._frame :]
         self._pending_start += n * self._frame
         return events
+
+    def _take(self, pcm: np.ndarray, start_ms: int, events: list[Any]) -> np.ndarray:
+        """Place a chunk on the audio timeline: a skip ahead is a gap
+        (``_gap``), a step back a new stream (``reset``). Returns the samples
+        not yet analysed -- the partial frame kept from before, then the
+        chunk -- starting at ``_pending_start``. Every VAD of this timeline
+        (Silero's too) begins its ``feed`` here."""
+        start = start_ms * self._spms
+        if self._pending_start is None:
+            self._pending_start = start
+        else:
+            expected = self._pending_start + len(self._pending)
+            if start > expected:
+                self._gap(start, events)
+            elif start <= expected - self._spms:  # rewound: a new audio stream
+                self.reset()
+                self._pending_start = start
+            # else: contiguous (start_ms is whole ms, so it may trail by < 1 ms)
+        pcm = np.asarray(pcm, dtype=np.int16).ravel()
+        return np.concatenate([self._pending, pcm]) if len(self._pending) else pcm
 
     def _frame_done(self, voiced: bool, begin_ms: int, events: list[Any]) -> None:
         end_ms = begin_ms + self.frame_ms

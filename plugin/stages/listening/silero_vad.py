@@ -183,18 +183,7 @@ class SileroVad(EnergyVad):
 
     def feed(self, pcm: np.ndarray, start_ms: int) -> list[VadSpeechStarted | VadSpeechStopped]:
         events: list[VadSpeechStarted | VadSpeechStopped] = []
-        start = start_ms * self._spms
-        if self._pending_start is None:
-            self._pending_start = start
-        else:
-            expected = self._pending_start + len(self._pending)
-            if start > expected:
-                self._gap(start, events)
-            elif start <= expected - self._spms:  # rewound: a new audio stream
-                self.reset()
-                self._pending_start = start
-        pcm = np.asarray(pcm, dtype=np.int16).ravel()
-        data = np.concatenate([self._pending, pcm]) if len(self._pending) else pcm
+        data = self._take(pcm, start_ms, events)  # the base's timeline: gaps, rewinds
         n = len(data) // WINDOW
         x = self._x
         for k in range(n):
