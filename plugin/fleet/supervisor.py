@@ -213,11 +213,6 @@ class WorkerFleet:
             if self._stopping.is_set():
                 return
             log.error("the shared engine core died; restarting it and every worker")
-            for w in self.workers:
-                if w.watcher is not None:
-                    w.watcher.cancel()
-            await asyncio.gather(*(w.watcher for w in self.workers if w.watcher),
-                                 return_exceptions=True)
             await self._stop_workers()
             await asyncio.to_thread(core.shutdown)
             await self._start_core()
@@ -226,6 +221,12 @@ class WorkerFleet:
                 w.watcher = asyncio.create_task(self._watch(w), name=f"duplex-{w.instance_id}")
 
     async def _stop_workers(self) -> None:
+        """Stop every worker, its watcher first (so nothing restarts it)."""
+        for w in self.workers:
+            if w.watcher is not None:
+                w.watcher.cancel()
+        await asyncio.gather(*(w.watcher for w in self.workers if w.watcher),
+                             return_exceptions=True)
         procs = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
         for proc in procs:
             proc.terminate()  # uvicorn: close every session, abort engine requests, exit
@@ -284,11 +285,6 @@ class WorkerFleet:
     async def _shutdown(self, core_watch: asyncio.Task | None) -> None:
         if self.nginx is not None:
             await self.nginx.stop()
-        for w in self.workers:
-            if w.watcher is not None:
-                w.watcher.cancel()
-        await asyncio.gather(*(w.watcher for w in self.workers if w.watcher),
-                             return_exceptions=True)
         await self._stop_workers()
         if core_watch is not None:
             core_watch.cancel()
