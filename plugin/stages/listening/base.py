@@ -9,8 +9,9 @@ first, is the process's CPU scheduler's (``stages/scheduler.py``), which the
 work asks for a slot. A thread may wait there, so the pool is sized for
 every session at once (threads start only when needed), and one session's
 waiting partial never holds up another's final. Its outputs describe what the user said, so ``cancel``
-aborts nothing: they are ``InputObservation``s that the fence gate never
-drops, and skipping queued audio would break recurrent state and the timeline.
+aborts nothing (``ObservationPort``, the vision stage's port too): they are
+``InputObservation``s that the fence gate never drops, and skipping queued
+audio would break recurrent state and the timeline.
 """
 
 from __future__ import annotations
@@ -60,7 +61,16 @@ class ListeningStage(StageBase):
         self.shutdown_workers()
 
 
-class ListeningPort(FencedPort):
+class ObservationPort(FencedPort):
+    """A port whose outputs are ``InputObservation``s (VAD, ASR, scenes):
+    ``cancel`` aborts nothing (see the module docstring)."""
+
+    async def cancel(self, fence: Fence) -> None:
+        """Nothing to abort: only the session is checked."""
+        self._check_session(fence, "cancelled")
+
+
+class ListeningPort(ObservationPort):
     _stage: ListeningStage
 
     def __init__(self, stage: ListeningStage, session_id: str) -> None:
@@ -107,8 +117,3 @@ class ListeningPort(FencedPort):
         """Wait until everything submitted so far has been processed and its
         outputs queued (for tests and benchmarks; not part of ``StagePort``)."""
         await self._inbox.join()
-
-    async def cancel(self, fence: Fence) -> None:
-        """Nothing to abort (see the module docstring)."""
-        if fence.session_id != self.session_id:
-            raise ValueError(f"port of session {self.session_id!r} cancelled with {fence}")

@@ -30,15 +30,14 @@ from typing import Any
 import numpy as np
 from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.payloads import (
     SceneDescription,
     StageFailed,
     StageInput,
     VideoFrame,
 )
-from vllm_duplex.stages.listening.base import ListeningStage
-from vllm_duplex.stages.port import FencedPort, StagePort
+from vllm_duplex.stages.listening.base import ListeningStage, ObservationPort
+from vllm_duplex.stages.port import StagePort
 from vllm_duplex.stages.scheduler import Urgency
 
 log = logging.getLogger(__name__)
@@ -185,7 +184,7 @@ class VisionStage(ListeningStage):
         return _VisionPort(self, session_id)
 
 
-class _VisionPort(FencedPort):
+class _VisionPort(ObservationPort):  # cancel aborts nothing: a scene is an observation
     _stage: VisionStage
 
     def __init__(self, stage: VisionStage, session_id: str) -> None:
@@ -239,8 +238,3 @@ class _VisionPort(FencedPort):
         """Wait until no frame is pending or being analysed and every output
         is queued (for tests and benchmarks; not part of ``StagePort``)."""
         await self._idle.wait()
-
-    async def cancel(self, fence: Fence) -> None:
-        """Nothing to abort: a scene is an input observation (see above)."""
-        if fence.session_id != self.session_id:
-            raise ValueError(f"port of session {self.session_id!r} cancelled with {fence}")
