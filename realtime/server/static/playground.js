@@ -200,15 +200,48 @@ async function openCall() {
   }
   state.callId = r.headers.get("Location").split("/").pop();
   await pc.setRemoteDescription({ type: "answer", sdp: await r.text() });
-  statsTimer = setInterval(async () => {  // what the reply track played, for the meters
+  replyTrack.played = 0;
+  replyTrack.from = null;
+  statsTimer = setInterval(() => readReplyTrack("poll"), 250);
+}
+
+// A call's reply track runs all call long, silence between replies, so its stats
+// count only inside a reply: "played" is the track's time from
+// output_audio_buffer.started to .stopped / .cleared (its whole time counted the
+// silence: 39.7 s "played" for a 2 s answer), and the turn gap ends when the
+// track's energy rises after .started, the reply's first sound played out (TTFA
+// ends at .started itself: the first audio reached the page).
+const replyTrack = { played: 0, from: null, energyFrom: 0 };  // seconds of earlier replies; the track's seconds and energy at this one's start
+let trackReads = Promise.resolve();  // stats reads, in the order of the events that asked
+
+function readReplyTrack(mark, then) {  // mark: "start" | "end" | "poll"
+  trackReads = trackReads.then(async () => {
     if (!pc) return;
-    (await pc.getStats()).forEach((s) => {
-      if (s.type === "inbound-rtp" && s.kind === "audio" && s.totalAudioEnergy > 0) {
-        state.playedSamples = Math.round((s.totalSamplesDuration || 0) * RATE);
-        $("played").textContent = (state.playedSamples / RATE).toFixed(1) + " s";
-      }
-    });
-  }, 250);
+    let track = null;
+    (await pc.getStats()).forEach((s) => { if (s.type === "inbound-rtp" && s.kind === "audio") track = s; });
+    if (!track) return;
+    const seconds = track.totalSamplesDuration || 0, energy = track.totalAudioEnergy || 0;
+    const played = replyTrack.played + (replyTrack.from === null ? 0 : seconds - replyTrack.from);
+    if (mark === "start" && replyTrack.from === null) {
+      replyTrack.from = seconds;
+      replyTrack.energyFrom = energy;
+    } else if (mark === "end" && replyTrack.from !== null) {
+      replyTrack.played = played;
+      replyTrack.from = null;
+    }
+    state.playedSamples = Math.round(played * RATE);
+    $("played").textContent = played.toFixed(1) + " s";
+    if (gapPending && stoppedAt !== null && replyTrack.from !== null && energy > replyTrack.energyFrom) {
+      gapPending = false;  // end of the user's speech -> the reply's first sound played
+      state.gapMs = Math.round(performance.now() - stoppedAt);
+      $("gap").textContent = state.gapMs + " ms";
+    }
+    if (then) then();
+  }).catch(() => {});  // the call closed under the read
+}
+
+function awaitFirstSound() {  // every 20 ms from .started until the reply is heard or ends
+  if (pc && gapPending && replyTrack.from !== null) readReplyTrack("poll", () => setTimeout(awaitFirstSound, 20));
 }
 
 function configure() {
@@ -263,17 +296,22 @@ function onEvent(event) {
       showProblem(null);
       setStatus("Reconnected: the session resumed where it was.");
       break;
-    case "output_audio_buffer.started":  // a call: the reply's first sound went out
-      if (gapPending && stoppedAt !== null) {
-        gapPending = ttfaPending = false;
-        state.gapMs = state.ttfaMs = Math.round(performance.now() - stoppedAt);
-        $("gap").textContent = state.gapMs + " ms";
+    case "output_audio_buffer.started":  // a call: the server began sending the reply's audio
+      if (ttfaPending && stoppedAt !== null) {
+        ttfaPending = false;
+        state.ttfaMs = Math.round(performance.now() - stoppedAt);
         $("ttfa").textContent = state.ttfaMs + " ms";
       }
+      readReplyTrack("start", awaitFirstSound);
       break;
-    case "output_audio_buffer.cleared":  // a call: the server stopped the reply's track
-      state.stops.push({ item: null, played: state.playedSamples, at: performance.now() });
+    case "output_audio_buffer.stopped":  // a call: the reply's audio is all sent
+      readReplyTrack("end");
       break;
+    case "output_audio_buffer.cleared": {  // a call: the server stopped the reply's track
+      const at = performance.now();
+      readReplyTrack("end", () => state.stops.push({ item: null, played: state.playedSamples, at }));
+      break;
+    }
     case "input_audio_buffer.speech_started":
       stopPlayback();  // barge-in: silence now; the server cancels the reply
       $("partial").textContent = "…";
