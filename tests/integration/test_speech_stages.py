@@ -42,6 +42,7 @@ from vllm_duplex.stages.listening.pocketsphinx import (
 )
 from vllm_duplex.stages.listening.silero_vad import (
     SUGGESTED_QUIET_DBFS,
+    WINDOW,
     SileroVad,
     SileroVadStage,
     load_model,
@@ -237,6 +238,37 @@ def test_silero_alone_judges_the_end_over_noise_louder_than_the_quiet_floor(flit
     events = vad_events(noisy, [320], config, quiet_dbfs=SUGGESTED_QUIET_DBFS)
     assert [type(e) for e in events] == [VadSpeechStarted, VadPaused, VadSpeechStopped]
     assert events == vad_events(noisy, [320], config)
+
+
+class ScriptedSilero:
+    """Silero's interface with the probabilities of a script, one per window."""
+
+    def __init__(self, probabilities: list[float]) -> None:
+        self.probabilities = iter(probabilities)
+
+    def new_state(self) -> np.ndarray:
+        return np.zeros(1, np.float32)
+
+    def infer(self, x: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
+        return next(self.probabilities, 0.0), state
+
+
+@pytest.mark.parametrize(("script", "onset_window"), [
+    ([0.0, 0.9, 0.9, 0.9], 1),  # sure: speech starts on its first window (32 ms)
+    ([0.0, 0.6, 0.9, 0.9], 1),  # unsure: a second voiced window confirms it (64 ms)
+    ([0.0, 0.6, 0.0, 0.6, 0.0, 0.58, 0.0], None),  # lone unsure windows (a key's click) are not speech
+])
+def test_silero_starts_speech_on_one_window_only_when_it_is_sure(script, onset_window):
+    vad = SileroVad(ScriptedSilero(script), config=VadConfig(prefix_padding_ms=0))
+    heard: list[tuple[int, Any]] = []
+    for k in range(len(script)):  # one window a chunk: which window the event came with
+        heard += [(k, e) for e in vad.feed(np.zeros(WINDOW, np.int16), k * 32)]
+    started = [(k, e) for k, e in heard if isinstance(e, VadSpeechStarted)]
+    if onset_window is None:
+        assert started == []
+    else:
+        sure = script[onset_window] >= 0.8
+        assert started == [(onset_window + (0 if sure else 1), VadSpeechStarted(audio_ms=onset_window * 32))]
 
 
 async def test_silero_events_do_not_depend_on_chunking(vad_stage, flite_speech):

@@ -118,7 +118,10 @@ class EnergyVad:
         pcm = np.asarray(pcm, dtype=np.int16).ravel()
         return np.concatenate([self._pending, pcm]) if len(self._pending) else pcm
 
-    def _frame_done(self, voiced: bool, begin_ms: int, events: list[Any]) -> None:
+    def _frame_done(self, voiced: bool, begin_ms: int, events: list[Any], *,
+                    sure: bool = False) -> None:
+        """One frame judged. ``sure``: voiced beyond doubt, an onset without
+        waiting for ``min_speech_ms`` (a detector with a confidence says so)."""
         end_ms = begin_ms + self.frame_ms
         if not self.speaking:
             if not voiced:
@@ -127,7 +130,7 @@ class EnergyVad:
             if self._run_frames == 0:
                 self._run_start_ms = begin_ms
             self._run_frames += 1
-            if self._run_frames * self.frame_ms >= self.min_speech_ms:
+            if sure or self._run_frames * self.frame_ms >= self.min_speech_ms:
                 self.speaking = True
                 self._silence_ms = 0
                 self._last_voiced_end_ms = end_ms
