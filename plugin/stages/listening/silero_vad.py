@@ -61,7 +61,7 @@ SUGGESTED_QUIET_DBFS = -50.0
 # Speech starts after ``min_speech_ms`` of voiced windows (two), or at once on
 # one window this far above the threshold (0.8 at the default 0.5): the
 # barge-in is heard 32 ms sooner when Silero is sure. Silero's first voiced
-# window of a word scored >= 0.8 in 64% of 96 spoken questions (p50 0.88).
+# window of a word scored >= 0.8 in 64% of 80 spoken questions (p50 0.88).
 # In 12 minutes each of fan, hiss, music and typing at -35 to -10 dBFS only
 # typing reached 0.5 (9 windows: a single-window onset at any probability
 # took a click for speech and committed a turn nobody spoke), none 0.8 (at
