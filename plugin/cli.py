@@ -6,6 +6,7 @@ preparation; nothing imports it.
 
     vllm-duplex prepare [--force] [--name NAME ...]
     vllm-duplex serve [--config configs/<name>.yaml] [--host H] [--port P] [--grpc-port G] [--workers N]
+                      [--allow-unauthenticated]
     vllm-duplex edge --machine m1=HOST:PORT --machine m2=HOST:PORT [--listen H:P]
     vllm-duplex talk --audio in.flac --out reply.mp3 [--url ws://127.0.0.1:8000/v1/realtime]
 """
@@ -25,6 +26,14 @@ def _serve(args: argparse.Namespace) -> int:
     host = args.host or config.host
     port = args.port if args.port is not None else config.port
     grpc_port = args.grpc_port if args.grpc_port is not None else config.grpc_port
+    if args.worker_life is None:  # not a worker its supervisor started on loopback
+        from vllm_duplex.host.exposure import REFUSED_EXIT, keys_line, refusal
+
+        why = refusal(host, config.api_keys, args.allow_unauthenticated)
+        if why is not None:
+            print(f"vllm-duplex: {why}", file=sys.stderr, flush=True)
+            return REFUSED_EXIT
+        print(f"vllm-duplex: {keys_line(host, config.api_keys)}", flush=True)
     if workers.count > 1:
         if grpc_port is not None:
             print("vllm-duplex: --grpc-port is served by a single server (not with --workers)",
@@ -140,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default=None,
                        help="a YAML path or a name in configs/ (default: cascade-cpu)")
     serve.add_argument("--host", default=None)
+    serve.add_argument("--allow-unauthenticated", action="store_true",
+                       help="serve beyond loopback with no API keys, open to anyone who can "
+                            "reach it (without it such a server is refused)")
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--log-level", default="warning")
     serve.add_argument("--grpc-port", type=int, default=None,
