@@ -53,6 +53,17 @@ class InputAudioBufferCleared(ServerEvent):
 
 
 @dataclass(frozen=True)
+class InputAudioBufferTimeoutTriggered(ServerEvent):
+    """server_vad's idle timeout passed: the silent segment of the input
+    audio, committed next as ``item_id`` (session/idle.py)."""
+
+    type: ClassVar[str] = "input_audio_buffer.timeout_triggered"
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
+
+
+@dataclass(frozen=True)
 class SpeechStarted(ServerEvent):
     type: ClassVar[str] = "input_audio_buffer.speech_started"
     audio_start_ms: int

@@ -52,7 +52,7 @@ from vllm_duplex.core.session_config import (
     updated_config,
 )
 from vllm_duplex.policy import ModelPolicy
-from vllm_duplex.session import barge_in, decisions, output, pacing, pauses, turn_end
+from vllm_duplex.session import barge_in, decisions, idle, output, pacing, pauses, turn_end
 from vllm_duplex.session.client_commands import COMMANDS
 from vllm_duplex.session.effects import (
     AckEvents,
@@ -127,11 +127,13 @@ class SessionCore:
         self.latency = TurnLatency(metrics.stage_latency, metrics.critical_path)
         self.pause = Pause()  # semantic_vad: the pause being judged
         self.speculation = Speculation()  # a reply started at a pause, held
+        self.idle = idle.IdleTimer()  # server_vad's idle_timeout_ms
         # What a fired timer (effects.ArmTimer) runs, by name.
         self.timers: dict[str, Callable[[], None]] = {
             turn_end.TIMER: lambda: pauses.due(self),
             pacing.PACING: lambda: output.send_due(self),
-            barge_in.BARGE_IN: lambda: output.barge_in_due(self)}
+            barge_in.BARGE_IN: lambda: output.barge_in_due(self),
+            idle.IDLE: lambda: idle.due(self)}
         self._effects: list[Effect] = []
         self._now = now
         self._received_at = now
@@ -381,6 +383,7 @@ class SessionCore:
         modalities = tuple(options.output_modalities or self._config.output_modalities)
         check_modalities(modalities, self.caps, param="response.output_modalities")
         tools = reply_tools(self._config, options)
+        idle.void(self)
         in_conversation = options.conversation != "none"
         fmt = options.output_format or self._config.output_format
         context = self.context(options)
@@ -474,6 +477,7 @@ class SessionCore:
         self.response = None
         if active is not None:
             self.emit_all(active.finish(ResponseStatus.COMPLETED))
+            idle.arm(self, active)
 
 
 # What handles each message, by its exact type (the codec and the runner make

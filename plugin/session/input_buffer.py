@@ -35,6 +35,11 @@ class InputBuffer:
         self._noise: NoiseSuppressor | None = None
         self._held = _NO_PCM  # decoded, short of a whole noise-reduction frame
 
+    @property
+    def written_ms(self) -> int:
+        """Milliseconds of input audio appended since the session began."""
+        return self._timeline * 1000 // INTERNAL_RATE
+
     def set_noise_reduction(self, kind: str | None) -> None:
         """Turn noise reduction on (``near_field`` / ``far_field``), change it
         or turn it off; audio held for a frame is kept either way."""

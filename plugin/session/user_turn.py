@@ -31,14 +31,20 @@ class UserTurn:
         self.early_transcript: tuple[str, str] | None = None
         self._started_ms = 0  # the VAD's span of the turn being heard (its length
         self.spoken_ms = 0  # before the commit says it exactly)
+        self.onsets = 0  # speech onsets heard in the session (the idle timeout's clock)
 
     def _pending(self) -> str:
         if self.pending_item is None:
             self.pending_item = self._make_id("item")
         return self.pending_item
 
+    def item_id(self) -> str:
+        """The id the turn being heard (or the next) is committed as."""
+        return self._pending()
+
     def speech_started(self, audio_ms: int) -> ev.ServerEvent:
         self.speaking = True
+        self.onsets += 1
         self._started_ms = audio_ms
         return ev.SpeechStarted(audio_start_ms=audio_ms, item_id=self._pending())
 

@@ -12,6 +12,7 @@ the SDK class it was parsed into.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from openai.types.realtime import (
     InputAudioBufferCommittedEvent,
     InputAudioBufferSpeechStartedEvent,
     InputAudioBufferSpeechStoppedEvent,
+    InputAudioBufferTimeoutTriggered,
     RealtimeErrorEvent,
     ResponseAudioDeltaEvent,
     ResponseAudioTranscriptDeltaEvent,
@@ -154,6 +156,40 @@ async def test_sdk_server_vad_turn_without_commit(server):
     assert started.audio_start_ms == 0 and stopped.audio_end_ms == 800
     assert done.response.status == "completed"
     assert events.of(ResponseAudioDeltaEvent)
+
+
+async def test_sdk_idle_timeout_prompts_a_silent_user(server):
+    """server_vad's idle_timeout_ms: silence that long after the reply played
+    out is committed and answered, announced by a typed timeout_triggered."""
+    async with sdk_connection(server) as conn:
+        events = Reader(conn)
+        await events.until("session.created")
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 500,
+                               "idle_timeout_ms": 1000}}}})
+        await events.until("session.updated")
+        for chunk in chunks(utterance()):
+            await conn.input_audio_buffer.append(audio=b64(chunk))
+        first = await events.until("response.done")
+
+        async def microphone() -> None:  # the user stays silent, the microphone open
+            while True:
+                await conn.input_audio_buffer.append(audio=b64(bytes(2 * 480)))
+                await asyncio.sleep(0.02)
+
+        mic = asyncio.create_task(microphone())
+        try:
+            triggered = await asyncio.wait_for(events.until("input_audio_buffer.timeout_triggered"), 10)
+            committed = await events.until("input_audio_buffer.committed")
+            prompt = await asyncio.wait_for(events.until("response.done"), 10)
+        finally:
+            mic.cancel()
+    assert isinstance(triggered, InputAudioBufferTimeoutTriggered)
+    assert triggered.item_id == committed.item_id
+    assert triggered.audio_end_ms - triggered.audio_start_ms == 1000
+    assert prompt.response.id != first.response.id and prompt.response.status == "completed"
+    assert not events.of(InputAudioBufferSpeechStartedEvent)[1:]  # no speech but the question
+    assert events.invalid() == []
 
 
 async def test_sdk_sees_typed_error_events(server):

@@ -1,0 +1,93 @@
+"""The idle timeout (``turn_detection.idle_timeout_ms``, server_vad): a user
+silent that long after the reply's audio has played out is prompted to go on.
+
+As OpenAI Realtime has it: the timeout counts from when the last reply's
+audio has finished playing at the client (``response.done`` plus what the
+client still had to play); when it passes with no speech detected, the
+session emits ``input_audio_buffer.timeout_triggered`` (the silent segment,
+``audio_start_ms``..``audio_end_ms`` of the input audio), commits the buffer
+as an ``input_audio`` item (``input_audio_buffer.committed``) and makes a
+response, in which the model may answer anything it still heard or ask the
+user to continue. Speech detected meanwhile (``speech_started``) voids it,
+as does any response; the next reply that plays out arms it again. Only
+server_vad has it (semantic_vad's turns are the model's judgement; a
+transcription session makes no responses).
+
+Pure: functions of the core's ``IdleTimer`` that arm, void and fire it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from vllm_duplex.core import commands as cmd
+from vllm_duplex.core import events as ev
+from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.session.effects import ArmTimer, CancelTimer
+from vllm_duplex.session.responses import ActiveResponse
+
+if TYPE_CHECKING:
+    from vllm_duplex.session.core import SessionCore
+
+IDLE = "idle_timeout"  # the session's timer
+_EPS = 1e-6  # timers fire at float times: "due at t" holds at t
+
+
+@dataclass
+class IdleTimer:
+    due_at: float | None = None
+    onsets: int = 0  # the user's speech onsets when it was armed: one more voids it
+
+
+def timeout_ms(config: SessionConfig) -> int | None:
+    td = config.turn_detection
+    if td is None or td.semantic or not config.responds:
+        return None
+    return td.idle_timeout_ms
+
+
+def played_out_at(active: ActiveResponse, now: float) -> float:
+    """When the client finishes playing ``active``'s audio: the pacer's model
+    of its player, or (unpaced) its first audio plus the audio's length."""
+    if active.pacer is not None:
+        return max(now, active.pacer.play_end or now)
+    if active.first_audio_at is None:
+        return now
+    return max(now, active.first_audio_at + active.part.audio_ms / 1000.0)
+
+
+def arm(core: SessionCore, active: ActiveResponse) -> None:
+    """A reply completed: the silence counts from when it has played out."""
+    ms = timeout_ms(core.config)
+    if ms is None:
+        return
+    timer = core.idle
+    timer.due_at = played_out_at(active, core.now) + ms / 1000.0
+    timer.onsets = core.user.onsets
+    core.effect(ArmTimer(IDLE, timer.due_at))
+
+
+def void(core: SessionCore) -> None:
+    """A response starts (or the session stops responding): no prompt due."""
+    if core.idle.due_at is not None:
+        core.idle.due_at = None
+        core.effect(CancelTimer(IDLE))
+
+
+def due(core: SessionCore) -> None:
+    """The ``idle_timeout`` timer: prompt the user, unless they spoke, a
+    response is under way, or the setting went away meanwhile."""
+    timer = core.idle
+    if timer.due_at is None or core.now + _EPS < timer.due_at:
+        return  # voided, or a stray wake-up
+    timer.due_at = None
+    ms = timeout_ms(core.config)
+    if (ms is None or core.response is not None or core.user.speaking
+            or core.user.onsets != timer.onsets):
+        return
+    end_ms = core.input.written_ms
+    core.emit(ev.InputAudioBufferTimeoutTriggered(
+        audio_start_ms=max(0, end_ms - ms), audio_end_ms=end_ms, item_id=core.user.item_id()))
+    core.commit_input()
+    core.create_response(cmd.ResponseOptions())
