@@ -190,8 +190,8 @@ class CascadePolicy(PolicyBase[CascadeState]):
 
     def _reset(self, view: View) -> StageSubmission:
         """Make the live LLM request hold exactly the conversation so far."""
-        return StageSubmission(LLM, ResetContext(context_messages(view.items, view.config.instructions)),
-                               "llm")
+        context = context_messages(view.items, view.config.instructions)
+        return StageSubmission(LLM, ResetContext(context, view.config.truncation), "llm")
 
     # ---- output --------------------------------------------------------------
 

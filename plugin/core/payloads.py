@@ -15,6 +15,7 @@ import numpy as np
 from vllm_duplex.core.contracts import SamplingConfig
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.truncation import Truncation
 
 INTERNAL_RATE = 16000  # Hz, mono int16: what VAD/ASR consume and TTS produce
 # Idle input audio kept beyond a turn's prefix padding while nobody speaks: the
@@ -56,6 +57,7 @@ class GenerateRequest:
     # OpenAI semantics: "auto" (the model may call), "none" (it may not),
     # "required" (it must call one), {"type": "function", "name": N} (must call N).
     tool_choice: str | dict[str, Any] = "auto"
+    truncation: Truncation = Truncation()  # when the context outgrows the model's
 
     def callable_tools(self) -> tuple[dict[str, Any], ...]:
         """The tools the model may call under ``tool_choice``."""
@@ -118,6 +120,7 @@ class ResetContext:
     abort the live request and prefill ``context``; generate nothing yet."""
 
     context: tuple[ContextMessage, ...]
+    truncation: Truncation = Truncation()  # when the context outgrows the model's
 
 
 @dataclass(frozen=True)

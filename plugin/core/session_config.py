@@ -14,6 +14,7 @@ from typing import Any
 from vllm_duplex.core.contracts import Capabilities
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.interruption import Interruption, OutputPacing
+from vllm_duplex.core.truncation import Truncation
 
 
 class AudioEncoding(str, enum.Enum):
@@ -117,6 +118,7 @@ class SessionPatch:
     max_output_tokens: Any = _UNSET
     interruption: Any = _UNSET  # Interruption (duplex extension)
     pacing: Any = _UNSET  # OutputPacing (duplex extension)
+    truncation: Any = _UNSET  # Truncation
 
     def fields_set(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not _UNSET}
@@ -164,6 +166,7 @@ class SessionConfig:
     max_output_tokens: int | None = None  # None means "inf"
     interruption: Interruption = Interruption()
     pacing: OutputPacing = OutputPacing()
+    truncation: Truncation = Truncation()
 
     @property
     def responds(self) -> bool:
@@ -222,6 +225,7 @@ def session_wire(
         "tool_choice": config.tool_choice,
         "max_output_tokens": "inf" if config.max_output_tokens is None else config.max_output_tokens,
         "temperature": config.temperature,
+        "truncation": config.truncation.wire(),
         "interruption": config.interruption.wire(),  # duplex extension
     }
     if extra:

@@ -61,4 +61,4 @@ def reply_request(policy: ModelPolicy[Any], view: SessionView[Any], response_id:
                   tools: Tools) -> GenerateRequest:
     return GenerateRequest(response_id=response_id, context=context,
                            sampling=policy.configure_sampling_params(view, options),
-                           tools=tools[0], tool_choice=tools[1])
+                           tools=tools[0], tool_choice=tools[1], truncation=view.config.truncation)

@@ -35,6 +35,7 @@ from vllm_duplex.core.session_config import (
     TurnDetection,
 )
 from vllm_duplex.core.tools import parse_tools
+from vllm_duplex.core.truncation import Truncation
 from vllm_duplex.media.data_url import data_url_bytes
 from vllm_duplex.realtime.wire.aliases import (
     _MISSING,
@@ -305,6 +306,32 @@ def _pacing(v: Any, p: str) -> Any:
     return OutputPacing(kind, lead) if lead is not _MISSING else OutputPacing(kind)
 
 
+def _truncation(v: Any, p: str) -> Any:
+    """``session.truncation``: ``"auto"``, ``"disabled"`` or ``{type:
+    "retention_ratio", retention_ratio, token_limits: {post_instructions}}``
+    (core/truncation.py)."""
+    if v is None:
+        return _MISSING
+    if v in ("auto", "disabled"):
+        return Truncation(v)
+    if isinstance(v, str):
+        raise _bad(p, f'{p} must be "auto", "disabled" or a retention_ratio object')
+    obj = _obj(v, p)
+    if obj.get("type") != "retention_ratio":
+        raise _bad(f"{p}.type", f'{p}.type must be "retention_ratio"')
+    ratio = obj.get("retention_ratio")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+        raise _bad(f"{p}.retention_ratio", f"{p}.retention_ratio must be a number within [0, 1]")
+    limits = obj.get("token_limits")
+    post = None
+    if limits is not None:
+        post = _obj(limits, f"{p}.token_limits").get("post_instructions")
+        if post is not None and (not _is_int(post) or post < 1):
+            raise _bad(f"{p}.token_limits.post_instructions",
+                       f"{p}.token_limits.post_instructions must be an integer >= 1")
+    return Truncation("retention_ratio", float(ratio), post)
+
+
 def _voice(v: Any, p: str) -> Any:
     if isinstance(v, dict):  # GA custom voice {"id": ...}
         return _req_str(v, "id", f"{p}.id")
@@ -353,6 +380,7 @@ _SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], An
     ("tool_choice",): ("tool_choice", _tool_choice),
     ("max_output_tokens",): ("max_output_tokens", _max_tokens),
     ("temperature",): ("temperature", _ranged(0.0, 2.0)),
+    ("truncation",): ("truncation", _truncation),
 }
 
 

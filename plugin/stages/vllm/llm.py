@@ -37,6 +37,7 @@ os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # ruff: noqa: E402  (the imports below must follow the environment defaults)
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -58,6 +59,7 @@ from vllm_duplex.stages.vllm.chat import SENTINEL, ChatTemplate, sampling_option
 from vllm_duplex.stages.vllm.decode import ReplyDecoder
 from vllm_duplex.stages.vllm.host import EngineHost, EngineSettings, HostedStage
 from vllm_duplex.stages.vllm.live import LivePort, LiveRequest, Probe, Reply
+from vllm_duplex.stages.vllm.window import ContextWindow
 from vllm_duplex.stages.vllm.tools import (
     parse_tool_call as parse_tool_call,  # re-exported: tests
 )
@@ -66,6 +68,9 @@ from vllm_duplex.stages.vllm.tools import tool_call_schema
 # Text up to this long is tokenized on the event loop (~0.3 ms); longer text
 # (a rebuilt conversation: ~17 ms for 2k tokens) in a worker thread.
 INLINE_TOKENIZE_CHARS = 512
+# Kept free at the start of a voice turn (beside the reply's max tokens) when
+# the conversation is truncated: the user's words still to come.
+USER_TURN_TOKENS = 128
 
 
 def _warm_prompt(chat: ChatTemplate) -> list[Any]:
@@ -166,6 +171,7 @@ class VllmLlmPort(LivePort):
     def __init__(self, stage: VllmLlmStage, session_id: str) -> None:
         super().__init__(stage, session_id)
         self._llm = stage
+        self._window = ContextWindow(lambda text: self._chat.encode(text), self._host.off_loop)
 
     @property
     def _chat(self) -> ChatTemplate:
@@ -264,20 +270,23 @@ class VllmLlmPort(LivePort):
         turn), only the rest is appended; otherwise it is rebuilt. A rollback
         comes after a fence bump whose cancel already dropped the live request,
         so it always rebuilds."""
-        text = await self._host.off_loop(self._chat.render, payload.context, False)
+        # Room for the user's next words and the reply after them.
+        room = self._host.max_model_len - self._llm.default_max_tokens - USER_TURN_TOKENS
+        context = await self._window.fit(payload.context, payload.truncation, room)
+        text = await self._host.off_loop(self._chat.render, context, False)
         if self._voided(item):
             return
         counters, live = self._host.counters, self._live
         if live is not None and not live.user_turn_open and text.startswith(live.held_text):
             counters.fast_paths += 1
-            live.messages = payload.context
+            live.messages = context
             if len(text) > len(live.held_text):
                 await self._append(live, item, text[len(live.held_text):])
             return
         if live is not None:
             counters.rebuilds += 1
         live = self._start(item)
-        live.messages = payload.context
+        live.messages = context
         await self._append(live, item, text)
 
     async def _text_in(self, item: StageInput, text: str) -> None:
@@ -315,6 +324,12 @@ class VllmLlmPort(LivePort):
 
     async def _generate(self, item: StageInput, req: GenerateRequest) -> None:
         counters, chat = self._host.counters, self._chat
+        room = self._host.max_model_len - (req.sampling.max_tokens or self._llm.default_max_tokens)
+        kept = await self._window.fit(req.context, req.truncation, room)
+        if self._voided(item):
+            return
+        if kept != req.context:  # the reply (and what the request holds after it) is of these
+            req = dataclasses.replace(req, context=kept)
         tools = req.callable_tools()
         # A small model cannot be trusted to write a valid call: when one must
         # be made (tool_choice "required" or a named function, or the stage
