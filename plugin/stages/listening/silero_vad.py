@@ -165,8 +165,8 @@ class SileroVad(EnergyVad):
     Speech starts after ``min_speech_ms`` of voiced windows, or on one window
     at ``threshold + SURE_ONSET_MARGIN``.
     Once speaking, a window quieter than ``quiet_dbfs`` is silence
-    (``SUGGESTED_QUIET_DBFS``; None, the default: Silero alone). Synchronous; call it from one
-    thread at a time.
+    (``SUGGESTED_QUIET_DBFS``; None, the default: Silero alone).
+    Synchronous; call it from one thread at a time.
     """
 
     def __init__(
