@@ -54,8 +54,9 @@ log = logging.getLogger(__name__)
 TIMER = "turn_end"  # the session's timer at a pause's deadline
 
 
-# The VAD's silence before it reports a pause under semantic_vad (it reports
-# every pause this long; the decider says which ones end the turn). Three of
+# The VAD's silence before it reports a pause (semantic_vad: every pause this
+# long, the decider says which ones end the turn; server_vad: the pause before
+# its silence ends the turn, where the reply is prepared). Three of
 # Silero's 32 ms windows (96 ms) heard the pause ~30 ms sooner but put the
 # words at the pause on the reply's path (see silero_vad.SUGGESTED_QUIET_DBFS) and
 # paused mid-sentence in one utterance in twenty (at 64 ms: one in four).
