@@ -246,6 +246,15 @@ class VideoSceneUpdated(ServerEvent):
 
 
 @dataclass(frozen=True)
+class SessionExpiring(ServerEvent):
+    """Extension: the session reaches its maximum length in ``seconds_left``
+    (``limits.max_session_s``; its ``expires_at`` is in the session object)."""
+
+    type: ClassVar[str] = "duplex.session.expiring"
+    seconds_left: int
+
+
+@dataclass(frozen=True)
 class SessionClosed(ServerEvent):
     """Extension: the session ended (client close, expiry, engine failure)."""
 

@@ -44,6 +44,10 @@ class Limits:
     # Resume: a dropped socket's session waits this long for `session.resume`
     # (0: it closes with its socket). Its journal is bounded per session and in total.
     resume_grace_s: float = 30.0
+    # A realtime session's maximum length, as OpenAI's 60 minutes (0: none),
+    # announced `session_end_warning_s` before (duplex.session.expiring).
+    max_session_s: float = 3600.0
+    session_end_warning_s: float = 60.0
     journal_events: int = 4096
     journal_bytes: int = 8 << 20
     journal_age_s: float = 300.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -107,6 +108,7 @@ class Runtime:
             outbound_bytes=limits.outbound_bytes, journal_events=limits.journal_events,
             journal_bytes=limits.journal_bytes, journal_age_s=limits.journal_age_s,
             survives_disconnect=limits.resume_grace_s > 0,
+            max_session_s=limits.max_session_s or None, end_warning_s=limits.session_end_warning_s,
             video=VideoLimits(fps=limits.video_fps, max_fps=limits.video_max_fps,
                               max_bytes_per_s=limits.video_max_bytes_per_s))
         self.journal_budget = JournalBudget(limits.journal_total_bytes)
@@ -256,7 +258,8 @@ class Runtime:
                 return DuplexSession(session_id, config=config, policy=self.policy,
                                      stages=self.stages, clock=self.clock, metrics=self.metrics,
                                      limits=self.session_limits, journal_budget=self.journal_budget,
-                                     extra_wire={"owner_instance_id": self.manager.instance_id},
+                                     extra_wire={"owner_instance_id": self.manager.instance_id,
+                                                 **self._expiry(time.time())},
                                      on_closed=self.manager.release)
 
             grace = self.config.limits.resume_grace_s
@@ -277,6 +280,12 @@ class Runtime:
             await session.close(CloseReason.START_FAILED)
             raise
         return session
+
+    def _expiry(self, wall_now: float) -> dict[str, int]:
+        """The session object's ``expires_at`` (seconds since the epoch, as
+        OpenAI's), when sessions have a maximum length."""
+        max_s = self.session_limits.max_session_s
+        return {"expires_at": int(wall_now + max_s)} if max_s else {}
 
     def check_voice_room(self) -> None:
         """Raise ``at_capacity`` when a new voice session would pass the

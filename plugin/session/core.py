@@ -52,7 +52,7 @@ from vllm_duplex.core.session_config import (
     updated_config,
 )
 from vllm_duplex.policy import ModelPolicy
-from vllm_duplex.session import barge_in, decisions, idle, output, pacing, pauses, turn_end
+from vllm_duplex.session import barge_in, decisions, idle, lifetime, output, pacing, pauses, turn_end
 from vllm_duplex.session.client_commands import COMMANDS
 from vllm_duplex.session.effects import (
     AckEvents,
@@ -133,7 +133,9 @@ class SessionCore:
             turn_end.TIMER: lambda: pauses.due(self),
             pacing.PACING: lambda: output.send_due(self),
             barge_in.BARGE_IN: lambda: output.barge_in_due(self),
-            idle.IDLE: lambda: idle.due(self)}
+            idle.IDLE: lambda: idle.due(self),
+            lifetime.WARNING: lambda: lifetime.warn(self),
+            lifetime.END: lambda: lifetime.end(self)}
         self._effects: list[Effect] = []
         self._now = now
         self._received_at = now
@@ -209,6 +211,7 @@ class SessionCore:
         if self._config.turn_detection is not None:
             self.execute(self.policy.plan_append(self, self.user.vad_config(self._config)))
         self._configure_asr(None)
+        lifetime.arm(self)
         return self._take()
 
     def handle(self, message: object, now: float, received_at: float | None = None) -> list[Effect]:

@@ -24,3 +24,7 @@ class SessionLimits:
     video: VideoLimits = VideoLimits()
     max_items: int = 4096  # conversation items
     max_buffer_ms: int = 10 * 60 * 1000  # uncommitted input audio
+    # The session's maximum length (None: none), announced end_warning_s before
+    # it ends (session/lifetime.py).
+    max_session_s: float | None = None
+    end_warning_s: float = 60.0

@@ -13,6 +13,7 @@ from vllm_duplex.core.payloads import StageOutput
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.models.scripted import ScriptedPolicy
 from vllm_duplex.session.core import SessionCore
+from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session.effects import Emit
 
 TEN_MS = bytes(2 * 240)  # 10 ms of PCM16 24 kHz silence
@@ -30,7 +31,8 @@ class Ids:
         return f"{prefix}_{self.n}"
 
 
-def make_core(policy=None, *, stages=("vad", "llm", "tts"), **config) -> SessionCore:
+def make_core(policy=None, *, stages=("vad", "llm", "tts"), limits: SessionLimits = SessionLimits(),
+              **config) -> SessionCore:
     """Unpaced output and immediate interruptions unless a test asks: these
     tests pin the rest of the core (pacing and adaptive interruptions:
     test_output_pacing.py)."""
@@ -39,7 +41,7 @@ def make_core(policy=None, *, stages=("vad", "llm", "tts"), **config) -> Session
     policy = policy or ScriptedPolicy()
     return SessionCore("s", config=SessionConfig(model="m", policy=policy.name, **config),
                        policy=policy, stage_names=stages, metrics=Metrics(), now=0.0,
-                       make_id=Ids())
+                       limits=limits, make_id=Ids())
 
 
 def manual(**config) -> SessionCore:
