@@ -22,8 +22,9 @@ session-level rest here. Functions of the core compose its parts by concern
 (``pauses.py``), the reply's way out (``output.py``) -- and the parts own
 their small state and return what to do: the pause judge (``turn_end.py``),
 the held reply (``speculation.py``), pacing (``pacing.py``), barge-in timers
-(``barge_in.py``), what an output shows (``rendering.py``) and a reply's
-request (``replies.py``).
+(``barge_in.py``), the idle timeout (``idle.py``), the session's maximum
+length (``lifetime.py``), what an output shows (``rendering.py``) and a
+reply's request (``replies.py``).
 """
 
 from __future__ import annotations
