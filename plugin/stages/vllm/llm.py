@@ -173,6 +173,13 @@ class VllmLlmPort(LivePort):
         self._llm = stage
         self._window = ContextWindow(lambda text: self._chat.encode(text), self._host.off_loop)
 
+    def _room(self, reply_tokens: int) -> int:
+        """The context a conversation may fill beside a reply of
+        ``reply_tokens`` (at most half the context: a larger max_tokens is
+        clamped to what is left, not paid for by dropping the conversation)."""
+        limit = self._host.max_model_len
+        return limit - min(reply_tokens, limit // 2)
+
     @property
     def _chat(self) -> ChatTemplate:
         return self._host.chat
@@ -271,7 +278,7 @@ class VllmLlmPort(LivePort):
         comes after a fence bump whose cancel already dropped the live request,
         so it always rebuilds."""
         # Room for the user's next words and the reply after them.
-        room = self._host.max_model_len - self._llm.default_max_tokens - USER_TURN_TOKENS
+        room = self._room(self._llm.default_max_tokens) - USER_TURN_TOKENS
         context = await self._window.fit(payload.context, payload.truncation, room)
         text = await self._host.off_loop(self._chat.render, context, False)
         if self._voided(item):
@@ -324,7 +331,7 @@ class VllmLlmPort(LivePort):
 
     async def _generate(self, item: StageInput, req: GenerateRequest) -> None:
         counters, chat = self._host.counters, self._chat
-        room = self._host.max_model_len - (req.sampling.max_tokens or self._llm.default_max_tokens)
+        room = self._room(req.sampling.max_tokens or self._llm.default_max_tokens)
         kept = await self._window.fit(req.context, req.truncation, room)
         if self._voided(item):
             return
