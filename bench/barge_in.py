@@ -35,8 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fast_turns import QUESTIONS, Server, Side, ask, before_tree  # noqa: E402
-from serve_process import REPO, machine  # noqa: E402
+from fast_turns import QUESTIONS, Server, Side, ask, machine_line, side_servers  # noqa: E402
 from voice_scenarios import INTERRUPTION, STORY, Barge, run_barge, utterance  # noqa: E402
 
 STORY_TOKENS = 400
@@ -74,16 +73,9 @@ def report(rows: list[tuple[str, float, Barge]], sides: list[str], target_s: flo
 
 
 async def run(args: argparse.Namespace) -> list[tuple[str, float, Barge]]:
-    sides = [Side.parse(spec) for spec in args.sides]
-    servers = [Server(s.name, before_tree(s.ref) if s.ref else REPO, args.config, s.env)
-               for s in sides]
     story, stop = utterance(STORY), utterance(INTERRUPTION)
     rows: list[tuple[str, float, Barge]] = []
-    try:
-        for s in servers:
-            s.start()
-        for s in servers:
-            s.wait_ready()
+    with side_servers(args.sides, args.config) as servers:
         for n in range(args.tries):
             after = args.after[n % len(args.after)]
             order = servers if n % 2 == 0 else servers[::-1]  # alternate who goes first
@@ -102,9 +94,6 @@ async def run(args: argparse.Namespace) -> list[tuple[str, float, Barge]]:
                       f"{ms(b.to_speech_started_s):>5} ms  old audio's end {ms(b.to_last_audio_s):>5} ms  "
                       f"done {ms(b.to_done_s):>5} ms  deltas after onset {b.deltas_after_onset}",
                       flush=True)
-    finally:
-        for s in servers:
-            s.stop()
     return rows
 
 
@@ -121,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     load0 = os.getloadavg()
     rows = asyncio.run(run(args))
-    m = machine()
-    print(f"\nmachine: {m['summary']}, {m['memory_gib']} GiB; load average {load0[0]:.2f} before, "
-          f"{os.getloadavg()[0]:.2f} after" + ("; another talker throughout" if args.busy else ""))
+    print("\n" + machine_line(load0) + ("; another talker throughout" if args.busy else ""))
     report(rows, [Side.parse(spec).name for spec in args.sides], args.target_ms / 1000)
     return 0
 

@@ -46,6 +46,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,6 +185,34 @@ def before_tree(ref: str) -> Path:
     return path
 
 
+@contextmanager
+def side_servers(specs: list[str], config: str) -> Iterator[list[Server]]:
+    """A server per side (``NAME[@REF][:KEY=VALUE,...]``), all started, then
+    all ready (they load at once); stopped however the run ends. The other
+    benches with sides (``hearing.py``, ``barge_in.py``) run on these too."""
+    servers = []
+    for spec in specs:
+        side = Side.parse(spec)
+        servers.append(Server(side.name, before_tree(side.ref) if side.ref else REPO, config,
+                              side.env))
+    try:
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.wait_ready()
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def machine_line(load0: tuple[float, float, float]) -> str:
+    """The machine and its load average before the run and now."""
+    m = machine()
+    return (f"machine: {m['summary']}, {m['memory_gib']} GiB, Python {m['python']}, Linux "
+            f"{m['kernel']}; load average {load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
+
+
 def last_loud_s(pcm: np.ndarray) -> float:
     loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > LOUD)
     return float(loud[-1] + 1) / RATE
@@ -285,15 +315,9 @@ def report(turns: list[Turn], sides: list[str], modes: list[str]) -> None:
 
 
 async def run(args: argparse.Namespace) -> list[Turn]:
-    sides = [Side.parse(spec) for spec in args.sides]
-    servers = {side.name: Server(side.name, before_tree(side.ref) if side.ref else REPO,
-                                 args.config, side.env) for side in sides}
     turns: list[Turn] = []
-    try:
-        for s in servers.values():
-            s.start()
-        for s in servers.values():
-            s.wait_ready()
+    with side_servers(args.sides, args.config) as started:
+        servers = {s.side: s for s in started}
         for stage in ("fresh", "warm"):
             if stage == "warm":  # filler sessions until each server has held --warm-after
                 for s in servers.values():
@@ -309,9 +333,6 @@ async def run(args: argparse.Namespace) -> list[Turn]:
                                   f"ttfa {t.ttfa_ms or float('nan'):6.0f} rev {t.revisions} "
                                   f"{'ok ' if t.right else 'BAD'} {t.question!r} -> {t.answer[:60]!r}\n"
                                   f"       path: {t.path}", flush=True)
-    finally:
-        for s in servers.values():
-            s.stop()
     return turns
 
 
@@ -327,10 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     load0 = os.getloadavg()
     turns = asyncio.run(run(args))
-    load1 = os.getloadavg()
-    m = machine()
-    print(f"\nmachine: {m['summary']}, {m['memory_gib']} GiB, Python {m['python']}, Linux {m['kernel']}; "
-          f"load average {load0[0]:.2f} before, {load1[0]:.2f} after")
+    print("\n" + machine_line(load0))
     report(turns, [Side.parse(spec).name for spec in args.sides], args.modes)
     if args.json:
         Path(args.json).write_text(json.dumps([t.__dict__ for t in turns], indent=1))

@@ -36,8 +36,7 @@ import soxr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from fast_turns import Server, Side, before_tree, last_loud_s  # noqa: E402
-from serve_process import REPO, machine  # noqa: E402
+from fast_turns import Server, Side, last_loud_s, machine_line, side_servers  # noqa: E402
 from speech_corpus import RATE as CORPUS_RATE  # noqa: E402
 from speech_corpus import (  # noqa: E402
     ASR_QUESTIONS,
@@ -124,15 +123,9 @@ def report(heard: list[Heard], sides: list[str]) -> None:
 
 
 async def run(args: argparse.Namespace) -> list[Heard]:
-    sides = [Side.parse(spec) for spec in args.sides]
-    servers = [Server(s.name, before_tree(s.ref) if s.ref else REPO, args.config, s.env) for s in sides]
     items = corpus(args.tuned, args.held_out)
     heard: list[Heard] = []
-    try:
-        for s in servers:
-            s.start()
-        for s in servers:
-            s.wait_ready()
+    with side_servers(args.sides, args.config) as servers:
         for n, (part, voice, text, pcm) in enumerate(items):
             order = servers if n % 2 == 0 else servers[::-1]  # alternate who goes first
             for s in order:
@@ -140,9 +133,6 @@ async def run(args: argparse.Namespace) -> list[Heard]:
                 heard.append(h)
                 print(f"{h.side:6} {part:8} {voice.name:22} {h.after_ms or float('nan'):5.0f} ms "
                       f"{text!r} -> {h.transcript!r}", flush=True)
-    finally:
-        for s in servers:
-            s.stop()
     return heard
 
 
@@ -157,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     load0 = os.getloadavg()
     heard = asyncio.run(run(args))
-    m = machine()
-    print(f"\nmachine: {m['summary']}, {m['memory_gib']} GiB; load average {load0[0]:.2f} before, "
-          f"{os.getloadavg()[0]:.2f} after")
+    print("\n" + machine_line(load0))
     report(heard, [Side.parse(spec).name for spec in args.sides])
     return 0
 
