@@ -1,0 +1,1 @@
+"""Phone calls into realtime sessions (docs/telephony.md)."""
