@@ -100,6 +100,11 @@ setup(
             "aiortc==1.16.0",
             "av>=14,<20",
         ],
+        # Phone calls (realtime/server/telephony): Twilio Media Streams use the
+        # twilio package's TwiML and its X-Twilio-Signature validator.
+        "telephony": [
+            "twilio>=9.13,<10",
+        ],
         "test": [
             "scikit-image>=0.21",  # its bundled astronaut portrait: a real face
             "pytest>=8",
