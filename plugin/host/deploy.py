@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 from vllm_duplex.core.devices import Device
+from vllm_duplex.host.sip import Sip
 from vllm_duplex.host.topology import Workers
 
 DEFAULT_CONFIG = "cascade-cpu"  # `vllm-duplex serve` with no arguments
@@ -122,6 +123,7 @@ class DeployConfig:
     api_keys: tuple[str, ...] = ()
     workers: Workers = Workers()  # `serve --workers N` behind a router (host/topology.py)
     webrtc: WebRtc = WebRtc()  # POST /v1/realtime/calls (realtime/server/webrtc)
+    sip: Sip | None = None  # the SIP user agent (host/sip.py); None: no SIP
     # Other names clients may use for ``model`` (like vLLM's --served-model-name):
     # each client's default (``gpt-realtime``...) works unchanged; /v1/models lists them.
     served_model_names: tuple[str, ...] = ()
@@ -170,6 +172,7 @@ class DeployConfig:
             loop_lag_warning_ms=_loop_lag_warning_ms(server),
             api_keys=keys, workers=Workers.from_raw(raw.get("workers")),
             served_model_names=tuple(aliases), webrtc=WebRtc.from_raw(raw.get("webrtc")),
+            sip=Sip.from_raw(raw.get("sip")),
         )
 
 
