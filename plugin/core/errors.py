@@ -243,6 +243,8 @@ ERRORS: dict[str, ErrorSpec] = {
         ErrorSpec("invalid_sdp", _INVALID, False, 400, InvalidRequest),
         ErrorSpec("unsupported_codec", _INVALID, False, 400, Unsupported),
         ErrorSpec("call_not_found", _INVALID, False, 404, NotFound),
+        # phone calls (realtime/server/telephony): a webhook whose signature does not verify
+        ErrorSpec("invalid_signature", "authentication_error", False, 403, AccessDenied),
         ErrorSpec("lease_conflict", _INVALID, True, 409, Conflict),
         ErrorSpec("duplicate_id", _INVALID, False, 409, Conflict),
         ErrorSpec("model_not_found", _INVALID, False, 404, NotFound),

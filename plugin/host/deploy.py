@@ -16,6 +16,7 @@ import yaml
 from vllm_duplex.core.devices import Device
 from vllm_duplex.host.sip import Sip
 from vllm_duplex.host.topology import Workers
+from vllm_duplex.host.twilio import Twilio
 
 DEFAULT_CONFIG = "cascade-cpu"  # `vllm-duplex serve` with no arguments
 CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs")
@@ -124,6 +125,7 @@ class DeployConfig:
     workers: Workers = Workers()  # `serve --workers N` behind a router (host/topology.py)
     webrtc: WebRtc = WebRtc()  # POST /v1/realtime/calls (realtime/server/webrtc)
     sip: Sip | None = None  # the SIP user agent (host/sip.py); None: no SIP
+    twilio: Twilio | None = None  # Twilio Media Streams (host/twilio.py); None: no Twilio routes
     # Other names clients may use for ``model`` (like vLLM's --served-model-name):
     # each client's default (``gpt-realtime``...) works unchanged; /v1/models lists them.
     served_model_names: tuple[str, ...] = ()
@@ -172,7 +174,7 @@ class DeployConfig:
             loop_lag_warning_ms=_loop_lag_warning_ms(server),
             api_keys=keys, workers=Workers.from_raw(raw.get("workers")),
             served_model_names=tuple(aliases), webrtc=WebRtc.from_raw(raw.get("webrtc")),
-            sip=Sip.from_raw(raw.get("sip")),
+            sip=Sip.from_raw(raw.get("sip")), twilio=Twilio.from_raw(raw.get("twilio")),
         )
 
 

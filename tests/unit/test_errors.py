@@ -54,7 +54,8 @@ def test_kinds_group_the_codes_that_code_branches_on() -> None:
     assert codes(NotFound) == {"session_not_found", "stream_not_found", "item_not_found",
                                "model_not_found", "request_not_found", "call_not_found"}
     assert codes(AccessDenied) == {"unauthorized", "invalid_resume_token", "client_secret_expired",
-                                   "client_secret_used", "client_secret_mismatch"}
+                                   "client_secret_used", "client_secret_mismatch",
+                                   "invalid_signature"}
     assert codes(EngineDead) == {"engine_dead"}
     assert codes(EngineError) == {"stage_failed", "engine_dead", "internal_error"}
     assert codes(Unsupported) <= codes(InvalidRequest)
