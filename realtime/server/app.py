@@ -4,6 +4,8 @@ Routes:
 - ``WS /v1/realtime``    OpenAI Realtime (GA events; beta with ``OpenAI-Beta: realtime=v1``;
   ``?intent=transcription``; ``?call_id=`` a call's sideband)
 - ``POST /v1/realtime/calls`` (+ ``…/{call_id}/hangup``): WebRTC calls (``webrtc/``)
+- with ``sip:`` in the config, a SIP user agent and ``…/{call_id}/accept``,
+  ``/reject``, ``/refer`` (``telephony/``; ``hangup`` ends SIP calls too)
 - ``POST /v1/realtime/client_secrets``: ephemeral client keys
 - ``GET /v1/models``     what this server serves
 - ``GET /v1/capabilities``
@@ -53,6 +55,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
     from vllm_duplex.realtime.server.webrtc.routes import call_routes
 
     calls = Calls(runtime)
+    sip = _sip_agent(runtime, calls)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -64,10 +67,14 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
 
                 grpc_server = GrpcServer(runtime, grpc_host, grpc_port)
                 await grpc_server.start()
+            if sip is not None:
+                await sip.start()
             yield
         finally:
             if grpc_server is not None:
                 await grpc_server.stop()
+            if sip is not None:
+                await sip.stop()  # ringing calls, SIP calls, its sockets
             await calls.close()  # their sessions, peer connections and UDP sockets
             await runtime.stop()
 
@@ -136,6 +143,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
             Route("/v1/capabilities", capabilities),
             WebSocketRoute("/v1/realtime", realtime),
             *call_routes(runtime, calls, error_response),
+            *_sip_routes(runtime, calls, sip),
             *client_secret_routes(runtime, error_response),
             # A client given the server's base URL instead of the socket's (Pipecat
             # takes ``base_url`` as the socket URL itself) reaches the same socket.
@@ -148,4 +156,22 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
         middleware=[Middleware(OwnerHeader, instance_id=runtime.manager.instance_id)],
     )
     app.state.calls = calls  # tests and benchmarks look at the live calls
+    app.state.sip = sip
     return app
+
+
+def _sip_agent(runtime: Runtime, calls):
+    """The SIP user agent when the config has ``sip:`` (telephony/)."""
+    if runtime.config.sip is None:
+        return None
+    from vllm_duplex.realtime.server.telephony.sip_agent import SipAgent
+
+    return SipAgent(runtime, calls, runtime.config.sip)
+
+
+def _sip_routes(runtime: Runtime, calls, sip) -> list[Route]:
+    if sip is None:
+        return []
+    from vllm_duplex.realtime.server.telephony.sip_routes import sip_routes
+
+    return sip_routes(runtime, calls, lambda: sip, error_response)

@@ -1,0 +1,142 @@
+"""The reply player of a phone call, sans-I/O: what a WebSocket client's
+player does, at the phone's 8 kHz.
+
+The session's audio deltas (in the response's output format) are decoded
+to 8 kHz PCM and queued; the call's RTP sender ``pull``s one 20 ms frame at
+a time, at real time; when nothing is queued the frame is silence. The
+player knows what the caller has been sent of each item, so a clear cuts
+exactly there (``clear`` returns the heard position for
+``conversation.item.truncate``), and it reports ``output_audio_buffer.
+started`` / ``.stopped`` / ``.cleared`` through ``on_buffer`` -- the
+same facts, in the same order, as the WebRTC call's reply track.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.media.audio import AudioDecoder
+
+RATE = 8000  # G.711's clock
+FRAME = RATE // 50  # 20 ms
+
+
+@dataclass
+class _Chunk:
+    response_id: str
+    item_id: str
+    start_ms: float  # the item position of its first sample
+    pcm: np.ndarray
+    offset: int = 0  # samples already pulled
+
+
+class ReplyPlayer:
+    def __init__(self, on_buffer: Callable[[str, str], None]) -> None:
+        self._on_buffer = on_buffer  # (event type, response_id)
+        self._queue: deque[_Chunk] = deque()
+        self._decoders: dict[str, tuple[AudioFormat, AudioDecoder, str]] = {}  # + its item
+        self._position: dict[str, float] = {}  # item -> position of the next audio it gets
+        self._playing: str | None = None
+        self._finished: set[str] = set()
+        self._cut: set[str] = set()  # responses cleared: their later audio is dropped
+        self._sent: tuple[str, str, float] | None = None  # (response, item, position) sent up to
+
+    @property
+    def playing(self) -> str | None:
+        return self._playing
+
+    @property
+    def queued_ms(self) -> float:
+        return sum(c.pcm.size - c.offset for c in self._queue) * 1000 / RATE
+
+    def push(self, response_id: str, item_id: str, data: bytes, fmt: AudioFormat) -> None:
+        if response_id in self._cut:
+            return
+        known = self._decoders.get(response_id)
+        if known is None or known[0] != fmt or known[2] != item_id:
+            if known is not None:
+                self._tail(response_id)
+            known = self._decoders[response_id] = (fmt, AudioDecoder(fmt, out_rate=RATE), item_id)
+        self._append(response_id, item_id, known[1].decode(data))
+
+    def _tail(self, response_id: str) -> None:
+        known = self._decoders.pop(response_id, None)
+        if known is not None:
+            try:
+                self._append(response_id, known[2], known[1].flush())
+            except DuplexError:
+                pass  # a dangling byte of odd PCM16: the rest was played
+
+    def _append(self, response_id: str, item_id: str, pcm: np.ndarray) -> None:
+        if pcm.size == 0:
+            return
+        start = self._position.get(item_id, 0.0)
+        self._position[item_id] = start + pcm.size * 1000 / RATE
+        self._queue.append(_Chunk(response_id, item_id, start, pcm))
+
+    def seek(self, item_id: str, position_ms: int) -> None:
+        """The next audio of ``item_id`` starts at ``position_ms`` (a resumed reply)."""
+        self._position[item_id] = float(position_ms)
+
+    def finish(self, response_id: str) -> None:
+        """No more audio of ``response_id`` is coming (its ``response.done``)."""
+        self._finished.add(response_id)
+        if response_id not in self._cut:
+            self._tail(response_id)
+        self._decoders.pop(response_id, None)
+        if self._playing == response_id and not self._queue:
+            self._stopped()
+
+    def clear(self) -> tuple[str, str, int] | None:
+        """Drop what is queued; ``(response_id, item_id, heard_ms)`` of the
+        item cut, or None when nothing was playing."""
+        playing, sent = self._playing, self._sent
+        self._queue.clear()
+        if playing is None:
+            return None
+        self._cut.add(playing)
+        self._playing = None
+        self._on_buffer("output_audio_buffer.cleared", playing)
+        if sent is None or sent[0] != playing:
+            return None
+        return sent[0], sent[1], int(sent[2])
+
+    def interrupted(self) -> None:
+        """Speech over the reply: stop sending it at once (the session cuts
+        the reply and its item; a resumed reply is pushed again)."""
+        playing = self._playing
+        self._queue.clear()
+        if playing is not None:
+            self._playing = None
+            self._on_buffer("output_audio_buffer.cleared", playing)
+
+    def pull(self) -> tuple[np.ndarray, bool]:
+        """The next 20 ms frame (int16 at 8 kHz) and whether it holds reply audio."""
+        out = np.zeros(FRAME, dtype=np.int16)
+        filled = 0
+        while filled < FRAME and self._queue:
+            head = self._queue[0]
+            if self._playing != head.response_id:
+                self._playing = head.response_id
+                self._on_buffer("output_audio_buffer.started", head.response_id)
+            take = min(FRAME - filled, head.pcm.size - head.offset)
+            out[filled:filled + take] = head.pcm[head.offset:head.offset + take]
+            head.offset += take
+            filled += take
+            self._sent = (head.response_id, head.item_id, head.start_ms + head.offset * 1000 / RATE)
+            if head.offset >= head.pcm.size:
+                self._queue.popleft()
+        if not self._queue and self._playing in self._finished:
+            self._stopped()
+        return out, filled > 0
+
+    def _stopped(self) -> None:
+        playing, self._playing = self._playing, None
+        if playing is not None:
+            self._finished.discard(playing)
+            self._on_buffer("output_audio_buffer.stopped", playing)

@@ -1,0 +1,296 @@
+"""One accepted SIP call: a thin I/O shell around a realtime session, as
+``webrtc/call.py``'s ``RtcCall`` is for a WebRTC call.
+
+The session is opened through the runtime exactly as a socket's (the same
+admission, capacity ceiling, keys and codec); its audio formats default to
+the G.711 law the call negotiated, so the RTP payload is the session's
+input as it arrives, and the reply's deltas are already G.711 at 8 kHz.
+
+- RTP in (one UDP socket per call): G.711 payloads become
+  ``input_audio_buffer.append`` (converted when a sideband changed the
+  session's input format); RFC 4733 telephone-events become
+  ``input_audio_buffer.dtmf_event_received`` on the sideband sockets; any
+  other packet, or one from an address that is not the caller's, is dropped
+  and counted (``dropped``) -- it never reaches the session.
+- RTP out: one 20 ms packet every 20 ms from the ``ReplyPlayer`` (silence
+  between replies). Speech over a reply (``input_audio_buffer.
+  speech_started`` with ``interrupt_response``) empties the player at once:
+  the next packet is silence. ``output_audio_buffer.clear`` from a sideband
+  cuts the reply and truncates its item to what was sent.
+- The call ends with its session: the caller's BYE, ``POST …/hangup``
+  (we send BYE), the session closing, or a transfer (REFER) completing.
+  Every task and the RTP socket end in ``hangup``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from vllm_duplex.core import events as ev
+from vllm_duplex.core.close_reason import CloseReason
+from vllm_duplex.core.commands import AudioAppend, ItemTruncate
+from vllm_duplex.core.errors import Closed, DuplexError
+from vllm_duplex.core.session_config import AudioEncoding, AudioFormat, SessionPatch
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.media.audio import AudioEncoder, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from vllm_duplex.realtime.server.telephony import rtp, sdp
+from vllm_duplex.realtime.server.telephony.player import FRAME, RATE, ReplyPlayer
+from vllm_duplex.realtime.wire.codec import RealtimeCodec
+from vllm_duplex.replay.outbox import Notice
+from vllm_duplex.session.runner import DuplexSession
+
+log = logging.getLogger(__name__)
+
+_FRAME_S = FRAME / RATE
+_MAX_RTP_BYTES = 1500
+
+
+class Dialog(Protocol):
+    """What a call asks of its SIP dialog (``sip_agent``)."""
+
+    async def bye(self) -> None: ...
+
+    async def refer(self, target_uri: str) -> int: ...
+
+
+def wire_format(raw: dict[str, Any] | None, default: AudioFormat) -> AudioFormat:
+    """The ``AudioFormat`` of a response's ``audio.output.format`` object."""
+    if not isinstance(raw, dict):
+        return default
+    encoding = AudioEncoding(raw.get("type", default.encoding.value))
+    rate = int(raw.get("rate", 8000 if encoding is not AudioEncoding.PCM16 else default.rate))
+    return AudioFormat(encoding, rate)
+
+
+def with_phone_formats(patch: SessionPatch | None, law: AudioEncoding) -> SessionPatch:
+    """The accepted session, its audio in the call's G.711 law unless it says otherwise."""
+    patch = patch or SessionPatch()
+    phone = AudioFormat(law, RATE)
+    return dataclasses.replace(patch, input_format=patch.get("input_format") or phone,
+                               output_format=patch.get("output_format") or phone)
+
+
+class _RtpProtocol(asyncio.DatagramProtocol):
+    def __init__(self, call: SipCall) -> None:
+        self.call = call
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.call._received(data, addr)
+
+    def error_received(self, exc: Exception) -> None:  # ICMP unreachable: the caller is gone soon
+        log.debug("call %s: RTP error %s", self.call.call_id, exc)
+
+
+class SipCall:
+    def __init__(self, runtime: Runtime, call_id: str, session: DuplexSession, offer: sdp.Offer,
+                 dialog: Dialog, *, on_end: Callable[[SipCall], None]) -> None:
+        self.runtime = runtime
+        self.call_id = call_id
+        self.session = session
+        self.offer = offer
+        self.dialog = dialog
+        self.codec = RealtimeCodec(max_event_bytes=runtime.config.limits.max_event_bytes,
+                                   model_aliases={n: runtime.model for n in runtime.config.model_names})
+        self.player = ReplyPlayer(self._buffer_event)
+        self.sidebands: set[Callable[[str], Awaitable[None]]] = set()
+        self.dropped = 0  # RTP packets dropped: malformed, unknown payload, stranger
+        self.digits: list[str] = []  # DTMF received, in order
+        self._law = offer.encoding
+        self._sender = rtp.RtpSender(offer.payload_type)
+        self._dtmf = rtp.DtmfReceiver()
+        self._remote = (offer.address, offer.port)
+        self._encoder: tuple[AudioFormat, AudioEncoder] | None = None
+        self._transport: asyncio.DatagramTransport | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._formats: dict[str, AudioFormat] = {}
+        self._on_end = on_end
+        self._ended: asyncio.Task[None] | None = None
+        self.ended = asyncio.Event()
+
+    # ---- set-up -----------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, runtime: Runtime, call_id: str, key: str | None,
+                   patch: SessionPatch | None, offer: sdp.Offer, media_host: str,
+                   dialog: Dialog, on_end: Callable[[SipCall], None]) -> SipCall:
+        """Open the call's session and its RTP socket; the typed error of
+        what failed, with nothing left open."""
+        session = await runtime.open_realtime_session(key, with_phone_formats(patch, offer.encoding))
+        call = cls(runtime, call_id, session, offer, dialog, on_end=on_end)
+        try:
+            loop = asyncio.get_running_loop()
+            call._transport, _ = await loop.create_datagram_endpoint(
+                lambda: _RtpProtocol(call), local_addr=(media_host, 0))
+        except BaseException:
+            await call.hangup(send_bye=False)
+            raise
+        call._spawn(call._write(), "writer")
+        call._spawn(call._send_audio(), "rtp-out")
+        return call
+
+    @property
+    def rtp_port(self) -> int:
+        assert self._transport is not None
+        return self._transport.get_extra_info("sockname")[1]
+
+    def _spawn(self, coro: Awaitable[Any], what: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"duplex-sip-{what}-{self.call_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- RTP in -----------------------------------------------------------------------
+
+    def _received(self, data: bytes, addr: Any) -> None:
+        if addr[0] != self._remote[0] or len(data) > _MAX_RTP_BYTES:
+            self.dropped += 1  # only the caller's media address may speak for the caller
+            return
+        try:
+            packet = rtp.parse(data)
+            if packet.payload_type == self.offer.dtmf_payload_type:
+                digit = self._dtmf.receive(packet)
+                if digit is not None:
+                    self._digit(digit)
+                return
+            if packet.payload_type != self.offer.payload_type or not packet.payload:
+                raise rtp.RtpError(f"payload type {packet.payload_type} was not negotiated")
+        except rtp.RtpError:
+            self.dropped += 1
+            return
+        self._remote = (addr[0], addr[1])  # symmetric RTP: answer where it comes from (NAT)
+        self._append(packet.payload)
+
+    def _append(self, payload: bytes) -> None:
+        session = self.session
+        fmt = session.config.input_format
+        if fmt.encoding is not self._law or fmt.rate != RATE:  # a sideband changed it
+            if self._encoder is None or self._encoder[0] != fmt:
+                self._encoder = (fmt, AudioEncoder(fmt, in_rate=RATE))
+            decode = ulaw_decode if self._law is AudioEncoding.PCMU else alaw_decode
+            payload = self._encoder[1].encode(decode(payload))
+            if not payload:
+                return
+        try:
+            session.deliver(AudioAppend(audio=payload), self.runtime.clock.now())
+        except Closed:
+            self._hang_up_soon()
+        except DuplexError as err:  # e.g. resource_exhausted: the session lags
+            self.runtime.metrics.errors.inc(code=err.code)
+
+    def _digit(self, digit: str) -> None:
+        self.digits.append(digit)
+        self._notify("input_audio_buffer.dtmf_event_received", event=digit,
+                     received_at=int(time.time()))
+
+    # ---- RTP out ----------------------------------------------------------------------
+
+    async def _send_audio(self) -> None:
+        """One packet every 20 ms at real time, from the reply player."""
+        encode = ulaw_encode if self._law is AudioEncoding.PCMU else alaw_encode
+        start, sent = time.monotonic(), 0
+        while True:
+            pcm, speech = self.player.pull()
+            if self._transport is not None and not self._transport.is_closing():
+                self._transport.sendto(self._sender.packet(encode(pcm), FRAME, speech=speech),
+                                       self._remote)
+            sent += 1
+            wait = start + sent * _FRAME_S - time.monotonic()
+            if wait < -0.2:  # the loop stalled: restart the clock, do not burst
+                start, sent = time.monotonic(), 0
+            await asyncio.sleep(max(0.0, wait))
+
+    # ---- the session's events ----------------------------------------------------------
+
+    async def _write(self) -> None:
+        session, player = self.session, self.player
+        att = session.attachment
+        if att is None:
+            return
+        while True:
+            item = await att.get()
+            if item is None or isinstance(item, Notice):
+                break
+            event = item.event
+            if isinstance(event, ev.OutputAudioDelta):
+                fmt = self._formats.get(event.response_id, session.config.output_format)
+                player.push(event.response_id, event.item_id, event.delta, fmt)
+            elif isinstance(event, ev.ResponseCreated):
+                raw = (event.response.get("audio") or {}).get("output") or {}
+                self._formats[event.response["id"]] = wire_format(raw.get("format"),
+                                                                  session.config.output_format)
+            elif isinstance(event, ev.ResponseDone):
+                self._formats.pop(event.response["id"], None)
+                player.finish(event.response["id"])
+            elif isinstance(event, ev.SpeechStarted):
+                td = session.config.turn_detection
+                if td is None or td.interrupt_response:
+                    player.interrupted()  # the caller stops hearing the reply, now
+            elif isinstance(event, ev.OutputAudioResumed):
+                player.seek(event.item_id, event.audio_start_ms)
+        self._hang_up_soon()  # the session ended
+
+    def _buffer_event(self, kind: str, response_id: str) -> None:
+        self._notify(kind, response_id=response_id)
+
+    def _notify(self, kind: str, **fields: Any) -> None:
+        """A call-only event (no seq): to every sideband socket."""
+        if not self.sidebands:
+            return
+        text = self.codec.render_notice(kind, self.session.fence, **fields)
+        for send in list(self.sidebands):
+            self._spawn(send(text), "sideband")
+
+    def clear_output(self) -> None:
+        """``output_audio_buffer.clear``: cut the reply where the caller is,
+        and keep only that much of its item."""
+        cut = self.player.clear()
+        if cut is None:
+            return
+        _, item_id, heard_ms = cut
+        try:
+            self.session.deliver(ItemTruncate(item_id=item_id, content_index=0,
+                                              audio_end_ms=heard_ms), self.runtime.clock.now())
+        except DuplexError:
+            pass  # the session is closing
+
+    async def refer(self, target_uri: str) -> int:
+        """Transfer the caller (SIP REFER); the status the caller's side answered."""
+        return await self.dialog.refer(target_uri)
+
+    # ---- the end ------------------------------------------------------------------------
+
+    def _hang_up_soon(self) -> None:
+        if self._ended is None:
+            self._ended = asyncio.ensure_future(self.hangup())
+
+    async def hangup(self, *, send_bye: bool = True,
+                     reason: CloseReason = CloseReason.HANGUP) -> None:
+        """Idempotent: end the session (with ``reason``, unless it already
+        closed with its own), say BYE unless the caller did, close the RTP
+        socket, stop every task of the call."""
+        if self.ended.is_set():
+            return
+        current = asyncio.current_task()
+        if self._ended is not None and self._ended is not current:
+            await self._ended
+            return
+        self._ended = self._ended or current
+        self._on_end(self)
+        await self.runtime.end_session(self.session, self.session.close_reason or reason)
+        if self._transport is not None:
+            self._transport.close()
+        tasks = [t for t in self._tasks if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if send_bye:
+            try:
+                await self.dialog.bye()
+            except Exception:  # the caller is unreachable: the call is over anyway
+                log.info("call %s: BYE failed", self.call_id, exc_info=True)
+        self.ended.set()
