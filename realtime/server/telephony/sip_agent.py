@@ -38,6 +38,7 @@ from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 log = logging.getLogger(__name__)
 
+_METHODS = frozenset(("INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "NOTIFY", "INFO"))
 _PASSED_HEADERS = ("from", "to", "call-id", "contact", "user-agent", "subject", "diversion",
                    "p-asserted-identity", "remote-party-id")
 
@@ -108,6 +109,7 @@ class SipAgent:
         self.port = config.port
         self.malformed: Counter[int] = Counter()  # by the status they were answered with
         self.ringing: dict[str, SipDialog] = {}  # our call id -> a dialog not yet accepted
+        self._rings: dict[str, asyncio.Task[None]] = {}  # its ring timeout
         self._dialogs: dict[str, SipDialog] = {}  # SIP Call-ID -> dialog
         self._calls: dict[str, SipCall] = {}  # SIP Call-ID -> its accepted call
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -140,6 +142,8 @@ class SipAgent:
             dialog.respond(503)
             dialog.close()
         self.ringing.clear()
+        for call_id in list(self._rings):
+            self._stop_ringing(call_id)
         await asyncio.gather(*(c.hangup() for c in list(self._calls.values())),
                              return_exceptions=True)
         for task in list(self._tasks):
@@ -211,6 +215,9 @@ class SipAgent:
             if dialog is not None:
                 dialog.acked()  # a rejected call's dialog is then forgotten (``_forget``)
             return
+        if method not in _METHODS:
+            send(sm.response(req, 405, headers=[allow_header()]).encode())
+            return
         if method == "OPTIONS":
             send(sm.response(req, 200, headers=[allow_header(),
                                                   ("Accept", "application/sdp")]).encode())
@@ -236,9 +243,7 @@ class SipAgent:
             m = re.search(rb"(?im)^signal\s*=\s*([0-9*#A-D])", req.body)
             call = self._calls.get(req.call_id)
             if m and call is not None:
-                call._digit(m.group(1).decode().upper())
-        else:
-            send(sm.response(req, 405, headers=[allow_header()]).encode())
+                call.dtmf(m.group(1).decode().upper())
 
     # ---- a new call ---------------------------------------------------------------------
 
@@ -265,7 +270,8 @@ class SipAgent:
         host = self.config.advertised_address
         dialog = SipDialog(call_id, req, offer, send=send, reliable=reliable,
                            local_uri=f"sip:duplex@{host}:{self.port};transport={transport}",
-                           via_host=f"{host}:{self.port}", transport=transport)
+                           via_host=f"{host}:{self.port}", transport=transport,
+                           peer_host=str(peer[0]) if peer else "")
         self._dialogs[req.call_id] = dialog
         dialog.respond(100)
         if self._auto is not None:
@@ -277,7 +283,9 @@ class SipAgent:
         assert self._webhook is not None
         self._spawn(self._webhook.send(incoming_call(call_id, _sip_headers(req), time.time())),
                     "webhook")
-        self._spawn(self._ring_timeout(dialog), "ring")
+        ring = asyncio.ensure_future(self._ring_timeout(dialog))
+        ring.set_name(f"duplex-sip-ring-{call_id}")
+        self._rings[call_id] = ring
 
     async def _accept_at_once(self, call_id: str) -> None:
         key = self.config.api_key or (self.runtime.config.api_keys[:1] or (None,))[0]
@@ -288,11 +296,18 @@ class SipAgent:
 
     async def _ring_timeout(self, dialog: SipDialog) -> None:
         await asyncio.sleep(self.config.ring_timeout_s)
+        self._rings.pop(dialog.call_id, None)
         if self.ringing.get(dialog.call_id) is dialog:
             self._end_ringing(dialog, 480)
 
+    def _stop_ringing(self, call_id: str) -> None:
+        ring = self._rings.pop(call_id, None)
+        if ring is not None and ring is not asyncio.current_task():
+            ring.cancel()
+
     def _end_ringing(self, dialog: SipDialog, status: int) -> None:
         self.ringing.pop(dialog.call_id, None)
+        self._stop_ringing(dialog.call_id)
         dialog.respond(status)  # its ACK stops the retransmissions
         self._spawn(self._forget(dialog, 32.0 if not dialog.reliable else 0.0), "forget")
 
@@ -311,6 +326,7 @@ class SipAgent:
     def _caller_hung_up(self, dialog: SipDialog) -> None:
         if dialog.state is DialogState.RINGING:
             self.ringing.pop(dialog.call_id, None)
+            self._stop_ringing(dialog.call_id)
         dialog.state = DialogState.ENDED
         dialog.close()
         self._dialogs.pop(dialog.sip_call_id, None)
@@ -349,6 +365,7 @@ class SipAgent:
             await call.hangup(send_bye=False)
             raise DuplexError("call_not_found", f"the caller of {call_id!r} hung up",
                               param="call_id")
+        self._stop_ringing(call_id)
         self._calls[dialog.sip_call_id] = call
         self.calls.add(call)
         dialog.respond(200, body=self._sdp(dialog))

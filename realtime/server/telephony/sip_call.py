@@ -104,6 +104,9 @@ class SipCall:
         self._sender = rtp.RtpSender(offer.payload_type)
         self._dtmf = rtp.DtmfReceiver()
         self._remote = (offer.address, offer.port)
+        # Media may come from the SDP's address or the signalling peer's (a
+        # phone on loopback announces its LAN address): from no one else.
+        self._speakers = {offer.address, getattr(dialog, "peer_host", offer.address)}
         self._encoder: tuple[AudioFormat, AudioEncoder] | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -147,7 +150,7 @@ class SipCall:
     # ---- RTP in -----------------------------------------------------------------------
 
     def _received(self, data: bytes, addr: Any) -> None:
-        if addr[0] != self._remote[0] or len(data) > _MAX_RTP_BYTES:
+        if addr[0] not in self._speakers or len(data) > _MAX_RTP_BYTES:
             self.dropped += 1  # only the caller's media address may speak for the caller
             return
         try:
@@ -155,7 +158,7 @@ class SipCall:
             if packet.payload_type == self.offer.dtmf_payload_type:
                 digit = self._dtmf.receive(packet)
                 if digit is not None:
-                    self._digit(digit)
+                    self.dtmf(digit)
                 return
             if packet.payload_type != self.offer.payload_type or not packet.payload:
                 raise rtp.RtpError(f"payload type {packet.payload_type} was not negotiated")
@@ -182,7 +185,8 @@ class SipCall:
         except DuplexError as err:  # e.g. resource_exhausted: the session lags
             self.runtime.metrics.errors.inc(code=err.code)
 
-    def _digit(self, digit: str) -> None:
+    def dtmf(self, digit: str) -> None:
+        """A key the caller pressed: to the sideband sockets, in order."""
         self.digits.append(digit)
         self._notify("input_audio_buffer.dtmf_event_received", event=digit,
                      received_at=int(time.time()))

@@ -19,7 +19,7 @@ from vllm_duplex.realtime.server.telephony import sip_message as sm
 from vllm_duplex.realtime.server.telephony.sdp import Offer
 
 T1, T2, TIMEOUT = 0.5, 4.0, 32.0
-_ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, REFER, NOTIFY, INFO"
+_ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY, INFO"  # what we take (we send REFER)
 
 
 class DialogState(enum.Enum):
@@ -36,7 +36,7 @@ def allow_header() -> tuple[str, str]:
 class SipDialog:
     def __init__(self, call_id: str, invite: sm.SipRequest, offer: Offer, *,
                  send: Callable[[bytes], None], reliable: bool, local_uri: str,
-                 via_host: str, transport: str) -> None:
+                 via_host: str, transport: str, peer_host: str = "") -> None:
         self.call_id = call_id  # ours (sip_…)
         self.invite = invite
         self.offer = offer
@@ -44,6 +44,7 @@ class SipDialog:
         self.local_tag = secrets.token_hex(6)
         self.send, self.reliable = send, reliable
         self.local_uri = local_uri  # our Contact
+        self.peer_host = peer_host  # where the INVITE came from
         self._via = f"SIP/2.0/{transport.upper()} {via_host}"
         self._cseq = 0
         self._final: bytes | None = None  # our final response to the INVITE (resent on repeats)
