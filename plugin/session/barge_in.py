@@ -9,8 +9,9 @@
   where it was heard up to (the session then tells the client,
   ``duplex.output_audio.resumed``).
 
-Pure: functions of the reply (``ActiveResponse``) and the settings, that
-return the timer effects to carry out; the session core composes them.
+Pure: functions of the reply (``Reply``) and the settings, that return the
+timer effects to carry out; whether the reply is paused is the turn's phase
+(``phase.py``: ``BARGE_PAUSED``), which the session core moves.
 """
 
 from __future__ import annotations
@@ -18,19 +19,17 @@ from __future__ import annotations
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.session.effects import ArmTimer, CancelTimer
 from vllm_duplex.session.pacing import PACING
-from vllm_duplex.session.responses import ActiveResponse
+from vllm_duplex.session.reply import Reply
 
 BARGE_IN = "barge_in"  # the timer that turns long speech into an interruption
 
 
-def pause(active: ActiveResponse, config: SessionConfig, now: float) -> list[ArmTimer | CancelTimer]:
-    """Stop sending the reply (idempotent)."""
-    if active.barge_pending:
-        return []
-    active.barge_pending = True
+def pause(reply: Reply, config: SessionConfig, now: float) -> list[ArmTimer | CancelTimer]:
+    """Stop sending the reply; arm the timer at which speech still going is
+    an interruption."""
     effects: list[ArmTimer | CancelTimer] = []
-    if active.pacer is not None:
-        active.pacer.pause(now)
+    if reply.pacer is not None:
+        reply.pacer.pause(now)
         effects.append(CancelTimer(PACING))
     # The VAD reports the end of speech only after its silence window, so
     # "still speaking at min_speech_ms" is known that much later: a short
@@ -42,24 +41,16 @@ def pause(active: ActiveResponse, config: SessionConfig, now: float) -> list[Arm
     return effects
 
 
-def resume(active: ActiveResponse, now: float) -> int:
+def resume(reply: Reply, now: float) -> int:
     """The reply goes on; returns the item position its audio resumes from."""
-    active.barge_pending = False
-    return active.pacer.resume(now) if active.pacer is not None else active.part.audio_ms
+    if reply.pacer is not None:
+        return reply.pacer.resume(now)
+    return reply.record.part.audio_ms if reply.record is not None else 0
 
 
-def interrupts(active: ActiveResponse, *, user_speaking: bool, pause_judged: bool) -> bool:
-    """At the ``barge_in`` timer: speech longer than ``min_speech_ms`` is an
-    interruption, words or not (a pause semantic_vad is judging is silence,
-    though no ``speech_stopped`` went out yet)."""
-    return active.barge_pending and user_speaking and not pause_judged
-
-
-def stop_timers(active: ActiveResponse) -> list[CancelTimer]:
-    """The reply ended early: the timers it may have armed."""
-    stop = []
-    if active.pacer is not None and not active.pacer.drained:
-        stop.append(CancelTimer(PACING))
-    if active.barge_pending:
-        stop.append(CancelTimer(BARGE_IN))
-    return stop
+def interrupts(*, user_speaking: bool, pause_judged: bool) -> bool:
+    """At the ``barge_in`` timer, while the reply is paused: speech longer
+    than ``min_speech_ms`` is an interruption, words or not (a pause
+    semantic_vad is judging is silence, though no ``speech_stopped`` went
+    out yet)."""
+    return user_speaking and not pause_judged

@@ -74,8 +74,8 @@ def _response_create(core: SessionCore, c: cmd.ResponseCreate) -> None:
 
 
 def _response_cancel(core: SessionCore, c: cmd.ResponseCancel) -> None:
-    active = core.response
-    if active is None or (c.response_id and c.response_id != active.id):
+    shown = core.shown
+    if shown is None or (c.response_id and c.response_id != shown.id):
         raise DuplexError("response_cancel_not_active",
                           "there is no active response to cancel", param="response_id")
     core.interrupt(InterruptReason.CLIENT_CANCELLED)
@@ -107,8 +107,9 @@ def _item_retrieve(core: SessionCore, c: cmd.ItemRetrieve) -> None:
 
 def _item_delete(core: SessionCore, c: cmd.ItemDelete) -> None:
     core.conversation.delete(c.item_id)
-    if core.response is not None and core.response.item.id == c.item_id:
-        core.response.in_conversation = False  # no item.done for a deleted item
+    record = core.shown.record if core.shown is not None else None
+    if record is not None and record.item.id == c.item_id:
+        record.in_conversation = False  # no item.done for a deleted item
     core.emit(ev.ConversationItemDeleted(item_id=c.item_id))
 
 
@@ -116,12 +117,12 @@ def _item_truncate(core: SessionCore, c: cmd.ItemTruncate) -> None:
     core.conversation.truncate(c.item_id, c.content_index, c.audio_end_ms)
     core.emit(ev.ConversationItemTruncated(item_id=c.item_id, content_index=c.content_index,
                                            audio_end_ms=c.audio_end_ms))
-    active = core.response
-    if active is not None and active.item.id == c.item_id:
+    record = core.shown.record if core.shown is not None else None
+    if record is not None and record.item.id == c.item_id:
         # The item is still being generated: the client stopped
         # playing it (the Agents SDK's interrupt() sends only this), so its output
         # stops and its .done events hold the heard part, as for a cancel.
-        active.truncated()
+        record.truncated()
         core.interrupt(InterruptReason.CLIENT_CANCELLED)
 
 

@@ -38,8 +38,8 @@ from typing import Any
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.contracts import AppendPlan, FenceBump, InterruptReason, OutputDecision
-from vllm_duplex.core.conversation import ConversationItem, Response, ResponseStatus
+from vllm_duplex.core.contracts import AppendPlan, FenceBump, InterruptReason
+from vllm_duplex.core.conversation import ConversationItem, Response
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.gate import FenceGate
@@ -58,6 +58,7 @@ from vllm_duplex.session.client_commands import COMMANDS
 from vllm_duplex.session.effects import (
     AckEvents,
     Cancel,
+    CancelTimer,
     Close,
     Effect,
     Emit,
@@ -70,9 +71,10 @@ from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.limits import SessionLimits
+from vllm_duplex.session.phase import Phase, TurnPhase
 from vllm_duplex.session.replies import reply_request, reply_tools, response_context
-from vllm_duplex.session.responses import ActiveResponse
-from vllm_duplex.session.speculation import Speculation
+from vllm_duplex.session.reply import End, Reply
+from vllm_duplex.session.responses import ResponseRecord
 from vllm_duplex.session.turn_end import Pause
 from vllm_duplex.session.user_turn import UserTurn
 from vllm_duplex.session.video_input import VideoAdmission
@@ -124,10 +126,10 @@ class SessionCore:
         self.input.set_noise_reduction(config.noise_reduction)
         self.user = UserTurn(make_id)
         self.video = VideoAdmission(limits.video, started_at=now)
-        self.response: ActiveResponse | None = None
+        self.reply: Reply | None = None  # the one reply: held (speculated) or shown
+        self.phase = TurnPhase()  # listening, paused, answer held, responding, barge paused
         self.latency = TurnLatency(metrics.stage_latency, metrics.critical_path)
         self.pause = Pause()  # semantic_vad: the pause being judged
-        self.speculation = Speculation()  # a reply started at a pause, held
         self.idle = idle.IdleTimer()  # server_vad's idle_timeout_ms
         # What a fired timer (effects.ArmTimer) runs, by name.
         self.timers: dict[str, Callable[[], None]] = {
@@ -157,7 +159,7 @@ class SessionCore:
 
     @property
     def active_response_id(self) -> str | None:
-        return self.response.id if self.response else None
+        return self.shown.id if self.shown else None
 
     @property
     def user_speaking(self) -> bool:
@@ -167,8 +169,10 @@ class SessionCore:
     def output_modalities(self) -> tuple[str, ...]:
         """What the reply in progress produces: a ``response.create`` may ask
         for other modalities than the session's."""
-        active = self.response
-        return active.response.output_modalities if active else tuple(self._config.output_modalities)
+        shown = self.shown
+        if shown is not None and shown.record is not None:
+            return shown.record.response.output_modalities
+        return tuple(self._config.output_modalities)
 
     @property
     def policy_state(self) -> Any:
@@ -182,7 +186,13 @@ class SessionCore:
     @property
     def output_paused(self) -> bool:
         """The reply is paused by speech over it (adaptive interruptions)."""
-        return self.response is not None and self.response.barge_pending
+        return self.phase.value is Phase.BARGE_PAUSED
+
+    @property
+    def shown(self) -> Reply | None:
+        """The reply the client sees (None: none, or one still held)."""
+        reply = self.reply
+        return reply if reply is not None and reply.visible else None
 
     # ---- what the runner reads -------------------------------------------
 
@@ -267,12 +277,10 @@ class SessionCore:
         self.emit(ev.ErrorEvent(error=err))
 
     def fail(self, err: DuplexError) -> None:
-        """A stage failed: the client hears of it, and the reply in progress fails."""
+        """A stage failed: the client hears of it, and the reply shown fails."""
         self.error(err)
-        active, self.response = self.response, None
-        if active is not None:
-            self.emit_all(active.finish(ResponseStatus.FAILED,
-                                        {"type": "failed", "error": err.to_wire()}))
+        if self.shown is not None:
+            self.end_reply(End.FAILED, error=err.to_wire())
 
     def execute(self, plan: AppendPlan, *, ingest: bool = False) -> None:
         """Carry out a policy plan: move the fence first, then submit.
@@ -288,16 +296,22 @@ class SessionCore:
         if ingest and plan.submissions:
             self.metrics.ingest_latency.observe(self._now - self._received_at)
 
-    def bump_epoch(self) -> None:
-        """Void every output under way (the gate drops it, the stages abort it)."""
-        self._advance(self.fence.next_epoch())
-
     def _advance(self, fence: Fence) -> None:
+        """A plan moved the fence: every output under way is void (the gate
+        drops it, the stages abort it), a held reply with them."""
         self.gate.advance(fence)
         self.metrics.epoch_bumps.inc()
         self._effects.append(Cancel(fence))
-        if self.speculation.drop():  # its request is cancelled with the rest: never claimed
-            self.metrics.speculations.inc(outcome="discarded")
+        if self.reply is not None and not self.reply.visible:
+            self.end_reply(End.DISCARDED, voided=True)
+
+    def rest(self) -> None:
+        """With no reply, the phase follows the pause: judged, or listening."""
+        if self.phase.value in (Phase.LISTENING, Phase.PAUSED):
+            self.phase.to(self._at_rest())
+
+    def _at_rest(self) -> Phase:
+        return Phase.PAUSED if self.pause.pausing else Phase.LISTENING
 
     def commit_input(self) -> None:
         """The input buffer becomes a user item (a commit, or server VAD's end of turn)."""
@@ -311,17 +325,6 @@ class SessionCore:
         self.emit(ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous))
         self.emit(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
         self.execute(self.policy.plan_append(self, committed))
-
-    # ---- what an output shows (output.py) ----------------------------------------
-
-    def show(self, payload: Any) -> None:
-        output.show(self, payload)
-
-    def pause_output(self) -> None:
-        output.pause(self)
-
-    def dismiss(self, reason: str, transcript: str) -> None:
-        output.dismiss(self, reason, transcript)
 
     # ---- session-level messages ---------------------------------------------
 
@@ -366,21 +369,16 @@ class SessionCore:
     def _on_stage_output(self, out: StageOutput) -> None:
         decisions.walk(self, out)
 
-    def decide(self, out: StageOutput) -> OutputDecision:
-        """Ask the policy about ``out`` and carry out its decision (the one
-        applier, ``decisions.apply``)."""
-        return decisions.decide(self, out)
-
-    # ---- responses --------------------------------------------------------
+    # ---- the reply (reply.py): asked for, claimed, ended ---------------------
 
     def create_response(self, options: cmd.ResponseOptions) -> None:
         if not self._config.responds:
             raise DuplexError("capability_unsupported", "a transcription session makes no "
                               "responses (open a realtime session to get answers)",
                               param="type")
-        if self.response is not None:
+        if self.shown is not None:
             raise DuplexError("conversation_already_has_active_response",
-                              f"response {self.response.id} is still in progress; cancel it "
+                              f"response {self.shown.id} is still in progress; cancel it "
                               "or wait for response.done")
         if self._generator not in self.stage_names:
             raise DuplexError("capability_unsupported", "this pipeline has no generating stage")
@@ -390,98 +388,110 @@ class SessionCore:
         idle.void(self)
         in_conversation = options.conversation != "none"
         fmt = options.output_format or self._config.output_format
-        context = self.context(options)
+        context = response_context(self.policy, self, self.conversation, options)
         # A reply started at the pause with exactly this context (and the
         # session's tools, which it ran with) is used; any other is void --
         # also when this response cannot use it at all (its own tools, or
         # outside the conversation): left running, it would speak unseen and
         # hold this response's request behind it.
         own_tools = options.tools is not None or options.tool_choice is not None
-        held = self.speculation.claim(context) if in_conversation and not own_tools else None
-        if held is not None:
+        reply = self.reply
+        if reply is not None and in_conversation and not own_tools and reply.claimable(context):
             self.metrics.speculations.inc(outcome="used")
         else:
-            self.discard_speculation()
+            self.end_reply(End.DISCARDED)
+            reply = None
         response = Response(
-            id=held.response_id if held is not None else self.make_id("resp"),
+            id=reply.id if reply is not None else self.make_id("resp"),
             conversation_id=None if not in_conversation else "conv_" + self.session_id,
             output_modalities=modalities, output_format=fmt.wire(),
             voice=options.voice or self._config.voice,
             max_output_tokens=options.max_output_tokens or self._config.max_output_tokens,
             metadata=options.metadata)
-        active = ActiveResponse.after(response, self.make_id("item"), self.conversation,
+        record = ResponseRecord.after(response, self.make_id("item"), self.conversation,
                                       in_conversation=in_conversation, output_format=fmt)
-        active.times = self.latency.response_created(self._now)
-        self.response = active
-        if "audio" in modalities:
-            active.pacer = pacing.new_pacer(self._config.pacing)
-        self.emit_all(active.start_events())
-        if held is not None:  # its held output goes out now, the rest as it comes
-            active.request_id = held.request_id
-            for out, decision in held.outputs:
-                decisions.apply(self, out, decision, forwarded=True)
-            return
-        request = reply_request(self.policy, self, active.id, context, options, tools)
-        fence = self.fence
-        active.request_id = fence.request_id("llm")
-        self.latency.reply_started(active.id, self._now, active.times.trace)
-        self._effects.append(Submit(self._generator, fence, "llm", request))
-
-    def context(self, options: cmd.ResponseOptions) -> tuple[ContextMessage, ...]:
-        """What the model of a response sees (``replies.response_context``)."""
-        return response_context(self.policy, self, self.conversation, options)
+        times = self.latency.response_created(self._now)
+        pacer = pacing.new_pacer(self._config.pacing) if "audio" in modalities else None
+        submit = None
+        if reply is None:
+            fence = self.fence
+            reply = Reply(response.id, fence.request_id("llm"))
+            self.latency.reply_started(reply.id, self._now, times.trace)
+            submit = Submit(self._generator, fence, "llm", reply_request(
+                self.policy, self, reply.id, context, options, tools))
+        self.reply = reply
+        held = reply.show(record, times, pacer)
+        self.phase.to(Phase.RESPONDING)
+        self.emit_all(record.start_events())
+        if submit is not None:
+            self._effects.append(submit)
+        for out, decision in held:  # its held output goes out now, the rest as it comes
+            decisions.apply(self, out, decision, forwarded=True)
 
     def discard_speculation(self) -> bool:
-        """One epoch bump: nothing of the held reply reaches the client, its
-        request is aborted. False: there was none."""
-        if not self.speculation.drop():
+        """A held reply ends unseen: one epoch bump, nothing of it reaches the
+        client, its request is aborted. False: there was none."""
+        if self.reply is None or self.reply.visible:
             return False
-        self.metrics.speculations.inc(outcome="discarded")
-        self.bump_epoch()
+        self.end_reply(End.DISCARDED)
         return True
 
     def interrupt(self, reason: InterruptReason) -> None:
-        """Barge-in or cancel: one epoch bump, one response.done(cancelled),
-        one cancel of the stages -- in that order. Silence comes first: once
-        the gate has moved, nothing of the old reply can reach the client, so
-        the client need not wait for the stages to finish aborting."""
-        active = self.response
-        if active is None:
-            return
-        self.response = None
-        fence = self.fence.next_epoch()
-        self.gate.advance(fence)
-        self.metrics.epoch_bumps.inc()
-        self.metrics.interrupts.inc(reason=reason.value)
-        if active.barge_pending:
-            self.metrics.barge_ins.inc(outcome="interrupted")
-        elif reason is InterruptReason.TURN_DETECTED and not self.user.speaking:
-            # Not speech over it: the words it answered changed under it.
-            self.metrics.visible_revisions.inc()
-        heard = active.pacer.heard_ms(self._now) if active.pacer is not None else None
-        truncated = (active.cut_to_heard(self._now, heard)
-                     if reason is InterruptReason.TURN_DETECTED else None)
-        self.emit_all(active.finish(ResponseStatus.CANCELLED,
-                                    {"type": "cancelled", "reason": reason.value}))
-        if truncated is not None:
-            self.emit(truncated)
-        self.metrics.cancel_latency.observe(self._now - self._received_at)
-        self._effects.append(Cancel(fence))
-        for effect in barge_in.stop_timers(active):
-            self.effect(effect)
+        """Barge-in or cancel of the reply shown (``End.TURN_DETECTED`` or
+        ``End.CANCELLED``)."""
+        if self.shown is not None:
+            self.end_reply(End.TURN_DETECTED if reason is InterruptReason.TURN_DETECTED
+                           else End.CANCELLED)
 
     def finish_response(self) -> None:
-        active = self.response
-        if active is not None and (active.barge_pending or (
-                active.pacer is not None and not active.pacer.drained)):
+        shown = self.shown
+        if shown is None:
+            return
+        if self.phase.value is Phase.BARGE_PAUSED or not shown.drained:
             # response.done goes after its last audio, and not while speech
             # over it may still cancel it
-            active.finish_pending = True
+            shown.complete = True
             return
-        self.response = None
-        if active is not None:
-            self.emit_all(active.finish(ResponseStatus.COMPLETED))
-            idle.arm(self, active)
+        self.end_reply(End.COMPLETED)
+
+    def end_reply(self, end: End, *, error: dict | None = None, voided: bool = False) -> None:
+        """The one way a reply ends. Where it is void (``end.voids``), the
+        fence moves first (one epoch bump): once the gate has moved nothing of
+        it can reach the client, so silence comes before the stages finish
+        aborting. Then its ``response.done`` (cut to what was heard), the
+        cancel of its stage requests, its timers. ``voided``: a plan moved
+        the fence already."""
+        reply = self.reply
+        if reply is None:
+            return
+        self.reply = None
+        barge_paused = self.phase.value is Phase.BARGE_PAUSED
+        self.phase.to(self._at_rest())
+        fence = None
+        if end.voids and not voided:
+            fence = self.fence.next_epoch()
+            self.gate.advance(fence)
+            self.metrics.epoch_bumps.inc()
+        m = self.metrics
+        if end is End.DISCARDED:
+            m.speculations.inc(outcome="discarded")
+        elif end.interrupt is not None:
+            m.interrupts.inc(reason=end.interrupt.value)
+            if barge_paused:
+                m.barge_ins.inc(outcome="interrupted")
+            elif end is End.TURN_DETECTED and not self.user.speaking:
+                m.visible_revisions.inc()  # not speech over it: its words changed under it
+        ending = reply.finish(end, self._now, error)
+        self.emit_all(ending.events)
+        if end.interrupt is not None:
+            m.cancel_latency.observe(self._now - self._received_at)
+        if fence is not None:
+            self._effects.append(Cancel(fence))
+        self._effects.extend(ending.timers)
+        if barge_paused:
+            self._effects.append(CancelTimer(barge_in.BARGE_IN))
+        if end is End.COMPLETED:
+            idle.arm(self, reply)
 
 
 # What handles each message, by its exact type (the codec and the runner make

@@ -9,9 +9,9 @@ order, until a step takes it:
                 place stale outputs die
 ``fatal``       a terminal stage failure (``engine_dead``) is shown, then the
                 session ends, whatever the policy would have decided
-``speculation`` an output of the reply started at a pause: the policy decides it
-                now (its text goes on to the TTS); the client sees it when the
-                reply is released (``SessionCore.create_response``)
+``speculation`` phase ``ANSWER_HELD``, an output of the held reply: the policy
+                decides it now (its text goes on to the TTS); the ``Reply``
+                keeps it until it is claimed (``SessionCore.create_response``)
 ``turn_end``    semantic_vad: the VAD's end of speech is held while the pause is
                 judged; ``P(end)`` and the words up to the pause are judged here
                 (``pauses.py``; ``turn_end.py`` is the judge)
@@ -37,8 +37,10 @@ from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.contracts import OutputDecision
 from vllm_duplex.core.payloads import AudioOut, StageFailed, StageOutput, TextDelta, ToolCall
-from vllm_duplex.session import pauses
+from vllm_duplex.session import output, pauses
 from vllm_duplex.session.effects import Close, Forward
+from vllm_duplex.session.phase import Phase
+from vllm_duplex.session.reply import End
 
 if TYPE_CHECKING:
     from vllm_duplex.session.core import SessionCore
@@ -59,9 +61,9 @@ def apply(core: SessionCore, out: StageOutput, decision: OutputDecision, *,
     already went to the next stage, while it was held)."""
     payload = out.payload
     if decision.emit:
-        core.show(payload if decision.render is None else decision.render)
+        output.show(core, payload if decision.render is None else decision.render)
     if decision.pause_output:
-        core.pause_output()
+        output.pause(core)
     if decision.plan is not None:
         core.execute(decision.plan)
     if decision.interrupt is not None:
@@ -70,10 +72,10 @@ def apply(core: SessionCore, out: StageOutput, decision: OutputDecision, *,
         core.effect(Forward(out, decision.forward))
     if decision.commit_turn and core.input.samples > 0:
         core.commit_input()
-    if decision.create_response and core.response is None and core.config.responds:
+    if decision.create_response and core.shown is None and core.config.responds:
         core.create_response(cmd.ResponseOptions())
     if decision.dismiss is not None:
-        core.dismiss(decision.dismiss, getattr(payload, "text", ""))
+        output.dismiss(core, decision.dismiss, getattr(payload, "text", ""))
     if decision.finish_response:
         core.finish_response()
 
@@ -116,14 +118,14 @@ def _fatal(core: SessionCore, out: StageOutput) -> bool:
 
 
 def _speculation(core: SessionCore, out: StageOutput) -> bool:
-    spec = core.speculation
-    if not spec.owns(out):
+    reply = core.reply
+    if core.phase.value is not Phase.ANSWER_HELD or reply is None or not reply.owns(out):
         return False
     if type(out.payload) is StageFailed:
-        core.discard_speculation()  # it failed before anyone asked for it: quietly
+        core.end_reply(End.DISCARDED)  # it failed before anyone asked for it: quietly
         return True
     decision = core.policy.decide_output(core, out)
-    spec.keep(out, decision)
+    reply.keep(out, decision)
     if decision.forward is not None:  # e.g. its text is synthesized now, into the held buffer
         core.effect(Forward(out, decision.forward))
     return True

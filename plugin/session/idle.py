@@ -25,7 +25,7 @@ from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.session.effects import ArmTimer, CancelTimer
-from vllm_duplex.session.responses import ActiveResponse
+from vllm_duplex.session.reply import Reply
 
 if TYPE_CHECKING:
     from vllm_duplex.session.core import SessionCore
@@ -47,23 +47,13 @@ def timeout_ms(config: SessionConfig) -> int | None:
     return td.idle_timeout_ms
 
 
-def played_out_at(active: ActiveResponse, now: float) -> float:
-    """When the client finishes playing ``active``'s audio: the pacer's model
-    of its player, or (unpaced) its first audio plus the audio's length."""
-    if active.pacer is not None:
-        return max(now, active.pacer.play_end or now)
-    if active.first_audio_at is None:
-        return now
-    return max(now, active.first_audio_at + active.part.audio_ms / 1000.0)
-
-
-def arm(core: SessionCore, active: ActiveResponse) -> None:
+def arm(core: SessionCore, reply: Reply) -> None:
     """A reply completed: the silence counts from when it has played out."""
     ms = timeout_ms(core.config)
     if ms is None:
         return
     timer = core.idle
-    timer.due_at = played_out_at(active, core.now) + ms / 1000.0
+    timer.due_at = reply.played_out_at(core.now) + ms / 1000.0
     timer.onsets = core.user.onsets
     core.effect(ArmTimer(IDLE, timer.due_at))
 
@@ -83,7 +73,7 @@ def due(core: SessionCore) -> None:
         return  # voided, or a stray wake-up
     timer.due_at = None
     ms = timeout_ms(core.config)
-    if (ms is None or core.response is not None or core.user.speaking
+    if (ms is None or core.shown is not None or core.user.speaking
             or core.user.onsets != timer.onsets):
         return
     end_ms = core.input.written_ms

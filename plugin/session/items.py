@@ -58,6 +58,15 @@ class ItemStore:
         """An item of the response in progress (its message, its tool calls)."""
         self._items.append(item)
 
+    def transcribed(self, item_id: str, transcript: str) -> int | None:
+        """A user item's final transcript; returns its audio length (None: no
+        such item yet -- the commit takes the transcript then)."""
+        for item in self._items:
+            if item.id == item_id and item.content:
+                item.content[0].transcript = transcript
+                return item.content[0].audio_ms
+        return None
+
     def delete(self, item_id: str) -> None:
         self._items.remove(self.get(item_id))
 

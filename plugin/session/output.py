@@ -17,6 +17,7 @@ from vllm_duplex.core.contracts import InterruptReason
 from vllm_duplex.core.payloads import AudioOut, StageFailed
 from vllm_duplex.session import barge_in, pacing, rendering
 from vllm_duplex.session.effects import CancelTimer
+from vllm_duplex.session.phase import Phase
 
 if TYPE_CHECKING:
     from vllm_duplex.session.core import SessionCore
@@ -29,32 +30,32 @@ def show(core: SessionCore, payload: Any) -> None:
     if type(payload) is StageFailed:
         core.fail(payload.error)
         return
-    active = core.response
-    if type(payload) is AudioOut and active is not None and active.pacer is not None:
-        if active.id == payload.response_id:
-            active.pacer.push(payload)
+    shown = core.shown
+    if type(payload) is AudioOut and shown is not None and shown.pacer is not None:
+        if shown.id == payload.response_id:
+            shown.pacer.push(payload)
             send_due(core)
         return
     core.emit_all(rendering.render(payload, scope(core)))
 
 
 def scope(core: SessionCore) -> rendering.Scope:
-    return rendering.Scope(core.now, core.user, core.conversation, core.latency, core.response)
+    return rendering.Scope(core.now, core.user, core.conversation, core.latency, core.shown)
 
 
 def send_due(core: SessionCore) -> None:
     """Send the paced frames due now (also the ``pacing`` timer's work); arm
     the timer for the next, or finish the reply once all of it went out."""
-    active = core.response
-    if active is None or active.pacer is None:
+    shown = core.shown
+    if shown is None or shown.pacer is None:
         return
-    frames, timer = pacing.due_frames(active.pacer, core.now)
+    frames, timer = pacing.due_frames(shown.pacer, core.now)
     for frame in frames:
         if not frame.events:  # first time: render it (resent as it was on resume)
-            frame.events = rendering.audio_going_out(scope(core), active, frame.audio)
+            frame.events = rendering.audio_going_out(scope(core), shown, frame.audio)
         core.emit_all(frame.events)
-    if active.pacer.drained:
-        if active.finish_pending and not active.barge_pending:
+    if shown.pacer.drained:
+        if shown.complete and core.phase.value is Phase.RESPONDING:
             core.finish_response()
     elif timer is not None:
         core.effect(timer)
@@ -62,8 +63,10 @@ def send_due(core: SessionCore) -> None:
 
 def pause(core: SessionCore) -> None:
     """Speech over the reply: stop sending it while the words are awaited."""
-    if core.response is not None:
-        for effect in barge_in.pause(core.response, core.config, core.now):
+    shown = core.shown
+    if shown is not None and core.phase.value is Phase.RESPONDING:
+        core.phase.to(Phase.BARGE_PAUSED)
+        for effect in barge_in.pause(shown, core.config, core.now):
             core.effect(effect)
 
 
@@ -72,21 +75,22 @@ def dismiss(core: SessionCore, reason: str, transcript: str) -> None:
     core.input.clear()
     core.user.dismiss()
     core.effect(CancelTimer(barge_in.BARGE_IN))
-    active = core.response
-    if active is None or not active.barge_pending:
+    shown = core.shown
+    if shown is None or core.phase.value is not Phase.BARGE_PAUSED:
         return
     core.metrics.barge_ins.inc(outcome="dismissed")
-    start = barge_in.resume(active, core.now)
-    core.emit(ev.OutputAudioResumed(response_id=active.id, item_id=active.item.id,
+    core.phase.to(Phase.RESPONDING)
+    start = barge_in.resume(shown, core.now)
+    assert shown.record is not None
+    core.emit(ev.OutputAudioResumed(response_id=shown.id, item_id=shown.record.item.id,
                                     audio_start_ms=start, reason=reason, transcript=transcript))
-    if active.pacer is None and active.finish_pending:
+    if shown.pacer is None and shown.complete:
         core.finish_response()
     send_due(core)
 
 
 def barge_in_due(core: SessionCore) -> None:
     """The ``barge_in`` timer: speech still going is an interruption."""
-    active = core.response
-    if active is not None and barge_in.interrupts(
-            active, user_speaking=core.user.speaking, pause_judged=core.pause.pausing):
+    if core.phase.value is Phase.BARGE_PAUSED and barge_in.interrupts(
+            user_speaking=core.user.speaking, pause_judged=core.pause.pausing):
         core.interrupt(InterruptReason.TURN_DETECTED)

@@ -41,9 +41,12 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
+from vllm_duplex.session import decisions
 from vllm_duplex.session.effects import ArmTimer, CancelTimer, Submit
+from vllm_duplex.session.phase import Phase
 from vllm_duplex.session.replies import reply_context, reply_request, reply_tools
-from vllm_duplex.session.speculation import SPECULATE_P, Held
+from vllm_duplex.session.reply import Reply
+from vllm_duplex.session.speculation import SPECULATE_P
 from vllm_duplex.session.turn_end import PAUSE_DETECT_MS, TIMER, log_decision
 
 if TYPE_CHECKING:
@@ -68,7 +71,7 @@ def take(core: SessionCore, out: StageOutput) -> bool:
         # be judged), and the pause is judged from here on.
         pause.decider.heard(p.text)
         core.latency.step("asr_pause", core.now)
-        core.decide(out)
+        decisions.decide(core, out)
         _speculate(core)
         if pause.pausing:
             _rearm(core)
@@ -122,7 +125,7 @@ def _observe(core: SessionCore, observation: object) -> OutputDecision:
     """Hand the policy a pause observation as the VAD's output, and carry out
     what it decides."""
     fence = core.fence
-    return core.decide(StageOutput(fence, fence.request_id("vad"), "vad", observation))
+    return decisions.decide(core, StageOutput(fence, fence.request_id("vad"), "vad", observation))
 
 
 def _paused(core: SessionCore, out: StageOutput, *, hold: bool) -> None:
@@ -132,6 +135,7 @@ def _paused(core: SessionCore, out: StageOutput, *, hold: bool) -> None:
     pause.open = True
     if hold and pause.held is None:
         pause.held = out
+        core.rest()
     core.latency.paused(out.payload.audio_ms, core.now)
     decision = _observe(core, UserPaused(out.payload.audio_ms))
     asked = decision.plan.submissions if decision.plan is not None else ()
@@ -176,6 +180,7 @@ def _resume(core: SessionCore) -> None:
     """Speech again: the pause did not end the turn."""
     pause = core.pause
     pause.close()
+    core.rest()
     pause.decider.speech()
     core.latency.pause_resumed()
     core.effect(CancelTimer(TIMER))
@@ -187,6 +192,7 @@ def _commit(core: SessionCore) -> None:
     pause = core.pause
     held = pause.held
     pause.close()
+    core.rest()
     assert held is not None
     td = core.config.turn_detection
     assert td is not None
@@ -198,7 +204,7 @@ def _commit(core: SessionCore) -> None:
     if decision.p is not None:
         m.turn_end_probability.observe(decision.p)
     log_decision(core.session_id, decision)
-    core.decide(held)  # speech_stopped, the commit: as server VAD does
+    decisions.decide(core, held)  # speech_stopped, the commit: as server VAD does
 
 
 # ---- the reply started at the pause ----------------------------------------------
@@ -213,17 +219,18 @@ def _answering(core: SessionCore, words: str) -> tuple[ContextMessage, ...]:
 def speculate(core: SessionCore, words: str) -> None:
     """Answer ``words`` (the user's turn so far) ahead of the commit, held."""
     td = core.config.turn_detection
-    if (core.speculation.held is not None or core.response is not None or not words.strip()
+    if (core.reply is not None or not words.strip()
             or not core.config.responds or td is None or not td.create_response
             or core.generator not in core.stage_names):
         return
     options = cmd.ResponseOptions()
     context = _answering(core, words)
     fence = core.fence
-    held = Held(core.make_id("resp"), fence.request_id("llm"), words, context)
-    request = reply_request(core.policy, core, held.response_id, context, options,
+    reply = Reply(core.make_id("resp"), fence.request_id("llm"), answers=words, context=context)
+    request = reply_request(core.policy, core, reply.id, context, options,
                             reply_tools(core.config, options))
-    core.speculation.held = held
+    core.reply = reply
+    core.phase.to(Phase.ANSWER_HELD)
     core.metrics.speculations.inc(outcome="started")
-    core.latency.reply_started(held.response_id, core.now)
+    core.latency.reply_started(reply.id, core.now)
     core.effect(Submit(core.generator, fence, "llm", request))

@@ -2,12 +2,13 @@
 
 The session core calls ``render`` for a payload the policy chose to emit,
 with the few parts of the session a payload can touch (``Scope``): the
-user's turn, the conversation, the turn's latency figures and the active
-response. It returns the events to send. Listening payloads (VAD,
+user's turn, the conversation, the turn's latency figures and the reply
+shown. It returns the events to send. Listening payloads (VAD,
 transcripts, scenes) belong to the user's turn; reply payloads (text, audio,
-tool calls, the end of generation) belong to the active response and are
-ignored once it is gone or when they name another response. (Paced audio and
-stage failures are the core's: they start timers and end responses.)
+tool calls, the end of generation) go to the shown ``Reply`` (which owns
+what the client received of it) and are ignored once it is gone or when they
+name another reply. (Paced audio and stage failures are the core's: they
+start timers and end replies.)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import TurnLatency
-from vllm_duplex.session.responses import ActiveResponse
+from vllm_duplex.session.reply import Reply
 from vllm_duplex.session.user_turn import UserTurn
 
 Events = list[ev.ServerEvent]
@@ -44,11 +45,11 @@ class Scope:
     user: UserTurn
     conversation: ItemStore
     latency: TurnLatency
-    response: ActiveResponse | None
+    shown: Reply | None  # the reply the client sees, if any
 
-    def reply(self, response_id: str) -> ActiveResponse | None:
-        active = self.response
-        return active if active is not None and active.id == response_id else None
+    def reply(self, response_id: str) -> Reply | None:
+        shown = self.shown
+        return shown if shown is not None and shown.id == response_id else None
 
 
 def render(payload: Any, scope: Scope) -> Events:
@@ -57,14 +58,13 @@ def render(payload: Any, scope: Scope) -> Events:
     return renderer(scope, payload) if renderer is not None else []
 
 
-def audio_going_out(scope: Scope, active: ActiveResponse, p: AudioOut) -> Events:
+def audio_going_out(scope: Scope, reply: Reply, p: AudioOut) -> Events:
     """Reply audio is sent now (unpaced, or a paced frame): the first of it is
     the response's first audio and a latency figure."""
-    if active.first_audio_at is None:
-        active.first_audio_at = scope.now
-    if active.audio and p.pcm.size:
-        scope.latency.first_audio(active.times, scope.now)
-    return active.on_audio(p)
+    assert reply.record is not None
+    if reply.record.audio and p.pcm.size:
+        scope.latency.first_audio(reply.times, scope.now)
+    return reply.audio_sent(p, scope.now)
 
 
 def _speech_started(s: Scope, p: VadSpeechStarted) -> Events:
@@ -85,13 +85,8 @@ def _transcript_delta(s: Scope, p: TranscriptDelta) -> Events:
 def _transcript_final(s: Scope, p: TranscriptFinal) -> Events:
     s.latency.transcript_final(s.now)
     item_id = s.user.transcript_item(s.conversation)
-    audio_ms = 0
-    for item in s.conversation:
-        if item.id == item_id and item.content:
-            item.content[0].transcript = p.text
-            audio_ms = item.content[0].audio_ms
-            break
-    else:  # not committed yet: the commit takes it (and its audio length)
+    audio_ms = s.conversation.transcribed(item_id, p.text)
+    if audio_ms is None:  # not committed yet: the commit takes it (and its audio length)
         s.user.early_transcript = (item_id, p.text)
         audio_ms = s.user.spoken_ms
     return [ev.InputTranscriptionCompleted(
@@ -100,30 +95,30 @@ def _transcript_final(s: Scope, p: TranscriptFinal) -> Events:
 
 
 def _text(s: Scope, p: TextDelta) -> Events:
-    if (active := s.reply(p.response_id)) is None:
+    if (reply := s.reply(p.response_id)) is None or reply.record is None:
         return []
     if p.text:
-        s.latency.first_words(active.times, s.now)
-    return active.on_text(p.text)
+        s.latency.first_words(reply.times, s.now)
+    return reply.record.on_text(p.text)
 
 
 def _audio(s: Scope, p: AudioOut) -> Events:
-    active = s.reply(p.response_id)
-    return audio_going_out(s, active, p) if active is not None else []
+    reply = s.reply(p.response_id)
+    return audio_going_out(s, reply, p) if reply is not None else []
 
 
 def _generation_done(s: Scope, p: GenerationDone) -> Events:
-    if (active := s.reply(p.response_id)) is not None:
-        active.on_generation_done(p)
+    if (reply := s.reply(p.response_id)) is not None and reply.record is not None:
+        reply.record.on_generation_done(p)
     return []
 
 
 def _tool_call(s: Scope, p: ToolCall) -> Events:
-    if (active := s.reply(p.response_id)) is None:
+    if (reply := s.reply(p.response_id)) is None or reply.record is None:
         return []
-    s.latency.first_words(active.times, s.now)
-    item, events = active.on_tool_call(p)
-    if active.in_conversation:
+    s.latency.first_words(reply.times, s.now)
+    item, events = reply.record.on_tool_call(p)
+    if reply.record.in_conversation:
         s.conversation.append(item)
     return events
 

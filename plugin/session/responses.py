@@ -1,8 +1,9 @@
-"""The bookkeeping of one in-flight response: which events to send, in which
-order, and what the assistant item ends up holding.
+"""``ResponseRecord``: what the client sees of one reply -- the response, its
+items and their events, in which order, and what the assistant item ends up
+holding (the text the client received).
 
-Pure (no awaits): the session feeds it stage payloads and sends what it
-returns. Event order follows OpenAI Realtime: response.created,
+Pure (no awaits): its ``Reply`` (``reply.py``) feeds it stage payloads once
+the reply is shown, and the session sends what it returns. Event order follows OpenAI Realtime: response.created,
 output_item.added, conversation.item.added, content_part.added, deltas,
 the matching .done events, output_item.done, exactly one response.done.
 The assistant message opens with its first words or audio, so a response
@@ -28,7 +29,6 @@ from vllm_duplex.core.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioEncoder
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import ResponseTimes
-from vllm_duplex.session.pacing import OutputPacer
 
 # Makes an encoder for PCM at a given rate into the response's output format.
 EncoderFactory = Callable[[int], AudioEncoder]
@@ -36,7 +36,7 @@ EncoderFactory = Callable[[int], AudioEncoder]
 AddItem = Callable[[ConversationItem], None]
 
 
-class ActiveResponse:
+class ResponseRecord:
     def __init__(
         self,
         response: Response,
@@ -62,18 +62,12 @@ class ActiveResponse:
         self.index = 0  # its output_index
         self._last_item_id = previous_item_id  # what the next item follows
         self._encoders: dict[int, AudioEncoder] = {}
-        self.request_id: str | None = None
         self.finish_reason: str | None = None
-        self.first_audio_at: float | None = None  # when the client got the first audio
-        self.times = ResponseTimes(created_at=0.0, turn_end_at=None)  # the core sets its own
-        self.pacer: OutputPacer | None = None  # paced output (None: as fast as made)
-        self.finish_pending = False  # complete, but the pacer still holds audio
-        self.barge_pending = False  # paused by speech over it (adaptive interruptions)
-        self.text = ""
+        self.text = ""  # what the client received of its words
 
     @classmethod
     def after(cls, response: Response, item_id: str, conversation: ItemStore, *,
-              in_conversation: bool, output_format: AudioFormat) -> ActiveResponse:
+              in_conversation: bool, output_format: AudioFormat) -> ResponseRecord:
         """A response whose items follow the conversation's last one (and join it)."""
         last = conversation.last
         return cls(response, item_id, in_conversation=in_conversation,
@@ -176,17 +170,13 @@ class ActiveResponse:
         self.response.input_tokens = done.input_tokens
         self.response.output_tokens = max(self.response.output_tokens, done.output_tokens)
 
-    def cut_to_heard(self, now: float, heard_ms: int | None = None) -> ev.ServerEvent | None:
-        """Barge-in: cut the assistant item to the words heard, so the next
-        turn's context holds only those (a client that knows better sends
-        truncate). Paced output knows ``heard_ms`` exactly; unpaced, the
-        client plays audio in real time from the first delta, so it cannot
-        have heard more than the time since then."""
-        if not self.audio or self.first_audio_at is None:
+    def cut_to_heard(self, heard_ms: int) -> ev.ServerEvent | None:
+        """Barge-in: cut the assistant item to the words heard (``heard_ms``
+        of its audio played), so the next turn's context holds only those (a
+        client that knows better sends truncate)."""
+        if not self.audio:
             return None
         part = self.part
-        if heard_ms is None:
-            heard_ms = int((now - self.first_audio_at) * 1000)
         heard_ms = min(part.audio_ms, heard_ms)
         part.transcript = self.text = part.heard_text(heard_ms)
         part.audio_ms = heard_ms
@@ -200,8 +190,10 @@ class ActiveResponse:
         already cut to what was heard): the .done events carry only that."""
         self.text = self.part.transcript or ""
 
-    def finish(self, status: ResponseStatus, details: dict | None = None) -> list[ev.ServerEvent]:
-        """Close every open part; exactly one response.done."""
+    def finish(self, status: ResponseStatus, times: ResponseTimes,
+               details: dict | None = None) -> list[ev.ServerEvent]:
+        """Close every open part; exactly one response.done (its metadata
+        carries the reply's latency figures, ``times``)."""
         if status is ResponseStatus.COMPLETED and self.finish_reason == "length":
             status = ResponseStatus.INCOMPLETE
             details = {"type": "incomplete", "reason": "max_output_tokens"}
@@ -209,7 +201,7 @@ class ActiveResponse:
         out: list[ev.ServerEvent] = [] if only_calls else self._open()  # a reply with no words has one
         self.response.status = status
         self.response.status_details = details
-        if figures := self.times.metadata():  # the client's metadata is kept beside them
+        if figures := times.metadata():  # the client's metadata is kept beside them
             self.response.metadata = {**(self.response.metadata or {}), **figures}
         self.item.status = "completed" if status is ResponseStatus.COMPLETED else "incomplete"
         if only_calls:

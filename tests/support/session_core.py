@@ -66,4 +66,4 @@ def output(core: SessionCore, payload, *, stage: str = "llm", fence: Fence | Non
 def create_response(core: SessionCore, now: float = 0.0) -> str:
     effects = core.handle(cmd.ResponseCreate(), now)
     assert types(effects)[-1] == "Submit"
-    return core.response.id
+    return core.shown.id

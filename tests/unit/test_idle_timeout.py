@@ -53,7 +53,7 @@ def test_silence_after_the_reply_played_out_prompts_the_user():
     # ... and the silent segment before it: the timeout's length
     assert triggered.audio_start_ms == triggered.audio_end_ms - 2000
     assert triggered.item_id == fired[1].envelope.event.item_id  # the item it commits
-    assert core.response is not None  # the model prompts the user now
+    assert core.shown is not None  # the model prompts the user now
 
 
 def test_paced_audio_counts_from_when_the_client_runs_dry():

@@ -84,7 +84,7 @@ class Client:
 def speak(client: Client, seconds: float, text: str) -> str:
     """A reply whose TTS made ``seconds`` of audio at once (faster than real time)."""
     client.handle(cmd.ResponseCreate())
-    rid = client.core.response.id
+    rid = client.core.shown.id
     client.stage(TextDelta(rid, text), "llm")
     client.stage(AudioOut(rid, np.full(int(RATE * seconds), 1000, np.int16), RATE, text), "tts")
     client.stage(GenerationDone(rid, "stop"), "llm")
@@ -127,7 +127,7 @@ def test_a_backchannel_is_dismissed_and_the_reply_resumes_where_it_was_heard():
     client.stage(VadSpeechStarted(audio_ms=1000), "vad")
     # speech_started at once, and nothing more goes out while it lasts
     assert client.types(mark) == ["input_audio_buffer.speech_started"]
-    heard_at_pause = client.core.response.pacer.heard_ms(client.now)
+    heard_at_pause = client.core.shown.pacer.heard_ms(client.now)
     assert heard_at_pause == 1000  # exact: 1 s played since the first delta
     client.advance(1.3)
     client.stage(TranscriptPartial("Okay."), "asr")

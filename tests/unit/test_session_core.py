@@ -193,7 +193,7 @@ def test_a_response_is_its_start_events_then_one_submission_to_the_generator():
 def test_a_pipeline_without_the_generator_cannot_answer():
     core = make_core(stages=("vad",), turn_detection=None)
     [err] = emitted(core.handle(cmd.ResponseCreate(), 0.0))
-    assert err.error.code == "capability_unsupported" and core.response is None
+    assert err.error.code == "capability_unsupported" and core.shown is None
 
 
 def test_cancel_is_one_epoch_bump_response_done_first_then_one_cancel():
@@ -254,11 +254,11 @@ def test_spoken_reply_ends_with_the_speech_not_the_text():
         "response.output_item.added", "conversation.item.added", "response.content_part.added",
         "response.output_audio_transcript.delta", "Forward"]
     assert types(output(core, GenerationDone(rid, "stop", 3, 1))) == ["Forward"]
-    assert core.response is not None
+    assert core.shown is not None
     effects = output(core, SpeechDone(rid), stage="tts")
     assert types(effects)[-1] == "response.done"
     assert effects[-1].envelope.event.response["status"] == "completed"
-    assert core.response is None
+    assert core.shown is None
 
 
 def test_a_stage_failure_fails_the_reply_and_a_terminal_one_closes_the_session():
@@ -291,7 +291,7 @@ def test_a_tool_call_is_its_own_output_item_in_the_conversation():
 
 def spoken_item(core: SessionCore) -> str:
     rid = create_response(core)
-    item_id = core.response.item.id
+    item_id = core.shown.record.item.id
     output(core, AudioOut(rid, np.zeros(16000, np.int16), text="one two three four"), stage="tts")
     output(core, GenerationDone(rid, "stop"))
     output(core, SpeechDone(rid), stage="tts")

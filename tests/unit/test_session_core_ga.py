@@ -43,7 +43,7 @@ def speaking(core, now: float = 0.0) -> str:
 def test_truncating_the_item_being_generated_stops_it_and_keeps_the_heard_part():
     core = manual()
     speaking(core)
-    item_id = core.response.item.id
+    item_id = core.shown.record.item.id
     effects = core.handle(cmd.ItemTruncate(item_id=item_id, content_index=0, audio_end_ms=500), 1.0)
     assert types(effects) == [
         "conversation.item.truncated", "response.output_audio.done",
@@ -53,7 +53,7 @@ def test_truncating_the_item_being_generated_stops_it_and_keeps_the_heard_part()
     assert events[2].transcript == "one two"
     assert events[5].item["content"][0]["transcript"] == "one two"
     assert events[6].response["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
-    assert core.response is None and core.fence == effects[-1].fence
+    assert core.shown is None and core.fence == effects[-1].fence
     assert core.conversation.get(item_id).text() == "one two"  # the next context's words
 
 
@@ -62,7 +62,7 @@ def test_a_truncate_after_a_barge_in_may_reach_the_audio_sent():
     played 301 ms: accepted, and its figure wins. Beyond what was sent is refused."""
     core = make_core()
     speaking(core, now=10.0)
-    item_id = core.response.item.id
+    item_id = core.shown.record.item.id
     output(core, VadSpeechStarted(audio_ms=40), stage="vad", now=10.3)
     assert core.conversation.get(item_id).content[0].audio_ms == 300
     [cut] = emitted(core.handle(cmd.ItemTruncate(item_id=item_id, content_index=0,
@@ -120,7 +120,7 @@ def test_response_create_sets_its_own_tools_choice_audio_and_context():
     assert [m.text for m in req.context] == ["sunny"]  # the input, not the conversation
     created = emitted(effects[:1])[0].response
     assert created["audio"]["output"] == {"format": {"type": "audio/pcmu"}, "voice": "ash"}
-    audio = emitted([e for e in output(core, AudioOut(core.response.id, ONE_SECOND), stage="tts")
+    audio = emitted([e for e in output(core, AudioOut(core.shown.id, ONE_SECOND), stage="tts")
                      if hasattr(e, "envelope")])[-1]
     # G.711 at 8 kHz, one byte a sample (the resampler holds back its last few ms)
     assert 7400 <= len(audio.delta) <= 8000 and set(audio.delta) == {0xFF}  # µ-law silence
@@ -138,7 +138,7 @@ def test_response_input_may_reference_conversation_items():
     [err] = emitted(core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(
         input=("nope",))), 0.0))
     assert (err.error.code, err.error.param) == ("item_not_found", "response.input[0].id")
-    assert core.response is None
+    assert core.shown is None
 
 
 def test_transcription_completed_carries_its_duration_usage():
@@ -156,7 +156,7 @@ def test_a_tool_choice_that_cannot_be_met_is_refused():
                                "type": "function", "name": "other"}), "response.tool_choice")]:
         [err] = emitted(core.handle(cmd.ResponseCreate(options=options), 0.0))
         assert (err.error.code, err.error.param) == ("invalid_value", param)
-        assert core.response is None
+        assert core.shown is None
     req = submitted(core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(
         tools=(WEATHER,), tool_choice={"type": "function", "name": "weather"})), 0.0))
     assert req.must_call and req.callable_tools() == (WEATHER,)
@@ -175,7 +175,7 @@ def test_a_turn_s_stage_latencies_reach_metrics_and_response_done():
     output(core, VadSpeechStarted(audio_ms=150), stage="vad", now=1.05)  # audio of 0.2 s
     effects = output(core, VadSpeechStopped(audio_ms=750), stage="vad", now=1.2)  # of 0.8 s
     assert "response.created" in types(effects)
-    rid = core.response.id
+    rid = core.shown.id
     output(core, TranscriptFinal("hello"), stage="asr", now=1.3)
     output(core, TextDelta(rid, "Hi."), now=1.5)
     output(core, AudioOut(rid, ONE_SECOND, text="Hi."), stage="tts", now=1.6)
@@ -203,7 +203,7 @@ def test_a_turn_s_stage_latencies_reach_metrics_and_response_done():
 def test_a_response_without_a_turn_has_no_turn_figures_and_keeps_the_client_metadata():
     core = manual(output_modalities=("text",))
     core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(metadata={"k": "v"})), 0.0)
-    rid = core.response.id
+    rid = core.shown.id
     output(core, TextDelta(rid, "Hi."), now=0.25)
     [done] = [e.envelope.event for e in output(core, GenerationDone(rid, "stop"), now=0.5)
               if isinstance(e, Emit) and e.envelope.event.type == "response.done"]

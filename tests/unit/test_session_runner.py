@@ -38,6 +38,7 @@ from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.replay.outbox import Notice
 from vllm_duplex.session.feed import HIGH_WATER
 from vllm_duplex.session.mailbox import Lane
+from vllm_duplex.session.replies import response_context
 from vllm_duplex.stages.port import FencedPort, StageBase
 
 
@@ -357,17 +358,18 @@ async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
     session = await runtime.open_realtime_session(None)
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(pacing=OutputPacing("none"))))
     session.deliver(cmd.ResponseCreate())
-    while session.core.response is None or session.core.response.first_audio_at is None:
+    while session.core.shown is None or session.core.shown.first_audio_at is None:
         await clock.advance(0.01)
-    first_audio_at = session.core.response.first_audio_at
-    item_id = session.core.response.item.id
+    first_audio_at = session.core.shown.first_audio_at
+    item_id = session.core.shown.record.item.id
     await clock.advance(first_audio_at + 0.5 - clock.now())
     session.deliver(cmd.AudioAppend(audio=pcm16(0.3, amplitude=0.3)))  # the user speaks
     truncated = await next_event(session, "conversation.item.truncated")
     assert (truncated.event.item_id, truncated.event.audio_end_ms) == (item_id, 500)
     heard = session.core.conversation.get(item_id)
     assert heard.text() == "Hello from the scripted"
-    context = session.core.context(cmd.ResponseOptions())
+    context = response_context(session.core.policy, session.core, session.core.conversation,
+                               cmd.ResponseOptions())
     assert context[-1].role == "assistant" and context[-1].text == "Hello from the scripted"
     await runtime.end_session(session, CloseReason.CLIENT)
     await runtime.stop()

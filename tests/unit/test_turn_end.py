@@ -271,7 +271,7 @@ def test_a_probability_of_fewer_words_than_were_heard_does_not_judge_the_pause()
     assert not [e for e in effects if isinstance(e, Submit)]
     tl.at(2.16, TurnEndProbability(COMPLETE, "tell me a joke about cats"), "llm")
     assert tl.timer.at == pytest.approx(2.0 + EAGERNESS_TIMING["auto"].fast_ms / 1000)
-    assert tl.core.speculation.held.words == "tell me a joke about cats"
+    assert tl.core.reply.answers == "tell me a joke about cats"
 
 
 def test_silence_alone_ends_the_turn_at_the_cap():
@@ -351,7 +351,7 @@ def test_a_speculation_is_released_the_moment_the_final_transcript_confirms_its_
     assert emits(effects) == [
         "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
         "conversation.item.added", "conversation.item.done"]
-    assert tl.core.response is None
+    assert tl.core.shown is None
     # The ASR's final says the same words (in its spelling): at once the reply
     # with what was held, and no second request.
     effects = tl.at(2.35, TranscriptFinal("What is the capital of France?"), "asr")
@@ -360,7 +360,7 @@ def test_a_speculation_is_released_the_moment_the_final_transcript_confirms_its_
         "response.output_item.added", "conversation.item.added", "response.content_part.added",
         "response.output_audio_transcript.delta", "response.output_audio.delta"]
     assert [e for e in effects if isinstance(e, (Submit, Cancel))] == []
-    assert tl.core.response.id == rid
+    assert tl.core.shown.id == rid
     assert tl.core.metrics.speculations.get(outcome="used") == 1
     # The rest streams as any reply's.
     assert "response.output_audio.delta" in emits(
@@ -401,12 +401,12 @@ def test_a_speculation_whose_words_the_final_revised_is_discarded_unseen_and_the
     tl = Timeline("auto")
     rid, _ = speculate(tl, "what is the capital of france")
     tl.fire()
-    assert tl.core.response is None
+    assert tl.core.shown is None
     effects = tl.at(2.4, TranscriptFinal("What is the capital of Spain?"), "asr")
     assert "response.done" not in emits(effects)  # nothing the client saw is taken back
     [new] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
     assert new.payload.context[-1].text == "What is the capital of Spain?"
-    assert new.payload.response_id != rid and tl.core.response.id == new.payload.response_id
+    assert new.payload.response_id != rid and tl.core.shown.id == new.payload.response_id
     m = tl.core.metrics
     assert m.speculations.get(outcome="discarded") == 1 and m.visible_revisions.get() == 0
     # What the discarded one still makes dies at the gate.
@@ -443,11 +443,11 @@ def test_a_response_the_client_asks_for_in_its_own_way_voids_the_held_reply(crea
         tools=tuple(create.get("tools", ())) or None)), 2.4)
     f1 = Fence("s").next_epoch()
     assert Cancel(f1) in effects and tl.core.fence == f1
-    assert tl.core.speculation.held is None
+    assert tl.core.reply.id != rid  # the one reply is the new one, shown
     assert tl.core.metrics.speculations.get(outcome="discarded") == 1
     [new] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
     assert new.fence == f1 and new.payload.response_id != rid
-    assert tl.core.response.id == new.payload.response_id
+    assert tl.core.shown.id == new.payload.response_id
     # What the held one still makes dies at the gate.
     assert tl.at(2.5, AudioOut(rid, np.zeros(800, np.int16), text="Paris."), "tts") == []
 
@@ -506,7 +506,7 @@ def test_under_server_vad_the_reply_starts_in_the_pause_and_goes_out_when_the_fi
     effects = tl.at(2.51, TranscriptFinal("What is the capital of France?"), "asr")
     assert emits(effects)[:2] == ["conversation.item.input_audio_transcription.completed",
                                   "response.created"]
-    assert "response.output_audio.delta" in emits(effects) and tl.core.response.id == rid
+    assert "response.output_audio.delta" in emits(effects) and tl.core.shown.id == rid
     assert [e for e in effects if isinstance(e, Submit)] == []
     assert tl.core.metrics.speculations.get(outcome="used") == 1
 
@@ -528,7 +528,7 @@ def test_under_server_vad_an_answer_that_revises_a_pushed_word_rolls_back_before
     tl.at(2.3, TextDelta(rid, "A week"), "llm")
     tl.at(2.5, VadSpeechStopped(audio_ms=1000), "vad")
     effects = tl.at(2.51, TranscriptFinal("How many days are in a week?"), "asr")
-    assert tl.core.response.id == rid  # the reply started in the pause is the one answered
+    assert tl.core.shown.id == rid  # the reply started in the pause is the one answered
     assert tl.core.metrics.speculations.get(outcome="used") == 1
 
 
@@ -551,7 +551,7 @@ def test_a_reply_held_under_an_older_fence_is_never_claimed():
     effects = tl.at(2.51, TranscriptFinal("What is the capital of France?"), "asr")
     [req] = [e.payload for e in effects if isinstance(e, Submit)
              and isinstance(e.payload, GenerateRequest)]
-    assert tl.core.response.id == req.response_id
+    assert tl.core.shown.id == req.response_id
     assert tl.core.metrics.speculations.get(outcome="discarded") == 1
 
 
