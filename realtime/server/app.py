@@ -7,6 +7,8 @@ Routes:
 - with ``sip:`` in the config, a SIP user agent and ``…/{call_id}/accept``,
   ``/reject``, ``/refer`` (``telephony/``; ``hangup`` ends SIP calls too)
 - ``POST /v1/realtime/client_secrets``: ephemeral client keys
+- with a ``twilio:`` config section, ``POST /v1/telephony/twilio/voice`` (TwiML) and
+  ``WS /v1/telephony/twilio/stream`` (Twilio Media Streams): phone calls (``telephony/``)
 - ``GET /v1/models``     what this server serves
 - ``GET /v1/capabilities``
 - ``GET /health``, ``GET /metrics`` (Prometheus text)
@@ -56,6 +58,11 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
 
     calls = Calls(runtime)
     sip = _sip_agent(runtime, calls)
+    phone_routes = []
+    if runtime.config.twilio is not None:  # the twilio package is the telephony extra's
+        from vllm_duplex.realtime.server.telephony.twilio_routes import twilio_routes
+
+        phone_routes = twilio_routes(runtime, calls, error_response)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -145,6 +152,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
             *call_routes(runtime, calls, error_response),
             *_sip_routes(runtime, calls, sip),
             *client_secret_routes(runtime, error_response),
+            *phone_routes,
             # A client given the server's base URL instead of the socket's (Pipecat
             # takes ``base_url`` as the socket URL itself) reaches the same socket.
             WebSocketRoute("/v1", realtime),

@@ -1,0 +1,160 @@
+"""The routes of Twilio phone calls (with a ``twilio:`` config section):
+
+- ``POST /v1/telephony/twilio/voice``: the number's "A call comes in"
+  webhook. Its ``X-Twilio-Signature`` is checked when an auth token is
+  configured (``403 invalid_signature`` otherwise); ``?profile=NAME`` picks a
+  session profile. It answers TwiML, built with the ``twilio`` package:
+  ``<Connect><Stream url="wss://…/v1/telephony/twilio/stream">`` whose
+  ``<Parameter>``s carry our call id, the profile, the caller's and the
+  called number, and the stream token (``twilio_auth``) back to us in the
+  stream's ``start``. At capacity it answers ``<Reject reason="busy"/>``: the
+  caller hears a busy signal instead of Twilio's application-error message.
+- ``WS /v1/telephony/twilio/stream``: the Media Stream (``twilio_stream``).
+
+Errors before the TwiML are the typed HTTP errors of every route.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+from twilio.twiml.voice_response import Connect, Stream, VoiceResponse
+from vllm_duplex.core.errors import Capacity, DuplexError
+from vllm_duplex.core.owner_ids import mint
+from vllm_duplex.core.session_config import SessionPatch
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.realtime.server.telephony.twilio_auth import TwilioAuth
+from vllm_duplex.realtime.server.telephony.twilio_stream import (
+    Refused,
+    TwilioCall,
+    await_start,
+    phone_patch,
+    refuse,
+)
+from vllm_duplex.realtime.server.webrtc.call import Calls
+from vllm_duplex.realtime.wire.codec import RealtimeCodec
+
+log = logging.getLogger(__name__)
+
+VOICE_PATH = "/v1/telephony/twilio/voice"
+STREAM_PATH = "/v1/telephony/twilio/stream"
+MAX_WEBHOOK_BYTES = 64 << 10  # Twilio's form is a few dozen short fields
+
+
+def twilio_routes(runtime: Runtime, calls: Calls,
+                  error_response: Callable[[DuplexError], JSONResponse]) -> list[Route | WebSocketRoute]:
+    settings = runtime.config.twilio
+    if settings is None:
+        return []
+    config = runtime.config
+    api_key = settings.api_key or (config.api_keys[0] if config.api_keys else None)
+    if config.api_keys and api_key not in config.api_keys:
+        raise ValueError("twilio.api_key must be one of api_keys")
+    codec = RealtimeCodec(model_aliases={n: runtime.model for n in config.model_names})
+    profiles: dict[str, SessionPatch] = {}
+    for name, raw in settings.profiles.items():
+        try:
+            profiles[name] = codec.session_patch(raw, param=f"twilio.profiles.{name}")
+        except DuplexError as err:
+            raise ValueError(f"twilio.profiles.{name}: {err.message}") from None
+    auth = TwilioAuth(settings.auth_token, require_token=bool(config.api_keys))
+    metrics = runtime.metrics
+
+    def signed_url(request: Request) -> str:
+        """The URL Twilio requested, which its signature covers."""
+        if settings.public_url is None:
+            return str(request.url)
+        query = request.url.query
+        return settings.public_url + request.url.path + (f"?{query}" if query else "")
+
+    def stream_url(request: Request) -> str:
+        base = settings.public_url or f"{request.url.scheme}://{request.url.netloc}"
+        return base.replace("https://", "wss://", 1).replace("http://", "ws://", 1) + STREAM_PATH
+
+    async def voice(request: Request) -> Response:
+        try:
+            if int(request.headers.get("content-length") or 0) > MAX_WEBHOOK_BYTES:
+                raise DuplexError("payload_too_large", "the webhook body is larger than "
+                                  "Twilio's form")
+            form = await request.form(max_files=0, max_fields=128)
+            try:
+                fields = {k: v for k, v in form.items() if isinstance(v, str)}
+            finally:
+                await form.close()
+            auth.check_signature(signed_url(request), fields,
+                                 request.headers.get("x-twilio-signature"))
+            profile = request.query_params.get("profile") or ("default" if "default" in profiles
+                                                              else "")
+            if profile and profile not in profiles:
+                raise DuplexError("invalid_value", f"no session profile {profile!r} "
+                                  "(twilio.profiles)", param="profile")
+            call_sid = fields.get("CallSid")
+            if not call_sid:
+                raise DuplexError("invalid_value", "the webhook has no CallSid: is it Twilio's "
+                                  "voice webhook?", param="CallSid")
+        except DuplexError as err:
+            metrics.errors.inc(code=err.code)
+            return error_response(err)
+        response = VoiceResponse()
+        try:
+            runtime.check_voice_room()
+        except Capacity:
+            log.info("twilio call %s refused: at capacity", call_sid)
+            response.reject(reason="busy")
+            return Response(str(response), media_type="application/xml")
+        call_id = mint("tw", runtime.manager.instance_id)
+        stream = Stream(url=stream_url(request))
+        stream.parameter(name="call_id", value=call_id)
+        stream.parameter(name="token", value=auth.stream_token(call_sid, call_id, profile,
+                                                               time.time()))
+        if profile:
+            stream.parameter(name="profile", value=profile)
+        for field, name in (("From", "from"), ("To", "to")):
+            if fields.get(field):
+                stream.parameter(name=name, value=fields[field])
+        connect = Connect()
+        connect.append(stream)
+        response.append(connect)
+        log.info("twilio call %s (%s): streaming to %s", call_id, call_sid, stream_url(request))
+        return Response(str(response), media_type="application/xml")
+
+    async def media_stream(ws: WebSocket) -> None:
+        await ws.accept()
+        try:
+            start = await await_start(ws, metrics)
+            if start is None:
+                return
+            if not start.media_format.is_mulaw_8k:
+                fmt = start.media_format
+                raise DuplexError("unsupported_audio_format", f"the stream is {fmt.encoding} at "
+                                  f"{fmt.sample_rate} Hz; a bidirectional stream is audio/x-mulaw "
+                                  "at 8000 Hz", param="start.mediaFormat")
+            params = start.custom_parameters
+            token, profile = params.get("token"), params.get("profile", "")
+            call_id = params.get("call_id", "") if token is not None else ""
+            auth.check_stream_token(token, start.call_sid, call_id, profile, time.time())
+            if profile and profile not in profiles:
+                raise DuplexError("invalid_value", f"no session profile {profile!r}",
+                                  param="profile")
+            session = await runtime.open_realtime_session(api_key, phone_patch(profiles.get(profile)))
+        except Refused as refused:
+            await refuse(ws, refused.err, metrics)
+            return
+        except DuplexError as err:
+            await refuse(ws, err, metrics)
+            return
+        call = TwilioCall(runtime, ws, start, call_id or mint("tw", runtime.manager.instance_id),
+                          session, on_end=calls.remove)
+        calls.add(call)  # type: ignore[arg-type]  # a sideband needs what RtcCall and it share
+        log.info("twilio call %s (%s): session %s", call.call_id, start.call_sid,
+                 session.session_id)
+        await call.run()
+
+    return [Route(VOICE_PATH, voice, methods=["POST"]),
+            WebSocketRoute(STREAM_PATH, media_stream)]
