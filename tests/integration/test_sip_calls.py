@@ -22,7 +22,7 @@ import pytest_asyncio
 import websockets
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
-from support.baresip import Baresip
+from support.baresip import RATE, Baresip
 from support.realtime_fixtures import LONG_REPLY, no_leaked_tasks, scripted_config, serve  # noqa: F401
 from support.sip_fixtures import (
     SECRET,
@@ -84,6 +84,17 @@ async def nothing_left(server, receiver):
     assert udp_sockets() <= before, "a call's RTP socket stayed open"
     while not receiver.deliveries.empty():  # webhooks of calls a test did not answer
         receiver.deliveries.get_nowait()
+
+
+def loud_frames(pcm: np.ndarray, level: float) -> list[int]:
+    """The 20 ms frames of ``pcm`` louder than ``level`` (RMS)."""
+    frames = pcm[:pcm.size // 160 * 160].reshape(-1, 160)
+    return [i for i, f in enumerate(frames) if rms(f) > level]
+
+
+def first_loud(pcm: np.ndarray, level: int, start: int = 0) -> int:
+    """The first sample at or after ``start`` louder than ``level``."""
+    return start + int(np.argmax(np.abs(pcm[start:].astype(np.int32)) > level))
 
 
 def uri(server, user: str = "agent", transport: str = "udp") -> str:
@@ -215,6 +226,36 @@ async def test_refer_transfers_the_caller_and_the_call_ends(server, receiver):
             pytest.fail("the transferred call did not end")
         assert (await post(server, f"/v1/realtime/calls/{second['call_id']}/hangup")).status_code == 200
         await phone.event("CALL_CLOSED")
+
+
+async def test_speech_over_the_reply_silences_the_outgoing_audio(server, receiver):
+    """The phone speaks again while the reply plays: what it hears goes
+    silent while it is still speaking, and the reply is cancelled."""
+    onset_s = 0.5 + 0.8 + 2.2
+    mic = np.concatenate([silence8k(0.5), tone8k(0.8), silence8k(2.2), tone8k(0.8, 330),
+                          silence8k(10.0)])
+    async with Baresip(mic) as phone:
+        call_id = await ring(server, receiver, phone)
+        assert (await post(server, f"/v1/realtime/calls/{call_id}/accept", {})).status_code == 200
+        async with sideband(server, call_id) as side:  # the reply comes ~2 s after: in time
+            started = await until(side, "output_audio_buffer.started")
+            done = await until(side, "response.done")
+            assert done["response"]["id"] == started["response_id"]
+            assert done["response"]["status"] == "cancelled"
+            await phone.hangup()
+            await phone.event("CALL_CLOSED")
+        sent, heard = phone.said(), phone.heard()
+    # The two recordings run at real time from the call's start to its end:
+    # aligned by their ends, a sample of one is the same moment in the other.
+    shift = sent.size - heard.size
+    onset = first_loud(sent, 1000, start=int((onset_s - 0.2) * RATE))
+    reply = loud_frames(heard, 300)
+    before = [f for f in reply if (f + 1) * 160 + shift <= onset]
+    assert before, "the reply was not playing when the phone spoke over it"
+    tail = [f for f in reply if onset < f * 160 + shift < onset + int(0.8 * RATE)]
+    silent_after_ms = ((max(tail) + 1) * 160 + shift - onset) / 8 if tail else 0.0
+    print(f"\nbarge-in: the phone heard the reply for {silent_after_ms:.0f} ms after it spoke")
+    assert silent_after_ms < 800, "the reply played on over the whole interruption"
 
 
 # ---- what goes wrong ---------------------------------------------------------------------

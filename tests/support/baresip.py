@@ -164,7 +164,14 @@ class Baresip:
 
     def heard(self) -> np.ndarray:
         """What the phone received (its decoded audio, recorded by sndfile)."""
-        files = sorted(glob.glob(os.path.join(self.dir, "dump-*-dec.wav")))
+        return self._recording("dec")
+
+    def said(self) -> np.ndarray:
+        """What the phone sent (its microphone as encoded, recorded by sndfile)."""
+        return self._recording("enc")
+
+    def _recording(self, which: str) -> np.ndarray:
+        files = sorted(glob.glob(os.path.join(self.dir, f"dump-*-{which}.wav")))
         if not files:
             raise AssertionError("sndfile recorded nothing: " + self.log())
         pcm, rate = read_wav(files[-1])
