@@ -101,9 +101,13 @@ setup(
             "av>=14,<20",
         ],
         # Phone calls (realtime/server/telephony): Twilio Media Streams use the
-        # twilio package's TwiML and its X-Twilio-Signature validator.
+        # twilio package's TwiML and its X-Twilio-Signature validator; SIP calls
+        # POST their signed realtime.call.incoming webhook with httpx, and
+        # standardwebhooks (the reference library) is how a receiver checks it.
         "telephony": [
             "twilio>=9.13,<10",
+            "httpx>=0.27",
+            "standardwebhooks>=1.0",
         ],
         "test": [
             "scikit-image>=0.21",  # its bundled astronaut portrait: a real face
