@@ -223,6 +223,20 @@ async def test_stop_ends_the_call_and_its_session(server):
     # (nothing_left checks that the session and the call are gone)
 
 
+async def test_the_hangup_route_ends_a_twilio_call_for_its_owner(server):
+    async with await answered(server) as phone:
+        side = await sideband(server, phone)  # (waits for the call to be up)
+        await side.close()
+        hangup = f"/v1/realtime/calls/{phone.parameters['call_id']}/hangup"
+        async with httpx.AsyncClient(base_url=server.http_url) as http:
+            r = await http.post(hangup, headers={"Authorization": "Bearer sk-wrong"})
+            assert r.status_code == 401
+            r = await http.post(hangup, headers={"Authorization": f"Bearer {KEY}"})
+            assert r.status_code == 200
+        closed = await phone.wait_closed()
+        assert (closed.rcvd.code, closed.rcvd.reason) == (1000, "hangup")
+
+
 async def test_the_socket_closing_without_stop_ends_the_session(server):
     phone = await answered(server)
     await phone.connect()
