@@ -202,6 +202,29 @@ async def test_the_hangup_route_says_bye_over_tcp(server, receiver):
         assert gone.status_code == 404
 
 
+async def test_the_session_closing_hangs_up_the_phone(server, receiver):
+    async with Baresip(QUESTION) as phone:
+        call_id = await ring(server, receiver, phone)
+        assert (await post(server, f"/v1/realtime/calls/{call_id}/accept", {})).status_code == 200
+        await phone.event("CALL_ESTABLISHED")
+        async with sideband(server, call_id) as side:
+            await side.send(json.dumps({"type": "session.close"}))
+            closed = await phone.event("CALL_CLOSED")
+        assert closed["param"] == "Connection reset by peer"  # baresip's words for a BYE it got
+
+
+async def test_a_call_nobody_answers_stops_ringing_with_480():
+    async with WebhookReceiver() as hooks:
+        config = with_sip(scripted_config(), webhook_url=hooks.url, ring_timeout_s=0.5)
+        async with serve(config) as srv:
+            async with Baresip(QUESTION) as phone:
+                await phone.dial(uri(srv))
+                await hooks.next()
+                closed = await phone.event("CALL_CLOSED")
+                assert "480" in closed.get("param", ""), closed
+            assert not agent_of(srv).ringing
+
+
 async def test_refer_transfers_the_caller_and_the_call_ends(server, receiver):
     async with Baresip(QUESTION) as phone:
         call_id = await ring(server, receiver, phone)

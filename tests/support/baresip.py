@@ -62,10 +62,9 @@ class Baresip:
         write_wav(self.dir / "mic.wav", microphone)
 
     def _config(self) -> str:
-        sip_port = free_tcp_port()
         return "\n".join([
             "poll_method epoll",
-            f"sip_listen 127.0.0.1:{sip_port}",
+            "sip_listen 127.0.0.1:0",  # any free port (for UDP, TCP and TLS each)
             f"audio_player aubridge,speaker",
             f"audio_source aufile,{self.dir / 'mic.wav'}",
             "audio_alert aubridge,alert",
