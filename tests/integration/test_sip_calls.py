@@ -312,6 +312,11 @@ async def test_malformed_sip_and_rtp_are_answered_or_dropped_and_the_call_goes_o
             await asyncio.sleep(0.01)
         assert call.dropped >= dropped + 2
         assert agent.malformed[400] >= 2 and agent.malformed[505] >= 1
+        async with httpx.AsyncClient(base_url=server.http_url) as http:
+            metrics = (await http.get("/metrics")).text
+        assert 'duplex_sip_malformed_total{status="505"}' in metrics
+        assert 'duplex_rtp_dropped_total{reason="malformed"}' in metrics
+        assert 'duplex_rtp_dropped_total{reason="payload_type"}' in metrics
         # The call still works: its digits still arrive, its session still answers.
         async with sideband(server, call_id) as side:
             await phone.send_digits("5")

@@ -91,6 +91,13 @@ def test_no_bytes_make_rtp_fail_other_than_by_its_error(data):
         pass
 
 
+def test_the_sequence_gate_drops_duplicates_and_late_packets_across_the_wrap():
+    gate = rtp.SequenceGate()
+    seqs = [65534, 65535, 65535, 0, 65533, 3, 2, 4]
+    passed = [s for s in seqs if gate.admit(rtp.RtpPacket(0, s, 0, 1, b"x"))]
+    assert passed == [65534, 65535, 0, 3, 4]  # 1 and 2 lost: 2 came after 3
+
+
 def _event(ts: int, code: int, end: bool) -> rtp.RtpPacket:
     return rtp.RtpPacket(101, 0, ts, 9, bytes([code, 0x80 if end else 0, 0, 160]))
 

@@ -5,6 +5,7 @@
 - ``RtpSender`` numbers and stamps what we send: one SSRC, sequence numbers
   and 8 kHz timestamps that run on, with the marker bit on the first packet
   of a talk spurt.
+- ``SequenceGate`` drops duplicates and late packets of the caller's audio.
 - ``DtmfReceiver`` turns telephone-event packets into digits, once each:
   a sender repeats an event's packets (and its end packet three times), all
   with the event's timestamp, so a digit is reported at its first packet
@@ -85,6 +86,24 @@ class RtpSender:
         self._seq = (self._seq + 1) & 0xFFFF
         self._ts = (self._ts + samples) & 0xFFFFFFFF
         return out
+
+
+class SequenceGate:
+    """Lets each packet of a stream through once, in order: a duplicate or
+    one older than the newest seen (within half the 16-bit sequence space)
+    is refused -- appending it would repeat or scramble the caller's audio.
+    A jump ahead (loss) passes."""
+
+    def __init__(self) -> None:
+        self._newest: int | None = None
+
+    def admit(self, packet: RtpPacket) -> bool:
+        if self._newest is not None:
+            ahead = (packet.sequence - self._newest) & 0xFFFF
+            if ahead == 0 or ahead >= 0x8000:
+                return False
+        self._newest = packet.sequence
+        return True
 
 
 class DtmfReceiver:

@@ -92,7 +92,7 @@ class _Tcp(asyncio.Protocol):
         try:
             messages = self.framer.feed(data)
         except sm.SipParseError as err:  # the stream cannot be framed any more: end it
-            self.agent.malformed[err.status] += 1
+            self.agent.count_malformed(err.status)
             self._send(f"SIP/2.0 {err.status} {sm.REASONS.get(err.status, 'Bad Request')}\r\n"
                        "Content-Length: 0\r\n\r\n".encode())
             assert self.transport is not None
@@ -108,6 +108,9 @@ class SipAgent:
         self.codec = RealtimeCodec(model_aliases={n: runtime.model for n in runtime.config.model_names})
         self.port = config.port
         self.malformed: Counter[int] = Counter()  # by the status they were answered with
+        self._malformed_metric = runtime.metrics.counter(
+            "duplex_sip_malformed_total", "SIP messages that could not be parsed, by the status "
+            "they were answered with")
         self.ringing: dict[str, SipDialog] = {}  # our call id -> a dialog not yet accepted
         self._rings: dict[str, asyncio.Task[None]] = {}  # its ring timeout
         self._dialogs: dict[str, SipDialog] = {}  # SIP Call-ID -> dialog
@@ -169,7 +172,7 @@ class SipAgent:
         try:
             message = sm.parse(data)
         except sm.SipParseError as err:
-            self.malformed[err.status] += 1
+            self.count_malformed(err.status)
             self._answer_malformed(data, err, send)
             return
         try:
@@ -183,6 +186,10 @@ class SipAgent:
             log.exception("SIP request failed")
             if isinstance(message, sm.SipRequest) and message.method != "ACK":
                 send(sm.response(message, 500).encode())
+
+    def count_malformed(self, status: int) -> None:
+        self.malformed[status] += 1
+        self._malformed_metric.inc(status=str(status))
 
     def _answer_malformed(self, data: bytes, err: sm.SipParseError,
                           send: Callable[[bytes], None]) -> None:

@@ -103,6 +103,9 @@ class SipCall:
         self._law = offer.encoding
         self._sender = rtp.RtpSender(offer.payload_type)
         self._dtmf = rtp.DtmfReceiver()
+        self._order = rtp.SequenceGate()
+        self._dropped_metric = runtime.metrics.counter(
+            "duplex_rtp_dropped_total", "RTP packets of calls dropped before the session, by reason")
         self._remote = (offer.address, offer.port)
         # Media may come from the SDP's address or the signalling peer's (a
         # phone on loopback announces its LAN address): from no one else.
@@ -149,11 +152,17 @@ class SipCall:
 
     # ---- RTP in -----------------------------------------------------------------------
 
+    def _drop(self, reason: str) -> None:
+        self.dropped += 1
+        self._dropped_metric.inc(reason=reason)
+
     def _received(self, data: bytes, addr: Any) -> None:
-        if addr[0] not in self._speakers or len(data) > _MAX_RTP_BYTES:
-            self.dropped += 1  # only the caller's media address may speak for the caller
+        if addr[0] not in self._speakers:
+            self._drop("stranger")  # only the caller's media address may speak for the caller
             return
         try:
+            if len(data) > _MAX_RTP_BYTES:
+                raise rtp.RtpError("larger than any packet of a call")
             packet = rtp.parse(data)
             if packet.payload_type == self.offer.dtmf_payload_type:
                 digit = self._dtmf.receive(packet)
@@ -161,9 +170,13 @@ class SipCall:
                     self.dtmf(digit)
                 return
             if packet.payload_type != self.offer.payload_type or not packet.payload:
-                raise rtp.RtpError(f"payload type {packet.payload_type} was not negotiated")
+                self._drop("payload_type")
+                return
         except rtp.RtpError:
-            self.dropped += 1
+            self._drop("malformed")
+            return
+        if not self._order.admit(packet):
+            self._drop("late")
             return
         self._remote = (addr[0], addr[1])  # symmetric RTP: answer where it comes from (NAT)
         self._append(packet.payload)
