@@ -342,10 +342,13 @@ class SipAgent:
             self._spawn(call.hangup(send_bye=False), "bye")
 
     def _sdp(self, dialog: SipDialog) -> bytes:
-        call = self._calls.get(dialog.sip_call_id)
-        port = call.rtp_port if call is not None else 0
-        return sdp.answer(dialog.offer, self.config.advertised_address, port,
-                          int(time.time())).encode()
+        """Our answer; the same bytes for every re-INVITE (the media never moves)."""
+        if dialog.answer is None:
+            call = self._calls.get(dialog.sip_call_id)
+            port = call.rtp_port if call is not None else 0
+            dialog.answer = sdp.answer(dialog.offer, self.config.advertised_address, port,
+                                       int(time.time())).encode()
+        return dialog.answer
 
     # ---- call control (the routes) -------------------------------------------------------
 

@@ -51,6 +51,7 @@ class SipDialog:
         self._retransmit: asyncio.Task[None] | None = None
         self._waiting: dict[int, asyncio.Future[sm.SipResponse]] = {}
         self.ack = asyncio.Event()  # the ACK of our final response came
+        self.answer: bytes | None = None  # our SDP, once accepted
 
     @property
     def sip_call_id(self) -> str:
