@@ -16,6 +16,7 @@ timer effects to carry out; whether the reply is paused is the turn's phase
 
 from __future__ import annotations
 
+from vllm_duplex.core import events as ev
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.session.effects import ArmTimer, CancelTimer
 from vllm_duplex.session.pacing import PACING
@@ -41,11 +42,13 @@ def pause(reply: Reply, config: SessionConfig, now: float) -> list[ArmTimer | Ca
     return effects
 
 
-def resume(reply: Reply, now: float) -> int:
-    """The reply goes on; returns the item position its audio resumes from."""
-    if reply.pacer is not None:
-        return reply.pacer.resume(now)
-    return reply.record.part.audio_ms if reply.record is not None else 0
+def resume(reply: Reply, now: float, reason: str, transcript: str) -> ev.ServerEvent:
+    """The reply goes on from where it was heard: the client is told where
+    (``duplex.output_audio.resumed``) and why (the words that were not a turn)."""
+    assert reply.record is not None
+    start = reply.pacer.resume(now) if reply.pacer is not None else reply.record.part.audio_ms
+    return ev.OutputAudioResumed(response_id=reply.id, item_id=reply.record.item.id,
+                                 audio_start_ms=start, reason=reason, transcript=transcript)
 
 
 def interrupts(*, user_speaking: bool, pause_judged: bool) -> bool:

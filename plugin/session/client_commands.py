@@ -78,7 +78,7 @@ def _response_cancel(core: SessionCore, c: cmd.ResponseCancel) -> None:
     if shown is None or (c.response_id and c.response_id != shown.id):
         raise DuplexError("response_cancel_not_active",
                           "there is no active response to cancel", param="response_id")
-    core.interrupt(InterruptReason.CLIENT_CANCELLED)
+    core.floor.interrupt(InterruptReason.CLIENT_CANCELLED)
 
 
 def _item_create(core: SessionCore, c: cmd.ItemCreate) -> None:
@@ -123,7 +123,7 @@ def _item_truncate(core: SessionCore, c: cmd.ItemTruncate) -> None:
         # playing it (the Agents SDK's interrupt() sends only this), so its output
         # stops and its .done events hold the heard part, as for a cancel.
         record.truncated()
-        core.interrupt(InterruptReason.CLIENT_CANCELLED)
+        core.floor.interrupt(InterruptReason.CLIENT_CANCELLED)
 
 
 def _duplex_input(core: SessionCore, c: cmd.DuplexInput) -> None:

@@ -10,21 +10,18 @@ checks the exact effects (``tests/unit/test_session_core.py``), the way
 python-websockets tests its ``Protocol`` with bytes.
 
 It is the single writer of the session's state -- fence gate, config,
-conversation, input buffer, active response, the policy's per-session
-state -- and it is the ``SessionView`` the policy reads. Messages are
-dispatched through one table by type: the client's commands
-(``client_commands.py``), stage outputs (the chain of ``decisions.py``: the
-gate first, so stale outputs die in one place; then the speculation, the
-turn end and the policy, whose decision ``decisions.apply`` carries out --
-a held reply's forward aside, done as it arrives) and the
-session-level rest here. Functions of the core compose its parts by concern
--- the output chain (``decisions.py``), a pause and the reply started in it
-(``pauses.py``), the reply's way out (``output.py``) -- and the parts own
-their small state and return what to do: the pause judge (``turn_end.py``),
-the held reply (``speculation.py``), pacing (``pacing.py``), barge-in timers
-(``barge_in.py``), the idle timeout (``idle.py``), the session's maximum
-length (``lifetime.py``), what an output shows (``rendering.py``) and a
-reply's request (``replies.py``).
+conversation, input buffer, the policy's per-session state -- and it is the
+``SessionView`` the policy reads. The turn's phase and the one reply are its
+``Floor``'s (``floor.py``), which it alone calls. Messages are dispatched
+through one table by type: the client's commands (``client_commands.py``),
+stage outputs (the chain of ``decisions.py``: the gate first, so stale
+outputs die in one place; then the held reply, the turn end and the policy,
+whose decision ``apply`` carries out) and the session-level rest here. The
+parts own their small state and return what to do: the pause judge
+(``turn_end.py``, composed by ``pauses.py``), the reply (``reply.py``),
+pacing (``pacing.py``), barge-in timers (``barge_in.py``), the idle timeout
+(``idle.py``), the session's maximum length (``lifetime.py``), what an
+output shows (``rendering.py``) and a reply's request (``replies.py``).
 """
 
 from __future__ import annotations
@@ -38,31 +35,26 @@ from typing import Any
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.contracts import AppendPlan, FenceBump, InterruptReason
-from vllm_duplex.core.conversation import ConversationItem, Response
+from vllm_duplex.core.contracts import AppendPlan, FenceBump, OutputDecision
+from vllm_duplex.core.conversation import ConversationItem
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.gate import FenceGate
 from vllm_duplex.core.input_sequence import InputSequence
 from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import AsrConfig, ContextMessage, StageOutput
-from vllm_duplex.core.session_config import (
-    SessionConfig,
-    check_modalities,
-    session_wire,
-    updated_config,
-)
+from vllm_duplex.core.payloads import AsrConfig, StageFailed, StageOutput
+from vllm_duplex.core.session_config import SessionConfig, session_wire, updated_config
 from vllm_duplex.policy import ModelPolicy
-from vllm_duplex.session import barge_in, decisions, idle, lifetime, output, pacing, pauses, turn_end
+from vllm_duplex.session import barge_in, decisions, idle, lifetime, pacing, pauses, turn_end
 from vllm_duplex.session.client_commands import COMMANDS
 from vllm_duplex.session.effects import (
     AckEvents,
     Cancel,
-    CancelTimer,
     Close,
     Effect,
-    Emit,
+    EffectLog,
     Failed,
+    Forward,
     FrameDecoded,
     Submit,
     TimerFired,
@@ -71,10 +63,10 @@ from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.limits import SessionLimits
-from vllm_duplex.session.phase import Phase, TurnPhase
-from vllm_duplex.session.replies import reply_request, reply_tools, response_context
+from vllm_duplex.session.floor import Floor
+from vllm_duplex.session.phase import Phase
+from vllm_duplex.session.replies import check_response, reply_request, reply_tools, response_context
 from vllm_duplex.session.reply import End, Reply
-from vllm_duplex.session.responses import ResponseRecord
 from vllm_duplex.session.turn_end import Pause
 from vllm_duplex.session.user_turn import UserTurn
 from vllm_duplex.session.video_input import VideoAdmission
@@ -119,29 +111,29 @@ class SessionCore:
         # The transcription prompt reaches an ASR stage where the policy routes one.
         self._asr_configurable = any(issubclass(AsrConfig, kinds) for kinds in needs.sends.values())
         self._policy_state = policy.new_state()
-        self._seq = 0
+        self.out = EffectLog(self.gate, now)
         self.input_seq = InputSequence(max_chunk_bytes=1 << 62, max_total_bytes=1 << 62)
         self.conversation = ItemStore(limits.max_items)
         self.input = InputBuffer(config.input_format, max_ms=limits.max_buffer_ms)
         self.input.set_noise_reduction(config.noise_reduction)
         self.user = UserTurn(make_id)
         self.video = VideoAdmission(limits.video, started_at=now)
-        self.reply: Reply | None = None  # the one reply: held (speculated) or shown
-        self.phase = TurnPhase()  # listening, paused, answer held, responding, barge paused
         self.latency = TurnLatency(metrics.stage_latency, metrics.critical_path)
         self.pause = Pause()  # semantic_vad: the pause being judged
         self.idle = idle.IdleTimer()  # server_vad's idle_timeout_ms
+        # The turn's phase and the one reply (held or shown).
+        self.floor = Floor(self.out, self.gate, config=config, metrics=metrics,
+                           latency=self.latency, conversation=self.conversation, user=self.user,
+                           pause=self.pause, idle_timer=self.idle, make_id=make_id,
+                           session_id=session_id)
         # What a fired timer (effects.ArmTimer) runs, by name.
         self.timers: dict[str, Callable[[], None]] = {
             turn_end.TIMER: lambda: pauses.due(self),
-            pacing.PACING: lambda: output.send_due(self),
-            barge_in.BARGE_IN: lambda: output.barge_in_due(self),
+            pacing.PACING: self.floor.send_due,
+            barge_in.BARGE_IN: self.floor.barge_in_due,
             idle.IDLE: lambda: idle.due(self),
             lifetime.WARNING: lambda: lifetime.warn(self),
             lifetime.END: lambda: lifetime.end(self)}
-        self._effects: list[Effect] = []
-        self._now = now
-        self._received_at = now
 
     # ---- SessionView (what the policy may read) ---------------------------
 
@@ -186,13 +178,12 @@ class SessionCore:
     @property
     def output_paused(self) -> bool:
         """The reply is paused by speech over it (adaptive interruptions)."""
-        return self.phase.value is Phase.BARGE_PAUSED
+        return self.floor.phase.value is Phase.BARGE_PAUSED
 
     @property
     def shown(self) -> Reply | None:
         """The reply the client sees (None: none, or one still held)."""
-        reply = self.reply
-        return reply if reply is not None and reply.visible else None
+        return self.floor.shown
 
     # ---- what the runner reads -------------------------------------------
 
@@ -217,7 +208,7 @@ class SessionCore:
         """The session's first effects: ``session.created``, and the VAD's
         configuration. Errors propagate: a session that cannot start is not
         admitted."""
-        self._now = self._received_at = now
+        self.out.now = self.out.received_at = now
         self.emit(ev.SessionCreated(session=self.session_object(), resume_token=resume_token))
         if self._config.turn_detection is not None:
             self.execute(self.policy.plan_append(self, self.user.vad_config(self._config)))
@@ -230,8 +221,8 @@ class SessionCore:
         mailbox; latencies are measured from there). A client's mistake
         becomes an error event echoing its ``event_id``; a bug in one
         command becomes ``internal_error`` and the session goes on."""
-        self._now = now
-        self._received_at = now if received_at is None else received_at
+        self.out.now = now
+        self.out.received_at = now if received_at is None else received_at
         try:
             handler = _HANDLERS.get(type(message))
             if handler is None:
@@ -246,31 +237,25 @@ class SessionCore:
         return self._take()
 
     def _take(self) -> list[Effect]:
-        effects, self._effects = self._effects, []
-        return effects
+        return self.out.take()
 
     # ---- the operations the core's own modules compose -----------------------
 
     @property
     def now(self) -> float:
         """The time of the message being handled."""
-        return self._now
+        return self.out.now
 
     @property
     def received_at(self) -> float:
         """When the message being handled entered the mailbox."""
-        return self._received_at
+        return self.out.received_at
 
     def effect(self, effect: Effect) -> None:
-        self._effects.append(effect)
+        self.out.add(effect)
 
     def emit(self, event: ev.ServerEvent) -> None:
-        self._seq += 1
-        self._effects.append(Emit(ev.Envelope(self._seq, self.gate.fence, event)))
-
-    def emit_all(self, events: Sequence[ev.ServerEvent]) -> None:
-        for event in events:
-            self.emit(event)
+        self.out.emit(event)
 
     def error(self, err: DuplexError) -> None:
         self.metrics.errors.inc(code=err.code)
@@ -279,8 +264,8 @@ class SessionCore:
     def fail(self, err: DuplexError) -> None:
         """A stage failed: the client hears of it, and the reply shown fails."""
         self.error(err)
-        if self.shown is not None:
-            self.end_reply(End.FAILED, error=err.to_wire())
+        if self.floor.shown is not None:
+            self.floor.end(End.FAILED, error=err.to_wire())
 
     def execute(self, plan: AppendPlan, *, ingest: bool = False) -> None:
         """Carry out a policy plan: move the fence first, then submit.
@@ -292,26 +277,18 @@ class SessionCore:
             self._advance(self.fence.next_epoch())
         fence = self.gate.fence
         for sub in plan.submissions:
-            self._effects.append(Submit(sub.stage, fence, sub.role, sub.payload))
+            self.out.add(Submit(sub.stage, fence, sub.role, sub.payload))
         if ingest and plan.submissions:
-            self.metrics.ingest_latency.observe(self._now - self._received_at)
+            self.metrics.ingest_latency.observe(self.out.now - self.out.received_at)
 
     def _advance(self, fence: Fence) -> None:
         """A plan moved the fence: every output under way is void (the gate
         drops it, the stages abort it), a held reply with them."""
         self.gate.advance(fence)
         self.metrics.epoch_bumps.inc()
-        self._effects.append(Cancel(fence))
-        if self.reply is not None and not self.reply.visible:
-            self.end_reply(End.DISCARDED, voided=True)
-
-    def rest(self) -> None:
-        """With no reply, the phase follows the pause: judged, or listening."""
-        if self.phase.value in (Phase.LISTENING, Phase.PAUSED):
-            self.phase.to(self._at_rest())
-
-    def _at_rest(self) -> Phase:
-        return Phase.PAUSED if self.pause.pausing else Phase.LISTENING
+        self.out.add(Cancel(fence))
+        if self.floor.held is not None:
+            self.floor.end(End.DISCARDED, voided=True)
 
     def commit_input(self) -> None:
         """The input buffer becomes a user item (a commit, or server VAD's end of turn)."""
@@ -319,7 +296,7 @@ class SessionCore:
         for err in errors:  # e.g. an odd PCM16 byte count: reported, the turn is kept
             self.error(err)
         item, committed = self.user.commit(audio)
-        self.latency.committed(self._now)
+        self.latency.committed(self.out.now)
         previous = self.conversation.insert(item)
         self.emit(ev.InputAudioBufferCommitted(item_id=item.id, previous_item_id=previous))
         self.emit(ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous))
@@ -330,7 +307,7 @@ class SessionCore:
 
     def _on_update(self, c: cmd.SessionUpdate) -> None:
         old, new = self._config, updated_config(self._config, c.patch, self.caps, self.policy.name)
-        self._config = new
+        self._config = self.floor.config = new
         self.input.set_format(new.input_format)
         self.input.set_noise_reduction(new.noise_reduction)
         if new.turn_detection is not None and new.turn_detection != old.turn_detection:
@@ -346,12 +323,12 @@ class SessionCore:
             self.execute(self.policy.plan_append(self, AsrConfig(prompt)))
 
     def _on_event_ack(self, c: cmd.EventAck) -> None:
-        self._effects.append(AckEvents(c.seq))
+        self.out.add(AckEvents(c.seq))
 
     def _on_close(self, c: cmd.SessionClose) -> None:
         reason = CloseReason(c.reason)
         self.emit(ev.SessionClosed(reason=reason.value))
-        self._effects.append(Close(reason))  # nothing queued behind the close may run
+        self.out.add(Close(reason))  # nothing queued behind the close may run
 
     # ---- what the runner reports back ---------------------------------------
 
@@ -369,129 +346,64 @@ class SessionCore:
     def _on_stage_output(self, out: StageOutput) -> None:
         decisions.walk(self, out)
 
-    # ---- the reply (reply.py): asked for, claimed, ended ---------------------
+    def apply(self, out: StageOutput, decision: OutputDecision, *,
+              forwarded: bool = False) -> None:
+        """Carry out the policy's ``decision`` about ``out``, in one fixed
+        order (``forwarded``: a held output, already sent on while held)."""
+        payload = out.payload
+        floor = self.floor
+        if decision.emit:
+            self.show(payload if decision.render is None else decision.render)
+        if decision.pause_output:
+            floor.pause()
+        if decision.plan is not None:
+            self.execute(decision.plan)
+        if decision.interrupt is not None:
+            floor.interrupt(decision.interrupt)
+        if decision.forward is not None and not forwarded:
+            self.out.add(Forward(out, decision.forward))
+        if decision.commit_turn and self.input.samples > 0:
+            self.commit_input()
+        if decision.create_response and floor.shown is None and self._config.responds:
+            self.create_response(cmd.ResponseOptions())
+        if decision.dismiss is not None:
+            self.input.clear()
+            self.user.dismiss()
+            floor.dismiss(decision.dismiss, getattr(payload, "text", ""))
+        if decision.finish_response:
+            floor.finish()
+
+    def show(self, payload: object) -> None:
+        """A stage failure is an error that fails the reply; the floor shows the rest."""
+        if type(payload) is StageFailed:
+            self.fail(payload.error)
+        else:
+            self.floor.show(payload)
+
+    # ---- a reply asked for (the floor starts, claims and ends it) ---------------
 
     def create_response(self, options: cmd.ResponseOptions) -> None:
         if not self._config.responds:
             raise DuplexError("capability_unsupported", "a transcription session makes no "
                               "responses (open a realtime session to get answers)",
                               param="type")
-        if self.shown is not None:
+        if self.floor.shown is not None:
             raise DuplexError("conversation_already_has_active_response",
-                              f"response {self.shown.id} is still in progress; cancel it "
+                              f"response {self.floor.shown.id} is still in progress; cancel it "
                               "or wait for response.done")
         if self._generator not in self.stage_names:
             raise DuplexError("capability_unsupported", "this pipeline has no generating stage")
-        modalities = tuple(options.output_modalities or self._config.output_modalities)
-        check_modalities(modalities, self.caps, param="response.output_modalities")
+        check_response(self._config, self.caps, options)
         tools = reply_tools(self._config, options)
-        idle.void(self)
-        in_conversation = options.conversation != "none"
-        fmt = options.output_format or self._config.output_format
+        for effect in idle.void(self.idle):
+            self.out.add(effect)
         context = response_context(self.policy, self, self.conversation, options)
-        # A reply started at the pause with exactly this context (and the
-        # session's tools, which it ran with) is used; any other is void --
-        # also when this response cannot use it at all (its own tools, or
-        # outside the conversation): left running, it would speak unseen and
-        # hold this response's request behind it.
-        own_tools = options.tools is not None or options.tool_choice is not None
-        reply = self.reply
-        if reply is not None and in_conversation and not own_tools and reply.claimable(context):
-            self.metrics.speculations.inc(outcome="used")
-        else:
-            self.end_reply(End.DISCARDED)
-            reply = None
-        response = Response(
-            id=reply.id if reply is not None else self.make_id("resp"),
-            conversation_id=None if not in_conversation else "conv_" + self.session_id,
-            output_modalities=modalities, output_format=fmt.wire(),
-            voice=options.voice or self._config.voice,
-            max_output_tokens=options.max_output_tokens or self._config.max_output_tokens,
-            metadata=options.metadata)
-        record = ResponseRecord.after(response, self.make_id("item"), self.conversation,
-                                      in_conversation=in_conversation, output_format=fmt)
-        times = self.latency.response_created(self._now)
-        pacer = pacing.new_pacer(self._config.pacing) if "audio" in modalities else None
-        submit = None
-        if reply is None:
-            fence = self.fence
-            reply = Reply(response.id, fence.request_id("llm"))
-            self.latency.reply_started(reply.id, self._now, times.trace)
-            submit = Submit(self._generator, fence, "llm", reply_request(
-                self.policy, self, reply.id, context, options, tools))
-        self.reply = reply
-        held = reply.show(record, times, pacer)
-        self.phase.to(Phase.RESPONDING)
-        self.emit_all(record.start_events())
-        if submit is not None:
-            self._effects.append(submit)
+        reply, held, new = self.floor.respond(options, context)
+        if new:
+            self.out.add(Submit(self._generator, self.fence, "llm", reply_request(
+                self.policy, self, reply.id, context, options, tools)))
         for out, decision in held:  # its held output goes out now, the rest as it comes
-            decisions.apply(self, out, decision, forwarded=True)
-
-    def discard_speculation(self) -> bool:
-        """A held reply ends unseen: one epoch bump, nothing of it reaches the
-        client, its request is aborted. False: there was none."""
-        if self.reply is None or self.reply.visible:
-            return False
-        self.end_reply(End.DISCARDED)
-        return True
-
-    def interrupt(self, reason: InterruptReason) -> None:
-        """Barge-in or cancel of the reply shown (``End.TURN_DETECTED`` or
-        ``End.CANCELLED``)."""
-        if self.shown is not None:
-            self.end_reply(End.TURN_DETECTED if reason is InterruptReason.TURN_DETECTED
-                           else End.CANCELLED)
-
-    def finish_response(self) -> None:
-        shown = self.shown
-        if shown is None:
-            return
-        if self.phase.value is Phase.BARGE_PAUSED or not shown.drained:
-            # response.done goes after its last audio, and not while speech
-            # over it may still cancel it
-            shown.complete = True
-            return
-        self.end_reply(End.COMPLETED)
-
-    def end_reply(self, end: End, *, error: dict | None = None, voided: bool = False) -> None:
-        """The one way a reply ends. Where it is void (``end.voids``), the
-        fence moves first (one epoch bump): once the gate has moved nothing of
-        it can reach the client, so silence comes before the stages finish
-        aborting. Then its ``response.done`` (cut to what was heard), the
-        cancel of its stage requests, its timers. ``voided``: a plan moved
-        the fence already."""
-        reply = self.reply
-        if reply is None:
-            return
-        self.reply = None
-        barge_paused = self.phase.value is Phase.BARGE_PAUSED
-        self.phase.to(self._at_rest())
-        fence = None
-        if end.voids and not voided:
-            fence = self.fence.next_epoch()
-            self.gate.advance(fence)
-            self.metrics.epoch_bumps.inc()
-        m = self.metrics
-        if end is End.DISCARDED:
-            m.speculations.inc(outcome="discarded")
-        elif end.interrupt is not None:
-            m.interrupts.inc(reason=end.interrupt.value)
-            if barge_paused:
-                m.barge_ins.inc(outcome="interrupted")
-            elif end is End.TURN_DETECTED and not self.user.speaking:
-                m.visible_revisions.inc()  # not speech over it: its words changed under it
-        ending = reply.finish(end, self._now, error)
-        self.emit_all(ending.events)
-        if end.interrupt is not None:
-            m.cancel_latency.observe(self._now - self._received_at)
-        if fence is not None:
-            self._effects.append(Cancel(fence))
-        self._effects.extend(ending.timers)
-        if barge_paused:
-            self._effects.append(CancelTimer(barge_in.BARGE_IN))
-        if end is End.COMPLETED:
-            idle.arm(self, reply)
+            self.apply(out, decision, forwarded=True)
 
 
 # What handles each message, by its exact type (the codec and the runner make

@@ -33,14 +33,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.contracts import OutputDecision
 from vllm_duplex.core.payloads import AudioOut, StageFailed, StageOutput, TextDelta, ToolCall
-from vllm_duplex.session import output, pauses
+from vllm_duplex.session import pauses
 from vllm_duplex.session.effects import Close, Forward
 from vllm_duplex.session.phase import Phase
-from vllm_duplex.session.reply import End
 
 if TYPE_CHECKING:
     from vllm_duplex.session.core import SessionCore
@@ -55,35 +53,10 @@ def walk(core: SessionCore, out: StageOutput) -> None:
             return
 
 
-def apply(core: SessionCore, out: StageOutput, decision: OutputDecision, *,
-          forwarded: bool = False) -> None:
-    """Carry out the policy's ``decision`` about ``out`` (``forwarded``: it
-    already went to the next stage, while it was held)."""
-    payload = out.payload
-    if decision.emit:
-        output.show(core, payload if decision.render is None else decision.render)
-    if decision.pause_output:
-        output.pause(core)
-    if decision.plan is not None:
-        core.execute(decision.plan)
-    if decision.interrupt is not None:
-        core.interrupt(decision.interrupt)
-    if decision.forward is not None and not forwarded:
-        core.effect(Forward(out, decision.forward))
-    if decision.commit_turn and core.input.samples > 0:
-        core.commit_input()
-    if decision.create_response and core.shown is None and core.config.responds:
-        core.create_response(cmd.ResponseOptions())
-    if decision.dismiss is not None:
-        output.dismiss(core, decision.dismiss, getattr(payload, "text", ""))
-    if decision.finish_response:
-        core.finish_response()
-
-
 def decide(core: SessionCore, out: StageOutput) -> OutputDecision:
     """Ask the policy about ``out`` and carry out its answer."""
     decision = core.policy.decide_output(core, out)
-    apply(core, out, decision)
+    core.apply(out, decision)
     return decision
 
 
@@ -118,11 +91,11 @@ def _fatal(core: SessionCore, out: StageOutput) -> bool:
 
 
 def _speculation(core: SessionCore, out: StageOutput) -> bool:
-    reply = core.reply
-    if core.phase.value is not Phase.ANSWER_HELD or reply is None or not reply.owns(out):
+    reply = core.floor.held
+    if core.floor.phase.value is not Phase.ANSWER_HELD or reply is None or not reply.owns(out):
         return False
     if type(out.payload) is StageFailed:
-        core.end_reply(End.DISCARDED)  # it failed before anyone asked for it: quietly
+        core.floor.discard()  # it failed before anyone asked for it: quietly
         return True
     decision = core.policy.decide_output(core, out)
     reply.keep(out, decision)

@@ -16,13 +16,15 @@ against the socket), so the hot path does not pay an effect per counter.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import Envelope
+from vllm_duplex.core.events import Envelope, ServerEvent
 from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.gate import FenceGate
 from vllm_duplex.core.payloads import StageOutput, VideoFrame
 
 # ---- messages (beyond commands and stage outputs) ---------------------------
@@ -158,3 +160,37 @@ class TimerFired:
 
 
 Effect = Effect | ArmTimer | CancelTimer
+
+
+# ---- the effects of one message, in order ------------------------------------
+
+
+class EffectLog:
+    """What handling one message causes, in order, and the message's time.
+
+    The session core and its parts (``floor.Floor``) write here; the core's
+    ``handle`` takes the list. Events are numbered here (``seq``) and stamped
+    with the gate's fence as it is when they are emitted: an event emitted
+    after an epoch bump carries the new epoch."""
+
+    def __init__(self, gate: FenceGate, now: float) -> None:
+        self._gate = gate
+        self._seq = 0
+        self._effects: list[Any] = []
+        self.now = now  # the time of the message being handled
+        self.received_at = now  # when it entered the mailbox (latencies count from there)
+
+    def add(self, effect: Any) -> None:
+        self._effects.append(effect)
+
+    def emit(self, event: ServerEvent) -> None:
+        self._seq += 1
+        self._effects.append(Emit(Envelope(self._seq, self._gate.fence, event)))
+
+    def emit_all(self, events: Sequence[ServerEvent]) -> None:
+        for event in events:
+            self.emit(event)
+
+    def take(self) -> list[Any]:
+        effects, self._effects = self._effects, []
+        return effects

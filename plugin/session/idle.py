@@ -13,7 +13,8 @@ as does any response; the next reply that plays out arms it again. Only
 server_vad has it (semantic_vad's turns are the model's judgement; a
 transcription session makes no responses).
 
-Pure: functions of the core's ``IdleTimer`` that arm, void and fire it.
+Pure: functions of the core's ``IdleTimer`` that arm and void it (and return
+the timer effects), and ``due``, the core's work when it fires.
 """
 
 from __future__ import annotations
@@ -47,22 +48,24 @@ def timeout_ms(config: SessionConfig) -> int | None:
     return td.idle_timeout_ms
 
 
-def arm(core: SessionCore, reply: Reply) -> None:
-    """A reply completed: the silence counts from when it has played out."""
-    ms = timeout_ms(core.config)
+def arm(timer: IdleTimer, config: SessionConfig, reply: Reply, now: float,
+        onsets: int) -> list[ArmTimer]:
+    """A reply completed: the silence counts from when it has played out
+    (``onsets``: the user's speech onsets so far; one more voids it)."""
+    ms = timeout_ms(config)
     if ms is None:
-        return
-    timer = core.idle
-    timer.due_at = reply.played_out_at(core.now) + ms / 1000.0
-    timer.onsets = core.user.onsets
-    core.effect(ArmTimer(IDLE, timer.due_at))
+        return []
+    timer.due_at = reply.played_out_at(now) + ms / 1000.0
+    timer.onsets = onsets
+    return [ArmTimer(IDLE, timer.due_at)]
 
 
-def void(core: SessionCore) -> None:
+def void(timer: IdleTimer) -> list[CancelTimer]:
     """A response starts (or the session stops responding): no prompt due."""
-    if core.idle.due_at is not None:
-        core.idle.due_at = None
-        core.effect(CancelTimer(IDLE))
+    if timer.due_at is None:
+        return []
+    timer.due_at = None
+    return [CancelTimer(IDLE)]
 
 
 def due(core: SessionCore) -> None:

@@ -43,7 +43,6 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.session import decisions
 from vllm_duplex.session.effects import ArmTimer, CancelTimer, Submit
-from vllm_duplex.session.phase import Phase
 from vllm_duplex.session.replies import reply_context, reply_request, reply_tools
 from vllm_duplex.session.reply import Reply
 from vllm_duplex.session.speculation import SPECULATE_P
@@ -111,7 +110,7 @@ def take(core: SessionCore, out: StageOutput) -> bool:
     if kind is VadSpeechStarted:
         # A new turn: a speculation nothing claimed (e.g. the last turn's
         # words were noise) is void.
-        core.discard_speculation()
+        core.floor.discard()
     return False
 
 
@@ -135,7 +134,7 @@ def _paused(core: SessionCore, out: StageOutput, *, hold: bool) -> None:
     pause.open = True
     if hold and pause.held is None:
         pause.held = out
-        core.rest()
+        core.floor.rest()
     core.latency.paused(out.payload.audio_ms, core.now)
     decision = _observe(core, UserPaused(out.payload.audio_ms))
     asked = decision.plan.submissions if decision.plan is not None else ()
@@ -180,11 +179,11 @@ def _resume(core: SessionCore) -> None:
     """Speech again: the pause did not end the turn."""
     pause = core.pause
     pause.close()
-    core.rest()
+    core.floor.rest()
     pause.decider.speech()
     core.latency.pause_resumed()
     core.effect(CancelTimer(TIMER))
-    discarded = core.discard_speculation()
+    discarded = core.floor.discard()
     _observe(core, UserResumed(speculation_discarded=discarded))
 
 
@@ -192,7 +191,7 @@ def _commit(core: SessionCore) -> None:
     pause = core.pause
     held = pause.held
     pause.close()
-    core.rest()
+    core.floor.rest()
     assert held is not None
     td = core.config.turn_detection
     assert td is not None
@@ -219,7 +218,7 @@ def _answering(core: SessionCore, words: str) -> tuple[ContextMessage, ...]:
 def speculate(core: SessionCore, words: str) -> None:
     """Answer ``words`` (the user's turn so far) ahead of the commit, held."""
     td = core.config.turn_detection
-    if (core.reply is not None or not words.strip()
+    if (core.floor.reply is not None or not words.strip()
             or not core.config.responds or td is None or not td.create_response
             or core.generator not in core.stage_names):
         return
@@ -229,8 +228,6 @@ def speculate(core: SessionCore, words: str) -> None:
     reply = Reply(core.make_id("resp"), fence.request_id("llm"), answers=words, context=context)
     request = reply_request(core.policy, core, reply.id, context, options,
                             reply_tools(core.config, options))
-    core.reply = reply
-    core.phase.to(Phase.ANSWER_HELD)
-    core.metrics.speculations.inc(outcome="started")
+    core.floor.speculate(reply)
     core.latency.reply_started(reply.id, core.now)
     core.effect(Submit(core.generator, fence, "llm", request))

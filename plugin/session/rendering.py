@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.payloads import (
@@ -31,8 +31,10 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import TurnLatency
-from vllm_duplex.session.reply import Reply
 from vllm_duplex.session.user_turn import UserTurn
+
+if TYPE_CHECKING:
+    from vllm_duplex.session.reply import Reply
 
 Events = list[ev.ServerEvent]
 

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.conversation import ConversationItem, context_messages
+from vllm_duplex.core.conversation import ConversationItem, Response, context_messages
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.payloads import ContextMessage, GenerateRequest
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.core.session_config import AudioFormat, SessionConfig, check_modalities
+from vllm_duplex.core.contracts import Capabilities
 from vllm_duplex.policy import ModelPolicy, SessionView
 from vllm_duplex.session.items import ItemStore
 
@@ -34,6 +35,27 @@ def reply_tools(config: SessionConfig, options: cmd.ResponseOptions) -> Tools:
         raise DuplexError("invalid_value", f"tool_choice names no declared tool "
                           f"({choice.get('name')!r})", param=param)
     return tools, choice
+
+
+def check_response(config: SessionConfig, caps: Capabilities,
+                   options: cmd.ResponseOptions) -> None:
+    """Modalities the policy cannot make are the client's mistake."""
+    modalities = tuple(options.output_modalities or config.output_modalities)
+    check_modalities(modalities, caps, param="response.output_modalities")
+
+
+def new_response(config: SessionConfig, options: cmd.ResponseOptions, response_id: str,
+                 session_id: str) -> tuple[Response, AudioFormat]:
+    """The response ``options`` ask for, and the audio format it speaks in."""
+    modalities = tuple(options.output_modalities or config.output_modalities)
+    fmt = options.output_format or config.output_format
+    return Response(
+        id=response_id,
+        conversation_id=None if options.conversation == "none" else "conv_" + session_id,
+        output_modalities=modalities, output_format=fmt.wire(),
+        voice=options.voice or config.voice,
+        max_output_tokens=options.max_output_tokens or config.max_output_tokens,
+        metadata=options.metadata), fmt
 
 
 def reply_context(policy: ModelPolicy[Any], view: SessionView[Any],

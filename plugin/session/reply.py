@@ -38,9 +38,10 @@ from vllm_duplex.core import events as ev
 from vllm_duplex.core.contracts import InterruptReason, OutputDecision
 from vllm_duplex.core.conversation import ResponseStatus
 from vllm_duplex.core.payloads import AudioOut, ContextMessage, StageFailed, StageOutput
-from vllm_duplex.session.effects import CancelTimer
+from vllm_duplex.session.effects import ArmTimer, CancelTimer
 from vllm_duplex.session.latency import ResponseTimes
-from vllm_duplex.session.pacing import PACING, OutputPacer
+from vllm_duplex.session.pacing import PACING, OutputPacer, due_frames
+from vllm_duplex.session.rendering import Scope, audio_going_out
 from vllm_duplex.session.responses import ResponseRecord
 from vllm_duplex.session.speculation import same_context
 
@@ -126,6 +127,19 @@ class Reply:
         if self.first_audio_at is None:
             self.first_audio_at = now
         return self.record.on_audio(p)
+
+    def send_due(self, scope: Scope) -> tuple[list[ev.ServerEvent], ArmTimer | None]:
+        """Its paced frames due now, rendered (a frame keeps its events: resent
+        as they were after a resume), and the timer of the next frame (None:
+        none due -- drained, or paused)."""
+        assert self.pacer is not None
+        frames, timer = due_frames(self.pacer, scope.now)
+        events: list[ev.ServerEvent] = []
+        for frame in frames:
+            if not frame.events:
+                frame.events = audio_going_out(scope, self, frame.audio)
+            events += frame.events
+        return events, None if self.pacer.drained else timer
 
     @property
     def drained(self) -> bool:

@@ -271,7 +271,7 @@ def test_a_probability_of_fewer_words_than_were_heard_does_not_judge_the_pause()
     assert not [e for e in effects if isinstance(e, Submit)]
     tl.at(2.16, TurnEndProbability(COMPLETE, "tell me a joke about cats"), "llm")
     assert tl.timer.at == pytest.approx(2.0 + EAGERNESS_TIMING["auto"].fast_ms / 1000)
-    assert tl.core.reply.answers == "tell me a joke about cats"
+    assert tl.core.floor.reply.answers == "tell me a joke about cats"
 
 
 def test_silence_alone_ends_the_turn_at_the_cap():
@@ -443,7 +443,7 @@ def test_a_response_the_client_asks_for_in_its_own_way_voids_the_held_reply(crea
         tools=tuple(create.get("tools", ())) or None)), 2.4)
     f1 = Fence("s").next_epoch()
     assert Cancel(f1) in effects and tl.core.fence == f1
-    assert tl.core.reply.id != rid  # the one reply is the new one, shown
+    assert tl.core.floor.reply.id != rid  # the one reply is the new one, shown
     assert tl.core.metrics.speculations.get(outcome="discarded") == 1
     [new] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
     assert new.fence == f1 and new.payload.response_id != rid

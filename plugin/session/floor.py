@@ -1,0 +1,249 @@
+"""``Floor``: who has the floor -- the turn's phase -- and the one reply that
+may hold it.
+
+The session core owns one ``Floor`` and is its only caller. The floor is the
+single writer of the turn's phase (``phase.py``) and of the reply slot: a
+reply is started (``speculate``: held; ``respond``: shown, or the held one
+claimed), goes out (``show``, ``send_due``: paced), is paused by speech over
+it and resumed or cut (``pause``, ``dismiss``, ``barge_in_due``), and ends
+one way, ``end(End...)``:
+
+* where the reply is void (cancelled, cut by speech, discarded unseen) the
+  fence moves first -- one epoch bump: once the gate has moved nothing of it
+  can reach the client, so silence comes before the stages finish aborting;
+* then its ``response.done`` and the item's end (cut to what was heard),
+  the ``Cancel`` of its stage requests, its timers; a completed reply arms
+  the idle timeout.
+
+What it needs of the session it is given once (the effect log, the gate,
+the metrics, the latency tracker, the conversation, the user's turn, the
+pause, the idle timer) or per call; it never holds the core, and what it
+does comes back as effects in the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vllm_duplex.core import commands as cmd
+from vllm_duplex.core.contracts import InterruptReason, OutputDecision
+from vllm_duplex.core.gate import FenceGate
+from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.core.payloads import AudioOut, ContextMessage, StageOutput
+from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.session import barge_in, idle, pacing, rendering
+from vllm_duplex.session.effects import Cancel, CancelTimer, EffectLog
+from vllm_duplex.session.items import ItemStore
+from vllm_duplex.session.latency import TurnLatency
+from vllm_duplex.session.phase import Phase, TurnPhase
+from vllm_duplex.session.replies import new_response
+from vllm_duplex.session.reply import End, Reply
+from vllm_duplex.session.responses import ResponseRecord
+from vllm_duplex.session.turn_end import Pause
+from vllm_duplex.session.user_turn import UserTurn
+
+Held = list[tuple[StageOutput, OutputDecision]]
+
+
+class Floor:
+    def __init__(self, out: EffectLog, gate: FenceGate, *, config: SessionConfig,
+                 metrics: Metrics, latency: TurnLatency, conversation: ItemStore, user: UserTurn,
+                 pause: Pause, idle_timer: idle.IdleTimer, make_id: Callable[[str], str],
+                 session_id: str) -> None:
+        self.phase = TurnPhase()
+        self.reply: Reply | None = None  # held (speculated) or shown
+        self.config = config  # the session's; the core sets it on session.update
+        self._out = out
+        self._gate = gate
+        self._metrics = metrics
+        self._latency = latency
+        self._conversation = conversation
+        self._user = user
+        self._pause = pause
+        self._idle = idle_timer
+        self._make_id = make_id
+        self._session_id = session_id
+
+    @property
+    def shown(self) -> Reply | None:
+        """The reply the client sees (None: none, or one still held)."""
+        reply = self.reply
+        return reply if reply is not None and reply.visible else None
+
+    @property
+    def held(self) -> Reply | None:
+        """The reply started at a pause, not shown yet."""
+        reply = self.reply
+        return reply if reply is not None and not reply.visible else None
+
+    def rest(self) -> None:
+        """With no reply, the phase follows the pause: judged, or listening."""
+        if self.phase.value in (Phase.LISTENING, Phase.PAUSED):
+            self.phase.to(self._at_rest())
+
+    def _at_rest(self) -> Phase:
+        return Phase.PAUSED if self._pause.pausing else Phase.LISTENING
+
+    # ---- a reply starts ---------------------------------------------------------
+
+    def speculate(self, reply: Reply) -> None:
+        """A reply started at the pause: held until a response claims it."""
+        assert self.reply is None
+        self.reply = reply
+        self.phase.to(Phase.ANSWER_HELD)
+        self._metrics.speculations.inc(outcome="started")
+
+    def respond(self, options: cmd.ResponseOptions,
+                context: tuple[ContextMessage, ...]) -> tuple[Reply, Held, bool]:
+        """A response asked for with ``context``: the held reply when it may
+        be that (the same context, and the session's tools, which it ran with);
+        else any held one is discarded -- left running, it would speak unseen
+        and hold this response's request behind it -- and a new reply starts. Shown either way. Returns the
+        reply, what it held (to be carried out in order) and whether its
+        request is still to be made."""
+        own_tools = options.tools is not None or options.tool_choice is not None
+        in_conversation = options.conversation != "none"
+        reply = self.held
+        if reply is not None and in_conversation and not own_tools and reply.claimable(context):
+            self._metrics.speculations.inc(outcome="used")
+        else:
+            self.end(End.DISCARDED)
+            reply = None
+        response, fmt = new_response(self.config, options, reply.id if reply is not None
+                                     else self._make_id("resp"), self._session_id)
+        record = ResponseRecord.after(response, self._make_id("item"), self._conversation,
+                                      in_conversation=in_conversation, output_format=fmt)
+        times = self._latency.response_created(self._out.now)
+        new = reply is None
+        if reply is None:
+            reply = Reply(response.id, self._gate.fence.request_id("llm"))
+            self._latency.reply_started(reply.id, self._out.now, times.trace)
+        self.reply = reply
+        audio = "audio" in response.output_modalities
+        held = reply.show(record, times, pacing.new_pacer(self.config.pacing) if audio else None)
+        self.phase.to(Phase.RESPONDING)
+        self._out.emit_all(record.start_events())
+        return reply, held, new
+
+    # ---- its way out --------------------------------------------------------------
+
+    def _scope(self) -> rendering.Scope:
+        return rendering.Scope(self._out.now, self._user, self._conversation, self._latency,
+                               self.shown)
+
+    def show(self, payload: object) -> None:
+        """Show the client ``payload``: reply audio through the pacer (or at
+        once, unpaced), anything else as its events."""
+        shown = self.shown
+        if type(payload) is AudioOut and shown is not None and shown.pacer is not None:
+            if shown.id == payload.response_id:
+                shown.pacer.push(payload)
+                self.send_due()
+            return
+        self._out.emit_all(rendering.render(payload, self._scope()))
+
+    def send_due(self) -> None:
+        """The paced frames due now (also the ``pacing`` timer's work), then
+        the timer of the next; the reply completes once all of it went out."""
+        shown = self.shown
+        if shown is None or shown.pacer is None:
+            return
+        events, timer = shown.send_due(self._scope())
+        self._out.emit_all(events)
+        if timer is not None:
+            self._out.add(timer)
+        elif shown.drained and shown.complete and self.phase.value is Phase.RESPONDING:
+            self.finish()
+
+    def pause(self) -> None:
+        """Speech over the reply: stop sending it while the words are awaited."""
+        shown = self.shown
+        if shown is not None and self.phase.value is Phase.RESPONDING:
+            self.phase.to(Phase.BARGE_PAUSED)
+            for effect in barge_in.pause(shown, self.config, self._out.now):
+                self._out.add(effect)
+
+    def dismiss(self, reason: str, transcript: str) -> None:
+        """The speech over the reply was not a turn: the reply goes on."""
+        self._out.add(CancelTimer(barge_in.BARGE_IN))
+        shown = self.shown
+        if shown is None or self.phase.value is not Phase.BARGE_PAUSED:
+            return
+        self._metrics.barge_ins.inc(outcome="dismissed")
+        self.phase.to(Phase.RESPONDING)
+        self._out.emit(barge_in.resume(shown, self._out.now, reason, transcript))
+        if shown.pacer is None and shown.complete:
+            self.finish()
+        self.send_due()
+
+    def barge_in_due(self) -> None:
+        """The ``barge_in`` timer: speech still going is an interruption."""
+        if self.phase.value is Phase.BARGE_PAUSED and barge_in.interrupts(
+                user_speaking=self._user.speaking, pause_judged=self._pause.pausing):
+            self.interrupt(InterruptReason.TURN_DETECTED)
+
+    # ---- it ends ------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """The reply is generated to its end: ``response.done`` goes after its
+        last audio, and not while speech over it may still cancel it."""
+        shown = self.shown
+        if shown is None:
+            return
+        if self.phase.value is Phase.BARGE_PAUSED or not shown.drained:
+            shown.complete = True
+            return
+        self.end(End.COMPLETED)
+
+    def interrupt(self, reason: InterruptReason) -> None:
+        """Barge-in or cancel of the reply shown."""
+        if self.shown is not None:
+            self.end(End.TURN_DETECTED if reason is InterruptReason.TURN_DETECTED
+                     else End.CANCELLED)
+
+    def discard(self) -> bool:
+        """The held reply ends unseen; False: there was none."""
+        if self.held is None:
+            return False
+        self.end(End.DISCARDED)
+        return True
+
+    def end(self, end: End, *, error: dict | None = None, voided: bool = False) -> None:
+        """The one way a reply ends (``voided``: a plan moved the fence already)."""
+        reply = self.reply
+        if reply is None:
+            return
+        self.reply = None
+        barge_paused = self.phase.value is Phase.BARGE_PAUSED
+        self.phase.to(self._at_rest())
+        fence = None
+        if end.voids and not voided:
+            fence = self._gate.fence.next_epoch()
+            self._gate.advance(fence)
+            self._metrics.epoch_bumps.inc()
+        self._count(end, barge_paused)
+        out = self._out
+        ending = reply.finish(end, out.now, error)
+        out.emit_all(ending.events)
+        if end.interrupt is not None:
+            self._metrics.cancel_latency.observe(out.now - out.received_at)
+        if fence is not None:
+            out.add(Cancel(fence))
+        for timer in ending.timers:
+            out.add(timer)
+        if barge_paused:
+            out.add(CancelTimer(barge_in.BARGE_IN))
+        if end is End.COMPLETED:
+            for effect in idle.arm(self._idle, self.config, reply, out.now, self._user.onsets):
+                out.add(effect)
+
+    def _count(self, end: End, barge_paused: bool) -> None:
+        m = self._metrics
+        if end is End.DISCARDED:
+            m.speculations.inc(outcome="discarded")
+        elif end.interrupt is not None:
+            m.interrupts.inc(reason=end.interrupt.value)
+            if barge_paused:
+                m.barge_ins.inc(outcome="interrupted")
+            elif end is End.TURN_DETECTED and not self._user.speaking:
+                m.visible_revisions.inc()  # not speech over it: its words changed under it
