@@ -196,6 +196,35 @@ async def test_speech_over_the_reply_clears_twilio_and_keeps_what_was_heard(serv
     assert sum(len(m["media"]["payload"]) * 3 // 4 for m in later) / 8 <= REPLY_WORDS * WORD_MS + 20
 
 
+async def test_a_reply_in_another_format_still_reaches_twilio_as_mulaw(server):
+    """A sideband asks for a reply in 24 kHz PCM: Twilio still gets 8 kHz μ-law."""
+    async with await answered(server) as phone:
+        side = await sideband(server, phone)
+        await side.send(json.dumps({"type": "response.create", "response": {
+            "audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000}}}}}))
+        done = await next_event(side, "response.done", timeout=30)
+        await next_event(side, "output_audio_buffer.stopped", timeout=30)
+        await side.close()
+    assert done["response"]["status"] == "completed"
+    reply_ms = sum(len(m["media"]["payload"]) * 3 // 4 for m in phone.events("media")) / 8
+    assert reply_ms == pytest.approx(REPLY_WORDS * WORD_MS, abs=40)
+    heard = phone.heard_pcm().astype(np.int32)
+    assert np.abs(heard).max() > 3000
+    # the tone TTS's 440 Hz, clean: PCM16 bytes passed on as μ-law would be noise
+    power = np.abs(np.fft.rfft(heard[:8000])) ** 2  # 1 Hz a bin
+    assert abs(np.argmax(power[1:]) + 1 - 440) <= 5
+    assert power[430:451].sum() > 0.5 * power.sum()
+
+
+async def test_the_session_closing_ends_the_stream(server):
+    async with await answered(server) as phone:
+        side = await sideband(server, phone)
+        await side.send(json.dumps({"type": "session.close"}))
+        closed = await phone.wait_closed()
+        assert (closed.rcvd.code, closed.rcvd.reason) == (1000, "client")
+        await side.close()
+
+
 async def test_dtmf_reaches_the_sideband_in_order(server):
     async with await answered(server) as phone:
         side = await sideband(server, phone)
