@@ -12,7 +12,9 @@ A profile hook counts every call from a function of one module of the
 tree (``plugin/``, ``models/``) into a function of another:
 
 * per pair of ``session/`` modules, both ways (``core<->decisions 19/22``:
-  19 calls from the core into decisions, 22 back);
+  19 calls from the core into decisions, 22 back), and in all the calls
+  from another ``session/`` module back into ``core.py`` (a helper calling
+  back into the core that called it: a trampoline);
 * for the one ``TranscriptFinal`` that releases the reply: the calls into
   the tree's functions it makes and the modules they run in.
 
@@ -168,7 +170,9 @@ def measure(root: str) -> None:
         sys.setprofile(None)
     session = {f"{a}->{b}": n for (a, b), n in sorted(pairs.items())
                if a.startswith("session/") and b.startswith("session/")}
-    print(json.dumps({"pairs": session, "cross_module_calls": sum(session.values()),
+    back = sum(n for (a, b), n in pairs.items() if b == "session/core" and a.startswith("session/"))
+    print(json.dumps({"pairs": session, "calls_back_into_core": back,
+                      "cross_module_calls": sum(session.values()),
                       "all_cross_module_calls": sum(pairs.values()),
                       "final_calls": final["calls"], "final_modules": len(final["modules"]),
                       "interrupted": core.metrics.interrupts.get(reason="turn_detected")}))
@@ -197,7 +201,7 @@ def main() -> None:
     names = [s["name"] for s in sides]
     print("one spoken turn (semantic_vad, paced) and a barge-in, through SessionCore.handle")
     print(f"{'':34}" + "".join(f"{n:>12}" for n in names))
-    for key in ("cross_module_calls", "all_cross_module_calls", "final_calls", "final_modules",
+    for key in ("calls_back_into_core", "cross_module_calls", "all_cross_module_calls", "final_calls", "final_modules",
                 "interrupted"):
         print(f"{key:34}" + "".join(f"{s[key]:>12}" for s in sides))
     mods = sorted({m for s in sides for k in s["pairs"] for m in k.split("->")})

@@ -7,16 +7,16 @@ core's state and add effects through it, never await, and raise
 ``DuplexError`` for a client's mistake (the core turns it into an error
 event echoing the command's ``event_id``).
 
-Why these take the whole core, where the parts (``turn_end``,
-``speculation``, ``pacing``, ``barge_in``, ``rendering``) take a small state
-of their own and ``replies`` the session's read-only view: a client command
+Why these take the whole core, where the parts (``floor``, ``reply``,
+``turn_end``, ``pacing``, ``barge_in``, ``rendering``) take a small state of
+their own and ``replies`` the session's read-only view: a client command
 *is* the session's business -- ``conversation.item.truncate`` cuts the
-conversation's item, the active response's text and, while that item is
-still being generated, interrupts the reply (an epoch bump, its
+conversation's item, the shown reply's text and, while that item is still
+being generated, ends the reply (``Floor.interrupt``: an epoch bump, its
 ``response.done``, a cancel of the stages) at once -- so this file is the
 core's own dispatch, split out by size, not a part with state to narrow.
-The same holds for ``decisions.py``, ``pauses.py`` and ``output.py``: they
-compose the parts; the parts stay pure.
+The same holds for ``decisions.py`` and ``pauses.py``: they compose the
+parts; the parts stay pure.
 """
 
 from __future__ import annotations

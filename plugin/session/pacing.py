@@ -13,7 +13,7 @@ Pausing (speech over the reply) stops the sending and freezes ``heard_ms``;
 ``resume`` sends again from the frame holding the heard point, since a
 client that stopped its playback at ``speech_started`` dropped what it held
 (OpenAI clients do). Positions are the item's audio milliseconds, counted
-as ``ActiveResponse.on_audio`` counts them.
+as ``ResponseRecord.on_audio`` counts them.
 
 ``new_pacer`` makes a reply's pacer from the session's setting (None:
 unpaced, audio goes out as it is made), and ``due_frames`` is what the
@@ -68,7 +68,7 @@ class OutputPacer:
         for i, begin in enumerate(range(0, max(1, pcm.size), step)):
             piece = AudioOut(audio.response_id, pcm[begin:begin + step], audio.rate,
                              audio.text if i == 0 else "")
-            # the same rounding as ActiveResponse.on_audio: positions agree
+            # the same rounding as ResponseRecord.on_audio: positions agree
             end = self._made_ms + int(round(piece.pcm.size * 1000 / piece.rate))
             self._queue.append(Frame(self._made_ms, end, piece))
             self._made_ms = end

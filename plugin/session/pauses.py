@@ -13,14 +13,16 @@ those words follows. Then:
   the held end of speech commits the turn as server VAD would;
 * under ``server_vad`` the VAD ends the turn itself, after its silence.
 
-In both, the reply starts in the pause (``speculate``), *held*
-(``speculation.py``): its text goes to the TTS, its audio waits. It becomes
-the response only when the final transcript confirms the words it answers
-(the policy asks for the reply then, and ``SessionCore.create_response``
-claims the held one), so no reply the client sees is ever cancelled because
-the words changed; speech before that, or other words, discard it (one epoch
-bump, ``SessionCore.discard_speculation``). Functions of the core: they
-compose its parts and only add effects.
+In both, the reply starts in the pause (``speculate``), *held* (a ``Reply``
+not yet shown, ``Floor.speculate``; the rule: ``speculation.py``): its text
+goes to the TTS, its audio waits. It becomes the response only when the
+final transcript confirms the words it answers (the policy asks for the
+reply then, and ``Floor.respond`` claims the held one), so no reply the
+client sees is ever cancelled because the words changed; speech before
+that, or other words, discard it (one epoch bump, ``Floor.discard``).
+Functions of the core: they compose its parts and only add effects; the
+phase (``paused`` while the end of speech is held) is the floor's, moved by
+``Floor.rest`` as the pause opens and closes.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ client received), its pacer (paced audio and what was heard), its latency
 figures (``ResponseTimes``), when its first audio went out, and whether it
 is complete and waits only for its audio to play out.
 
-It ends one way, ``SessionCore.end_reply(End...)`` -- completed, cancelled
+It ends one way, ``Floor.end(End...)`` (``floor.py``) -- completed, cancelled
 by the client, cut by the user's speech (barge-in, or words that changed
 under it), failed, or discarded unseen (a speculation nothing claimed, or
 one a response asked differently supersedes) -- which moves the fence where

@@ -126,3 +126,41 @@ async def test_a_complete_question_is_answered_after_a_short_silence(server, cap
     # came before the commit; on a loaded machine it may come with it, and the
     # reply is then asked for at the commit (test_turn_end.py pins both paths).
     assert used in (0, 1)
+
+
+async def test_a_response_with_its_own_tools_replaces_the_reply_held_at_the_pause(server):
+    """Issue 30's first defect, through the real runner and vLLM stage: while
+    the reply started at the pause is held (invisible), the client asks for a
+    response with its own tools. The held reply cannot be that response (it
+    ran without them): it is discarded -- its vLLM request aborted, nothing of
+    it ever reaches the client -- and the new response runs and completes,
+    not queued behind a request nobody will see. Under server_vad with a 2 s
+    silence the reply is held from the VAD's pause report (100 ms into the
+    silence) until the turn ends, so the request lands while it is held on
+    any machine."""
+    m = server.runtime.metrics
+    discarded = m.speculations.get(outcome="discarded")
+    tools = [{"type": "function", "name": "get_weather", "description": "The weather in a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    async with await RealtimeClient.connect(server.ws_url) as client:
+        await client.update_session({"audio": {"input": {"turn_detection": {
+            "type": "server_vad", "silence_duration_ms": 2000}}}})
+        session = server.runtime.manager.peek(client.session_id)
+        assert session is not None
+        speaking = asyncio.create_task(say(client, speak("What is the capital of France?")))
+        try:
+            deadline = time.monotonic() + 60
+            while session.core.floor.held is None:  # the reply started at the pause
+                assert time.monotonic() < deadline, "no reply was started at the pause"
+                await asyncio.sleep(0.005)
+            held = session.core.floor.held.id
+            await client.create_response({"tools": tools, "tool_choice": "none",
+                                          "instructions": "Say hello."})
+            reply = await client.collect_response(timeout=120)
+        finally:
+            await speaking
+        assert reply.status == "completed" and reply.response_id != held
+        assert m.speculations.get(outcome="discarded") == discarded + 1
+        assert not any(e.get("response_id") == held or (e.get("response") or {}).get("id") == held
+                       for e in client.events)
+        assert session.core.floor.held is None

@@ -159,7 +159,7 @@ class _SynthPort(FencedPort):
         carry = ""  # text of pieces with nothing to say ("..."), told with the next audio
         # The reply's first sound is what an ending turn waits on; each piece
         # after it is due when the audio before it has played (from the first
-        # audio on, at real time: the pacing of output.py), on the scheduler's timer.
+        # audio on, at real time: the pacing of the session's floor, floor.py), on the scheduler's timer.
         sounding_since: float | None = None
         said_s = 0.0
         while True:
