@@ -104,6 +104,9 @@ class TwilioPhone:
     received: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # every message
     heard: list[Heard] = field(default_factory=list)  # what was played, 20 ms at a time
     marks_echoed: list[str] = field(default_factory=list)
+    # how much later than it arrives the caller hears audio (the network, the
+    # carrier's jitter buffer): playback starts this long after idle
+    latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.ws: Any = None
@@ -207,6 +210,7 @@ class TwilioPhone:
             if not self._queue:
                 self._changed.clear()
                 await self._changed.wait()
+                await asyncio.sleep(self.latency_s)
                 next_at = time.monotonic()
                 continue
             frame = b""
