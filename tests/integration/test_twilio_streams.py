@@ -355,6 +355,13 @@ async def test_a_stream_that_breaks_the_protocol_is_closed_with_its_reason(serve
     l16 = TwilioPhone(url, params, media_format={"encoding": "audio/x-l16", "sampleRate": 16000,
                                                  "channels": 1})
     assert await stream_refused(server, l16) == (1003, "unsupported_audio_format")
+    # a stop before any start: a clean close, nothing opened
+    phone = TwilioPhone(url, params)
+    await phone.connect(start=False)
+    await phone.stop()
+    closed = await phone.wait_closed()
+    await phone.close()
+    assert closed.rcvd.code == 1000
     assert len(server.runtime.manager) == 0
 
 

@@ -128,7 +128,11 @@ def twilio_routes(runtime: Runtime, calls: Calls,
         await ws.accept()
         try:
             start = await await_start(ws, metrics)
-            if start is None:
+            if start is None:  # a stop (or the socket's end) before any start
+                try:
+                    await ws.close()
+                except Exception:  # already gone
+                    pass
                 return
             if not start.media_format.is_mulaw_8k:
                 fmt = start.media_format
