@@ -19,6 +19,7 @@ camera context.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -196,56 +197,57 @@ class CascadePolicy(PolicyBase[CascadeState]):
     # ---- output --------------------------------------------------------------
 
     def decide_output(self, view: View, output: StageOutput) -> OutputDecision:
-        p = output.payload
+        decide = _OUTPUTS.get(type(output.payload))
+        return decide(self, view, output.payload) if decide is not None else DROP
+
+    def _on_speech_started(self, view: View, p: VadSpeechStarted) -> OutputDecision:
         td = view.config.turn_detection
+        if td is None:
+            return DROP
         state = view.policy_state
-        if isinstance(p, VadSpeechStarted):
-            if td is None:
-                return DROP
-            state.utterance = Utterance()
-            state.awaiting_final = state.paused = False
-            state.deferred_commit = False
-            barge_in = td.interrupt_response and view.active_response_id is not None
-            if barge_in and view.config.interruption.mode == "adaptive":
-                # pause now; the words (or how long it lasts) decide
-                return OutputDecision(forward=ASR, pause_output=True)
-            return OutputDecision(forward=ASR,
-                                  interrupt=InterruptReason.TURN_DETECTED if barge_in else None)
-        if isinstance(p, VadSpeechStopped):
-            if td is None:
-                return DROP
-            state.awaiting_final = True
-            if view.output_paused:
-                state.deferred_commit = True  # a backchannel must not become a turn
-                return OutputDecision(forward=ASR)
-            # Commit now (OpenAI order: speech_stopped, committed); the reply
-            # waits for the final transcript, which the ASR sends next.
-            return OutputDecision(forward=ASR, commit_turn=True)
-        if isinstance(p, SceneDescription):
-            state.scene = p.text
-            return OutputDecision()
-        if isinstance(p, TranscriptPartial):
-            return self._on_partial(view, p)
-        if isinstance(p, UserPaused):
-            return self._on_pause(view, p)
-        if isinstance(p, UserResumed):
-            state.paused = False
-            plan = self._rehold(view) if p.speculation_discarded else None
-            return OutputDecision(emit=False, plan=plan)
-        if isinstance(p, TranscriptFinal):
-            return self._on_final(view, p)
-        if isinstance(p, TextDelta):
-            return OutputDecision(forward=self._speaker(view))
-        if isinstance(p, GenerationDone):
-            state.turn_open = False  # the reply closed the turn in the live request
-            return OutputDecision(forward=self._speaker(view), finish_response=not self._speaks(view))
-        if isinstance(p, ToolCall):
-            return OutputDecision()
-        if isinstance(p, SpeechDone):
-            return OutputDecision(finish_response=True)
-        if isinstance(p, (AudioOut, StageFailed)):
-            return OutputDecision()
-        return DROP
+        state.utterance = Utterance()
+        state.awaiting_final = state.paused = False
+        state.deferred_commit = False
+        barge_in = td.interrupt_response and view.active_response_id is not None
+        if barge_in and view.config.interruption.mode == "adaptive":
+            # pause now; the words (or how long it lasts) decide
+            return OutputDecision(forward=ASR, pause_output=True)
+        return OutputDecision(forward=ASR,
+                              interrupt=InterruptReason.TURN_DETECTED if barge_in else None)
+
+    def _on_speech_stopped(self, view: View, p: VadSpeechStopped) -> OutputDecision:
+        if view.config.turn_detection is None:
+            return DROP
+        state = view.policy_state
+        state.awaiting_final = True
+        if view.output_paused:
+            state.deferred_commit = True  # a backchannel must not become a turn
+            return OutputDecision(forward=ASR)
+        # Commit now (OpenAI order: speech_stopped, committed); the reply
+        # waits for the final transcript, which the ASR sends next.
+        return OutputDecision(forward=ASR, commit_turn=True)
+
+    def _on_scene(self, view: View, p: SceneDescription) -> OutputDecision:
+        view.policy_state.scene = p.text
+        return OutputDecision()
+
+    def _on_resumed(self, view: View, p: UserResumed) -> OutputDecision:
+        view.policy_state.paused = False
+        plan = self._rehold(view) if p.speculation_discarded else None
+        return OutputDecision(emit=False, plan=plan)
+
+    def _on_text(self, view: View, p: TextDelta) -> OutputDecision:
+        return OutputDecision(forward=self._speaker(view))
+
+    def _on_generation_done(self, view: View, p: GenerationDone) -> OutputDecision:
+        view.policy_state.turn_open = False  # the reply closed the turn in the live request
+        return OutputDecision(forward=self._speaker(view), finish_response=not self._speaks(view))
+
+    def _shown(self, view: View, p: Any) -> OutputDecision:
+        return OutputDecision()  # a tool call, the reply's audio, a stage failure: shown as is
+
+    def _on_speech_done(self, view: View, p: SpeechDone) -> OutputDecision:
+        return OutputDecision(finish_response=True)
 
     @staticmethod
     def _speaks(view: View) -> bool:
@@ -383,3 +385,22 @@ def _judged(view: View) -> bool:
     """The session weighs the user's words to end the turn (semantic_vad)."""
     td = view.config.turn_detection
     return td is not None and td.semantic
+
+
+# What the cascade does with each stage output, by its exact type (anything
+# else is dropped).
+_OUTPUTS: dict[type, Callable[[CascadePolicy, View, Any], OutputDecision]] = {
+    VadSpeechStarted: CascadePolicy._on_speech_started,
+    VadSpeechStopped: CascadePolicy._on_speech_stopped,
+    SceneDescription: CascadePolicy._on_scene,
+    TranscriptPartial: CascadePolicy._on_partial,
+    UserPaused: CascadePolicy._on_pause,
+    UserResumed: CascadePolicy._on_resumed,
+    TranscriptFinal: CascadePolicy._on_final,
+    TextDelta: CascadePolicy._on_text,
+    GenerationDone: CascadePolicy._on_generation_done,
+    ToolCall: CascadePolicy._shown,
+    AudioOut: CascadePolicy._shown,
+    StageFailed: CascadePolicy._shown,
+    SpeechDone: CascadePolicy._on_speech_done,
+}
