@@ -41,7 +41,7 @@ HELLO = pcm8k(tone(0.8, rate=8000) + silence(1.0, rate=8000))  # one turn for th
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server():
-    config = scripted_config(reply=LONG_REPLY, api_keys=(KEY,), max_voice_sessions=1)
+    config = scripted_config(reply=LONG_REPLY, api_keys=(KEY,), max_voice_sessions=2)
     config = dataclasses.replace(config, twilio=Twilio(auth_token=AUTH_TOKEN, profiles=PROFILES))
     async with serve(config) as srv:
         yield srv
@@ -280,14 +280,15 @@ async def test_the_socket_closing_without_stop_ends_the_session(server):
     await phone.close()
 
 
-async def test_a_second_call_past_capacity_is_refused_busy(server):
-    async with await answered(server) as phone:
-        await phone.say(HELLO[:800], realtime=False)
+async def test_a_call_past_capacity_is_refused_busy(server):
+    """Two voice sessions here (limits.max_voice_sessions): a third call is not taken."""
+    async with await answered(server) as phone, await answered(server) as second:
         for _ in range(300):
-            if len(server.runtime.manager):
+            if len(server.runtime.manager) == 2:
                 break
             await asyncio.sleep(0.01)
-        r = await webhook(server.http_url, auth_token=AUTH_TOKEN, form={"CallSid": "CAsecond"})
+        assert len(server.runtime.manager) == 2 and second.closed is None
+        r = await webhook(server.http_url, auth_token=AUTH_TOKEN, form={"CallSid": "CAthird"})
         assert r.status_code == 200 and '<Reject reason="busy"' in r.text
         # a stream that got its TwiML before the ceiling was reached: 1013
         other = await answered_anyway(server, phone.parameters)
@@ -307,10 +308,12 @@ async def answered_anyway(server, params: dict) -> TwilioPhone:
 # ---- bad input ------------------------------------------------------------------------
 
 
-async def test_malformed_frames_are_counted_and_dropped_and_the_call_goes_on(server):
+async def test_malformed_frames_are_counted_and_dropped_and_the_calls_go_on(server):
     before = errors(server)
-    async with await answered(server) as phone:
+    async with await answered(server) as phone, await answered(server) as other:
         side = await sideband(server, phone)
+        other_side = await sideband(server, other)
+        talking = asyncio.create_task(other.say(HELLO))  # another call, meanwhile
         await phone.send("not json")
         await phone.send(json.dumps({"event": "hello", "streamSid": phone.stream_sid}))
         await phone.send(json.dumps({"event": "media", "streamSid": phone.stream_sid,
@@ -322,7 +325,12 @@ async def test_malformed_frames_are_counted_and_dropped_and_the_call_goes_on(ser
                          "invalid_event"]
         await phone.dtmf("9")  # still listening
         assert (await next_event(side, "input_audio_buffer.dtmf_event_received"))["event"] == "9"
+        await talking  # and the other call is answered as ever
+        done = await next_event(other_side, "response.done", timeout=30)
+        assert done["response"]["status"] == "completed"
+        await other.wait_for("media")
         await side.close()
+        await other_side.close()
     after = errors(server)
     for code, n in (("invalid_json", 1), ("unknown_event", 1), ("invalid_audio", 1),
                     ("event_too_large", 1), ("invalid_event", 1)):
