@@ -97,7 +97,6 @@ class TwilioCall:
         self._finished: set[str] = set()  # responses whose audio is all out
         self._cut: set[str] = set()  # responses cleared: their audio is dropped until resumed
         self._heard: dict[str, int] = {}  # item cut by a clear -> ms the caller heard
-        self._reason: CloseReason | None = None
         self._ending: asyncio.Task[None] | None = None
 
     # ---- the stream ---------------------------------------------------------
@@ -110,7 +109,7 @@ class TwilioCall:
         try:
             await self._read()
         finally:
-            await self.hangup(self._reason or CloseReason.HANGUP)
+            await self.hangup()  # the caller hung up, unless the session ended first
 
     async def _read(self) -> None:
         clock, session = self.runtime.clock, self.session
@@ -126,7 +125,6 @@ class TwilioCall:
                     self._dtmf(message.digit)
                 elif isinstance(message, tw.Stop):
                     log.info("twilio call %s (%s): stop", self.call_id, self.start.call_sid)
-                    self._reason = CloseReason.HANGUP
                     return
                 elif isinstance(message, tw.Start):
                     raise DuplexError("invalid_event", "a second start on one stream",
@@ -288,7 +286,7 @@ class TwilioCall:
 
     def _hang_up_soon(self) -> None:
         if self._ending is None and not self.ended.is_set():
-            self._ending = asyncio.ensure_future(self.hangup(self._reason or CloseReason.HANGUP))
+            self._ending = asyncio.ensure_future(self.hangup())
 
     async def hangup(self, reason: CloseReason = CloseReason.HANGUP) -> None:
         """Idempotent: end the session, close the stream, stop every task."""
