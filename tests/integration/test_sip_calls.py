@@ -300,6 +300,8 @@ async def test_malformed_sip_and_rtp_are_answered_or_dropped_and_the_call_goes_o
         assert answers[1].startswith(b"SIP/2.0 505 ")
         tcp = await asyncio.to_thread(sip_exchange, port, garbage, tcp=True)
         assert tcp.startswith(b"SIP/2.0 400 ")
+        with pytest.raises(TimeoutError):  # a UDP datagram that is no request: not answered
+            await asyncio.to_thread(sip_exchange, port, garbage, timeout=0.5)
         # RTP that is no RTP, and RTP of a payload type nobody offered: dropped, counted.
         dropped = call.dropped
         rtp = call.rtp_port

@@ -8,9 +8,11 @@ gives the turn gap to compare with (printed: ``pytest -s``).
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -41,6 +43,20 @@ async def server(vllm_stage):  # noqa: F811
         yield srv
 
 
+def server_side(server) -> dict[str, float]:
+    """The server's own sums of its turn measures (``stage`` and critical-path
+    ``segment``, seconds): their difference over a call is that call's turn."""
+    metrics = server.runtime.metrics
+    return {"/".join(v for _, v in key): total[0]
+            for hist in (metrics.stage_latency, metrics.critical_path)
+            for key, (_, total) in hist.series.items()}
+
+
+def spent(before: dict[str, float], after: dict[str, float]) -> str:
+    return ", ".join(f"{name}={(after[name] - before.get(name, 0.0)) * 1000:.0f}"
+                     for name in sorted(after) if after[name] > before.get(name, 0.0))
+
+
 def last_loud(pcm: np.ndarray, level: int = 1000) -> int:
     return int(np.nonzero(np.abs(pcm.astype(np.int32)) > level)[0][-1])
 
@@ -50,26 +66,41 @@ def first_loud(pcm: np.ndarray, start: int, level: int = 1000) -> int:
 
 
 async def websocket_gap(server) -> float:
-    """The same question on the socket: end of the words sent -> first reply audio in."""
-    pcm = speak(QUESTION)
+    """The same question on the socket: end of the words sent -> the first
+    audible reply sample, as a client playing from the first audio delta on
+    would sound it (the phone's measure too). The client goes on sending
+    silence, as a phone does, and reads while it speaks (an event's
+    ``_recv_t`` is when it was read)."""
+    pcm = speak(QUESTION, tail_s=4.0)
     async with await RealtimeClient.connect(server.ws_url) as client:
-        start = await say(client, pcm)
-        await client.collect_response(timeout=120)
-    spoken_end = start + last_loud(pcm) / 24000
-    first = next(e for e in client.events if e["type"] == "response.output_audio.delta")
-    return first["_recv_t"] - spoken_end
+        began = time.monotonic()
+        speaking = asyncio.ensure_future(say(client, pcm))
+        try:
+            while (done := await client.wait_for("response.done", timeout=120)
+                   )["response"]["status"] != "completed":
+                pass  # a reply cut off by a pause is not the answer
+        finally:
+            await speaking
+    deltas = [e for e in client.events if e["type"] == "response.output_audio.delta"
+              and e["response_id"] == done["response"]["id"]]
+    reply = np.frombuffer(b"".join(base64.b64decode(e["delta"]) for e in deltas), "<i2")
+    audible = first_loud(reply, 0, level=300) / 24000
+    return deltas[0]["_recv_t"] + audible - (began + last_loud(pcm) / 24000)
 
 
 async def test_a_spoken_question_over_sip_is_answered(server):
     agent = server._server.config.app.state.sip
+    before = server_side(server)
     words = speak(QUESTION, rate=RATE, lead_s=0.5, tail_s=0.5)
     async with Baresip(np.concatenate([words, silence8k(25.0)])) as phone:
         await phone.dial(f"sip:agent@127.0.0.1:{agent.port}")
         await phone.event("CALL_ESTABLISHED")
         (call_id,) = server._server.config.app.state.calls._calls
         async with websockets.connect(f"{server.ws_url}?call_id={call_id}") as side:
-            while json.loads(await asyncio.wait_for(side.recv(), 120))["type"] != "response.done":
-                pass  # the first reply, to its end
+            while True:  # the reply to the question, to its end (one cut off by a pause is not it)
+                event = json.loads(await asyncio.wait_for(side.recv(), 120))
+                if event["type"] == "response.done" and event["response"]["status"] == "completed":
+                    break
         await asyncio.sleep(0.5)  # the reply's last packets reach the phone
         await phone.hangup()
         await phone.event("CALL_CLOSED")
@@ -81,7 +112,11 @@ async def test_a_spoken_question_over_sip_is_answered(server):
     spoken_end = last_loud(sent)
     reply_start = first_loud(heard, max(0, spoken_end - shift), level=300) + shift
     sip_gap = (reply_start - spoken_end) / RATE
+    after_sip = server_side(server)
     ws_gap = await websocket_gap(server)
+    after_ws = server_side(server)
+    print(f"\nserver-side (ms) SIP: {spent(before, after_sip)}\n"
+          f"server-side (ms) WebSocket: {spent(after_sip, after_ws)}")
     print(f"\nturn gap: SIP {sip_gap * 1000:.0f} ms (at the phone's ear), "
-          f"WebSocket {ws_gap * 1000:.0f} ms (first audio delta in)")
+          f"WebSocket {ws_gap * 1000:.0f} ms (heard from the first delta on)")
     assert sip_gap > 0

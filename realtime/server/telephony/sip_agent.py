@@ -38,6 +38,7 @@ from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 log = logging.getLogger(__name__)
 
+_REQUEST_LINE = re.compile(rb"[A-Z]+ \S+ SIP/")
 _METHODS = frozenset(("INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "NOTIFY", "INFO"))
 _PASSED_HEADERS = ("from", "to", "call-id", "contact", "user-agent", "subject", "diversion",
                    "p-asserted-identity", "remote-party-id")
@@ -173,7 +174,7 @@ class SipAgent:
             message = sm.parse(data)
         except sm.SipParseError as err:
             self.count_malformed(err.status)
-            self._answer_malformed(data, err, send)
+            self._answer_malformed(data, err, send, reliable)
             return
         try:
             if isinstance(message, sm.SipResponse):
@@ -192,10 +193,14 @@ class SipAgent:
         self._malformed_metric.inc(status=str(status))
 
     def _answer_malformed(self, data: bytes, err: sm.SipParseError,
-                          send: Callable[[bytes], None]) -> None:
+                          send: Callable[[bytes], None], reliable: bool) -> None:
         """A 4xx/5xx to a request we cannot parse, with what of its headers
-        can be read (a response has no answer)."""
+        can be read. A response has no answer, and neither has a UDP datagram
+        that does not even start as a request (answering any datagram from
+        any spoofed source would make us a reflector)."""
         if data.startswith(b"SIP/"):
+            return
+        if not reliable and not _REQUEST_LINE.match(data):
             return
         text = data.split(b"\r\n\r\n", 1)[0].decode("utf-8", "replace")
         keep = [line for line in text.split("\n")[1:]
