@@ -9,7 +9,8 @@ Realtime / Responses shape ``{"type": "function", "name", "description"?,
 
 One rule for a name, OpenAI's: 1-64 characters of ``[A-Za-z0-9_-]``, unique
 in the list. Every mistake is ``invalid_value`` naming the field, as OpenAI
-answers a tool of another type or a name off the pattern.
+answers a name off the pattern; a tool of another type (``mcp``, ...) is
+``unsupported_option`` naming its ``type``: it may be valid, this engine lacks it.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def parse_tools(raw: Any, param: str = "tools") -> tuple[dict[str, Any], ...]:
         p = f"{param}[{i}]"
         if not isinstance(t, Mapping):
             raise _bad(p, f"{p} must be an object")
-        if t.get("type", "function") != "function":
-            raise _bad(f"{p}.type", "only function tools are supported")
+        kind = t.get("type", "function")
+        if kind != "function":  # a valid tool of another kind (mcp, ...): refused by name
+            raise DuplexError("unsupported_option", f"{p}.type {kind!r} is not supported: "
+                              "only function tools are", param=f"{p}.type")
         fn = t.get("function") if isinstance(t.get("function"), Mapping) else t
         name = fn.get("name")
         if not isinstance(name, str) or not NAME.fullmatch(name):

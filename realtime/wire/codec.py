@@ -92,6 +92,7 @@ from vllm_duplex.realtime.wire.fields import (
     _tools,
     _voice,
 )
+from vllm_duplex.realtime.wire.refusals import RESPONSE_REFUSED, refuse_paths, refused
 
 __all__ = [
     "BETA_AUDIO_FORMATS",
@@ -183,6 +184,7 @@ def _on_response_create(o: dict[str, Any], eid: str | None) -> Command:
     if raw is None:
         return ResponseCreate(event_id=eid)
     r = _obj(raw, "response")
+    refuse_paths(r, RESPONSE_REFUSED, "response")
     found: dict[str, tuple[Any, str]] = {}
     for beta_key, ga_key in RESPONSE_BETA_TO_GA.items():  # GA wins: read last
         if r.get(beta_key) is not None:
@@ -205,8 +207,10 @@ def _on_response_create(o: dict[str, Any], eid: str | None) -> Command:
         kw["metadata"] = dict(meta)
     conv = r.get("conversation")
     if conv is not None:
-        if conv not in ("auto", "none") or not isinstance(conv, str):
+        if not isinstance(conv, str):
             raise _bad("response.conversation", 'conversation must be "auto" or "none"')
+        if conv not in ("auto", "none"):  # a named conversation: GA's type allows it, nothing serves it
+            raise refused("response.conversation", 'only "auto" and "none" exist here')
         kw["conversation"] = conv
     kw.update(_response_overrides(r))
     return ResponseCreate(options=ResponseOptions(**kw), event_id=eid)

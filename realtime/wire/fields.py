@@ -44,6 +44,15 @@ from vllm_duplex.realtime.wire.aliases import (
     SESSION_BETA_TO_GA,
     _dig,
 )
+from vllm_duplex.realtime.wire.refusals import (
+    ITEM_TYPES_REFUSED,
+    NOISE_REDUCTION_REFUSED,
+    SESSION_REFUSED,
+    TRANSCRIPTION_REFUSED,
+    refuse_keys,
+    refuse_paths,
+    refused,
+)
 
 # ---- field validation --------------------------------------------------------
 
@@ -185,6 +194,7 @@ def _transcription(v: Any, p: str) -> Transcription | None:
         "language": _opt_str(t.get("language"), f"{p}.language"),
         "prompt": _opt_str(t.get("prompt"), f"{p}.prompt"),
     }
+    refuse_keys(t, TRANSCRIPTION_REFUSED, p)  # after the types: a non-string is still invalid
     model = _str(t.get("model"), f"{p}.model")
     if model is not _MISSING:
         kw["model"] = model
@@ -349,15 +359,44 @@ def _tool_choice(v: Any, p: str) -> Any:
         return v
     if isinstance(v, dict) and v.get("type") == "function":
         return {"type": "function", "name": _req_str(v, "name", f"{p}.name")}
+    if isinstance(v, dict) and v.get("type") == "mcp":  # valid GA: refused by name, not as a typo
+        raise refused(f"{p}.type", "MCP tools are not supported yet")
     raise _bad(p, f'{p} must be "auto", "none", "required" or {{"type":"function","name":...}}')
+
+
+_SPEEDS = _ranged(0.25, 1.5)
+
+
+def _speed(v: Any, p: str) -> Any:
+    """``audio.output.speed``: the TTS stages speak at their one rate, so
+    only 1.0 (the default) is honoured; another valid speed is refused."""
+    speed = _SPEEDS(v, p)
+    if speed is not _MISSING and speed != 1.0:
+        raise refused(p, "the TTS stage speaks at its configured rate (1.0)")
+    return speed
+
+
+def _tracing(v: Any, p: str) -> Any:
+    """``tracing``: validated, not applied (docs/realtime-conformance.md:
+    OpenAI's traces dashboard; both Agents SDKs send ``"auto"`` by default)."""
+    if v is None or (v == "auto" and isinstance(v, str)):
+        return _MISSING
+    obj = _obj(v, p)
+    for key in ("group_id", "workflow_name"):
+        _str(obj.get(key), f"{p}.{key}")
+    if obj.get("metadata") is not None:
+        _obj(obj["metadata"], f"{p}.metadata")
+    return _MISSING
 
 
 def _noise_reduction(v: Any, p: str) -> str | None:
     if v is None:
         return None  # off
-    kind = _obj(v, p).get("type")
+    obj = _obj(v, p)
+    kind = obj.get("type")
     if not isinstance(kind, str) or kind not in NOISE_REDUCTION_TYPES:
         raise _bad(f"{p}.type", f'{p}.type must be "near_field" or "far_field"')
+    refuse_keys(obj, NOISE_REDUCTION_REFUSED, p)
     return kind
 
 
@@ -373,7 +412,7 @@ _SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], An
     ("audio", "input", "noise_reduction"): ("noise_reduction", _noise_reduction),
     ("audio", "output", "format"): ("output_format", _audio_format),
     ("audio", "output", "voice"): ("voice", _voice),
-    ("audio", "output", "speed"): ("speed", _ranged(0.25, 1.5)),
+    ("audio", "output", "speed"): ("speed", _speed),
     ("audio", "output", "pacing"): ("pacing", _pacing),  # duplex extension
     ("interruption",): ("interruption", _interruption),  # duplex extension
     ("tools",): ("tools", _tools),
@@ -381,6 +420,8 @@ _SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], An
     ("max_output_tokens",): ("max_output_tokens", _max_tokens),
     ("temperature",): ("temperature", _ranged(0.0, 2.0)),
     ("truncation",): ("truncation", _truncation),
+    ("parallel_tool_calls",): (None, _bool),  # validated; one call per response honours both values
+    ("tracing",): (None, _tracing),
 }
 
 
@@ -389,6 +430,7 @@ def _session_patch(raw: Any) -> SessionPatch:
     kind = s.get("type")
     if kind is not None and kind not in ("realtime", "transcription"):
         raise _bad("session.type", 'session.type must be "realtime" or "transcription"')
+    refuse_paths(s, SESSION_REFUSED, "session")
     found: dict[tuple[str, ...], tuple[Any, str]] = {}
     # Beta aliases first so that the GA shape wins when a client sends both.
     for beta_key, path in SESSION_BETA_TO_GA.items():
@@ -433,17 +475,29 @@ def _content_part(raw: Any, role: Role, p: str) -> ContentPart:
         text = _str(part.get("text"), f"{p}.text")
         return ContentPart(kind, text="" if text is _MISSING else text)
     if kind == "input_image":
+        detail = part.get("detail")
+        if detail is not None and detail != "auto":
+            if detail not in ("low", "high"):
+                raise _bad(f"{p}.detail", f'{p}.detail must be "auto", "low" or "high"')
+            raise refused(f"{p}.detail", "the vision stage sizes every image itself (auto)")
         url = _str(part.get("image_url"), f"{p}.image_url")
         data_url_bytes(url, f"{p}.image_url")  # validated here; decoded by the session
         return ContentPart(kind, image_url=url)
+    transcript = _opt_str(part.get("transcript"), f"{p}.transcript")
     if part.get("audio") is not None:
-        _b64(part["audio"], f"{p}.audio")  # validated; the session keeps transcripts
-    return ContentPart(kind, transcript=_opt_str(part.get("transcript"), f"{p}.transcript"))
+        _b64(part["audio"], f"{p}.audio")
+        if transcript is None:  # the models read words: audio with none would be dropped unheard
+            raise refused(f"{p}.audio", "audio in an item is not transcribed; send it with "
+                          "input_audio_buffer.append, or give its transcript")
+    return ContentPart(kind, transcript=transcript)
 
 
 def _item(raw: Any, p: str = "item") -> ConversationItem:
     item = _obj(raw, p)
     item_id = _opt_str(item.get("id"), f"{p}.id") or ""
+    kind_name = item.get("type")
+    if isinstance(kind_name, str) and kind_name in ITEM_TYPES_REFUSED:
+        raise refused(f"{p}.type", ITEM_TYPES_REFUSED[kind_name])
     try:
         kind = ItemType(item.get("type", "message"))
     except (ValueError, TypeError):

@@ -59,7 +59,7 @@ def test_full_request_shapes_are_understood():
     ({"options": {"max_tokens": 1.5}}, "invalid_value", "options.max_tokens"),
     ({"options": {"top_p": True}}, "invalid_value", "options.top_p"),
     ({"options": {"stop": [""]}}, "invalid_value", "options.stop"),
-    ({"tools": [{"type": "code_interpreter"}]}, "invalid_value", "tools[0].type"),
+    ({"tools": [{"type": "code_interpreter"}]}, "unsupported_option", "tools[0].type"),
     ({"tools": [{"name": "a b"}]}, "invalid_value", "tools[0].name"),
     ({"tools": [{"name": "a"}, {"name": "a"}]}, "invalid_value", "tools[1].name"),
     ({"messages": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},

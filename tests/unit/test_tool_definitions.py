@@ -38,8 +38,6 @@ def text_tools(tools):
 
 
 @pytest.mark.parametrize("tools, field", [
-    ([{"type": "code_interpreter"}], "[0].type"),
-    ([{"type": "mcp", "server_label": "x"}], "[0].type"),
     ([{"name": "get weather"}], "[0].name"),  # a space: off OpenAI's pattern
     ([{"name": "a.b"}], "[0].name"),
     ([{"name": "x" * 65}], "[0].name"),
@@ -55,6 +53,13 @@ def text_tools(tools):
 def test_both_surfaces_refuse_the_same_tool_with_invalid_value(tools, field):
     assert realtime_tools(tools) == ("invalid_value", f"session.tools{field}")
     assert text_tools(tools) == ("invalid_value", f"tools{field}")
+
+
+@pytest.mark.parametrize("tools", [[{"type": "code_interpreter"}], [{"type": "mcp", "server_label": "x"}]])
+def test_both_surfaces_refuse_a_tool_of_another_type_by_name(tools):
+    """A valid tool this engine lacks is ``unsupported_option``, not a typo."""
+    assert realtime_tools(tools) == ("unsupported_option", "session.tools[0].type")
+    assert text_tools(tools) == ("unsupported_option", "tools[0].type")
 
 
 def test_both_surfaces_accept_both_shapes_and_the_same_names():
