@@ -441,7 +441,7 @@ VALID_SESSION = st.fixed_dictionaries({}, optional={
         "output": st.fixed_dictionaries({}, optional={
             "format": one_of_values({"type": "audio/pcm", "rate": 24000}, {"type": "audio/pcm", "rate": 48000},
                                     {"type": "audio/pcmu"}, {"type": "audio/pcma"}),
-            "voice": one_of_values("alloy", "default"), "speed": st.floats(0.25, 1.5)})}),
+            "voice": one_of_values("alloy", "default"), "speed": st.just(1.0)})}),  # only 1.0 is honoured
     "max_output_tokens": st.integers(1, 40) | st.just("inf"),
     "temperature": st.floats(0.0, 2.0),
     "tools": st.just([{"type": "function", "name": "f", "parameters": {"type": "object"}}]),
@@ -457,7 +457,8 @@ VALID_ITEM = st.one_of(
                            "content": st.just([{"type": "input_text", "text": "Hi there."}])},
                           optional={"id": POOL}),
     st.fixed_dictionaries({"type": st.just("message"), "role": st.just("user"),
-                           "content": st.just([{"type": "input_audio", "audio": b64(tone(0.1))}])},
+                           "content": st.just([{"type": "input_audio", "audio": b64(tone(0.1)),
+                                                "transcript": "Hm."}])},  # audio alone is refused
                           optional={"id": POOL}),
     st.fixed_dictionaries({"type": st.just("message"), "role": one_of_values("assistant", "system"),
                            "content": st.just([{"type": "output_text", "text": "Earlier."}])},
