@@ -9,15 +9,17 @@ Shapes follow Realtime GA. The beta shapes are accepted as aliases in both
 dialects (clients mix them freely); the beta *dialect* additionally renames
 server events and reshapes the session/response/item documents. All GA↔beta
 alias tables live in ``aliases.py``, and serve both directions; field
-parsing lives in ``fields.py``.
+parsing lives in ``fields.py`` (items: ``items.py``), and what is refused
+by name in ``refusals.py``.
 
 Parse rules: size is checked before anything else (a 2 MiB frame is never
 JSON-parsed); bad UTF-8 or JSON → ``invalid_json``; a non-object or a
 missing/non-string ``type`` → ``invalid_event``; unknown type →
 ``unknown_event``; a bad field → ``invalid_value`` with ``param`` set to the
 field path (``session.audio.input.turn_detection.threshold``,
-``item.content[0].type``); undecodable base64 → ``invalid_audio``. Unknown
-fields are ignored, as OpenAI does; ``null`` for an optional field means
+``item.content[0].type``); undecodable base64 → ``invalid_audio``; a valid GA
+field this engine cannot honour → ``unsupported_option`` naming it (every field's
+status: docs/realtime-conformance.md). Unknown fields are ignored, as OpenAI does; ``null`` for an optional field means
 "not given" unless null has a meaning (``turn_detection``, ``transcription``).
 Every error carries the client's ``event_id`` when it could be read.
 """
@@ -79,7 +81,6 @@ from vllm_duplex.realtime.wire.fields import (
     _bad,
     _bool,
     _int,
-    _item,
     _max_tokens,
     _modalities,
     _obj,
@@ -92,6 +93,7 @@ from vllm_duplex.realtime.wire.fields import (
     _tools,
     _voice,
 )
+from vllm_duplex.realtime.wire.items import _item
 from vllm_duplex.realtime.wire.refusals import RESPONSE_REFUSED, refuse_paths, refused
 
 __all__ = [
