@@ -15,8 +15,9 @@ its session waits detached for the grace window (``limits.resume_grace_s``).
 ``?intent=transcription`` opens a transcription session; the key may be a
 client secret (``ek_…``), which opens its own session once.
 
-A *sideband* socket (``?call_id=rtc_…``, with the key that owns the call)
-follows a running WebRTC call's session beside the call's data channel: it
+A *sideband* socket (``?call_id=rtc_…`` or ``sip_…``, with the key that owns
+the call) follows a running call's session (WebRTC, beside its data channel;
+SIP, the only events the call has: ``telephony/sip_call.py``): it
 gets every event from the moment it joined and may send any, including the
 call's ``output_audio_buffer.clear``. It never owns the session: when it
 ends, the call goes on; when the call ends, it is closed (``hangup``).

@@ -307,7 +307,10 @@ class RtcCall:
 
 
 class Calls:
-    """The live calls of this process, by call id."""
+    """The live calls of this process, by call id: WebRTC calls, and SIP calls
+    (``telephony/sip_call.py``, the same surface: ``call_id``, ``session``,
+    ``sidebands``, ``clear_output``, ``hangup``), so sideband sockets and
+    ``…/hangup`` reach both."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
