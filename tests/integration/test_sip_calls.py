@@ -283,6 +283,23 @@ async def test_speech_over_the_reply_silences_the_outgoing_audio(server, receive
     assert silent_after_ms < 800, "the reply played on over the whole interruption"
 
 
+async def test_a_sidebands_clear_cuts_the_reply_where_the_caller_is(server, receiver):
+    async with Baresip(QUESTION) as phone:
+        call_id = await ring(server, receiver, phone)
+        assert (await post(server, f"/v1/realtime/calls/{call_id}/accept", {})).status_code == 200
+        async with sideband(server, call_id) as side:
+            started = await until(side, "output_audio_buffer.started")
+            await asyncio.sleep(0.5)  # half a second of the reply reaches the phone
+            await side.send(json.dumps({"type": "output_audio_buffer.clear"}))
+            cleared = await until(side, "output_audio_buffer.cleared")
+            truncated = await until(side, "conversation.item.truncated")
+            assert cleared["response_id"] == started["response_id"]
+            # what was sent of it (about the half second), not the reply's seconds
+            assert 100 <= truncated["audio_end_ms"] <= 1500
+            await phone.hangup()
+            await phone.event("CALL_CLOSED")
+
+
 # ---- what goes wrong ---------------------------------------------------------------------
 
 
