@@ -412,3 +412,22 @@ async def test_a_call_can_be_accepted_at_once_without_a_webhook():
                 break
             await asyncio.sleep(0.01)
         assert len(srv.runtime.manager) == 0
+
+
+async def test_calls_count_against_the_capacity_ceiling():
+    """One voice session allowed: the second caller hears 486 Busy Here."""
+    config = with_sip(scripted_config(api_keys=(KEY,), max_voice_sessions=1), accept={})
+    async with serve(config) as srv:
+        async with Baresip(QUESTION) as first, Baresip(QUESTION) as second:
+            await first.dial(uri(srv))
+            await first.event("CALL_ESTABLISHED")
+            await second.dial(uri(srv))
+            closed = await second.event("CALL_CLOSED")
+            assert "486" in closed.get("param", ""), closed
+            await first.hangup()
+            await first.event("CALL_CLOSED")
+        for _ in range(300):
+            if len(srv.runtime.manager) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert len(srv.runtime.manager) == 0

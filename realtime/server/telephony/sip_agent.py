@@ -206,8 +206,9 @@ class SipAgent:
         keep = [line for line in text.split("\n")[1:]
                 if re.match(r"(?i)\s*(via|v|from|f|to|t|call-id|i|cseq)\s*:", line)]
         reason = sm.REASONS.get(err.status, "Bad Request")
+        why = re.sub(r'[^ -~]|"', "'", str(err))[:80]
         head = [f"SIP/2.0 {err.status} {reason}", *(k.strip() for k in keep),
-                f"Warning: 399 vllm-duplex \"{str(err)[:80]}\"", "Content-Length: 0"]
+                f"Warning: 399 vllm-duplex \"{why}\"", "Content-Length: 0"]
         send(("\r\n".join(head) + "\r\n\r\n").encode("utf-8", "replace"))
 
     def _request(self, req: sm.SipRequest, send: Callable[[bytes], None], reliable: bool,
@@ -272,7 +273,8 @@ class SipAgent:
         try:
             offer = sdp.parse_offer(req.body.decode("utf-8", "replace"))
         except sdp.SdpError as err:
-            send(sm.response(req, 488, headers=[("Warning", f'304 vllm-duplex "{err}"')]).encode())
+            why = re.sub(r'[^ -~]|"', "'", str(err))[:120]  # a quoted string, one line
+            send(sm.response(req, 488, headers=[("Warning", f'304 vllm-duplex "{why}"')]).encode())
             return
         if len(self.ringing) >= self.config.max_ringing:
             send(sm.response(req, 486).encode())
@@ -305,6 +307,9 @@ class SipAgent:
             await self.accept(call_id, key, self._auto)
         except DuplexError as err:
             log.warning("SIP call %s refused: %s", call_id, err.message)
+            dialog = self.ringing.get(call_id)
+            if dialog is not None:  # nobody else will answer it: say so now
+                self._end_ringing(dialog, 503)
 
     async def _ring_timeout(self, dialog: SipDialog) -> None:
         await asyncio.sleep(self.config.ring_timeout_s)
