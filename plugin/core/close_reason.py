@@ -32,7 +32,7 @@ class CloseReason(str, enum.Enum):
     SLOW_CONSUMER = ("slow_consumer", 1008)  # the socket stopped reading (without resume)
     ENGINE_DEAD = ("engine_dead", 1011)  # a terminal stage error (``ErrorSpec.terminal``)
     START_FAILED = ("start_failed", 1000)  # the pipeline did not open; the socket is refused
-    HANGUP = ("hangup", 1000)  # a WebRTC call ended (its peer hung up, or the hangup route)
+    HANGUP = ("hangup", 1000)  # a call ended (its peer hung up, or the hangup route): WebRTC, SIP
     MAX_DURATION = ("max_duration", 1000)  # the session reached limits.max_session_s
 
     def __str__(self) -> str:
