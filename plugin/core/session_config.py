@@ -93,6 +93,24 @@ class Transcription:
         return {"model": self.model, "language": self.language, "prompt": self.prompt}
 
 
+@dataclass(frozen=True)
+class Tracing:
+    """``session.tracing``: ``"auto"`` (every field None) or named. With an
+    OpenTelemetry exporter configured (``realtime/server/tracing.py``) the
+    session's turns are exported as spans; ``workflow_name`` names the
+    session's span, ``group_id`` and ``metadata`` become its attributes."""
+
+    workflow_name: str | None = None
+    group_id: str | None = None
+    metadata: tuple[tuple[str, Any], ...] = ()  # hashable: the config is frozen
+
+    def wire(self) -> Any:
+        if self == Tracing():
+            return "auto"
+        return {"workflow_name": self.workflow_name, "group_id": self.group_id,
+                "metadata": dict(self.metadata) or None}
+
+
 _UNSET: Any = object()
 
 
@@ -119,6 +137,7 @@ class SessionPatch:
     interruption: Any = _UNSET  # Interruption (duplex extension)
     pacing: Any = _UNSET  # OutputPacing (duplex extension)
     truncation: Any = _UNSET  # Truncation
+    tracing: Any = _UNSET  # Tracing | None (None: no trace)
 
     def fields_set(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not _UNSET}
@@ -167,6 +186,7 @@ class SessionConfig:
     interruption: Interruption = Interruption()
     pacing: OutputPacing = OutputPacing()
     truncation: Truncation = Truncation()
+    tracing: Tracing | None = None  # off, as OpenAI's default
 
     @property
     def responds(self) -> bool:
@@ -226,6 +246,7 @@ def session_wire(
         "max_output_tokens": "inf" if config.max_output_tokens is None else config.max_output_tokens,
         "temperature": config.temperature,
         "truncation": config.truncation.wire(),
+        "tracing": config.tracing.wire() if config.tracing else None,
         "interruption": config.interruption.wire(),  # duplex extension
     }
     if extra:
@@ -250,6 +271,9 @@ def updated_config(config: SessionConfig, patch: SessionPatch, caps: Capabilitie
         name = str(exc)
         raise DuplexError("immutable_field", f"{name} cannot change after the session opened",
                           param=f"session.{name}") from None
+    if config.tracing is not None and new.tracing != config.tracing:  # OpenAI's rule
+        raise DuplexError("immutable_field", "tracing cannot change once enabled",
+                          param="session.tracing")
     td = new.turn_detection
     if td is not None and td.semantic and (td.type not in caps.turn_detection or not new.responds):
         # A valid GA setting this policy cannot honour (or, in a transcription

@@ -38,6 +38,7 @@ from vllm_duplex.core.owner_ids import check_routed_id
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.auth import bearer_key, check_key
 from vllm_duplex.realtime.server.http_errors import error_response
+from vllm_duplex.realtime.server.tracing import turn_spans
 from vllm_duplex.realtime.wire.codec import Dialect, RealtimeCodec
 from vllm_duplex.replay.outbox import Attachment, Notice
 from vllm_duplex.session.runner import DuplexSession
@@ -67,6 +68,7 @@ class RealtimeConnection:
         self._send_lock = asyncio.Lock()
         self.session: DuplexSession | None = None
         self.attachment: Attachment | None = None
+        self.spans = turn_spans(runtime.clock.now)  # None unless OpenTelemetry is configured
 
     async def _send(self, text: str) -> None:
         async with self._send_lock:
@@ -234,6 +236,8 @@ class RealtimeConnection:
                 item = await att.get()
                 if item is None or isinstance(item, Notice):
                     break
+                if self.spans is not None:
+                    self.spans.observe(item.event, self.runtime.clock.now())
                 text = self.codec.render(item)
                 if text is not None:
                     await self._send(text)
@@ -251,3 +255,6 @@ class RealtimeConnection:
                 await self.ws.close(code=reason.code, reason=reason.value)
         except Exception:  # the socket went away under us; the reader will notice
             log.debug("writer for %s stopped", session.session_id, exc_info=True)
+        finally:
+            if self.spans is not None:
+                self.spans.close(self.runtime.clock.now())

@@ -31,6 +31,7 @@ from vllm_duplex.core.session_config import (
     AudioFormat,
     SessionPatch,
     SessionType,
+    Tracing,
     Transcription,
     TurnDetection,
 )
@@ -373,17 +374,22 @@ def _speed(v: Any, p: str) -> Any:
     return speed
 
 
-def _tracing(v: Any, p: str) -> Any:
-    """``tracing``: validated, not applied (docs/realtime-conformance.md:
-    OpenAI's traces dashboard; both Agents SDKs send ``"auto"`` by default)."""
-    if v is None or (v == "auto" and isinstance(v, str)):
-        return _MISSING
+def _tracing(v: Any, p: str) -> Tracing | None:
+    """``tracing``: null (no trace: meaningful, as for ``turn_detection``),
+    ``"auto"``, or ``{workflow_name, group_id, metadata}``."""
+    if v is None:
+        return None
+    if v == "auto" and isinstance(v, str):
+        return Tracing()
     obj = _obj(v, p)
-    for key in ("group_id", "workflow_name"):
-        _str(obj.get(key), f"{p}.{key}")
+    kw: dict[str, Any] = {}
+    for key in ("workflow_name", "group_id"):
+        val = _str(obj.get(key), f"{p}.{key}")
+        if val is not _MISSING:
+            kw[key] = val
     if obj.get("metadata") is not None:
-        _obj(obj["metadata"], f"{p}.metadata")
-    return _MISSING
+        kw["metadata"] = tuple(sorted(_obj(obj["metadata"], f"{p}.metadata").items()))
+    return Tracing(**kw)
 
 
 def _noise_reduction(v: Any, p: str) -> str | None:
@@ -418,7 +424,7 @@ _SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], An
     ("temperature",): ("temperature", _ranged(0.0, 2.0)),
     ("truncation",): ("truncation", _truncation),
     ("parallel_tool_calls",): (None, _bool),  # validated; one call per response honours both values
-    ("tracing",): (None, _tracing),
+    ("tracing",): ("tracing", _tracing),
 }
 
 

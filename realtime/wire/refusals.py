@@ -7,9 +7,9 @@ still means "not given" and passes. The audit of every field, with the reason
 for each refusal, is ``docs/realtime-conformance.md``.
 
 Not refused, on purpose: fields that every common client sends by default and
-that name an OpenAI-hosted resource (a voice, a transcription model, the
-traces dashboard). Refusing those would fail the whole ``session.update`` of
-LiveKit, Pipecat and both Agents SDKs; the doc lists them as not applicable.
+that name an OpenAI-hosted resource (a voice, a transcription model). Refusing
+those would fail the whole ``session.update`` of LiveKit, Pipecat and both
+Agents SDKs; the doc lists them as not applicable.
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ from vllm_duplex.core.session_config import (
     SessionConfig,
     SessionPatch,
     SessionType,
+    Tracing,
     Transcription,
     TurnDetection,
     session_wire,
@@ -117,7 +118,7 @@ class TestSessionUpdate:
                 "tool_choice": {"type": "function", "name": "f"},
                 "max_output_tokens": 200,
                 "temperature": 0.9,
-                "tracing": "auto",  # validated, not applied (docs/realtime-conformance.md)
+                "tracing": "auto",
             },
         })
         assert isinstance(cmd, SessionUpdate) and cmd.event_id == "evt_1"
@@ -138,6 +139,7 @@ class TestSessionUpdate:
             "tool_choice": {"type": "function", "name": "f"},
             "max_output_tokens": 200,
             "temperature": 0.9,
+            "tracing": Tracing(),
         }
 
     def test_beta_shape(self) -> None:

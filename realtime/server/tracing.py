@@ -1,0 +1,176 @@
+"""A session's turns as OpenTelemetry spans (``session.tracing``), off unless configured.
+
+The session core already measures each turn: ``response.done`` carries its
+figures (``duplex_<stage>_ms``) and its critical path (``duplex_critical_path``:
+``"vad 120, asr_pause 210, ..."``, the segments the user waited on, in order,
+ending when the reply's first audio was sent; ``session/critical_path.py``).
+``TurnSpans`` turns what a socket sends into spans, so a trace backend shows
+the same path: one span for the session (named by ``tracing.workflow_name``,
+``"Realtime Session"`` by default), one per response, and under a response that
+answers a spoken turn a ``turn`` span holding one span per segment (``vad``,
+``asr_pause``, ``p_end``, ``llm_first``, ``llm_phrase``, ``tts``, ``pacing`` ...)
+laid end to end up to the first audio or text sent.
+
+Sans-I/O: ``observe(event, now)`` with the session clock's time; ``to_ns``
+maps that clock onto the epoch. Only sessions whose ``tracing`` is set (the
+Agents SDKs send ``"auto"``) are traced, and only when the process has an
+exporter: the OpenTelemetry environment (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, protocol by
+``OTEL_EXPORTER_OTLP_PROTOCOL``; or ``OTEL_TRACES_EXPORTER=console``) turns it on.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+from vllm_duplex.core import events as ev
+
+SESSION_SPAN = "Realtime Session"  # OpenAI's default workflow name
+_FIRST_OUT = (ev.OutputAudioDelta, ev.OutputTextDelta, ev.OutputAudioTranscriptDelta,
+              ev.FunctionCallArgumentsDelta)
+
+
+def critical_path(text: str) -> list[tuple[str, float]]:
+    """``"vad 120, asr_pause 210"`` -> ``[("vad", 0.12), ("asr_pause", 0.21)]``."""
+    out = []
+    for part in text.split(","):
+        name, _, ms = part.strip().rpartition(" ")
+        if name and ms.isdigit():
+            out.append((name, int(ms) / 1000))
+    return out
+
+
+class TurnSpans:
+    """The spans of one socket's session, from the events it sends."""
+
+    def __init__(self, tracer: trace.Tracer, to_ns: Callable[[float], int]) -> None:
+        self._tracer = tracer
+        self._to_ns = to_ns
+        self._session: trace.Span | None = None
+        self._enabled: bool | None = None  # None: the session's tracing not seen yet
+        self._created: dict[str, float] = {}  # response id -> created at
+        self._first_out: dict[str, float] = {}  # response id -> its first delta sent
+
+    def observe(self, event: ev.ServerEvent, now: float) -> None:
+        if isinstance(event, (ev.SessionCreated, ev.SessionUpdated)):
+            self._configure(event.session, now)
+        elif not self._session:
+            return
+        elif isinstance(event, ev.ResponseCreated):
+            self._created[event.response["id"]] = now
+        elif isinstance(event, _FIRST_OUT):
+            self._first_out.setdefault(event.response_id, now)
+        elif isinstance(event, ev.ResponseDone):
+            self._response(event.response, now)
+        elif isinstance(event, ev.SessionClosed):
+            self.close(now)
+
+    def close(self, now: float) -> None:
+        if self._session is not None:
+            self._session.end(self._to_ns(now))
+            self._session = None
+
+    def _configure(self, session: Mapping[str, Any], now: float) -> None:
+        tracing = session.get("tracing")
+        if self._enabled is not None or tracing is None:
+            return  # tracing cannot change once enabled (session_config.updated_config)
+        self._enabled = True
+        named = tracing if isinstance(tracing, dict) else {}
+        attrs: dict[str, Any] = {"session.id": session.get("id", ""), "gen_ai.request.model": session.get("model", "")}
+        if named.get("group_id"):
+            attrs["group_id"] = named["group_id"]
+        for key, value in (named.get("metadata") or {}).items():
+            attrs[f"metadata.{key}"] = str(value)
+        self._session = self._tracer.start_span(named.get("workflow_name") or SESSION_SPAN,
+                                                attributes=attrs, start_time=self._to_ns(now))
+
+    def _response(self, response: Mapping[str, Any], now: float) -> None:
+        rid = response.get("id", "")
+        created = self._created.pop(rid, now)
+        first_out = self._first_out.pop(rid, None)
+        meta = {k: v for k, v in (response.get("metadata") or {}).items() if k.startswith("duplex_")}
+        parent = trace.set_span_in_context(self._session)
+        attrs: dict[str, Any] = {"response.id": rid, "response.status": response.get("status", "")}
+        usage = response.get("usage") or {}
+        for key in ("input_tokens", "output_tokens"):
+            if isinstance(usage.get(key), int):
+                attrs[f"gen_ai.usage.{key}"] = usage[key]
+        span = self._tracer.start_span("response", context=parent, attributes=attrs,
+                                       start_time=self._to_ns(created))
+        path = critical_path(meta.get("duplex_critical_path", ""))
+        if path and first_out is not None:
+            self._turn(path, first_out, meta, trace.set_span_in_context(span))
+        span.end(self._to_ns(now))
+
+    def _turn(self, path: list[tuple[str, float]], end: float, meta: Mapping[str, str],
+              parent: Any) -> None:
+        """The critical path, segment after segment, ending at ``end``."""
+        start = end - sum(s for _, s in path)
+        figures = {k[len("duplex_"):]: v for k, v in meta.items() if k != "duplex_critical_path"}
+        turn = self._tracer.start_span("turn", context=parent, attributes=figures,
+                                       start_time=self._to_ns(start))
+        inner, at = trace.set_span_in_context(turn), start
+        for name, seconds in path:
+            self._tracer.start_span(name, context=inner, start_time=self._to_ns(at)).end(
+                self._to_ns(at + seconds))
+            at += seconds
+        turn.end(self._to_ns(end))
+
+
+# ---- the process's exporter --------------------------------------------------------
+
+_lock = threading.Lock()
+_tracer: trace.Tracer | None = None
+_configured = False
+
+
+def _exporter(environ: Mapping[str, str]) -> SpanExporter | None:
+    if environ.get("OTEL_TRACES_EXPORTER", "").strip() == "console":
+        return ConsoleSpanExporter()
+    if not (environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
+        return None  # off by default: nothing is exported unless asked for
+    if environ.get("OTEL_TRACES_EXPORTER", "otlp").strip() == "none":
+        return None
+    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    if protocol.startswith("http"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        return OTLPSpanExporter()
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    return GrpcExporter()
+
+
+def tracer_from_env(environ: Mapping[str, str] | None = None) -> trace.Tracer | None:
+    """The process's tracer, or None when no exporter is configured. Its own
+    provider, not the global one (vLLM's tracing keeps its own)."""
+    global _tracer, _configured
+    with _lock:
+        if not _configured:
+            exporter = _exporter(os.environ if environ is None else environ)
+            if exporter is not None:
+                name = (environ or os.environ).get("OTEL_SERVICE_NAME", "vllm-duplex")
+                provider = TracerProvider(resource=Resource.create({"service.name": name}))
+                provider.add_span_processor(BatchSpanProcessor(exporter))
+                _tracer = provider.get_tracer("vllm_duplex.realtime")
+            _configured = True
+        return _tracer
+
+
+def turn_spans(clock_now: Callable[[], float]) -> TurnSpans | None:
+    """A socket's ``TurnSpans`` on the session clock, when tracing is on."""
+    tracer = tracer_from_env()
+    if tracer is None:
+        return None
+
+    def to_ns(t: float) -> int:  # the session clock's time on the epoch
+        return time.time_ns() - int((clock_now() - t) * 1e9)
+
+    return TurnSpans(tracer, to_ns)
