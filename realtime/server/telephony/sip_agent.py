@@ -388,6 +388,7 @@ class SipAgent:
         self._stop_ringing(call_id)
         self._calls[dialog.sip_call_id] = call
         self.calls.add(call)
+        dialog.on_no_ack = lambda: self._spawn(call.hangup(), "no-ack")
         dialog.respond(200, body=self._sdp(dialog))
         return call
 

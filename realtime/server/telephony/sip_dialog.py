@@ -36,7 +36,8 @@ def allow_header() -> tuple[str, str]:
 class SipDialog:
     def __init__(self, call_id: str, invite: sm.SipRequest, offer: Offer, *,
                  send: Callable[[bytes], None], reliable: bool, local_uri: str,
-                 via_host: str, transport: str, peer_host: str = "") -> None:
+                 via_host: str, transport: str, peer_host: str = "",
+                 timers: tuple[float, float, float] = (T1, T2, TIMEOUT)) -> None:
         self.call_id = call_id  # ours (sip_…)
         self.invite = invite
         self.offer = offer
@@ -47,7 +48,12 @@ class SipDialog:
         self.peer_host = peer_host  # where the INVITE came from
         self._via = f"SIP/2.0/{transport.upper()} {via_host}"
         self._cseq = 0
+        self._t1, self._t2, self._timeout = timers
         self._final: bytes | None = None  # our final response to the INVITE (resent on repeats)
+        self._last: bytes | None = None  # our latest response to it, provisional or final
+        # Called when a 2xx was resent for TIMEOUT without its ACK: the caller
+        # is gone, and RFC 3261 §13.3.1.4 says to end the call (BYE).
+        self.on_no_ack: Callable[[], None] | None = None
         self._retransmit: asyncio.Task[None] | None = None
         self._waiting: dict[int, asyncio.Future[sm.SipResponse]] = {}
         self.ack = asyncio.Event()  # the ACK of our final response came
@@ -70,6 +76,7 @@ class SipDialog:
                               headers=[*hdrs, allow_header()] if status == 200 else hdrs,
                               body=body).encode()
         self.send(message)
+        self._last = message
         if status < 200:
             return
         self._final = message
@@ -79,17 +86,20 @@ class SipDialog:
             self._retransmit.set_name(f"duplex-sip-retransmit-{self.call_id}")
 
     async def _resend(self, message: bytes) -> None:
-        interval, waited = T1, 0.0
-        while waited < TIMEOUT:
+        interval, waited = self._t1, 0.0
+        while waited < self._timeout:
             await asyncio.sleep(interval)
             waited += interval
             self.send(message)
-            interval = min(interval * 2, T2)
+            interval = min(interval * 2, self._t2)
+        self._retransmit = None
+        if self.state is DialogState.ANSWERED and self.on_no_ack is not None:
+            self.on_no_ack()
 
     def repeat(self) -> None:
-        """The INVITE came again (a UDP retransmission): say the same."""
-        if self._final is not None:
-            self.send(self._final)
+        """The INVITE came again (a UDP retransmission): say the latest again."""
+        if self._last is not None:
+            self.send(self._last)
 
     def acked(self) -> None:
         self.ack.set()
@@ -122,7 +132,7 @@ class SipDialog:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[sm.SipResponse] = loop.create_future()
         self._waiting[self._cseq] = done
-        data, interval = req.encode(), T1
+        data, interval = req.encode(), self._t1
         deadline = loop.time() + timeout_s
         try:
             self.send(data)
@@ -136,7 +146,7 @@ class SipDialog:
                 except asyncio.TimeoutError:
                     if not self.reliable:  # UDP: no answer yet, say it again
                         self.send(data)
-                        interval = min(interval * 2, T2)
+                        interval = min(interval * 2, self._t2)
         finally:
             self._waiting.pop(req.cseq[0], None)
 
