@@ -13,6 +13,7 @@ import asyncio
 import json
 import shutil
 import socket
+import ssl
 
 import httpx
 import numpy as np
@@ -431,3 +432,46 @@ async def test_calls_count_against_the_capacity_ceiling():
                 break
             await asyncio.sleep(0.01)
         assert len(srv.runtime.manager) == 0
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl for a certificate")
+def tls_options(port: int, cafile: str) -> bytes:
+    """OPTIONS over TLS from a client that checks the server's certificate."""
+    context = ssl.create_default_context(cafile=cafile)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(raw_request("OPTIONS", port))
+            return tls.recv(65536)
+
+
+async def test_sip_over_tls(tmp_path):
+    """The TLS port presents the configured certificate (a client that checks
+    it gets its OPTIONS answered), and baresip calls and is hung up over it."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    made = await asyncio.create_subprocess_exec(
+        "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+        "-addext", "subjectAltName=IP:127.0.0.1",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    assert await made.wait() == 0
+    config = with_sip(scripted_config(api_keys=(KEY,)), accept={}, tls_port=0,
+                      tls_certfile=str(cert), tls_keyfile=str(key))
+    async with serve(config) as srv:
+        port = agent_of(srv).tls_port
+        answer = await asyncio.to_thread(tls_options, port, str(cert))
+        assert answer.startswith(b"SIP/2.0 200 ")
+        async with Baresip(QUESTION, transport="tls") as phone:
+            await phone.dial(f"sip:agent@127.0.0.1:{port};transport=tls")
+            await phone.event("CALL_ESTABLISHED")
+            (call_id,) = srv._server.config.app.state.calls._calls
+            async with httpx.AsyncClient(base_url=srv.http_url) as http:
+                hung = await http.post(f"/v1/realtime/calls/{call_id}/hangup",
+                                       headers={"Authorization": f"Bearer {KEY}"})
+            assert hung.status_code == 200
+            closed = await phone.event("CALL_CLOSED")  # our BYE, on the TLS connection
+            assert closed["param"] == "Connection reset by peer"
+        for _ in range(300):
+            if len(srv.runtime.manager) == 0 and not agent_of(srv)._dialogs:
+                break
+            await asyncio.sleep(0.01)
+        assert len(srv.runtime.manager) == 0 and not agent_of(srv)._dialogs

@@ -50,6 +50,8 @@ class Baresip:
 
     def __init__(self, microphone: np.ndarray, *, transport: str = "udp",
                  codec: str = "PCMU") -> None:
+        """``transport``: ``udp``, ``tcp`` or ``tls`` (baresip 1.0 does not
+        check the server's certificate)."""
         self.dir = Path(tempfile.mkdtemp(prefix="baresip-"))
         self.ctrl_port = free_tcp_port()
         self.transport, self.codec = transport, codec

@@ -36,6 +36,7 @@ def test_the_secret_may_come_from_the_environment(monkeypatch):
     ({"webhook_url": "https://a/b", "transports": ["tls"]}, "transports"),
     ({"webhook_url": "https://a/b", "webhook_secret": "hunter2"}, "whsec_"),
     ({"accept": "yes"}, "session object"),
+    ({"accept": {}, "tls_port": 5061}, "tls_certfile"),
 ])
 def test_mistakes_fail_at_start(raw, why, monkeypatch):
     monkeypatch.delenv("VLLM_DUPLEX_SIP_WEBHOOK_SECRET", raising=False)

@@ -67,12 +67,14 @@ class _Udp(asyncio.DatagramProtocol):
         def send(out: bytes) -> None:
             if not transport.is_closing():
                 transport.sendto(out, addr)
-        self.agent.received(data, send, reliable=False, peer=addr)
+        self.agent.received(data, send, transport="udp", peer=addr)
 
 
 class _Tcp(asyncio.Protocol):
-    def __init__(self, agent: SipAgent) -> None:
-        self.agent = agent
+    """One TCP (or TLS) connection: a stream of SIP messages both ways."""
+
+    def __init__(self, agent: SipAgent, transport: str) -> None:
+        self.agent, self.name = agent, transport
         self.framer = sm.StreamFramer()
         self.transport: asyncio.Transport | None = None
         self.peer: Any = None
@@ -100,7 +102,7 @@ class _Tcp(asyncio.Protocol):
             self.transport.close()
             return
         for message in messages:
-            self.agent.received(message, self._send, reliable=True, peer=self.peer)
+            self.agent.received(message, self._send, transport=self.name, peer=self.peer)
 
 
 class SipAgent:
@@ -108,6 +110,7 @@ class SipAgent:
         self.runtime, self.calls, self.config = runtime, calls, config
         self.codec = RealtimeCodec(model_aliases={n: runtime.model for n in runtime.config.model_names})
         self.port = config.port
+        self.tls_port = config.tls_port
         self.malformed: Counter[int] = Counter()  # by the status they were answered with
         self._malformed_metric = runtime.metrics.counter(
             "duplex_sip_malformed_total", "SIP messages that could not be parsed, by the status "
@@ -135,11 +138,18 @@ class SipAgent:
             self._servers.append(transport)
             port = transport.get_extra_info("sockname")[1]  # port 0: the one chosen
         if "tcp" in self.config.transports:
-            server = await loop.create_server(lambda: _Tcp(self), host, port)
+            server = await loop.create_server(lambda: _Tcp(self, "tcp"), host, port)
             self._servers.append(server)
             port = server.sockets[0].getsockname()[1]
         self.port = port
-        log.info("SIP on %s:%d (%s)", host, port, "+".join(self.config.transports))
+        tls = self.config.tls_context()
+        if tls is not None:
+            server = await loop.create_server(lambda: _Tcp(self, "tls"), host,
+                                              self.config.tls_port, ssl=tls)
+            self._servers.append(server)
+            self.tls_port = server.sockets[0].getsockname()[1]
+        log.info("SIP on %s:%d (%s)%s", host, port, "+".join(self.config.transports),
+                 f", TLS on {self.tls_port}" if tls is not None else "")
 
     async def stop(self) -> None:
         for dialog in list(self.ringing.values()):
@@ -168,13 +178,15 @@ class SipAgent:
 
     # ---- messages in ------------------------------------------------------------------
 
-    def received(self, data: bytes, send: Callable[[bytes], None], *, reliable: bool,
+    def received(self, data: bytes, send: Callable[[bytes], None], *, transport: str,
                  peer: Any) -> None:
+        """One whole message from ``peer`` over ``transport`` (``udp``, ``tcp``,
+        ``tls``); ``send`` answers on the same way back."""
         try:
             message = sm.parse(data)
         except sm.SipParseError as err:
             self.count_malformed(err.status)
-            self._answer_malformed(data, err, send, reliable)
+            self._answer_malformed(data, err, send, transport != "udp")
             return
         try:
             if isinstance(message, sm.SipResponse):
@@ -182,7 +194,7 @@ class SipAgent:
                 if dialog is not None:
                     dialog.answered(message)
                 return
-            self._request(message, send, reliable, peer)
+            self._request(message, send, transport, peer)
         except Exception:  # a bug must not take the agent down: answer 500
             log.exception("SIP request failed")
             if isinstance(message, sm.SipRequest) and message.method != "ACK":
@@ -211,12 +223,12 @@ class SipAgent:
                 f"Warning: 399 vllm-duplex \"{why}\"", "Content-Length: 0"]
         send(("\r\n".join(head) + "\r\n\r\n").encode("utf-8", "replace"))
 
-    def _request(self, req: sm.SipRequest, send: Callable[[bytes], None], reliable: bool,
+    def _request(self, req: sm.SipRequest, send: Callable[[bytes], None], transport: str,
                  peer: Any) -> None:
         method, dialog = req.method, self._dialogs.get(req.call_id)
         if method == "INVITE":
             if dialog is None:
-                self._invite(req, send, reliable, peer)
+                self._invite(req, send, transport, peer)
             elif req.cseq == dialog.invite.cseq:
                 dialog.repeat()
             else:  # a re-INVITE (refresh, hold): the same media, answered again
@@ -260,7 +272,7 @@ class SipAgent:
 
     # ---- a new call ---------------------------------------------------------------------
 
-    def _invite(self, req: sm.SipRequest, send: Callable[[bytes], None], reliable: bool,
+    def _invite(self, req: sm.SipRequest, send: Callable[[bytes], None], transport: str,
                 peer: Any) -> None:
         if sm.tag_of(req.get("to") or "") is not None:
             send(sm.response(req, 481).encode())  # a re-INVITE of a dialog we do not know
@@ -280,11 +292,11 @@ class SipAgent:
             send(sm.response(req, 486).encode())
             return
         call_id = mint("sip", self.runtime.manager.instance_id)
-        transport = "tcp" if reliable else "udp"
         host = self.config.advertised_address
-        dialog = SipDialog(call_id, req, offer, send=send, reliable=reliable,
-                           local_uri=f"sip:duplex@{host}:{self.port};transport={transport}",
-                           via_host=f"{host}:{self.port}", transport=transport,
+        port = self.tls_port if transport == "tls" else self.port
+        dialog = SipDialog(call_id, req, offer, send=send, reliable=transport != "udp",
+                           local_uri=f"sip:duplex@{host}:{port};transport={transport}",
+                           via_host=f"{host}:{port}", transport=transport,
                            peer_host=str(peer[0]) if peer else "")
         self._dialogs[req.call_id] = dialog
         dialog.respond(100)
