@@ -1,5 +1,6 @@
-"""The server's SIP user agent: it listens (UDP and TCP, ``sip:`` in the
-deployment config), answers INVITEs, and turns each into a call.
+"""The server's SIP user agent: it listens (UDP and TCP, and TLS with
+``tls_port``: ``sip:`` in the deployment config), answers INVITEs, and turns
+each into a call.
 
 An INVITE with an offer we can answer (``sdp``) gets 100 Trying and a call
 id (``sip_…``); then either it is accepted at once with ``sip.accept`` as
