@@ -123,7 +123,7 @@ class TurnSpans:
             self._tracer.start_span(name, context=inner, start_time=self._to_ns(at)).end(
                 self._to_ns(at + seconds))
             at += seconds
-        turn.end(self._to_ns(end))
+        turn.end(self._to_ns(at))  # ``end``, as its last segment ends (no float drift)
 
 
 # ---- the process's exporter --------------------------------------------------------
@@ -164,13 +164,26 @@ def tracer_from_env(environ: Mapping[str, str] | None = None) -> trace.Tracer | 
         return _tracer
 
 
+def use_tracer(tracer: trace.Tracer | None) -> None:
+    """Export through ``tracer`` (an embedding app's own provider; a test's
+    in-memory one) instead of the environment's; None: no tracing. Sockets
+    opened afterwards use it."""
+    global _tracer, _configured
+    with _lock:
+        _tracer, _configured = tracer, True
+
+
 def turn_spans(clock_now: Callable[[], float]) -> TurnSpans | None:
     """A socket's ``TurnSpans`` on the session clock, when tracing is on."""
     tracer = tracer_from_env()
     if tracer is None:
         return None
 
-    def to_ns(t: float) -> int:  # the session clock's time on the epoch
-        return time.time_ns() - int((clock_now() - t) * 1e9)
+    # The session clock's time on the epoch, fixed once: one offset keeps
+    # the spans of a path exactly end to end.
+    offset = time.time_ns() - round(clock_now() * 1e9)
+
+    def to_ns(t: float) -> int:
+        return offset + round(t * 1e9)
 
     return TurnSpans(tracer, to_ns)
