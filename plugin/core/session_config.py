@@ -272,8 +272,12 @@ def updated_config(config: SessionConfig, patch: SessionPatch, caps: Capabilitie
         raise DuplexError("immutable_field", f"{name} cannot change after the session opened",
                           param=f"session.{name}") from None
     if config.tracing is not None and new.tracing != config.tracing:  # OpenAI's rule
-        raise DuplexError("immutable_field", "tracing cannot change once enabled",
-                          param="session.tracing")
+        if new.tracing != Tracing():
+            raise DuplexError("immutable_field", "tracing cannot change once enabled",
+                              param="session.tracing")
+        # "auto" over a named trace keeps it: the browser Agents SDK sends "auto"
+        # after session.created whatever the session was created with.
+        new = replace(new, tracing=config.tracing)
     td = new.turn_detection
     if td is not None and td.semantic and (td.type not in caps.turn_detection or not new.responds):
         # A valid GA setting this policy cannot honour (or, in a transcription

@@ -119,6 +119,10 @@ def test_the_session_echoes_tracing_and_it_cannot_change_once_enabled():
         with pytest.raises(DuplexError) as ei:
             updated_config(on, patch(other), caps, "p")
         assert (ei.value.code, ei.value.param) == ("immutable_field", "session.tracing")
+    # "auto" over a named trace (the browser Agents SDK sends it after
+    # session.created, whatever the session began with) keeps the name
+    named = updated_config(SessionConfig(model="m", policy="p"), patch({"workflow_name": "w"}), caps, "p")
+    assert updated_config(named, patch("auto"), caps, "p").tracing == named.tracing
 
 
 def test_off_unless_the_opentelemetry_environment_asks():
