@@ -6,7 +6,8 @@ walks its pydantic models). Every client event, server event and field must
 have exactly one line; a line says honoured, refused (``unsupported_option``
 naming the field) or n.a. (accepted, no effect, and why); each field's line is
 tried on the codec with a value built from its path: a refused one must be
-refused, an honoured session field must come back in ``session.updated``.
+refused, an honoured session field must come back in ``session.updated``
+(through ``updated_config``, as the session core applies a ``session.update``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import pytest
 from support import sdk_realtime as sdk
 from vllm_duplex.core import events as server_events
 from vllm_duplex.core.commands import ResponseCreate, ResponseOptions, SessionUpdate
+from vllm_duplex.core.contracts import Capabilities
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.session_config import SessionConfig, SessionPatch, session_wire
+from vllm_duplex.core.session_config import SessionConfig, SessionPatch, session_wire, updated_config
 from vllm_duplex.realtime.wire.aliases import BETA_EVENT_TYPES, RESPONSE_BETA_TO_GA, SESSION_BETA_TO_GA
 from vllm_duplex.realtime.wire.codec import CLIENT_EVENT_TYPES, RealtimeCodec
 
@@ -262,6 +264,9 @@ def test_an_honoured_or_na_field_is_accepted(event, path):
         assert command.event_id == "x"
 
 
+# A policy that offers every GA turn detection (the cascade's).
+CAPS = Capabilities(input_modes=frozenset(), turn_detection=frozenset({"server_vad", "semantic_vad"}))
+
 # Honoured session fields that session.updated does not echo as sent, and why.
 NOT_ECHOED = {
     "session.parallel_tool_calls": "validated only: one call per response honours both values",
@@ -277,7 +282,8 @@ def test_an_honoured_session_field_comes_back_in_session_updated(event, path):
     doc = event_setting(event, path)
     command = parse(doc)
     assert isinstance(command, SessionUpdate)
-    config = SessionConfig(model="m", policy="p").apply(command.patch)
+    # what the session core does with a session.update (session/core.py _on_update)
+    config = updated_config(SessionConfig(model="m", policy="p"), command.patch, CAPS, "p")
     echoed: Any = session_wire(config, session_id="s")
     sent: Any = doc["session"]
     for token in TOKEN.findall(path)[1:]:
@@ -290,8 +296,9 @@ def test_an_honoured_session_field_comes_back_in_session_updated(event, path):
 
 def test_the_model_is_read():
     command = parse(event_setting("session.update", "session.model", "other"))
-    with pytest.raises(ValueError):
-        SessionConfig(model="m", policy="p").apply(command.patch)
+    with pytest.raises(DuplexError) as ei:
+        updated_config(SessionConfig(model="m", policy="p"), command.patch, CAPS, "p")
+    assert (ei.value.code, ei.value.param) == ("immutable_field", "session.model")
 
 
 @pytest.mark.parametrize(("event", "path"), [k for k in lines("honoured", ("response.create",))
