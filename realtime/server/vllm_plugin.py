@@ -213,7 +213,10 @@ class DuplexEndpointPlugin:
             raise
         self.runtime = runtime
         state.duplex_runtime = runtime
-        self._mounted.app = create_app(runtime)  # its own lifespan is never run
+        app = create_app(runtime)  # its own lifespan is never run
+        if app.state.sip is not None:  # what that lifespan starts: the SIP agent (telephony/)
+            await app.state.sip.start()
+        self._mounted.app = app
         log.info("vllm_duplex: %r ready (model %r, stages %s)", config.name, config.model,
                  [s.name for s in runtime.stages])
 
@@ -230,8 +233,11 @@ class DuplexEndpointPlugin:
         """Close every session and the stages' own resources; the served vLLM
         engine is borrowed and left to vLLM."""
         runtime, self.runtime = self.runtime, None
-        self._mounted.app = None
+        app, self._mounted.app = self._mounted.app, None
         self._mounted.unavailable = "vllm-duplex is shutting down"
+        sip = getattr(app.state, "sip", None) if app is not None else None
+        if sip is not None:
+            await sip.stop()
         if runtime is not None:
             await runtime.stop()
             log.info("vllm_duplex: stopped")
