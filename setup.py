@@ -109,6 +109,12 @@ setup(
             "httpx>=0.27",
             "standardwebhooks>=1.0",
         ],
+        # session.tracing exported through OpenTelemetry (realtime/server/tracing.py;
+        # off unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_TRACES_EXPORTER asks).
+        "tracing": [
+            "opentelemetry-sdk>=1.26",
+            "opentelemetry-exporter-otlp>=1.26",
+        ],
         "test": [
             "scikit-image>=0.21",  # its bundled astronaut portrait: a real face
             "pytest>=8",
@@ -118,6 +124,7 @@ setup(
             "psutil>=5",
             "httpx>=0.27",
             "import-linter>=2.1",  # the layering contract (.importlinter)
+            "opentelemetry-sdk>=1.26",  # its in-memory exporter (test_turn_spans.py)
         ],
     },
     entry_points={

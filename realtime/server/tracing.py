@@ -21,18 +21,20 @@ exporter: the OpenTelemetry environment (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
-
-from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from typing import TYPE_CHECKING, Any
 
 from vllm_duplex.core import events as ev
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span, Tracer
+
+log = logging.getLogger(__name__)
 
 SESSION_SPAN = "Realtime Session"  # OpenAI's default workflow name
 _FIRST_OUT = (ev.OutputAudioDelta, ev.OutputTextDelta, ev.OutputAudioTranscriptDelta,
@@ -52,10 +54,13 @@ def critical_path(text: str) -> list[tuple[str, float]]:
 class TurnSpans:
     """The spans of one socket's session, from the events it sends."""
 
-    def __init__(self, tracer: trace.Tracer, to_ns: Callable[[float], int]) -> None:
+    def __init__(self, tracer: Tracer, to_ns: Callable[[float], int]) -> None:
+        from opentelemetry.trace import set_span_in_context  # only where tracing is on
+
+        self._in = set_span_in_context
         self._tracer = tracer
         self._to_ns = to_ns
-        self._session: trace.Span | None = None
+        self._session: Span | None = None
         self._enabled: bool | None = None  # None: the session's tracing not seen yet
         self._created: dict[str, float] = {}  # response id -> created at
         self._first_out: dict[str, float] = {}  # response id -> its first delta sent
@@ -98,7 +103,7 @@ class TurnSpans:
         created = self._created.pop(rid, now)
         first_out = self._first_out.pop(rid, None)
         meta = {k: v for k, v in (response.get("metadata") or {}).items() if k.startswith("duplex_")}
-        parent = trace.set_span_in_context(self._session)
+        parent = self._in(self._session)
         attrs: dict[str, Any] = {"response.id": rid, "response.status": response.get("status", "")}
         usage = response.get("usage") or {}
         for key in ("input_tokens", "output_tokens"):
@@ -108,7 +113,7 @@ class TurnSpans:
                                        start_time=self._to_ns(created))
         path = critical_path(meta.get("duplex_critical_path", ""))
         if path and first_out is not None:
-            self._turn(path, first_out, meta, trace.set_span_in_context(span))
+            self._turn(path, first_out, meta, self._in(span))
         span.end(self._to_ns(now))
 
     def _turn(self, path: list[tuple[str, float]], end: float, meta: Mapping[str, str],
@@ -118,7 +123,7 @@ class TurnSpans:
         figures = {k[len("duplex_"):]: v for k, v in meta.items() if k != "duplex_critical_path"}
         turn = self._tracer.start_span("turn", context=parent, attributes=figures,
                                        start_time=self._to_ns(start))
-        inner, at = trace.set_span_in_context(turn), start
+        inner, at = self._in(turn), start
         for name, seconds in path:
             self._tracer.start_span(name, context=inner, start_time=self._to_ns(at)).end(
                 self._to_ns(at + seconds))
@@ -129,12 +134,13 @@ class TurnSpans:
 # ---- the process's exporter --------------------------------------------------------
 
 _lock = threading.Lock()
-_tracer: trace.Tracer | None = None
+_tracer: Tracer | None = None
 _configured = False
 
 
 def _exporter(environ: Mapping[str, str]) -> SpanExporter | None:
     if environ.get("OTEL_TRACES_EXPORTER", "").strip() == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
         return ConsoleSpanExporter()
     if not (environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
         return None  # off by default: nothing is exported unless asked for
@@ -148,23 +154,36 @@ def _exporter(environ: Mapping[str, str]) -> SpanExporter | None:
     return GrpcExporter()
 
 
-def tracer_from_env(environ: Mapping[str, str] | None = None) -> trace.Tracer | None:
+def _provider_tracer(exporter: SpanExporter, service: str) -> Tracer:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider.get_tracer("vllm_duplex.realtime")
+
+
+def tracer_from_env(environ: Mapping[str, str] | None = None) -> Tracer | None:
     """The process's tracer, or None when no exporter is configured. Its own
-    provider, not the global one (vLLM's tracing keeps its own)."""
+    provider, not the global one (vLLM's tracing keeps its own). The SDK is
+    imported only when asked for (``pip install vllm-duplex[tracing]``)."""
     global _tracer, _configured
+    env = os.environ if environ is None else environ
     with _lock:
         if not _configured:
-            exporter = _exporter(os.environ if environ is None else environ)
-            if exporter is not None:
-                name = (environ or os.environ).get("OTEL_SERVICE_NAME", "vllm-duplex")
-                provider = TracerProvider(resource=Resource.create({"service.name": name}))
-                provider.add_span_processor(BatchSpanProcessor(exporter))
-                _tracer = provider.get_tracer("vllm_duplex.realtime")
             _configured = True
+            try:
+                exporter = _exporter(env)
+                if exporter is not None:
+                    _tracer = _provider_tracer(exporter, env.get("OTEL_SERVICE_NAME", "vllm-duplex"))
+            except ImportError as exc:  # asked for, not installed: say so once, serve on
+                log.warning("OpenTelemetry tracing is configured but not installed "
+                            "(pip install 'vllm-duplex[tracing]'): %s", exc)
         return _tracer
 
 
-def use_tracer(tracer: trace.Tracer | None) -> None:
+def use_tracer(tracer: Tracer | None) -> None:
     """Export through ``tracer`` (an embedding app's own provider; a test's
     in-memory one) instead of the environment's; None: no tracing. Sockets
     opened afterwards use it."""
