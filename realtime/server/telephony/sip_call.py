@@ -51,7 +51,9 @@ _MAX_RTP_BYTES = 1500
 
 
 class Dialog(Protocol):
-    """What a call asks of its SIP dialog (``sip_agent``)."""
+    """What a call asks of its SIP dialog (``sip_dialog``)."""
+
+    peer_host: str  # where the INVITE came from
 
     async def bye(self) -> None: ...
 
@@ -109,7 +111,7 @@ class SipCall:
         self._remote = (offer.address, offer.port)
         # Media may come from the SDP's address or the signalling peer's (a
         # phone on loopback announces its LAN address): from no one else.
-        self._speakers = {offer.address, getattr(dialog, "peer_host", offer.address)}
+        self._speakers = {offer.address, dialog.peer_host}
         self._encoder: tuple[AudioFormat, AudioEncoder] | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
