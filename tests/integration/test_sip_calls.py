@@ -190,6 +190,71 @@ async def test_reject_answers_the_caller_with_its_status(server, receiver):
         assert "603" in (await phone.event("CALL_CLOSED")).get("param", "")
 
 
+async def test_a_caller_who_gives_up_while_it_rings_cancels_the_call(server, receiver):
+    async with Baresip(QUESTION) as phone:
+        call_id = await ring(server, receiver, phone)
+        await phone.hangup()  # before anyone answered: CANCEL
+        await phone.event("CALL_CLOSED")
+        for _ in range(300):
+            if call_id not in agent_of(server).ringing:
+                break
+            await asyncio.sleep(0.01)
+        late = await post(server, f"/v1/realtime/calls/{call_id}/accept", {})
+        assert late.status_code == 404 and late.json()["error"]["code"] == "call_not_found"
+
+
+class RawPhone(asyncio.DatagramProtocol):
+    """A SIP phone written by hand, for what baresip does not send (SIP INFO)."""
+
+    def __init__(self) -> None:
+        self.messages: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        self.messages.put_nowait(data)
+
+    async def answer(self, status: bytes, timeout: float = 10.0) -> bytes:
+        while True:
+            data = await asyncio.wait_for(self.messages.get(), timeout)
+            if data.startswith(b"SIP/2.0 " + status):
+                return data
+
+
+async def test_dtmf_as_sip_info_reaches_the_sideband_too(server, receiver):
+    loop = asyncio.get_running_loop()
+    transport, phone = await loop.create_datagram_endpoint(RawPhone, local_addr=("127.0.0.1", 0))
+    try:
+        me = transport.get_extra_info("sockname")[1]
+        port = agent_of(server).port
+        offer = ("v=0\r\no=raw 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+                 f"m=audio {me} RTP/AVP 0\r\n")
+        invite = raw_request("INVITE", port, call_id="info-1@raw", body=offer,
+                             extra=f"Contact: <sip:raw@127.0.0.1:{me}>\r\n"
+                                   "Content-Type: application/sdp\r\n")
+        transport.sendto(invite, ("127.0.0.1", port))
+        headers, body, _ = await receiver.next()
+        call_id = Webhook(SECRET).verify(body, headers)["data"]["call_id"]
+        assert (await post(server, f"/v1/realtime/calls/{call_id}/accept", {})).status_code == 200
+        ok = await phone.answer(b"200")
+        to = next(line for line in ok.decode().split("\r\n") if line.startswith("To:"))
+
+        def in_dialog(method: str, cseq: int, extra: str = "", body: str = "") -> bytes:
+            """A request of this call: the To with the server's tag, the next CSeq."""
+            return raw_request(method, port, call_id="info-1@raw", extra=extra, body=body).replace(
+                b"To: <sip:agent@127.0.0.1>", to.encode()).replace(
+                f"CSeq: 1 {method}".encode(), f"CSeq: {cseq} {method}".encode())
+
+        transport.sendto(in_dialog("ACK", 1), ("127.0.0.1", port))
+        async with sideband(server, call_id) as side:
+            transport.sendto(in_dialog("INFO", 2, "Content-Type: application/dtmf-relay\r\n",
+                                       "Signal=7\r\nDuration=160\r\n"), ("127.0.0.1", port))
+            await phone.answer(b"200")
+            assert (await until(side, "input_audio_buffer.dtmf_event_received"))["event"] == "7"
+            transport.sendto(in_dialog("BYE", 3), ("127.0.0.1", port))
+            await phone.answer(b"200")
+    finally:
+        transport.close()
+
+
 async def test_the_hangup_route_says_bye_over_tcp(server, receiver):
     async with Baresip(QUESTION, transport="tcp") as phone:
         call_id = await ring(server, receiver, phone)
