@@ -191,6 +191,9 @@ class VllmOmniPort(LivePort):
         self.prompt = OmniPrompt(stage.dialect, stage.system_prompt)
         self._held = 0  # most chunks any live request of this port held
         self._cut = False  # the last reply was cut off: kept as released, not yet as heard
+        # Live requests replaced because a cut reply was heard shorter than
+        # released (each is one more rebuild of the context).
+        self.heard_replays = 0
 
     @property
     def live(self) -> _Replayed | None:
@@ -276,6 +279,7 @@ class VllmOmniPort(LivePort):
         cut, self._cut = self._cut, False
         heard = next((m.text for m in reversed(context) if m.role == "assistant"), None)
         if cut and heard is not None and self.prompt.cut_reply(heard) and self._live is not None:
+            self.heard_replays += 1
             await self._abort([self._live])
 
     async def _set_system(self, text: str) -> None:
