@@ -74,9 +74,10 @@ LOUD = 300  # |sample| above this is speech (Flite pads with digital silence)
 
 # Imports the tree at argv[1] as vllm_duplex (in place of the editable
 # install), then runs its CLI with the rest of argv.
-_BOOT = r"""
+# The start of a child process that imports the package from the tree given
+# as its first argument (a worktree of another ref) in place of this one.
+TREE_IMPORTS = r"""
 import importlib.util, sys
-from importlib.machinery import PathFinder
 root = sys.argv.pop(1)
 DIRS = {"vllm_duplex": root + "/plugin", "vllm_duplex.models": root + "/models",
         "vllm_duplex.realtime": root + "/realtime"}
@@ -88,6 +89,8 @@ class Tree:
                 name, DIRS[name] + "/__init__.py", submodule_search_locations=[DIRS[name]])
         return None
 sys.meta_path.insert(0, Tree)
+"""
+_BOOT = TREE_IMPORTS + r"""
 for cli in ("vllm_duplex.cli", "vllm_duplex.realtime.client.cli"):
     try:
         main = importlib.import_module(cli).main

@@ -40,20 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 # Runs the measurement in a child on the tree given first (before@REF: a worktree).
-_BOOT = r"""
-import importlib.util, sys
-from importlib.machinery import PathFinder
-root = sys.argv.pop(1)
-DIRS = {"vllm_duplex": root + "/plugin", "vllm_duplex.models": root + "/models",
-        "vllm_duplex.realtime": root + "/realtime"}
-class Tree:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name in DIRS:
-            return importlib.util.spec_from_file_location(
-                name, DIRS[name] + "/__init__.py", submodule_search_locations=[DIRS[name]])
-        return None
-sys.meta_path.insert(0, Tree)
+_MEASURE = r"""
 sys.path.insert(0, sys.argv[1].rsplit("/", 1)[0])
 import hops
 hops.measure(root)
@@ -180,13 +167,11 @@ def measure(root: str) -> None:
 
 def run_side(spec: str) -> dict:
     name, _, ref = spec.partition("@")
-    root = REPO
-    if ref:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from fast_turns import before_tree  # the worktree the benches with sides share
-        root = before_tree(ref)
-    proc = subprocess.run([sys.executable, "-c", _BOOT, str(root), __file__], cwd=REPO,
-                          capture_output=True, text=True,
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fast_turns import TREE_IMPORTS, before_tree  # as the benches with sides run theirs
+    root = before_tree(ref) if ref else REPO
+    proc = subprocess.run([sys.executable, "-c", TREE_IMPORTS + _MEASURE, str(root), __file__],
+                          cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if proc.returncode != 0:
         raise SystemExit(f"{name}: {proc.stderr[-2000:]}")

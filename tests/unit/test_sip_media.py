@@ -16,7 +16,8 @@ from standardwebhooks import Webhook
 from vllm_duplex.core.session_config import AudioEncoding, AudioFormat
 from vllm_duplex.media.audio import ulaw_encode
 from vllm_duplex.realtime.server.telephony import rtp, sdp, webhooks
-from vllm_duplex.realtime.server.telephony.player import FRAME, ReplyPlayer
+from vllm_duplex.realtime.server.reply_player import ReplyPlayer
+from vllm_duplex.realtime.server.telephony.sip_call import FRAME, RATE
 
 BARESIP_OFFER = "\r\n".join([
     "v=0", "o=- 1 2 IN IP4 192.168.1.5", "s=-", "c=IN IP4 192.168.1.5", "t=0 0",
@@ -121,7 +122,7 @@ def _ulaw(seconds: float) -> bytes:
 
 def test_the_player_plays_a_reply_then_silence_and_reports_it():
     seen: list[tuple[str, str]] = []
-    player = ReplyPlayer(lambda kind, rid: seen.append((kind, rid)))
+    player = ReplyPlayer(lambda kind, rid: seen.append((kind, rid)), RATE)
     fmt = AudioFormat(AudioEncoding.PCMU, 8000)
     player.push("r1", "i1", _ulaw(0.05), fmt)
     player.finish("r1")
@@ -133,7 +134,7 @@ def test_the_player_plays_a_reply_then_silence_and_reports_it():
 
 def test_interrupting_silences_the_next_frame_and_clear_says_what_was_heard():
     seen: list[str] = []
-    player = ReplyPlayer(lambda kind, rid: seen.append(kind))
+    player = ReplyPlayer(lambda kind, rid: seen.append(kind), RATE)
     fmt = AudioFormat(AudioEncoding.PCMU, 8000)
     player.push("r1", "i1", _ulaw(1.0), fmt)
     for _ in range(10):

@@ -93,20 +93,20 @@ async def test_the_reply_track_reports_and_clears_where_it_was():
     seen: list[tuple[str, str]] = []
     track = ReplyTrack(lambda kind, rid: seen.append((kind, rid)))
     fmt = AudioFormat(rate=24000)
-    track.push("r1", "i1", np.full(2400, 9000, "<i2").tobytes(), fmt)  # 100 ms
+    track.player.push("r1", "i1", np.full(2400, 9000, "<i2").tobytes(), fmt)  # 100 ms
     frames = [await track.recv() for _ in range(3)]  # 60 ms out, at real time
     assert seen == [("output_audio_buffer.started", "r1")]
     assert frames[0].sample_rate == 48000 and frames[0].samples == 960
-    response, item, heard = track.clear()
+    response, item, heard = track.player.clear()
     assert (response, item) == ("r1", "i1") and 55 <= heard <= 65
     assert seen[-1] == ("output_audio_buffer.cleared", "r1")
-    track.push("r1", "i1", np.full(2400, 9000, "<i2").tobytes(), fmt)  # a cut reply stays cut
+    track.player.push("r1", "i1", np.full(2400, 9000, "<i2").tobytes(), fmt)  # a cut reply stays cut
     assert not np.frombuffer(bytes((await track.recv()).planes[0]), "<i2").any()
-    track.push("r2", "i2", np.full(480, 9000, "<i2").tobytes(), fmt)  # 20 ms, then done
-    track.finish("r2")
+    track.player.push("r2", "i2", np.full(480, 9000, "<i2").tobytes(), fmt)  # 20 ms, then done
+    track.player.finish("r2")
     await track.recv()
     assert seen[-2:] == [("output_audio_buffer.started", "r2"), ("output_audio_buffer.stopped", "r2")]
-    assert track.clear() is None  # nothing playing
+    assert track.player.clear() is None  # nothing playing
     track.stop()
 
 

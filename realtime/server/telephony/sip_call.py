@@ -39,13 +39,15 @@ from vllm_duplex.core.session_config import AudioEncoding, AudioFormat, SessionP
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.media.audio import AudioEncoder, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from vllm_duplex.realtime.server.telephony import rtp, sdp
-from vllm_duplex.realtime.server.telephony.player import FRAME, RATE, ReplyPlayer
+from vllm_duplex.realtime.server.reply_player import ReplyPlayer
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.replay.outbox import Notice
 from vllm_duplex.session.runner import DuplexSession
 
 log = logging.getLogger(__name__)
 
+RATE = 8000  # G.711's clock
+FRAME = RATE // 50  # samples in a 20 ms packet
 _FRAME_S = FRAME / RATE
 _MAX_RTP_BYTES = 1500
 
@@ -98,7 +100,7 @@ class SipCall:
         self.dialog = dialog
         self.codec = RealtimeCodec(max_event_bytes=runtime.config.limits.max_event_bytes,
                                    model_aliases={n: runtime.model for n in runtime.config.model_names})
-        self.player = ReplyPlayer(self._buffer_event)
+        self.player = ReplyPlayer(self._buffer_event, RATE)
         self.sidebands: set[Callable[[str], Awaitable[None]]] = set()
         self.dropped = 0  # RTP packets dropped: malformed, unknown payload, stranger
         self.digits: list[str] = []  # DTMF received, in order

@@ -216,7 +216,7 @@ class RtcCall:
             event = item.event
             if isinstance(event, ev.OutputAudioDelta):  # on the track, not the channel
                 fmt = self._formats.get(event.response_id, session.config.output_format)
-                track.push(event.response_id, event.item_id, event.delta, fmt)
+                track.player.push(event.response_id, event.item_id, event.delta, fmt)
                 continue
             if isinstance(event, ev.ResponseCreated):
                 raw = (event.response.get("audio") or {}).get("output") or {}
@@ -224,13 +224,13 @@ class RtcCall:
                                                                   session.config.output_format)
             elif isinstance(event, ev.ResponseDone):
                 self._formats.pop(event.response["id"], None)
-                track.finish(event.response["id"])
+                track.player.finish(event.response["id"])
             elif isinstance(event, ev.SpeechStarted):
                 td = session.config.turn_detection
                 if td is None or td.interrupt_response:
-                    track.interrupted()  # the caller stops hearing the reply
+                    track.player.interrupted()  # the caller stops hearing the reply
             elif isinstance(event, ev.OutputAudioResumed):
-                track.seek(event.item_id, event.audio_start_ms)
+                track.player.seek(event.item_id, event.audio_start_ms)
             text = self.codec.render(item)
             if text is not None:
                 await self._send(text)
@@ -261,7 +261,7 @@ class RtcCall:
     def clear_output(self) -> None:
         """``output_audio_buffer.clear``: cut the reply off where the caller is,
         and keep only that much of its item (what a client's truncate does)."""
-        cut = self.track.clear()
+        cut = self.track.player.clear()
         if cut is None:
             return
         response_id, item_id, heard_ms = cut

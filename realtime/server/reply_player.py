@@ -1,14 +1,15 @@
-"""The reply player of a phone call, sans-I/O: what a WebSocket client's
-player does, at the phone's 8 kHz.
+"""The reply player of a call, sans-I/O: what a WebSocket client's player
+does, at the call's rate -- a WebRTC call's reply track at Opus's 48 kHz
+(``webrtc/media.py``), a phone call's RTP at G.711's 8 kHz
+(``telephony/sip_call.py``).
 
 The session's audio deltas (in the response's output format) are decoded
-to 8 kHz PCM and queued; the call's RTP sender ``pull``s one 20 ms frame at
-a time, at real time; when nothing is queued the frame is silence. The
+to the call's rate and queued; the call's sender ``pull``s one 20 ms frame
+at a time, at real time; when nothing is queued the frame is silence. The
 player knows what the caller has been sent of each item, so a clear cuts
 exactly there (``clear`` returns the heard position for
 ``conversation.item.truncate``), and it reports ``output_audio_buffer.
-started`` / ``.stopped`` / ``.cleared`` through ``on_buffer`` -- the
-same facts, in the same order, as the WebRTC call's reply track.
+started`` / ``.stopped`` / ``.cleared`` through ``on_buffer``.
 """
 
 from __future__ import annotations
@@ -22,10 +23,6 @@ from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioDecoder
 
-RATE = 8000  # G.711's clock
-FRAME = RATE // 50  # 20 ms
-
-
 @dataclass
 class _Chunk:
     response_id: str
@@ -36,7 +33,9 @@ class _Chunk:
 
 
 class ReplyPlayer:
-    def __init__(self, on_buffer: Callable[[str, str], None]) -> None:
+    def __init__(self, on_buffer: Callable[[str, str], None], rate: int) -> None:
+        self.rate = rate
+        self.frame = rate // 50  # samples in 20 ms
         self._on_buffer = on_buffer  # (event type, response_id)
         self._queue: deque[_Chunk] = deque()
         self._decoders: dict[str, tuple[AudioFormat, AudioDecoder, str]] = {}  # + its item
@@ -52,7 +51,7 @@ class ReplyPlayer:
 
     @property
     def queued_ms(self) -> float:
-        return sum(c.pcm.size - c.offset for c in self._queue) * 1000 / RATE
+        return sum(c.pcm.size - c.offset for c in self._queue) * 1000 / self.rate
 
     def push(self, response_id: str, item_id: str, data: bytes, fmt: AudioFormat) -> None:
         if response_id in self._cut:
@@ -61,7 +60,8 @@ class ReplyPlayer:
         if known is None or known[0] != fmt or known[2] != item_id:
             if known is not None:
                 self._tail(response_id)
-            known = self._decoders[response_id] = (fmt, AudioDecoder(fmt, out_rate=RATE), item_id)
+            known = self._decoders[response_id] = (fmt, AudioDecoder(fmt, out_rate=self.rate),
+                                                    item_id)
         self._append(response_id, item_id, known[1].decode(data))
 
     def _tail(self, response_id: str) -> None:
@@ -76,7 +76,7 @@ class ReplyPlayer:
         if pcm.size == 0:
             return
         start = self._position.get(item_id, 0.0)
-        self._position[item_id] = start + pcm.size * 1000 / RATE
+        self._position[item_id] = start + pcm.size * 1000 / self.rate
         self._queue.append(_Chunk(response_id, item_id, start, pcm))
 
     def seek(self, item_id: str, position_ms: int) -> None:
@@ -116,19 +116,22 @@ class ReplyPlayer:
             self._on_buffer("output_audio_buffer.cleared", playing)
 
     def pull(self) -> tuple[np.ndarray, bool]:
-        """The next 20 ms frame (int16 at 8 kHz) and whether it holds reply audio."""
-        out = np.zeros(FRAME, dtype=np.int16)
+        """The next 20 ms frame (int16 at the call's rate) and whether it
+        holds reply audio."""
+        frame = self.frame
+        out = np.zeros(frame, dtype=np.int16)
         filled = 0
-        while filled < FRAME and self._queue:
+        while filled < frame and self._queue:
             head = self._queue[0]
             if self._playing != head.response_id:
                 self._playing = head.response_id
                 self._on_buffer("output_audio_buffer.started", head.response_id)
-            take = min(FRAME - filled, head.pcm.size - head.offset)
+            take = min(frame - filled, head.pcm.size - head.offset)
             out[filled:filled + take] = head.pcm[head.offset:head.offset + take]
             head.offset += take
             filled += take
-            self._sent = (head.response_id, head.item_id, head.start_ms + head.offset * 1000 / RATE)
+            self._sent = (head.response_id, head.item_id,
+                          head.start_ms + head.offset * 1000 / self.rate)
             if head.offset >= head.pcm.size:
                 self._queue.popleft()
         if not self._queue and self._playing in self._finished:
