@@ -17,11 +17,21 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.core.session_config import AudioEncoding, AudioFormat
 from vllm_duplex.media.audio import AudioDecoder
+
+def wire_format(raw: dict[str, Any] | None, default: AudioFormat) -> AudioFormat:
+    """The ``AudioFormat`` of a response's ``audio.output.format`` object."""
+    if not isinstance(raw, dict):
+        return default
+    encoding = AudioEncoding(raw.get("type", default.encoding.value))
+    rate = int(raw.get("rate", 8000 if encoding is not AudioEncoding.PCM16 else default.rate))
+    return AudioFormat(encoding, rate)
+
 
 @dataclass
 class _Chunk:

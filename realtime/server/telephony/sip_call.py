@@ -39,7 +39,7 @@ from vllm_duplex.core.session_config import AudioEncoding, AudioFormat, SessionP
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.media.audio import AudioEncoder, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from vllm_duplex.realtime.server.telephony import rtp, sdp
-from vllm_duplex.realtime.server.reply_player import ReplyPlayer
+from vllm_duplex.realtime.server.reply_player import ReplyPlayer, wire_format
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.replay.outbox import Notice
 from vllm_duplex.session.runner import DuplexSession
@@ -60,15 +60,6 @@ class Dialog(Protocol):
     async def bye(self) -> None: ...
 
     async def refer(self, target_uri: str) -> int: ...
-
-
-def wire_format(raw: dict[str, Any] | None, default: AudioFormat) -> AudioFormat:
-    """The ``AudioFormat`` of a response's ``audio.output.format`` object."""
-    if not isinstance(raw, dict):
-        return default
-    encoding = AudioEncoding(raw.get("type", default.encoding.value))
-    rate = int(raw.get("rate", 8000 if encoding is not AudioEncoding.PCM16 else default.rate))
-    return AudioFormat(encoding, rate)
 
 
 def with_phone_formats(patch: SessionPatch | None, law: AudioEncoding) -> SessionPatch:

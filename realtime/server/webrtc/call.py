@@ -47,7 +47,8 @@ from vllm_duplex.core.commands import AudioAppend, ItemTruncate, OutputAudioClea
 from vllm_duplex.core.errors import Closed, DuplexError
 from vllm_duplex.core.session_config import AudioFormat, SessionPatch
 from vllm_duplex.host.runtime import Runtime
-from vllm_duplex.realtime.server.webrtc.media import MicrophoneEncoder, ReplyTrack, mono_int16, wire_format
+from vllm_duplex.realtime.server.reply_player import wire_format
+from vllm_duplex.realtime.server.webrtc.media import MicrophoneEncoder, ReplyTrack, mono_int16
 from vllm_duplex.realtime.server.webrtc.offer import Offer
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.replay.outbox import Notice

@@ -23,27 +23,17 @@ import asyncio
 import fractions
 import time
 from collections.abc import Callable
-from typing import Any
 
 import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from vllm_duplex.core.session_config import AudioEncoding, AudioFormat
+from vllm_duplex.core.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioEncoder
 from vllm_duplex.realtime.server.reply_player import ReplyPlayer
 
 RATE = 48000  # Opus's clock: what aiortc decodes to and encodes from
 FRAME = RATE // 50  # 20 ms
 _TIME_BASE = fractions.Fraction(1, RATE)
-
-
-def wire_format(raw: dict[str, Any] | None, default: AudioFormat) -> AudioFormat:
-    """The ``AudioFormat`` of a response's ``audio.output.format`` object."""
-    if not isinstance(raw, dict):
-        return default
-    encoding = AudioEncoding(raw.get("type", default.encoding.value))
-    rate = int(raw.get("rate", 8000 if encoding is not AudioEncoding.PCM16 else default.rate))
-    return AudioFormat(encoding, rate)
 
 
 def mono_int16(frame: av.AudioFrame) -> np.ndarray:
