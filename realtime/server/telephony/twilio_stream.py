@@ -49,6 +49,7 @@ from vllm_duplex.core.errors import Capacity, Closed, DuplexError
 from vllm_duplex.core.session_config import AudioEncoding, AudioFormat, SessionPatch
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.media.audio import AudioDecoder, AudioEncoder
+from vllm_duplex.realtime.server.reply_player import wire_format
 from vllm_duplex.realtime.server.telephony import twilio_codec as tw
 from vllm_duplex.realtime.server.telephony.twilio_playout import Playout
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
@@ -159,8 +160,8 @@ class TwilioCall:
                 await self._play(event)
             elif isinstance(event, ev.ResponseCreated):
                 raw = (event.response.get("audio") or {}).get("output") or {}
-                self._formats[event.response["id"]] = _format(raw.get("format"),
-                                                              session.config.output_format)
+                self._formats[event.response["id"]] = wire_format(raw.get("format"),
+                                                                  session.config.output_format)
             elif isinstance(event, ev.ResponseDone):
                 self._response_done(event.response)
             elif isinstance(event, ev.SpeechStarted):
@@ -311,15 +312,6 @@ class TwilioCall:
         await asyncio.gather(*tasks, return_exceptions=True)
         log.info("twilio call %s (%s) ended: %s", self.call_id, self.start.call_sid, closing.value)
         self.ended.set()
-
-
-def _format(raw: Any, default: AudioFormat) -> AudioFormat:
-    """The ``AudioFormat`` of a response's ``audio.output.format`` object."""
-    if not isinstance(raw, dict):
-        return default
-    encoding = AudioEncoding(raw.get("type", default.encoding.value))
-    rate = int(raw.get("rate", default.rate if encoding is AudioEncoding.PCM16 else 8000))
-    return AudioFormat(encoding, rate)
 
 
 async def receive(ws: WebSocket) -> str | bytes | None:
