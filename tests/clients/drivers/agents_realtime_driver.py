@@ -170,6 +170,9 @@ async def scenario(args, transport: str) -> dict[str, Any]:
         out["interrupted"] = await until(
             f"d.events.slice({mark}).some(e => e.type === '{answer}')", 15)
         await until(f"d.events.slice({mark}).some(e => e.type === 'response.done')", 15)
+        # Over WebRTC the item is cut by the call's own truncate, which the
+        # session takes after the SDK's response.cancel: it follows response.done.
+        await until(f"d.events.slice({mark}).some(e => e.type === 'conversation.item.truncated')", 15)
         out["after_interrupt"] = await page.evaluate(f"() => window.sdk.events.slice({mark})")
         state = await page.evaluate("() => window.sdk")
         out.update(events=[e["type"] for e in state["events"]],
