@@ -39,6 +39,8 @@ from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 log = logging.getLogger(__name__)
 
+_PORT_TRIES = 20  # port 0: picks of a port free for both UDP and TCP
+
 _REQUEST_LINE = re.compile(rb"[A-Z]+ \S+ SIP/")
 _METHODS = frozenset(("INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "NOTIFY", "INFO"))
 _PASSED_HEADERS = ("from", "to", "call-id", "contact", "user-agent", "subject", "diversion",
@@ -132,16 +134,20 @@ class SipAgent:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        host, port = self.config.host, self.config.port
-        if "udp" in self.config.transports:
-            transport, _ = await loop.create_datagram_endpoint(lambda: _Udp(self),
-                                                               local_addr=(host, port))
-            self._servers.append(transport)
-            port = transport.get_extra_info("sockname")[1]  # port 0: the one chosen
-        if "tcp" in self.config.transports:
-            server = await loop.create_server(lambda: _Tcp(self, "tcp"), host, port)
-            self._servers.append(server)
-            port = server.sockets[0].getsockname()[1]
+        host = self.config.host
+        # Port 0 (tests): the OS picks UDP's port, and TCP must take the same
+        # one, which another socket may hold -- pick again, a few times.
+        tries = _PORT_TRIES if self.config.port == 0 else 1
+        for attempt in range(tries):
+            try:
+                port = await self._listen(loop, host, self.config.port)
+                break
+            except OSError:
+                for server in self._servers:
+                    server.close()
+                self._servers.clear()
+                if attempt == tries - 1:
+                    raise
         self.port = port
         tls = self.config.tls_context()
         if tls is not None:
@@ -151,6 +157,19 @@ class SipAgent:
             self.tls_port = server.sockets[0].getsockname()[1]
         log.info("SIP on %s:%d (%s)%s", host, port, "+".join(self.config.transports),
                  f", TLS on {self.tls_port}" if tls is not None else "")
+
+    async def _listen(self, loop: asyncio.AbstractEventLoop, host: str, port: int) -> int:
+        """UDP and TCP on one port (SIP's); returns it."""
+        if "udp" in self.config.transports:
+            transport, _ = await loop.create_datagram_endpoint(lambda: _Udp(self),
+                                                               local_addr=(host, port))
+            self._servers.append(transport)
+            port = transport.get_extra_info("sockname")[1]  # port 0: the one chosen
+        if "tcp" in self.config.transports:
+            server = await loop.create_server(lambda: _Tcp(self, "tcp"), host, port)
+            self._servers.append(server)
+            port = server.sockets[0].getsockname()[1]
+        return port
 
     async def stop(self) -> None:
         for dialog in list(self.ringing.values()):
