@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.session_config import AudioEncoding, AudioFormat
+from vllm_duplex.core import events as ev
+from vllm_duplex.core.session_config import AudioEncoding, AudioFormat, SessionConfig
 from vllm_duplex.media.audio import AudioDecoder
 
 def wire_format(raw: dict[str, Any] | None, default: AudioFormat) -> AudioFormat:
@@ -54,6 +55,7 @@ class ReplyPlayer:
         self._finished: set[str] = set()
         self._cut: set[str] = set()  # responses cleared: their later audio is dropped
         self._sent: tuple[str, str, float] | None = None  # (response, item, position) sent up to
+        self._formats: dict[str, AudioFormat] = {}  # response id -> its output format
 
     @property
     def playing(self) -> str | None:
@@ -62,6 +64,31 @@ class ReplyPlayer:
     @property
     def queued_ms(self) -> float:
         return sum(c.pcm.size - c.offset for c in self._queue) * 1000 / self.rate
+
+    def follow(self, event: ev.ServerEvent, config: SessionConfig) -> bool:
+        """What one of the session's events means for the caller's ear: reply
+        audio is queued (True: the call plays it, and sends no event for
+        it), a reply's end, speech over it (the caller stops hearing it at
+        once when turn detection interrupts) and a resumed reply move the
+        player; every other event is the call's to send."""
+        if isinstance(event, ev.OutputAudioDelta):
+            fmt = self._formats.get(event.response_id, config.output_format)
+            self.push(event.response_id, event.item_id, event.delta, fmt)
+            return True
+        if isinstance(event, ev.ResponseCreated):
+            raw = (event.response.get("audio") or {}).get("output") or {}
+            self._formats[event.response["id"]] = wire_format(raw.get("format"),
+                                                              config.output_format)
+        elif isinstance(event, ev.ResponseDone):
+            self._formats.pop(event.response["id"], None)
+            self.finish(event.response["id"])
+        elif isinstance(event, ev.SpeechStarted):
+            td = config.turn_detection
+            if td is None or td.interrupt_response:
+                self.interrupted()
+        elif isinstance(event, ev.OutputAudioResumed):
+            self.seek(event.item_id, event.audio_start_ms)
+        return False
 
     def push(self, response_id: str, item_id: str, data: bytes, fmt: AudioFormat) -> None:
         if response_id in self._cut:

@@ -31,7 +31,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from vllm_duplex.core import events as ev
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.commands import AudioAppend, ItemTruncate
 from vllm_duplex.core.errors import Closed, DuplexError
@@ -39,7 +38,7 @@ from vllm_duplex.core.session_config import AudioEncoding, AudioFormat, SessionP
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.media.audio import AudioEncoder, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from vllm_duplex.realtime.server.telephony import rtp, sdp
-from vllm_duplex.realtime.server.reply_player import ReplyPlayer, wire_format
+from vllm_duplex.realtime.server.reply_player import ReplyPlayer
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.replay.outbox import Notice
 from vllm_duplex.session.runner import DuplexSession
@@ -108,7 +107,6 @@ class SipCall:
         self._encoder: tuple[AudioFormat, AudioEncoder] | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._formats: dict[str, AudioFormat] = {}
         self._on_end = on_end
         self._ended: asyncio.Task[None] | None = None
         self.ended = asyncio.Event()
@@ -227,23 +225,7 @@ class SipCall:
             item = await att.get()
             if item is None or isinstance(item, Notice):
                 break
-            event = item.event
-            if isinstance(event, ev.OutputAudioDelta):
-                fmt = self._formats.get(event.response_id, session.config.output_format)
-                player.push(event.response_id, event.item_id, event.delta, fmt)
-            elif isinstance(event, ev.ResponseCreated):
-                raw = (event.response.get("audio") or {}).get("output") or {}
-                self._formats[event.response["id"]] = wire_format(raw.get("format"),
-                                                                  session.config.output_format)
-            elif isinstance(event, ev.ResponseDone):
-                self._formats.pop(event.response["id"], None)
-                player.finish(event.response["id"])
-            elif isinstance(event, ev.SpeechStarted):
-                td = session.config.turn_detection
-                if td is None or td.interrupt_response:
-                    player.interrupted()  # the caller stops hearing the reply, now
-            elif isinstance(event, ev.OutputAudioResumed):
-                player.seek(event.item_id, event.audio_start_ms)
+            player.follow(item.event, session.config)  # what the phone plays
         self._hang_up_soon()  # the session ended
 
     def _buffer_event(self, kind: str, response_id: str) -> None:

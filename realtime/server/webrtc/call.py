@@ -41,13 +41,11 @@ from aiortc import (
     RTCSessionDescription,
 )
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from vllm_duplex.core import events as ev
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.commands import AudioAppend, ItemTruncate, OutputAudioClear, SessionResume
 from vllm_duplex.core.errors import Closed, DuplexError
-from vllm_duplex.core.session_config import AudioFormat, SessionPatch
+from vllm_duplex.core.session_config import SessionPatch
 from vllm_duplex.host.runtime import Runtime
-from vllm_duplex.realtime.server.reply_player import wire_format
 from vllm_duplex.realtime.server.webrtc.media import MicrophoneEncoder, ReplyTrack, mono_int16
 from vllm_duplex.realtime.server.webrtc.offer import Offer
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
@@ -79,7 +77,6 @@ class RtcCall:
         self._connected = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._on_end = on_end
-        self._formats: dict[str, AudioFormat] = {}  # response id -> its output format
         self._ended: asyncio.Task[None] | None = None
         self.ended = asyncio.Event()
 
@@ -214,24 +211,8 @@ class RtcCall:
             item = await att.get()
             if item is None or isinstance(item, Notice):
                 break
-            event = item.event
-            if isinstance(event, ev.OutputAudioDelta):  # on the track, not the channel
-                fmt = self._formats.get(event.response_id, session.config.output_format)
-                track.player.push(event.response_id, event.item_id, event.delta, fmt)
-                continue
-            if isinstance(event, ev.ResponseCreated):
-                raw = (event.response.get("audio") or {}).get("output") or {}
-                self._formats[event.response["id"]] = wire_format(raw.get("format"),
-                                                                  session.config.output_format)
-            elif isinstance(event, ev.ResponseDone):
-                self._formats.pop(event.response["id"], None)
-                track.player.finish(event.response["id"])
-            elif isinstance(event, ev.SpeechStarted):
-                td = session.config.turn_detection
-                if td is None or td.interrupt_response:
-                    track.player.interrupted()  # the caller stops hearing the reply
-            elif isinstance(event, ev.OutputAudioResumed):
-                track.player.seek(event.item_id, event.audio_start_ms)
+            if track.player.follow(item.event, session.config):
+                continue  # reply audio: on the track, not the channel
             text = self.codec.render(item)
             if text is not None:
                 await self._send(text)
