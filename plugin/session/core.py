@@ -9,19 +9,21 @@ the stages work; a test drives it with messages and a clock value and
 checks the exact effects (``tests/unit/test_session_core.py``), the way
 python-websockets tests its ``Protocol`` with bytes.
 
-It is the single writer of the session's state -- fence gate, config,
-conversation, input buffer, the policy's per-session state -- and it is the
-``SessionView`` the policy reads. The turn's phase and the one reply are its
-``Floor``'s (``floor.py``), which it alone calls. Messages are dispatched
-through one table by type: the client's commands (``client_commands.py``),
-stage outputs (the chain of ``decisions.py``: the gate first, so stale
-outputs die in one place; then the held reply, the turn end and the policy,
-whose decision ``apply`` carries out) and the session-level rest here. The
-parts own their small state and return what to do: the pause judge
-(``turn_end.py``, composed by ``pauses.py``), the reply (``reply.py``),
-pacing (``pacing.py``), barge-in timers (``barge_in.py``), the idle timeout
-(``idle.py``), the session's maximum length (``lifetime.py``), what an
-output shows (``rendering.py``) and a reply's request (``replies.py``).
+It is the single writer of the session's state -- fence gate, config, the
+policy's per-session state -- and it is the ``SessionView`` the policy
+reads. The parts own the rest and never hold the core: the turn's phase and
+the one reply (``Floor``, ``floor.py``, which it alone calls), the input
+side the client writes (``ClientCommands``, ``client_commands.py``), the
+pause (``Pauses``, ``pauses.py``, with ``turn_end.py``'s judge), the chain
+stage outputs walk (``OutputChain``, ``decisions.py``: the gate first, so
+stale outputs die in one place; then the held reply, the turn end and the
+policy), the reply (``reply.py``), pacing (``pacing.py``), barge-in timers
+(``barge_in.py``), the idle timeout (``idle.py``), the session's maximum
+length (``lifetime.py``), what an output shows (``rendering.py``) and a
+reply's request (``replies.py``). A part returns what it causes, in order:
+events, effects, and asks (``asks.py``) for what only the core does --
+ask the policy and apply its decision (``apply``), make a user item or a
+response, start, claim or end a reply -- which ``carry`` carries out.
 """
 
 from __future__ import annotations
@@ -29,24 +31,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from typing import Any
 
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.contracts import AppendPlan, FenceBump, OutputDecision
-from vllm_duplex.core.conversation import ConversationItem
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.gate import FenceGate
-from vllm_duplex.core.input_sequence import InputSequence
 from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import AsrConfig, StageFailed, StageOutput
+from vllm_duplex.core.payloads import AsrConfig, ContextMessage, StageFailed, StageOutput
 from vllm_duplex.core.session_config import SessionConfig, session_wire, updated_config
 from vllm_duplex.policy import ModelPolicy
-from vllm_duplex.session import barge_in, decisions, idle, lifetime, pacing, pauses, turn_end
-from vllm_duplex.session.client_commands import COMMANDS
+from vllm_duplex.session import asks, barge_in, idle, lifetime, pacing, turn_end
+from vllm_duplex.session.asks import Steps
+from vllm_duplex.session.client_commands import COMMANDS, ClientCommands
+from vllm_duplex.session.decisions import OutputChain
 from vllm_duplex.session.effects import (
     AckEvents,
     Cancel,
@@ -64,12 +66,19 @@ from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session.floor import Floor
-from vllm_duplex.session.phase import Phase
-from vllm_duplex.session.replies import check_response, reply_request, reply_tools, response_context
+from vllm_duplex.session.pauses import Pauses
+from vllm_duplex.session.replies import (
+    check_response,
+    reply_context,
+    reply_request,
+    reply_tools,
+    response_context,
+)
 from vllm_duplex.session.reply import End, Reply
 from vllm_duplex.session.turn_end import Pause
 from vllm_duplex.session.user_turn import UserTurn
 from vllm_duplex.session.video_input import VideoAdmission
+from vllm_duplex.session.view import SessionViewOfParts
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +87,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_urlsafe(12)}"
 
 
-class SessionCore:
+class SessionCore(SessionViewOfParts):
     def __init__(
         self,
         session_id: str,
@@ -112,85 +121,45 @@ class SessionCore:
         self._asr_configurable = any(issubclass(AsrConfig, kinds) for kinds in needs.sends.values())
         self._policy_state = policy.new_state()
         self.out = EffectLog(self.gate, now)
-        self.input_seq = InputSequence(max_chunk_bytes=1 << 62, max_total_bytes=1 << 62)
         self.conversation = ItemStore(limits.max_items)
         self.input = InputBuffer(config.input_format, max_ms=limits.max_buffer_ms)
         self.input.set_noise_reduction(config.noise_reduction)
         self.user = UserTurn(make_id)
         self.video = VideoAdmission(limits.video, started_at=now)
         self.latency = TurnLatency(metrics.stage_latency, metrics.critical_path)
-        self.pause = Pause()  # semantic_vad: the pause being judged
+        self.pauses = Pauses(latency=self.latency, metrics=metrics, session_id=session_id)
         self.idle = idle.IdleTimer()  # server_vad's idle_timeout_ms
         # The turn's phase and the one reply (held or shown).
         self.floor = Floor(self.out, self.gate, config=config, metrics=metrics,
                            latency=self.latency, conversation=self.conversation, user=self.user,
-                           pause=self.pause, idle_timer=self.idle, make_id=make_id,
+                           pause=self.pauses.pause, idle_timer=self.idle, make_id=make_id,
                            session_id=session_id)
+        self.commands = ClientCommands(self.out, self.floor, input_buffer=self.input,
+                                       conversation=self.conversation, user=self.user,
+                                       video=self.video, latency=self.latency, caps=self.caps,
+                                       policy_name=policy.name, make_id=make_id)
+        self.chain = OutputChain(self.gate, self.floor, self.pauses, metrics=metrics,
+                                 latency=self.latency)
         # What a fired timer (effects.ArmTimer) runs, by name.
         self.timers: dict[str, Callable[[], None]] = {
-            turn_end.TIMER: lambda: pauses.due(self),
+            turn_end.TIMER: lambda: self.carry(self.pauses.due(self._config, self.now)),
             pacing.PACING: self.floor.send_due,
             barge_in.BARGE_IN: self.floor.barge_in_due,
-            idle.IDLE: lambda: idle.due(self),
-            lifetime.WARNING: lambda: lifetime.warn(self),
-            lifetime.END: lambda: lifetime.end(self)}
-
-    # ---- SessionView (what the policy may read) ---------------------------
-
-    @property
-    def fence(self) -> Fence:
-        return self.gate.fence
-
-    @property
-    def config(self) -> SessionConfig:
-        return self._config
-
-    @property
-    def items(self) -> Sequence[ConversationItem]:
-        return self.conversation.snapshot()
-
-    @property
-    def active_response_id(self) -> str | None:
-        return self.shown.id if self.shown else None
-
-    @property
-    def user_speaking(self) -> bool:
-        return self.user.speaking
-
-    @property
-    def output_modalities(self) -> tuple[str, ...]:
-        """What the reply in progress produces: a ``response.create`` may ask
-        for other modalities than the session's."""
-        shown = self.shown
-        if shown is not None and shown.record is not None:
-            return shown.record.response.output_modalities
-        return tuple(self._config.output_modalities)
-
-    @property
-    def policy_state(self) -> Any:
-        return self._policy_state
-
-    @property
-    def generator(self) -> str:
-        """The stage that writes replies."""
-        return self._generator
-
-    @property
-    def output_paused(self) -> bool:
-        """The reply is paused by speech over it (adaptive interruptions)."""
-        return self.floor.phase.value is Phase.BARGE_PAUSED
-
-    @property
-    def shown(self) -> Reply | None:
-        """The reply the client sees (None: none, or one still held)."""
-        return self.floor.shown
+            idle.IDLE: self._idle_due,
+            lifetime.WARNING: lambda: self.emit(lifetime.warning(self.limits)),
+            lifetime.END: self._expired}
 
     # ---- what the runner reads -------------------------------------------
 
     @property
+    def pause(self) -> Pause:
+        """The pause being heard or judged (semantic_vad holds its end of speech)."""
+        return self.pauses.pause
+
+    @property
     def last_input_seq(self) -> int:
         """The last numbered input chunk accepted (a resumed client resends after it)."""
-        return self.input_seq.next_seq - 1
+        return self.commands.input_seq.next_seq - 1
 
     def session_object(self) -> dict[str, Any]:
         extra = {"policy": self.policy.name, "capabilities": self.caps.wire(),
@@ -213,7 +182,7 @@ class SessionCore:
         if self._config.turn_detection is not None:
             self.execute(self.policy.plan_append(self, self.user.vad_config(self._config)))
         self._configure_asr(None)
-        lifetime.arm(self)
+        self.carry(lifetime.arm(self.limits, now))
         return self._take()
 
     def handle(self, message: object, now: float, received_at: float | None = None) -> list[Effect]:
@@ -266,6 +235,21 @@ class SessionCore:
         self.error(err)
         if self.floor.shown is not None:
             self.floor.end(End.FAILED, error=err.to_wire())
+
+    def carry(self, steps: Steps) -> None:
+        """Carry out what a part returned, in order: an ask (``asks.py``) by
+        the core, with its follow-ups before the next step; an event to the
+        client; any other effect to the runner."""
+        for step in steps:
+            ask = _ASKS.get(type(step))
+            if ask is not None:
+                more = ask(self, step)
+                if more:
+                    self.carry(more)
+            elif isinstance(step, ev.ServerEvent):
+                self.emit(step)
+            else:
+                self.out.add(step)
 
     def execute(self, plan: AppendPlan, *, ingest: bool = False) -> None:
         """Carry out a policy plan: move the fence first, then submit.
@@ -343,8 +327,70 @@ class SessionCore:
         if fire is not None:
             fire()
 
+    def _on_command(self, c: object) -> None:
+        self.carry(self.commands.handle(c, self._config))
+
     def _on_stage_output(self, out: StageOutput) -> None:
-        decisions.walk(self, out)
+        self.carry(self.chain.walk(out, self._config, self.now))
+
+    def _idle_due(self) -> None:
+        """The idle timeout passed in silence: the user is prompted to go on."""
+        prompt = idle.due(self.idle, self._config, self.now, replying=self.floor.shown is not None,
+                          user=self.user, written_ms=self.input.written_ms)
+        if prompt is not None:
+            self.emit(prompt)
+            self.commit_input()
+            self.create_response(cmd.ResponseOptions())
+
+    def _expired(self) -> None:
+        """The session reached its maximum length."""
+        self.error(lifetime.expired(self.limits))
+        self.emit(ev.SessionClosed(reason=CloseReason.MAX_DURATION.value))
+        self.out.add(Close(CloseReason.MAX_DURATION))
+
+    # ---- what the parts ask of the core (asks.py) ----------------------------------
+
+    def apply_decision(self, out: StageOutput) -> OutputDecision:
+        """Ask the policy about ``out`` and carry out its answer."""
+        decision = self.policy.decide_output(self, out)
+        self.apply(out, decision)
+        return decision
+
+    def _decide(self, a: asks.Decide) -> None:
+        self.apply_decision(a.out)
+
+    def _observe(self, a: asks.Observe) -> Steps | None:
+        fence = self.fence
+        decision = self.apply_decision(
+            StageOutput(fence, fence.request_id("vad"), "vad", a.observation))
+        return a.then(decision) if a.then is not None else None
+
+    def _hold(self, a: asks.Hold) -> None:
+        decision = self.policy.decide_output(self, a.out)
+        if self.floor.keep(a.out, decision) and decision.forward is not None:
+            # e.g. its text is synthesized now, into the held buffer
+            self.out.add(Forward(a.out, decision.forward))
+
+    def _discard(self, a: asks.Discard) -> Steps | None:
+        discarded = self.floor.discard()
+        return a.then(discarded) if a.then is not None else None
+
+    def speculate(self, words: str) -> None:
+        """Answer ``words`` (the user's turn so far) ahead of the commit, held."""
+        td, config = self._config.turn_detection, self._config
+        if (self.floor.reply is not None or not words.strip() or not config.responds
+                or td is None or not td.create_response or self._generator not in self.stage_names):
+            return
+        options = cmd.ResponseOptions()
+        context = reply_context(self.policy, self, self.conversation.snapshot(),
+                                config.instructions, (ContextMessage("user", words),))
+        fence = self.fence
+        reply = Reply(self.make_id("resp"), fence.request_id("llm"), answers=words, context=context)
+        request = reply_request(self.policy, self, reply.id, context, options,
+                                reply_tools(config, options))
+        self.floor.speculate(reply)
+        self.latency.reply_started(reply.id, self.now)
+        self.out.add(Submit(self._generator, fence, "llm", request))
 
     def apply(self, out: StageOutput, decision: OutputDecision, *,
               forwarded: bool = False) -> None:
@@ -409,7 +455,7 @@ class SessionCore:
 # What handles each message, by its exact type (the codec and the runner make
 # exactly these classes): the client's commands, then the session's own.
 _HANDLERS: dict[type, Callable[[SessionCore, Any], None]] = {
-    **COMMANDS,
+    **{kind: SessionCore._on_command for kind in COMMANDS},
     StageOutput: SessionCore._on_stage_output,
     cmd.SessionUpdate: SessionCore._on_update,
     cmd.EventAck: SessionCore._on_event_ack,
@@ -417,4 +463,22 @@ _HANDLERS: dict[type, Callable[[SessionCore, Any], None]] = {
     FrameDecoded: SessionCore._on_frame,
     Failed: SessionCore._on_failed,
     TimerFired: SessionCore._on_timer,
+}
+
+# How the core carries out each ask, by its exact type; an ask may answer
+# with follow-up steps.
+_ASKS: dict[type, Callable[[SessionCore, Any], Steps | None]] = {
+    asks.Plan: lambda core, a: core.execute(core.policy.plan_append(core, a.payload),
+                                            ingest=a.ingest),
+    asks.Decide: SessionCore._decide,
+    asks.Observe: SessionCore._observe,
+    asks.Hold: SessionCore._hold,
+    asks.Speculate: lambda core, a: core.speculate(a.words),
+    asks.Discard: SessionCore._discard,
+    asks.Rest: lambda core, a: core.floor.rest(),
+    asks.CommitInput: lambda core, a: core.commit_input(),
+    asks.Respond: lambda core, a: core.create_response(a.options),
+    asks.Interrupt: lambda core, a: core.floor.interrupt(a.reason),
+    asks.ItemGone: lambda core, a: core.floor.item_gone(a.item_id, truncated=a.truncated),
+    asks.Fail: lambda core, a: core.fail(a.error),
 }

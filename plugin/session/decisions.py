@@ -1,8 +1,8 @@
-"""One road for a stage output: the chain every output walks, and the one
-applier of the policy's ``OutputDecision``.
+"""One road for a stage output: ``OutputChain``, the steps every output
+walks.
 
-Every stage output that reaches the session goes through ``CHAIN``, in its
-order, until a step takes it:
+Every stage output that reaches the session goes through the steps, in
+their order, until one takes it:
 
 ==============  ===============================================================
 ``gate``        an output of an older fence is dropped and counted: the one
@@ -15,106 +15,99 @@ order, until a step takes it:
 ``turn_end``    semantic_vad: the VAD's end of speech is held while the pause is
                 judged; ``P(end)`` and the words up to the pause are judged here
                 (``pauses.py``; ``turn_end.py`` is the judge)
-``policy``      everything else: the policy decides, ``apply`` carries it out
+``policy``      everything else: the policy decides, the core applies it
 ==============  ===============================================================
 
-``apply`` carries out an ``OutputDecision`` -- for stage outputs, for the
-pause observations the turn-end step hands the policy (``UserPaused``,
-``UserResumed``) and for a speculated reply's outputs at release -- in one
-fixed order: show, pause the output, the plan, interrupt, forward, commit,
-respond, dismiss, finish. One part is carried out elsewhere: the speculation
-step forwards a held output at once (its text must reach the TTS while the
-reply is held, so its audio is ready at release) and keeps the decision;
-at release ``apply`` does all the rest of it (``forwarded=True``).
+Each step is given what it reads (the gate, the floor's phase and held
+reply, the pause) and returns what the output asks for (``asks.py``: the
+policy's decision, the held reply's keeping, a failure) or None to pass it
+on; the core carries the asks out. ``SessionCore.apply`` carries out an
+``OutputDecision`` -- for stage outputs, for the pause observations the
+turn-end step hands the policy (``UserPaused``, ``UserResumed``) and for a
+speculated reply's outputs at release -- in one fixed order: show, pause
+the output, the plan, interrupt, forward, commit, respond, dismiss, finish.
+A held output's forward is carried out at once (its text must reach the
+TTS while the reply is held, so its audio is ready at release; ``Hold``)
+and at release ``apply`` does all the rest of it (``forwarded=True``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.contracts import OutputDecision
+from vllm_duplex.core.gate import FenceGate
+from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import AudioOut, StageFailed, StageOutput, TextDelta, ToolCall
-from vllm_duplex.session import pauses
-from vllm_duplex.session.effects import Close, Forward
+from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.session.asks import Decide, Discard, Fail, Hold, Steps
+from vllm_duplex.session.effects import Close
+from vllm_duplex.session.floor import Floor
+from vllm_duplex.session.latency import TurnLatency
+from vllm_duplex.session.pauses import Pauses
 from vllm_duplex.session.phase import Phase
 
-if TYPE_CHECKING:
-    from vllm_duplex.session.core import SessionCore
-
-Step = Callable[["SessionCore", StageOutput], bool]  # True: the output was taken
+# A step: what the output asks for, or None to pass it on.
+Step = Callable[[StageOutput, SessionConfig, float], "Steps | None"]
 
 
-def walk(core: SessionCore, out: StageOutput) -> None:
-    """Hand ``out`` down the chain until a step takes it."""
-    for _, step in CHAIN:
-        if step(core, out):
-            return
+class OutputChain:
+    def __init__(self, gate: FenceGate, floor: Floor, pauses: Pauses, *, metrics: Metrics,
+                 latency: TurnLatency) -> None:
+        self._gate = gate
+        self._floor = floor
+        self._pauses = pauses
+        self._metrics = metrics
+        self._latency = latency
+        self.steps: tuple[tuple[str, Step], ...] = (
+            ("gate", self._admit),
+            ("fatal", self._fatal),
+            ("speculation", self._speculation),
+            ("turn_end", pauses.take),
+            ("policy", self._policy),
+        )
 
+    def walk(self, out: StageOutput, config: SessionConfig, now: float) -> Steps:
+        """What ``out`` asks for, from the first step that takes it."""
+        for _, step in self.steps:
+            steps = step(out, config, now)
+            if steps is not None:
+                return steps
+        raise AssertionError("the policy step takes every output")
 
-def decide(core: SessionCore, out: StageOutput) -> OutputDecision:
-    """Ask the policy about ``out`` and carry out its answer."""
-    decision = core.policy.decide_output(core, out)
-    core.apply(out, decision)
-    return decision
+    # ---- the steps ------------------------------------------------------------------
 
+    def _admit(self, out: StageOutput, config: SessionConfig, now: float) -> Steps | None:
+        if self._gate.admit(out):
+            self._trace(out.payload, now)
+            return None
+        self._metrics.stale_dropped.inc(stage=out.stage)
+        return []
 
-# ---- the steps ------------------------------------------------------------------
+    def _trace(self, p: object, now: float) -> None:
+        """A reply's output as it arrives, held or not: its critical path's
+        steps (``critical_path.py``)."""
+        kind = type(p)
+        if kind is TextDelta or kind is ToolCall:
+            self._latency.reply_text(p.response_id, now)  # type: ignore[attr-defined]
+        elif kind is AudioOut and p.pcm.size:  # type: ignore[attr-defined]
+            self._latency.reply_audio(p.response_id, now)  # type: ignore[attr-defined]
 
+    @staticmethod
+    def _fatal(out: StageOutput, config: SessionConfig, now: float) -> Steps | None:
+        p = out.payload
+        if type(p) is not StageFailed or not p.error.spec.terminal:
+            return None
+        return [Fail(p.error), Close(CloseReason(p.error.code))]
 
-def _gate(core: SessionCore, out: StageOutput) -> bool:
-    if core.gate.admit(out):
-        _trace(core, out.payload)
-        return False
-    core.metrics.stale_dropped.inc(stage=out.stage)
-    return True
+    def _speculation(self, out: StageOutput, config: SessionConfig, now: float) -> Steps | None:
+        reply = self._floor.held
+        if self._floor.phase.value is not Phase.ANSWER_HELD or reply is None or not reply.owns(out):
+            return None
+        if type(out.payload) is StageFailed:
+            return [Discard()]  # it failed before anyone asked for it: quietly
+        return [Hold(out)]
 
-
-def _trace(core: SessionCore, p: object) -> None:
-    """A reply's output as it arrives, held or not: its critical path's
-    steps (``critical_path.py``)."""
-    kind = type(p)
-    if kind is TextDelta or kind is ToolCall:
-        core.latency.reply_text(p.response_id, core.now)  # type: ignore[attr-defined]
-    elif kind is AudioOut and p.pcm.size:  # type: ignore[attr-defined]
-        core.latency.reply_audio(p.response_id, core.now)  # type: ignore[attr-defined]
-
-
-def _fatal(core: SessionCore, out: StageOutput) -> bool:
-    p = out.payload
-    if type(p) is not StageFailed or not p.error.spec.terminal:
-        return False
-    core.fail(p.error)
-    core.effect(Close(CloseReason(p.error.code)))
-    return True
-
-
-def _speculation(core: SessionCore, out: StageOutput) -> bool:
-    reply = core.floor.held
-    if core.floor.phase.value is not Phase.ANSWER_HELD or reply is None or not reply.owns(out):
-        return False
-    if type(out.payload) is StageFailed:
-        core.floor.discard()  # it failed before anyone asked for it: quietly
-        return True
-    decision = core.policy.decide_output(core, out)
-    reply.keep(out, decision)
-    if decision.forward is not None:  # e.g. its text is synthesized now, into the held buffer
-        core.effect(Forward(out, decision.forward))
-    return True
-
-
-def _policy(core: SessionCore, out: StageOutput) -> bool:
-    decide(core, out)
-    return True
-
-
-CHAIN: tuple[tuple[str, Step], ...] = (
-    ("gate", _gate),
-    ("fatal", _fatal),
-    ("speculation", _speculation),
-    ("turn_end", pauses.take),
-    ("policy", _policy),
-)
-
-
+    @staticmethod
+    def _policy(out: StageOutput, config: SessionConfig, now: float) -> Steps:
+        return [Decide(out)]

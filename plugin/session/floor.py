@@ -125,6 +125,15 @@ class Floor:
         self._out.emit_all(record.start_events())
         return reply, held, new
 
+    def keep(self, out: StageOutput, decision: OutputDecision) -> bool:
+        """An output of the held reply, with the policy's decision: kept until
+        the reply is claimed. False: no reply is held."""
+        reply = self.held
+        if reply is None:
+            return False
+        reply.keep(out, decision)
+        return True
+
     # ---- its way out --------------------------------------------------------------
 
     def _scope(self) -> rendering.Scope:
@@ -200,6 +209,22 @@ class Floor:
         if self.shown is not None:
             self.end(End.TURN_DETECTED if reason is InterruptReason.TURN_DETECTED
                      else End.CANCELLED)
+
+    def item_gone(self, item_id: str, *, truncated: bool) -> None:
+        """The client deleted or truncated ``item_id``; the reply shown may be
+        writing it."""
+        shown = self.shown
+        record = shown.record if shown is not None else None
+        if record is None or record.item.id != item_id:
+            return
+        if not truncated:
+            record.in_conversation = False  # no item.done for a deleted item
+            return
+        # The item is still being generated: the client stopped playing it
+        # (the Agents SDK's interrupt() sends only a truncate), so its output
+        # stops and its .done events hold the heard part, as for a cancel.
+        record.truncated()
+        self.interrupt(InterruptReason.CLIENT_CANCELLED)
 
     def discard(self) -> bool:
         """The held reply ends unseen; False: there was none."""

@@ -14,22 +14,17 @@ server_vad has it (semantic_vad's turns are the model's judgement; a
 transcription session makes no responses).
 
 Pure: functions of the core's ``IdleTimer`` that arm and void it (and return
-the timer effects), and ``due``, the core's work when it fires.
+the timer effects), and ``due``, the prompt when it fires.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.session.effects import ArmTimer, CancelTimer
 from vllm_duplex.session.reply import Reply
-
-if TYPE_CHECKING:
-    from vllm_duplex.session.core import SessionCore
+from vllm_duplex.session.user_turn import UserTurn
 
 IDLE = "idle_timeout"  # the session's timer
 _EPS = 1e-6  # timers fire at float times: "due at t" holds at t
@@ -68,19 +63,16 @@ def void(timer: IdleTimer) -> list[CancelTimer]:
     return [CancelTimer(IDLE)]
 
 
-def due(core: SessionCore) -> None:
-    """The ``idle_timeout`` timer: prompt the user, unless they spoke, a
-    response is under way, or the setting went away meanwhile."""
-    timer = core.idle
-    if timer.due_at is None or core.now + _EPS < timer.due_at:
-        return  # voided, or a stray wake-up
+def due(timer: IdleTimer, config: SessionConfig, now: float, *, replying: bool,
+        user: UserTurn, written_ms: int) -> ev.InputAudioBufferTimeoutTriggered | None:
+    """The ``idle_timeout`` timer: the prompt to make -- then the core commits
+    the buffer and makes a response -- unless the user spoke, a reply is
+    under way, or the setting went away meanwhile."""
+    if timer.due_at is None or now + _EPS < timer.due_at:
+        return None  # voided, or a stray wake-up
     timer.due_at = None
-    ms = timeout_ms(core.config)
-    if (ms is None or core.shown is not None or core.user.speaking
-            or core.user.onsets != timer.onsets):
-        return
-    end_ms = core.input.written_ms
-    core.emit(ev.InputAudioBufferTimeoutTriggered(
-        audio_start_ms=max(0, end_ms - ms), audio_end_ms=end_ms, item_id=core.user.item_id()))
-    core.commit_input()
-    core.create_response(cmd.ResponseOptions())
+    ms = timeout_ms(config)
+    if ms is None or replying or user.speaking or user.onsets != timer.onsets:
+        return None
+    return ev.InputAudioBufferTimeoutTriggered(
+        audio_start_ms=max(0, written_ms - ms), audio_end_ms=written_ms, item_id=user.item_id())

@@ -6,46 +6,39 @@ next session and carry the conversation over); at the end an error
 ``session_expired`` names the limit, then ``session.closed`` and the socket's
 close (1000, ``max_duration``).
 
-Pure: functions of the core that arm the two timers and carry them out.
+Pure: functions of the session's limits: the two timers to arm, the warning
+and the error the core ends the session with.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from vllm_duplex.core import events as ev
-from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.session.effects import ArmTimer, Close
-
-if TYPE_CHECKING:
-    from vllm_duplex.session.core import SessionCore
+from vllm_duplex.session.effects import ArmTimer
+from vllm_duplex.session.limits import SessionLimits
 
 WARNING = "session_end_warning"  # the session's timers
 END = "session_end"
 
 
-def arm(core: SessionCore) -> None:
+def arm(limits: SessionLimits, now: float) -> list[ArmTimer]:
     """At the session's start: the warning and the end, when it has a maximum."""
-    max_s = core.limits.max_session_s
+    max_s = limits.max_session_s
     if not max_s:
-        return
-    warn_at = max_s - core.limits.end_warning_s
-    if warn_at > 0:
-        core.effect(ArmTimer(WARNING, core.now + warn_at))
-    core.effect(ArmTimer(END, core.now + max_s))
+        return []
+    warn_at = max_s - limits.end_warning_s
+    timers = [ArmTimer(WARNING, now + warn_at)] if warn_at > 0 else []
+    return [*timers, ArmTimer(END, now + max_s)]
 
 
-def warn(core: SessionCore) -> None:
-    core.emit(ev.SessionExpiring(seconds_left=int(round(core.limits.end_warning_s))))
+def warning(limits: SessionLimits) -> ev.SessionExpiring:
+    return ev.SessionExpiring(seconds_left=int(round(limits.end_warning_s)))
 
 
-def end(core: SessionCore) -> None:
-    max_s = core.limits.max_session_s
+def expired(limits: SessionLimits) -> DuplexError:
+    """The error the session ends with (then ``session.closed``, ``max_duration``)."""
+    max_s = limits.max_session_s
     assert max_s
     minutes = f"{max_s / 60:g} minutes" if max_s >= 60 else f"{max_s:g} s"
-    core.error(DuplexError("session_expired",
-                           f"the session reached its maximum length of {minutes} "
-                           "(limits.max_session_s); open a new one to go on"))
-    core.emit(ev.SessionClosed(reason=CloseReason.MAX_DURATION.value))
-    core.effect(Close(CloseReason.MAX_DURATION))
+    return DuplexError("session_expired", f"the session reached its maximum length of "
+                       f"{minutes} (limits.max_session_s); open a new one to go on")

@@ -20,8 +20,8 @@ prefill chunks -- the way LiveKit's turn detector uses a SmolLM2 fine-tune).
 
 ``TurnEndDecider`` is the state of one pause (sans-I/O: times in, deadlines
 and decisions out) and ``Pause`` what the session holds while it lasts: the
-VAD's end of speech and the deadline of the timer armed for it. The session
-core composes them (``pauses.py``, the ``turn_end`` step of ``decisions.py``'s
+VAD's end of speech and the deadline of the timer armed for it. ``Pauses``
+composes them (``pauses.py``, the ``turn_end`` step of ``decisions.py``'s
 chain): it holds the VAD's end of speech while the pause lasts, tells the
 policy (``UserPaused``), which pushes the words it held back (so the model
 judges them while the ASR works) and may ask its ASR for every word up to

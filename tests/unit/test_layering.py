@@ -28,3 +28,26 @@ def test_import_contracts_hold(tmp_path: Path) -> None:
                          env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "broken" not in run.stdout.lower().replace("0 broken", "")
+
+
+# The session core calls its parts; a part that took the core could call back
+# into it (a trampoline). Only the runner, which drives the core, may name it.
+_DRIVERS = {"core.py", "runner.py"}
+
+
+def test_no_session_part_holds_the_core() -> None:
+    import ast
+
+    holders = []
+    for path in sorted((ROOT / "plugin" / "session").glob("*.py")):
+        if path.name in _DRIVERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):  # TYPE_CHECKING imports too
+            if isinstance(node, ast.ImportFrom) and node.module == "vllm_duplex.session.core":
+                holders.append(path.name)
+            elif isinstance(node, ast.ImportFrom) and node.module == "vllm_duplex.session" and any(
+                    alias.name == "core" for alias in node.names):
+                holders.append(path.name)
+    assert not holders, (f"{holders} import the session core: a part owns its state, is given "
+                         "what it reads, and returns what only the core may do as asks "
+                         "(plugin/session/asks.py), which SessionCore.carry carries out")
