@@ -348,6 +348,24 @@ def test_an_image_part_is_decoded_by_the_runner_then_seen_by_the_policy():
     assert (submit.stage, submit.payload) == ("vision", frame)
 
 
+@pytest.mark.parametrize("vision,url,code", [
+    (False, "data:image/png;base64,AAAA", "capability_unsupported"),  # no eyes
+    (True, "https://example.com/cat.png", None),  # not a data URL: refused by the decoder
+])
+def test_an_item_with_an_image_that_is_refused_leaves_no_item_behind(vision, url, code):
+    stages = ("vad", "asr", "llm", "tts", "vision") if vision else ("vad", "asr", "llm", "tts")
+    core = make_core(CascadePolicy(vision=vision), stages=stages, turn_detection=None)
+    image = ContentPart(type="input_image", image_url=url)
+    item = ConversationItem("", ItemType.MESSAGE, Role.USER,
+                            content=[ContentPart(type="input_text", text="what is this?"), image])
+    effects = core.handle(cmd.ItemCreate(item=item, event_id="i1"), 1.0)
+    [err] = emitted(effects)
+    assert err.type == "error" and err.error.event_id == "i1"
+    if code is not None:
+        assert err.error.code == code
+    assert core.items == () and not [e for e in effects if type(e).__name__ == "Submit"]
+
+
 def test_video_without_a_vision_policy_is_refused_before_any_decoding():
     core = manual()
     [err] = emitted(core.handle(cmd.VideoFrameIn(image=b"x", event_id="v"), 0.0))
