@@ -37,6 +37,8 @@ setup(
         "uvicorn>=0.30",
         "starlette>=0.37",
         "pyyaml>=6",
+        # durability: store: redis -- the session store shared by workers (asyncio client)
+        "redis>=5",
         # uvicorn's fast event loop and HTTP parser: the control plane is
         # event-loop bound (see bench/control_plane.py)
         "uvloop>=0.19; sys_platform != 'win32'",

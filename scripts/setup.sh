@@ -52,6 +52,7 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the playground's brow
 command -v flite >/dev/null 2>&1 || need+=(flite)
 command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)  # serve --workers: the router
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)  # durability: store: redis (sessions outlive their worker)
 command -v baresip >/dev/null 2>&1 || need+=(baresip)  # a real SIP phone for the SIP call tests
 command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the SIP TLS test's certificate
 if [ ${#need[@]} -gt 0 ]; then

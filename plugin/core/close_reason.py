@@ -34,6 +34,9 @@ class CloseReason(str, enum.Enum):
     START_FAILED = ("start_failed", 1000)  # the pipeline did not open; the socket is refused
     HANGUP = ("hangup", 1000)  # a call ended (its peer hung up, or the hangup route): WebRTC, SIP
     MAX_DURATION = ("max_duration", 1000)  # the session reached limits.max_session_s
+    # Another worker adopted the session (this one lost its lease: stopped, cut
+    # off from the store): the socket resumes there (vllm_duplex.durable).
+    MOVED = ("moved", 4009)
 
     def __str__(self) -> str:
         return self.value

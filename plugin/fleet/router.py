@@ -27,6 +27,14 @@ Routing rules, in the order nginx applies them:
   checked by the worker behind it (``max_frame_bytes``, close 1009);
   WebSocket upgrade and SSE pass through unbuffered with long timeouts.
 * A worker that does not answer (dead, restarting) → 503 ``engine_dead``.
+* With a durable session store (``durability: store: redis``), a resume
+  whose owner does not answer (connection refused: dead or restarting) is
+  sent to the other workers in turn (``backup`` servers of the owner's
+  upstream), which adopt the session from the store. Only then: an owner
+  that answers -- any answer -- is never retried elsewhere. A client may
+  also name the worker that adopted its session (``&owner=w1`` in the
+  resume URL, from ``session.resumed``'s ``owner_instance_id``): the query
+  wins over the id's own owner part.
 * Responses carry ``Duplex-Owner-Instance: <worker>`` from the worker that
   served them (``realtime/server/owner_header.py``), so a client can name
   the owner of an id it chose; a refusal by the router carries none.
@@ -88,18 +96,19 @@ class RouterPlan:
     routes: tuple[OwnerRoute, ...]
     max_request_bytes: int
     fleet: str | None = None  # the supervisor's /health + /metrics (None: the pool answers)
+    adopt: bool = False  # a resume whose owner is down goes to another worker (durable store)
     read_timeout_s: int = 3600
     worker_processes: int = 1
 
     @classmethod
     def for_workers(cls, listen: str, workers: dict[str, str], *, max_request_bytes: int,
-                    fleet: str | None) -> RouterPlan:
+                    fleet: str | None, adopt: bool = False) -> RouterPlan:
         """One machine: owner ``w1`` → its worker at ``workers["w1"]``."""
         for owner in workers:
             if not ROUTABLE_OWNER.fullmatch(owner):
                 raise ValueError(f"owner {owner!r} is not routable")
         return cls(listen, tuple(OwnerRoute(o, o, a) for o, a in workers.items()),
-                   max_request_bytes, fleet)
+                   max_request_bytes, fleet, adopt=adopt)
 
     @classmethod
     def for_edge(cls, listen: str, machines: dict[str, str], *,
@@ -140,9 +149,14 @@ def nginx_conf(plan: RouterPlan, run_dir: Path, user: str | None = None) -> str:
     run = str(run_dir)
     host, _, port = plan.listen.rpartition(":")
     owner_map = "\n".join(f"        {r.owners} {r.upstream};" for r in plan.routes)
+    def servers(r: OwnerRoute) -> str:
+        # backup: tried only when the owner's server fails to answer at all
+        backups = "".join(f" server {o.address} backup max_fails=0;" for o in plan.routes
+                          if o is not r) if plan.adopt else ""
+        return f"server {r.address} max_fails=0;{backups}"
+
     upstreams = "\n".join(
-        f"    upstream {r.upstream} {{ server {r.address} max_fails=0; keepalive 16; }}"
-        for r in plan.routes)
+        f"    upstream {r.upstream} {{ {servers(r)} keepalive 16; }}" for r in plan.routes)
     # max_fails=0: a worker's 429 (full) is an answer, not a failure to count
     # against it (nginx would skip it for fail_timeout once it had room again).
     pool = "\n".join(f"        server {r.address} max_fails=0;" for r in plan.routes)
@@ -192,9 +206,14 @@ http {{
     map $http_upgrade $duplex_connection {{ default upgrade; "" ""; }}
 
     # The owner an id names: <kind>_<24 url-safe chars>.<owner> (core/owner_ids.py) ...
-    map $duplex_id $duplex_id_owner {{
+    map $duplex_id $duplex_minted_owner {{
         "~{MINTED_ID_REGEX}" $duplex_cap;
         default "";
+    }}
+    # ... unless a resume names the worker that adopted the session (&owner=).
+    map "$arg_resume:$arg_owner" $duplex_id_owner {{
+        "~^(1|true):(?<duplex_adopter>[A-Za-z0-9]{{1,32}})$" $duplex_adopter;
+        default $duplex_minted_owner;
     }}
     # ... or, for an id the client chose, the {OWNER_HEADER} header.
     map $http_duplex_owner_instance $duplex_header_owner {{

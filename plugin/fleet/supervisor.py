@@ -19,6 +19,13 @@ others are untouched. When the slots are spent the worker stays down
 client is dead with it: the supervisor stops the workers, starts a new core
 and starts them again.
 
+With ``durability: store: redis`` and no ``url``, the supervisor also runs a
+private ``redis-server`` (``redis_server.py``; restarted when it exits) and
+hands its URL to the workers; when a worker dies it marks that process dead
+in the store, so another worker may adopt its sessions at once instead of
+after the lease (``vllm_duplex.durable``), and the router sends a resume whose
+owner is down to another worker (``router.py``).
+
 The supervisor is not in the request path: nginx sends requests straight to
 the workers. SIGINT/SIGTERM stop nginx first (no new connections), then the
 workers (each closes its sessions and aborts their engine requests), then
@@ -41,7 +48,9 @@ from pathlib import Path
 from vllm_duplex.host.deploy import DeployConfig
 from vllm_duplex.fleet.engine_core import SharedEngineCore, WorkerSlot
 from vllm_duplex.fleet.view import FleetView, WorkerStatus, http_get
+from vllm_duplex.fleet.redis_server import RedisServer
 from vllm_duplex.fleet.router import Nginx, RouterPlan
+from vllm_duplex.host.store_config import STORE_URL_ENV
 from vllm_duplex.host.topology import Workers
 
 log = logging.getLogger(__name__)
@@ -92,6 +101,8 @@ class WorkerFleet:
         self.engine_spec = next((s for s in config.stages if s.type == "vllm"), None)
         self.core: SharedEngineCore | None = None
         self.nginx: Nginx | None = None
+        self.redis: RedisServer | None = None
+        self.store_url = config.durability.url if config.durability.durable else None
         self._fleet_server = None
         self._stopping = asyncio.Event()
 
@@ -156,6 +167,8 @@ class WorkerFleet:
         # The machine's measured capacity (limits.max_voice_sessions: auto) is
         # shared by the workers on it (host/capacity.py).
         env = {**os.environ, "VLLM_DUPLEX_FLEET_WORKERS": str(len(self.workers))}
+        if self.store_url is not None:
+            env[STORE_URL_ENV] = self.store_url
         w.proc = await asyncio.create_subprocess_exec(
             *self._argv(w), pass_fds=w.slot.pass_fds if w.slot else (), env=env)
         if w.slot is not None and self.core is not None:
@@ -187,6 +200,7 @@ class WorkerFleet:
             code = await w.proc.wait()
             if self._stopping.is_set():
                 break
+            await self._mark_dead(w)
             stable = w.up_since is not None and time.monotonic() - w.up_since >= STABLE_S
             backoff = self.topology.restart_backoff_s if stable else backoff
             w.state, w.up_since = "restarting", None
@@ -200,6 +214,43 @@ class WorkerFleet:
             backoff = min(max(backoff, 0.5) * 2, 30.0)
             w.restarts += 1
         w.state = "stopped"
+
+    async def _mark_dead(self, w: Worker) -> None:
+        """Tell the store ``w``'s process is gone: its sessions may be adopted now."""
+        if self.store_url is None or w.proc is None:
+            return
+        from vllm_duplex.durable.redis_store import RedisStore
+
+        store = RedisStore(self.store_url)
+        try:
+            await store.mark_dead(f"{w.instance_id}#{w.proc.pid}")
+        except Exception as err:  # the store may be down too: the lease runs out then
+            log.warning("could not mark worker %s dead in the store: %s", w.instance_id, err)
+        finally:
+            await store.close()
+
+    async def _start_redis(self) -> None:
+        if not self.config.durability.durable or self.config.durability.url is not None:
+            return
+        self.redis = RedisServer()
+        await self.redis.start()
+        self.store_url = self.redis.url
+        self._redis_watch = asyncio.create_task(self._watch_redis(), name="duplex-redis-watch")
+
+    async def _watch_redis(self) -> None:
+        """Restart the private redis-server on its port when it exits (it
+        starts empty; the workers write their sessions into it again)."""
+        while not self._stopping.is_set() and self.redis is not None:
+            code = await self.redis.wait()
+            if self._stopping.is_set():
+                return
+            log.error("redis-server exited with %s; restarting it", code)
+            await asyncio.sleep(0.2)
+            try:
+                await self.redis.start()
+            except Exception:
+                log.exception("redis-server did not restart; retrying")
+                await asyncio.sleep(1.0)
 
     async def _watch_core(self) -> None:
         """Replace a dead engine core, and with it every worker (their
@@ -243,14 +294,16 @@ class WorkerFleet:
         return RouterPlan.for_workers(f"{self.host}:{self.port}",
                                       {w.instance_id: w.address for w in self.workers},
                                       max_request_bytes=self.config.limits.max_request_bytes,
-                                      fleet=fleet)
+                                      fleet=fleet, adopt=self.config.durability.durable)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stopping.set)
         core_watch = None
+        self._redis_watch: asyncio.Task[None] | None = None
         try:
+            await self._start_redis()
             await self._start_core()
             fleet = await self._start_fleet_endpoint()
             self.nginx = Nginx(self.router_plan(fleet))
@@ -296,6 +349,11 @@ class WorkerFleet:
             server.should_exit = True
             with contextlib.suppress(Exception):
                 await task
+        if self._redis_watch is not None:
+            self._redis_watch.cancel()
+            await asyncio.gather(self._redis_watch, return_exceptions=True)
+        if self.redis is not None:  # last: the workers wrote their releases into it
+            await self.redis.stop()
 
 
 def _wait_any(sentinels: list[int], stopping: asyncio.Event) -> None:

@@ -127,7 +127,12 @@ def fleet_health(workers: list[WorkerStatus], answers: Mapping[str, dict[str, An
     core_ok = engine_core is None or engine_core.get("alive", False)
     status = ("ok" if serving == len(workers) and core_ok
               else "degraded" if serving and core_ok else "unhealthy")
-    body = {"status": status, "sessions": sessions, "workers": out, "engine_core": engine_core}
+    # Sessions survive their worker only while every worker can reach the store.
+    stores = [(a or {}).get("durability") or {} for a in answers.values() if a]
+    durability = ("degraded" if any(d.get("state") == "degraded" for d in stores)
+                  else "ok" if any(d.get("durable") for d in stores) else "off")
+    body = {"status": status, "sessions": sessions, "workers": out, "engine_core": engine_core,
+            "durability": durability}
     return body, 200 if status != "unhealthy" else 503
 
 

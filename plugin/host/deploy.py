@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from vllm_duplex.core.devices import Device
 from vllm_duplex.host.sip import Sip
+from vllm_duplex.host.store_config import StoreConfig
 from vllm_duplex.host.topology import Workers
 from vllm_duplex.host.twilio import Twilio
 
@@ -129,6 +130,8 @@ class DeployConfig:
     # Other names clients may use for ``model`` (like vLLM's --served-model-name):
     # each client's default (``gpt-realtime``...) works unchanged; /v1/models lists them.
     served_model_names: tuple[str, ...] = ()
+    # Where sessions are kept: memory (one process) or redis (host/store_config.py).
+    durability: StoreConfig = StoreConfig()
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -175,6 +178,7 @@ class DeployConfig:
             api_keys=keys, workers=Workers.from_raw(raw.get("workers")),
             served_model_names=tuple(aliases), webrtc=WebRtc.from_raw(raw.get("webrtc")),
             sip=Sip.from_raw(raw.get("sip")), twilio=Twilio.from_raw(raw.get("twilio")),
+            durability=StoreConfig.from_raw(raw.get("durability")),
         )
 
 

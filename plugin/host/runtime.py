@@ -25,6 +25,10 @@ from vllm_duplex.core.session_config import (
     TurnDetection,
     updated_config,
 )
+from vllm_duplex.durable.adopt import adopt
+from vllm_duplex.durable.memory import MemoryStore
+from vllm_duplex.durable.store import Bounds, SessionStore, Stored
+from vllm_duplex.durable.writer import Durability
 from vllm_duplex.host.capacity import VoiceCapacity
 from vllm_duplex.host.deploy import DeployConfig
 from vllm_duplex.host.loop_lag import LoopLagMonitor, freeze_startup_heap
@@ -73,6 +77,7 @@ class Runtime:
         metrics: Metrics | None = None,
         instance_id: str | None = None,
         shared_stages: Mapping[str, Stage] | None = None,
+        store: SessionStore | None = None,
     ) -> None:
         self.config = config
         self.clock = clock or MonotonicClock()
@@ -112,6 +117,11 @@ class Runtime:
             video=VideoLimits(fps=limits.video_fps, max_fps=limits.video_max_fps,
                               max_bytes_per_s=limits.video_max_bytes_per_s))
         self.journal_budget = JournalBudget(limits.journal_total_bytes)
+        # The session store (vllm_duplex.durable): memory by default; Redis
+        # (durability: store: redis) lets another worker adopt a session.
+        self.durability = Durability(
+            store or _build_store(config, self.clock), self._holder(),
+            lease_ttl_s=config.durability.lease_ttl_s, metrics=self.metrics)
         self.metrics.gauge("duplex_journal_bytes", "Bytes of events journaled for resume, all sessions",
                            lambda: self.journal_budget.used)
         unknown = set(config.session) - set(_SESSION_DEFAULT_KEYS)
@@ -137,6 +147,12 @@ class Runtime:
         self._publish_stage_counters()
         cpu_scheduler().publish(self.metrics)
         self.loop_lag = LoopLagMonitor(self.metrics, warn_after_s=config.loop_lag_warning_ms / 1000)
+
+    def _holder(self) -> str:
+        """This process as a lease holder: its owner id and pid (a worker
+        restarted under the same id is another holder; its supervisor marks
+        the dead one by pid)."""
+        return f"{self.manager.instance_id}#{os.getpid()}"
 
     def _publish_stage_counters(self) -> None:
         """One gauge per counter a ``Metered`` stage publishes, read at scrape time."""
@@ -192,6 +208,7 @@ class Runtime:
                 if isinstance(stage, Lifecycle):
                     await stage.start()
             await self.manager.start()
+            await self.durability.start()
             if self.text is not None:
                 await self.text.start()
         except BaseException:
@@ -203,6 +220,7 @@ class Runtime:
         if self.text is not None:
             await self.text.stop()
         await self.manager.stop()
+        await self.durability.stop()  # after the sessions: their last writes and releases
         for stage in self._owned:  # their resources: worker threads, the vLLM engine
             if isinstance(stage, Lifecycle):
                 await stage.close()
@@ -260,7 +278,8 @@ class Runtime:
                                      limits=self.session_limits, journal_budget=self.journal_budget,
                                      extra_wire={"owner_instance_id": self.manager.instance_id,
                                                  **self._expiry(time.time())},
-                                     on_closed=self.manager.release)
+                                     on_closed=self.manager.release, mirror=self.durability,
+                                     api_key=api_key)
 
             grace = self.config.limits.resume_grace_s
             # The id names its owner, so a router sends the resume here (core/owner_ids.py).
@@ -273,6 +292,7 @@ class Runtime:
                 secret.used = False  # nothing was opened with it
             raise
         session.attach()  # the opening socket
+        self.durability.track(session, generation=1)  # a fresh id: its first save creates it
         try:
             await session.start()
         except BaseException:
@@ -311,6 +331,41 @@ class Runtime:
     async def end_session(self, session: DuplexSession, reason: CloseReason) -> None:
         await session.close(reason)
         await self.manager.release(session.session_id, reason)
+
+    async def resume_or_adopt(self, api_key: str | None, c: SessionResume
+                              ) -> tuple[DuplexSession, Attachment, Replay, dict[str, Any]]:
+        """``resume_realtime_session``; a session not here is first looked
+        for in a durable store and adopted when its owner is gone
+        (``vllm_duplex.durable.adopt``)."""
+        if self.durability.store.durable and self.manager.peek(c.session_id) is None:
+            try:
+                await self._adopt(api_key, c)
+            except DuplexError as err:
+                if err.code != "session_not_found":
+                    self.metrics.resumes.inc(outcome=err.code)
+                    raise
+        session, att, replay, resumed = self.resume_realtime_session(api_key, c)
+        if self.durability.store.durable:
+            resumed["owner_instance_id"] = self.manager.instance_id
+        return session, att, replay, resumed
+
+    async def _adopt(self, api_key: str | None, c: SessionResume) -> DuplexSession:
+        def make(stored: Stored) -> DuplexSession:
+            extra = {**stored.state.extra_wire, "owner_instance_id": self.manager.instance_id}
+            return DuplexSession(c.session_id, config=stored.state.config, policy=self.policy,
+                                 stages=self.stages, clock=self.clock, metrics=self.metrics,
+                                 limits=self.session_limits, journal_budget=self.journal_budget,
+                                 extra_wire=extra, on_closed=self.manager.release,
+                                 mirror=self.durability, api_key=api_key)
+
+        def admit(session: DuplexSession) -> None:
+            grace = self.config.limits.resume_grace_s
+            self.manager.admit(lambda _id: session, api_key=api_key, pinned=False,
+                               session_id=c.session_id, ttl_s=grace if grace > 0 else None)
+
+        session = await adopt(self.durability, make, api_key, c.session_id, c.resume_token, admit)
+        self.metrics.resumes.inc(outcome="adopted")
+        return session
 
     def resume_realtime_session(self, api_key: str | None, c: SessionResume
                                 ) -> tuple[DuplexSession, Attachment, Replay, dict[str, Any]]:
@@ -363,6 +418,23 @@ class Runtime:
             "realtime": {"path": "/v1/realtime", "dialects": ["ga", "beta"]},
             "text": self.text.capabilities() if self.text is not None else None,
         }
+
+
+def _build_store(config: DeployConfig, clock: Clock) -> SessionStore:
+    limits, d = config.limits, config.durability
+    bounds = Bounds(max_events=limits.journal_events, max_bytes=limits.journal_bytes,
+                    max_age_s=limits.journal_age_s,
+                    keep_s=max(limits.journal_age_s, limits.resume_grace_s + limits.session_ttl_s)
+                    + d.lease_ttl_s)
+    if not d.durable:
+        return MemoryStore(clock, bounds)
+    url = d.resolved_url()
+    if url is None:
+        raise ValueError("durability.store: redis needs durability.url (serve --workers N "
+                         "starts a private redis-server and passes its URL)")
+    from vllm_duplex.durable.redis_store import RedisStore  # the redis package: only when used
+
+    return RedisStore(url, bounds)
 
 
 def _check_secret_fits(secret: ClientSecret, patch: SessionPatch | None) -> None:

@@ -12,6 +12,10 @@ moment it joined, in its own bounded queue; a slow one is cut off alone.
 The session's single writer is the only caller of ``publish``; ``attach``
 runs synchronously on the same loop, so the replay it snapshots and the live
 events after it never overlap or miss one.
+
+With a durable session store (``vllm_duplex.durable``), an event leaves for a
+socket only once the store holds it (``DurableMark``): a client never has an
+event that a worker adopting the session after a crash could not replay.
 """
 
 from __future__ import annotations
@@ -38,11 +42,41 @@ class OutboxLimits:
     max_bytes: int = 16 << 20
 
 
+class DurableMark:
+    """How far a session's events are durable (written by the store's
+    writer; awaited by each socket's writer). ``bypass``: durability is
+    degraded (the store is unreachable), events flow without waiting."""
+
+    def __init__(self, through: int = 0) -> None:
+        self.through = through
+        self.bypass = False
+        self._changed = asyncio.Event()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def advance(self, seq: int) -> None:
+        if seq > self.through:
+            self.through = seq
+            self._wake()
+
+    def set_bypass(self, bypass: bool) -> None:
+        if bypass != self.bypass:
+            self.bypass = bypass
+            self._wake()
+
+    async def reached(self, seq: int) -> None:
+        while not self.bypass and self.through < seq:
+            await self._changed.wait()
+
+
 class Attachment:
     """One socket's queue of events, bounded in events and bytes."""
 
-    def __init__(self, limits: OutboxLimits) -> None:
+    def __init__(self, limits: OutboxLimits, mark: DurableMark | None = None) -> None:
         self.limits = limits
+        self.mark = mark
         self._queue: asyncio.Queue[Envelope | Notice | None] = asyncio.Queue()
         self._sizes: deque[int] = deque()
         self.pending_bytes = 0
@@ -79,6 +113,8 @@ class Attachment:
         item = await self._queue.get()
         if isinstance(item, Envelope):
             self.pending_bytes -= self._sizes.popleft()
+            if self.mark is not None:
+                await self.mark.reached(item.seq)
         return item
 
     def get_nowait(self) -> Envelope | Notice | None:
@@ -95,9 +131,11 @@ class Attachment:
 
 
 class Outbox:
-    def __init__(self, journal: Journal, limits: OutboxLimits) -> None:
+    def __init__(self, journal: Journal, limits: OutboxLimits,
+                 mark: DurableMark | None = None) -> None:
         self.journal = journal
         self.limits = limits
+        self.mark = mark
         self.attachment: Attachment | None = None
         self.watchers: list[Attachment] = []
         self.slow_consumers = 0
@@ -126,7 +164,7 @@ class Outbox:
         replay = self.journal.replay(last_seq) if last_seq is not None else None
         if self.attachment is not None:
             self.attachment.end(Notice.REPLACED)
-        att = Attachment(self.limits)
+        att = Attachment(self.limits, self.mark)
         for env in replay.events if replay is not None else ():
             att.offer(env, wire_size(env), force=True)  # bounded by the journal already
         self.attachment = att
@@ -135,7 +173,7 @@ class Outbox:
     def watch(self) -> Attachment:
         """A socket that follows the session live from now on, beside the
         attached one (it replaces nothing and gets no replay)."""
-        att = Attachment(self.limits)
+        att = Attachment(self.limits, self.mark)
         self.watchers.append(att)
         return att
 

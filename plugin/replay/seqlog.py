@@ -151,6 +151,12 @@ class SeqLog(Generic[T]):
             return None
         return tuple(itertools.islice(self._entries, seq + 1 - first, None))
 
+    def restart_after(self, seq: int) -> None:
+        """An empty log whose next entry is ``seq + 1`` (a session rebuilt from
+        a store goes on numbering where its dead owner stopped)."""
+        self.clear()
+        self.head_seq = seq
+
     def clear(self) -> None:
         """Release everything (the log's owner ended)."""
         self._grow(-self.bytes)

@@ -183,6 +183,15 @@ class EffectLog:
     def add(self, effect: Any) -> None:
         self._effects.append(effect)
 
+    @property
+    def seq(self) -> int:
+        """The seq of the last event emitted."""
+        return self._seq
+
+    def continue_after(self, seq: int) -> None:
+        """Number the next event ``seq + 1`` (a session rebuilt from a store)."""
+        self._seq = seq
+
     def emit(self, event: ServerEvent) -> None:
         self._seq += 1
         self._effects.append(Emit(Envelope(self._seq, self._gate.fence, event)))

@@ -15,6 +15,11 @@ drains the ``Attachment`` of its socket.
 The runner never awaits a stage (the feed does), so it always serves the
 mailbox, and the STAGE lane can be bounded: stage outputs wait (or merge,
 ``coalesce.py``) when the session lags, instead of growing memory.
+
+A ``Mirror`` (``vllm_duplex.durable.writer``), when given, is told of every
+event published, every resume and the close, to keep a copy of the session in
+a store that outlives the process; ``start_adopted`` starts a session rebuilt
+from such a copy (``vllm_duplex.durable.adopt``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.clock import Clock
@@ -38,7 +43,8 @@ from vllm_duplex.core.payloads import StageOutput, VideoFrame
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.policy import ModelPolicy
 from vllm_duplex.replay.journal import Journal, JournalBudget, Replay
-from vllm_duplex.replay.outbox import Attachment, Outbox, OutboxLimits
+from vllm_duplex.core.events import Envelope
+from vllm_duplex.replay.outbox import Attachment, DurableMark, Outbox, OutboxLimits
 from vllm_duplex.session.coalesce import merge_queued
 from vllm_duplex.session.core import SessionCore
 from vllm_duplex.session.effects import (
@@ -79,6 +85,18 @@ log = logging.getLogger(__name__)
 _Step = Callable[[Any], "Awaitable[tuple[list[Any], bool]] | None"]
 
 
+class Mirror(Protocol):
+    """What keeps a copy of sessions in a store (never awaited: it queues)."""
+
+    def mark(self, session: DuplexSession) -> DurableMark | None: ...
+
+    def published(self, session: DuplexSession, env: Envelope) -> None: ...
+
+    def resumed(self, session: DuplexSession) -> None: ...
+
+    def closed(self, session: DuplexSession, reason: CloseReason) -> None: ...
+
+
 class DuplexSession:
     def __init__(
         self,
@@ -93,8 +111,12 @@ class DuplexSession:
         extra_wire: dict[str, Any] | None = None,
         journal_budget: JournalBudget | None = None,
         on_closed: Callable[[str, CloseReason], Awaitable[None]] | None = None,
+        mirror: Mirror | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.session_id = session_id
+        self.api_key = api_key  # whose session it is (a store keeps its hash)
+        self._mirror = mirror
         # Told once the session has closed, whoever closed it: a session that
         # ends itself while no socket is attached (a ``session.close`` the
         # mailbox reached after the socket went) must leave its host's
@@ -109,7 +131,8 @@ class DuplexSession:
         self.outbox = Outbox(
             Journal(max_events=limits.journal_events, max_bytes=limits.journal_bytes,
                     max_age_s=limits.journal_age_s, budget=journal_budget),
-            OutboxLimits(max_events=limits.outbound_capacity, max_bytes=limits.outbound_bytes))
+            OutboxLimits(max_events=limits.outbound_capacity, max_bytes=limits.outbound_bytes),
+            mirror.mark(self) if mirror is not None else None)
         self.resume_token = secrets.token_urlsafe(24)
         self.pipeline = Pipeline([s.port(session_id) for s in stages], self._enqueue_output,
                                  clock=clock)
@@ -191,6 +214,8 @@ class DuplexSession:
         resumed = {"session_id": self.session_id, "resume_token": self.resume_token,
                    "last_seq": last_seq, "head_seq": replay.head_seq,
                    "last_input_seq": self.core.last_input_seq}  # resend numbered input after it
+        if self._mirror is not None:
+            self._mirror.resumed(self)  # the rotated token
         return att, replay, resumed
 
     def detach(self, att: Attachment) -> bool:
@@ -210,6 +235,24 @@ class DuplexSession:
         await self.pipeline.open(self.fence)
         self.feed.start()
         for message in await self._apply(self.core.start(self.resume_token, self.clock.now())):
+            await self._serve(message)
+        self._task = asyncio.create_task(self._run(), name=f"duplex-session-{self.session_id}")
+        self.metrics.sessions_opened.inc()
+
+    async def start_adopted(self, head_seq: int, closing: Sequence[Any]) -> None:
+        """Start a session rebuilt from a store (its config, items and journal
+        are in place): the pipeline opens and the VAD is configured as at a
+        first start, but no ``session.created`` goes out -- the client has
+        one. Events are numbered on from ``head_seq``; ``closing``, the events
+        that end what the dead owner left open (a reply cut off), come first."""
+        await self.pipeline.open(self.fence)
+        self.feed.start()
+        start = [e for e in self.core.start(self.resume_token, self.clock.now())
+                 if not isinstance(e, Emit)]
+        self.core.out.continue_after(head_seq)
+        for event in closing:
+            self.core.emit(event)
+        for message in await self._apply(start + self.core.out.take()):
             await self._serve(message)
         self._task = asyncio.create_task(self._run(), name=f"duplex-session-{self.session_id}")
         self.metrics.sessions_opened.inc()
@@ -243,6 +286,8 @@ class DuplexSession:
         await self.pipeline.close()
         await self._video.close()
         self.metrics.sessions_closed.inc(reason=reason.value)
+        if self._mirror is not None:
+            self._mirror.closed(self, reason)
         self.outbox.close()
         self.closed.set()
         if self._on_closed is not None:
@@ -308,6 +353,8 @@ class DuplexSession:
     # ---- effects ----------------------------------------------------------
 
     def _publish(self, e: Emit) -> None:
+        if self._mirror is not None:
+            self._mirror.published(self, e.envelope)  # queued before any socket may send it
         if self.outbox.publish(e.envelope, self.clock.now()):
             return
         # A socket that stopped reading was cut off (its memory stays bounded).

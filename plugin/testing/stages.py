@@ -53,6 +53,9 @@ class ScriptedLlmStage(StageBase):
     With ``call_tools``, a request that may call a tool calls the first one
     (arguments ``tool_arguments``) unless the conversation ends with a tool's
     output, which gets the reply: a tool round trip for client tests.
+    With ``recall``, the reply ends with the user's turn before the last one
+    ("You said before: ..."): a follow-up that is answered right only when
+    the context holds the earlier turn (the adoption tests).
     """
 
     accepted = (GenerateRequest,)
@@ -67,9 +70,11 @@ class ScriptedLlmStage(StageBase):
         fail_on: str | None = None,
         call_tools: bool = False,
         tool_arguments: str = "{}",
+        recall: bool = False,
     ) -> None:
         super().__init__(name, clock)
         self.reply = reply
+        self.recall = recall
         self.token_interval_s = token_interval_s
         self.fail_on = fail_on
         self.call_tools = call_tools
@@ -98,7 +103,11 @@ class _LlmPort(FencedPort):
             await self._emit(item.fence, item.request_id,
                              GenerationDone(req.response_id, "tool_calls", output_tokens=1))
             return
-        tokens = split_tokens(self._stage.reply)
+        reply = self._stage.reply
+        if self._stage.recall:
+            users = [m.text for m in req.context if m.role == "user"]
+            reply += f" You said before: {users[-2] if len(users) > 1 else 'nothing'}."
+        tokens = split_tokens(reply)
         limit = req.sampling.max_tokens
         finish = "stop"
         if limit is not None and limit < len(tokens):

@@ -108,6 +108,7 @@ class RealtimeClient:
         self.session: Event = {}
         self.session_id: str = ""
         self.resume_token: str | None = None
+        self.owner: str | None = None  # the worker holding the session, once it moved
         self.last_seq = 0  # the newest journaled event received (for session.resume)
         self.url = ""
         self.api_key: str | None = None
@@ -159,20 +160,27 @@ class RealtimeClient:
         generation: int | None = None,
         max_size: int = 32 << 20,
         open_timeout: float = 10,
+        owner: str | None = None,
     ) -> RealtimeClient:
         """Reattach to a session after a disconnect: ``session.resumed`` comes
         first (the token rotates), then every event after ``last_seq`` (or
-        ``session.resync_required`` with a snapshot), then live events."""
+        ``session.resync_required`` with a snapshot), then live events.
+        ``owner``: the worker that holds the session now, when it moved
+        (another worker adopted it: ``session.resumed``'s ``owner_instance_id``,
+        or a ``wrong_instance`` refusal's); the router sends the socket there."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         parts = urlsplit(url)
         # The session id in the query too: a router sends the socket to the
         # session's owner by it (browsers cannot set WebSocket headers).
-        query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("resume", "session_id")]
+        query = [(k, v) for k, v in parse_qsl(parts.query)
+                 if k not in ("resume", "session_id", "owner")]
         query += [("resume", "1"), ("session_id", session_id)]
+        if owner is not None:
+            query.append(("owner", owner))
         ws = await connect(urlunsplit(parts._replace(query=urlencode(query))),
                            additional_headers=headers, max_size=max_size, open_timeout=open_timeout)
         client = cls(ws)
-        client.url, client.api_key = url, api_key
+        client.url, client.api_key, client.owner = url, api_key, owner
         client.session_id, client.last_seq = session_id, last_seq
         event: Event = {"type": "session.resume", "session_id": session_id,
                         "resume_token": resume_token, "last_seq": last_seq}
@@ -187,11 +195,21 @@ class RealtimeClient:
         return client
 
     async def reconnect(self, **kwargs: Any) -> RealtimeClient:
-        """``resume`` this client's session from the last event it received."""
+        """``resume`` this client's session from the last event it received
+        (at the worker that holds it now, once a ``wrong_instance`` said where)."""
         if self.resume_token is None:
             raise RuntimeError("no resume token: the session was never opened")
-        return await RealtimeClient.resume(self.url, self.session_id, self.resume_token,
-                                           self.last_seq, api_key=self.api_key, **kwargs)
+        kwargs.setdefault("owner", self.owner)
+        try:
+            return await RealtimeClient.resume(self.url, self.session_id, self.resume_token,
+                                               self.last_seq, api_key=self.api_key, **kwargs)
+        except RealtimeError as err:
+            moved = (err.event.get("error") or {}).get("owner_instance_id")
+            if err.code != "wrong_instance" or not moved or moved == kwargs["owner"]:
+                raise
+            kwargs["owner"] = moved
+            return await RealtimeClient.resume(self.url, self.session_id, self.resume_token,
+                                               self.last_seq, api_key=self.api_key, **kwargs)
 
     async def ack(self, seq: int | None = None) -> str:
         """``session.event_ack``: the server may forget events up to ``seq``."""
@@ -241,6 +259,7 @@ class RealtimeClient:
                 self.resume_token = event.get("resume_token")
         elif etype == "session.resumed":
             self.resume_token = event.get("resume_token")
+            self.owner = event.get("owner_instance_id", self.owner)
         elif etype == "session.resync_required":
             self.session = event.get("session") or self.session
             self.last_seq = event.get("head_seq", self.last_seq)

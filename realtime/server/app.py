@@ -91,6 +91,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
         return JSONResponse({"status": "ok" if healthy else "unhealthy", "stages": stages,
                              "instance_id": runtime.manager.instance_id,
                              "sessions": len(runtime.manager), "capacity": runtime.capacity_report(),
+                             "durability": runtime.durability.health(),
                              "machine": runtime.machine()},
                             status_code=200 if healthy else 503)
 

@@ -177,7 +177,7 @@ class RealtimeConnection:
                     raise DuplexError("invalid_event", "a ?resume=1 socket starts with "
                                       "session.resume", param="type", event_id=command.event_id)
                 check_routed_id(self.ws.query_params.get("session_id"), command.session_id)
-                session, att, replay, resumed = self.runtime.resume_realtime_session(key, command)
+                session, att, replay, resumed = await self.runtime.resume_or_adopt(key, command)
             except DuplexError as err:
                 if isinstance(err, FramingError):
                     await self._send(self.codec.render_error(err))

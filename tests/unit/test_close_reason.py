@@ -32,7 +32,7 @@ def test_the_wire_values_did_not_move():
     assert {r.value: r.code for r in CloseReason} == {
         "client": 1000, "disconnect": 1000, "expired": 1000, "shutdown": 1001,
         "slow_consumer": 1008, "engine_dead": 1011, "start_failed": 1000, "hangup": 1000,
-        "max_duration": 1000}
+        "max_duration": 1000, "moved": 4009}
 
 
 def test_every_terminal_error_names_a_close_reason():

@@ -1,0 +1,309 @@
+"""``Durability``: a process's live sessions, mirrored into a session store.
+
+One writer task per process owns the queue of writes (one writer per state):
+sessions only enqueue (``published``, ``resumed``, ``closed``: never
+awaited, never blocking the session's single writer). The task sends the
+queue in ordered batches (one round trip for many events) and advances each
+session's ``DurableMark``, which its sockets wait for before sending an event
+(``vllm_duplex.replay.outbox``): what a client holds, the store holds.
+
+A second task renews the leases of the sessions here (every third of the
+lease). A session whose write or renewal is refused for its generation was
+adopted by another worker: it is closed here, and its sockets with it
+(``CloseReason.MOVED``) -- two owners never write.
+
+**Degraded.** When the store cannot be reached the sessions go on: their
+marks are bypassed (events flow without waiting), writes wait in a bounded
+backlog, and ``/health`` says ``durability: degraded``. When the store
+answers again the backlog is written; a session whose backlog overflowed, or
+that the store lost (a Redis restarted without persistence), is written
+again from what this process holds (its state and its in-memory journal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_duplex.core.close_reason import CloseReason
+from vllm_duplex.core.events import Envelope
+from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.durable.store import (
+    Append,
+    Drop,
+    Fenced,
+    Lost,
+    Save,
+    SessionState,
+    SessionStore,
+    StoreUnavailable,
+    Write,
+    sha,
+)
+from vllm_duplex.replay.journal import wire_size
+from vllm_duplex.replay.outbox import DurableMark
+from vllm_duplex.session.runner import DuplexSession
+
+log = logging.getLogger(__name__)
+
+# Events after which the session's state (config, items) is saved again.
+_STATE_EVENTS = frozenset({
+    "session.created", "session.updated", "input_audio_buffer.committed", "response.created",
+    "response.output_item.added", "response.output_item.done", "response.done"})
+RETRY_S = 0.5
+MAX_BATCH = 512
+
+
+def state_of(session: DuplexSession) -> SessionState:
+    """What a session is rebuilt from, copied now (items change in place)."""
+    core = session.core
+    return SessionState(config=core.config, items=copy.deepcopy(tuple(core.items)),
+                        token_sha=sha(session.resume_token) or "", key_sha=sha(session.api_key),
+                        last_input_seq=core.last_input_seq, extra_wire=dict(core.extra_wire),
+                        incarnation=session.fence.incarnation, epoch=session.fence.epoch)
+
+
+@dataclass
+class _Tracked:
+    session: DuplexSession
+    generation: int
+    mark: DurableMark
+    reseed: bool = False  # write it whole again when the store answers
+
+
+class Durability:
+    def __init__(self, store: SessionStore, holder: str, *, lease_ttl_s: float = 5.0,
+                 metrics: Metrics | None = None, backlog_bytes: int = 64 << 20) -> None:
+        self.store = store
+        self.holder = holder
+        self.lease_ttl_s = lease_ttl_s
+        self.backlog_bytes = backlog_bytes
+        self._tracked: dict[str, _Tracked] = {}
+        self._queue: deque[Write] = deque()
+        self._queued_bytes = 0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.degraded_since: float | None = None
+        self.fenced = 0
+        self.reseeded = 0
+        self.adopted = 0
+        self.last_adoption_s: float | None = None
+        self.last_error: str | None = None
+        self._closers: set[asyncio.Task[None]] = set()
+        if metrics is not None:
+            metrics.gauge("duplex_durability_degraded",
+                          "1 while the session store cannot be reached", lambda: float(
+                              self.degraded_since is not None))
+            metrics.gauge("duplex_durability_backlog_bytes", "Writes waiting for the store",
+                          lambda: float(self._queued_bytes))
+            metrics.gauge("duplex_sessions_fenced", "Sessions dropped here: another worker "
+                          "took their lease", lambda: float(self.fenced))
+
+    # ---- what sessions call (never awaited) ------------------------------------
+
+    def mark(self, session: DuplexSession) -> DurableMark | None:
+        return DurableMark() if self.store.durable else None
+
+    def track(self, session: DuplexSession, generation: int, head_seq: int = 0) -> None:
+        """Mirror ``session`` from now on (a new one: generation 1, created by
+        its first save; an adopted one: the generation its acquire took).
+        A store that does not outlive this process mirrors nothing: the
+        session's own journal is the in-memory copy (today's behaviour)."""
+        if not self.store.durable:
+            return
+        mark = session.outbox.mark or DurableMark()
+        mark.advance(head_seq)
+        mark.set_bypass(self.degraded_since is not None)
+        self._tracked[session.session_id] = _Tracked(session, generation, mark)
+
+    def published(self, session: DuplexSession, env: Envelope) -> None:
+        t = self._tracked.get(session.session_id)
+        if t is None:
+            return
+        if env.event.type in _STATE_EVENTS:
+            self._put(self._save(t))
+        self._put(Append(session.session_id, t.generation, env.seq, wire_size(env), time.time(),
+                         env))
+
+    def resumed(self, session: DuplexSession) -> None:
+        t = self._tracked.get(session.session_id)
+        if t is not None:
+            self._put(self._save(t))  # the rotated token
+
+    def closed(self, session: DuplexSession, reason: CloseReason) -> None:
+        t = self._tracked.pop(session.session_id, None)
+        if t is None or reason is CloseReason.MOVED:
+            return
+        # A process stopping (a deploy) leaves its sessions to be adopted at once.
+        self._put(Drop(session.session_id, t.generation,
+                       release_only=reason is CloseReason.SHUTDOWN))
+        t.mark.set_bypass(True)  # nothing waits on a closed session
+
+    def _save(self, t: _Tracked) -> Save:
+        # Generation 1 is a new session: its first save creates it in the store.
+        holder = self.holder if t.generation == 1 or t.reseed else None
+        return Save(t.session.session_id, t.generation, state_of(t.session), holder,
+                    self.lease_ttl_s)
+
+    def _put(self, w: Write) -> None:
+        if self._queued_bytes > self.backlog_bytes:
+            self._overflow()
+        self._queue.append(w)
+        self._queued_bytes += w.size if isinstance(w, Append) else 256
+        self._wake.set()
+
+    def _overflow(self) -> None:
+        """The store has been away too long: forget the backlog; each session
+        is written whole again when it answers."""
+        self._queue.clear()
+        self._queued_bytes = 0
+        for t in self._tracked.values():
+            t.reseed = True
+
+    # ---- health ------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return {"store": type(self.store).__name__, "durable": self.store.durable,
+                "state": "degraded" if self.degraded_since is not None else "ok",
+                "degraded_s": (round(time.monotonic() - self.degraded_since, 1)
+                               if self.degraded_since is not None else None),
+                "sessions": len(self._tracked), "backlog_writes": len(self._queue),
+                "fenced": self.fenced, "reseeded": self.reseeded, "adopted": self.adopted,
+                "last_error": self.last_error}
+
+    # ---- the tasks ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        if not self.store.durable:
+            return
+        self._tasks = [asyncio.create_task(self._write_loop(), name="duplex-durable-writer"),
+                       asyncio.create_task(self._renew_loop(), name="duplex-durable-leases")]
+
+    async def stop(self, flush_s: float = 2.0) -> None:
+        """Write what is queued (within ``flush_s``), then stop and close the store."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(flush_s):
+                while self._queue and self.degraded_since is None:
+                    await asyncio.sleep(0.01)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._closers, return_exceptions=True)
+        self._tasks = []
+        await self.store.close()
+
+    async def _write_loop(self) -> None:
+        while True:
+            if not self._queue and not any(t.reseed for t in self._tracked.values()):
+                self._wake.clear()
+                await self._wake.wait()
+            batch = self._next_batch()
+            try:
+                results = await self.store.apply(batch)
+            except StoreUnavailable as err:
+                self._degrade(err)
+                self._queue.extendleft(reversed(batch))
+                await asyncio.sleep(RETRY_S)
+                continue
+            except Exception:
+                log.exception("session store write failed; dropping %d writes", len(batch))
+                continue
+            self._queued_bytes -= sum(w.size if isinstance(w, Append) else 256 for w in batch)
+            self._queued_bytes = max(0, self._queued_bytes)
+            if self.degraded_since is not None:
+                self._recover()
+            self._settle(results)
+
+    def _next_batch(self) -> list[Write]:
+        batch: list[Write] = []
+        for t in self._tracked.values():
+            if t.reseed:
+                batch += self._reseed(t)
+        while self._queue and len(batch) < MAX_BATCH:
+            batch.append(self._queue.popleft())
+        # Only the last save of a session in a batch matters.
+        last_save = {w.session_id: i for i, w in enumerate(batch) if isinstance(w, Save)}
+        return [w for i, w in enumerate(batch)
+                if not isinstance(w, Save) or last_save[w.session_id] == i]
+
+    def _reseed(self, t: _Tracked) -> list[Write]:
+        """The whole session again: its state, then its retained journal."""
+        t.reseed = False
+        self.reseeded += 1
+        s = t.session
+        writes: list[Write] = [Save(s.session_id, t.generation, state_of(s), self.holder,
+                                    self.lease_ttl_s)]
+        for entry in s.journal.log:
+            writes.append(Append(s.session_id, t.generation, entry.seq, entry.size, time.time(),
+                                 entry.item))
+        self._queue = deque(w for w in self._queue if w.session_id != s.session_id)
+        return writes
+
+    def _settle(self, results: dict[str, int | Fenced | Lost]) -> None:
+        for session_id, result in results.items():
+            t = self._tracked.get(session_id)
+            if t is None:
+                continue
+            if isinstance(result, Fenced):
+                self._fence(t)
+            elif isinstance(result, Lost):
+                t.reseed = True
+            else:
+                t.mark.advance(result)
+
+    def _degrade(self, err: Exception) -> None:
+        self.last_error = str(err)
+        if self.degraded_since is None:
+            self.degraded_since = time.monotonic()
+            log.error("session store unreachable (%s): sessions go on, not durable", err)
+            for t in self._tracked.values():
+                t.mark.set_bypass(True)
+
+    def _recover(self) -> None:
+        log.warning("session store reachable again after %.1f s",
+                    time.monotonic() - (self.degraded_since or 0))
+        self.degraded_since = None
+        for t in self._tracked.values():
+            t.mark.advance(t.session.journal.head_seq)  # sent while degraded
+            t.mark.set_bypass(False)
+        self._wake.set()
+
+    def _fence(self, t: _Tracked) -> None:
+        """Another worker took this session (its generation moved on): drop it here."""
+        if self._tracked.pop(t.session.session_id, None) is None:
+            return
+        self.fenced += 1
+        log.warning("session %s was adopted elsewhere (generation > %d): dropping it here",
+                    t.session.session_id, t.generation)
+        t.mark.set_bypass(True)
+        self._queue = deque(w for w in self._queue if w.session_id != t.session.session_id)
+        task = asyncio.get_running_loop().create_task(t.session.close(CloseReason.MOVED),
+                                                      name=f"duplex-fenced-{t.session.session_id}")
+        self._closers.add(task)
+        task.add_done_callback(self._closers.discard)
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ttl_s / 3)
+            leases = {sid: (self.holder, t.generation) for sid, t in self._tracked.items()}
+            try:
+                failed = await self.store.renew(leases, self.lease_ttl_s)
+            except StoreUnavailable as err:
+                self._degrade(err)
+                continue
+            if self.degraded_since is not None:
+                self._recover()
+            for session_id, why in failed.items():
+                t = self._tracked.get(session_id)
+                if t is None:
+                    continue
+                if isinstance(why, Fenced):
+                    self._fence(t)
+                else:
+                    t.reseed = True
+                    self._wake.set()
