@@ -46,6 +46,9 @@ setup(
         # audio.input.noise_reduction: Speex's noise suppressor (MIT, a small
         # abi3 extension; what Home Assistant's voice pipeline runs)
         "pyspeex-noise==2.0.1",
+        # remote MCP tools of a realtime session (session.tools {"type": "mcp"}):
+        # the official SDK lists and calls the servers (session/mcp_client.py)
+        "mcp>=2.3,<3",
     ],
     extras_require={
         # The embedded CPU voice stack. vLLM itself is installed by
@@ -129,6 +132,8 @@ setup(
             "httpx>=0.27",
             "import-linter>=2.1",  # the layering contract (.importlinter)
             "opentelemetry-sdk>=1.26",  # its in-memory exporter (test_turn_spans.py)
+            # a published MCP server the MCP tests call (tests/support/mcp_servers.py)
+            "mcp-server-time==2026.10.19",
         ],
     },
     entry_points={

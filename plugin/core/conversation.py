@@ -19,6 +19,11 @@ class ItemType(str, enum.Enum):
     MESSAGE = "message"
     FUNCTION_CALL = "function_call"
     FUNCTION_CALL_OUTPUT = "function_call_output"
+    # Remote MCP tools (core/mcp.py): the engine lists and calls the server.
+    MCP_LIST_TOOLS = "mcp_list_tools"
+    MCP_CALL = "mcp_call"
+    MCP_APPROVAL_REQUEST = "mcp_approval_request"
+    MCP_APPROVAL_RESPONSE = "mcp_approval_response"
 
 
 class Role(str, enum.Enum):
@@ -87,10 +92,17 @@ class ConversationItem:
     name: str | None = None
     arguments: str | None = None
     output: str | None = None
+    # MCP items
+    server_label: str | None = None
+    tools: list[dict[str, Any]] | None = None  # mcp_list_tools
+    approval_request_id: str | None = None  # mcp_call, mcp_approval_response
+    approve: bool | None = None  # mcp_approval_response
+    reason: str | None = None  # mcp_approval_response
+    error: dict[str, Any] | None = None  # mcp_call: protocol, execution or HTTP error
 
     def text(self) -> str:
         """The words of this item as the model should see them."""
-        if self.type is ItemType.FUNCTION_CALL:
+        if self.type in (ItemType.FUNCTION_CALL, ItemType.MCP_CALL):
             return f"{self.name}({self.arguments})"
         if self.type is ItemType.FUNCTION_CALL_OUTPUT:
             return self.output or ""
@@ -107,6 +119,18 @@ class ConversationItem:
         elif self.type is ItemType.FUNCTION_CALL:
             out.update(status=self.status, call_id=self.call_id, name=self.name,
                        arguments=self.arguments or "")
+        elif self.type is ItemType.MCP_LIST_TOOLS:
+            out.update(server_label=self.server_label, tools=list(self.tools or []))
+        elif self.type is ItemType.MCP_CALL:
+            out.update(server_label=self.server_label, name=self.name,
+                       arguments=self.arguments or "", approval_request_id=self.approval_request_id,
+                       output=self.output, error=self.error)
+        elif self.type is ItemType.MCP_APPROVAL_REQUEST:
+            out.update(server_label=self.server_label, name=self.name,
+                       arguments=self.arguments or "")
+        elif self.type is ItemType.MCP_APPROVAL_RESPONSE:
+            out.update(approval_request_id=self.approval_request_id, approve=bool(self.approve),
+                       reason=self.reason)
         else:
             out.update(call_id=self.call_id, output=self.output or "")
         return out
@@ -155,11 +179,23 @@ class Response:
         }
 
 
+# Items the model does not read: the engine acts on them.
+_NOT_SEEN = (ItemType.MCP_LIST_TOOLS, ItemType.MCP_APPROVAL_REQUEST, ItemType.MCP_APPROVAL_RESPONSE)
+
+
 def context_messages(items: Iterable[ConversationItem], instructions: str = "") -> tuple[ContextMessage, ...]:
     """The conversation as the model sees it: instructions, then every item
     with words (truncated items hold only what the user heard)."""
     messages = [ContextMessage("system", instructions)] if instructions else []
     for item in items:
+        if item.type is ItemType.MCP_CALL:  # the call and what it gave, as a function's
+            if item.output is not None or item.error is not None:
+                messages.append(ContextMessage("assistant", item.text()))
+                result = item.output if item.error is None else f"error: {item.error.get('message', '')}"
+                messages.append(ContextMessage("tool", result or ""))
+            continue
+        if item.type in _NOT_SEEN:
+            continue
         text = item.text()
         if not text:
             continue

@@ -261,6 +261,8 @@ ERRORS: dict[str, ErrorSpec] = {
         ErrorSpec("at_capacity", _SERVER, True, 429, Capacity),
         # engine
         ErrorSpec("stage_failed", _SERVER, True, 500, EngineError),
+        # a session's remote MCP server did not answer as it should (session/mcp_calls.py)
+        ErrorSpec("mcp_server_error", _SERVER, True, 502, EngineError),
         ErrorSpec("engine_dead", _SERVER, True, 503, EngineDead),
         ErrorSpec("internal_error", _SERVER, True, 500, EngineError),
     ]

@@ -234,6 +234,66 @@ class FunctionCallArgumentsDone(ServerEvent):
     arguments: str
 
 
+# ---- remote MCP tools (session/mcp_calls.py) ----------------------------------
+
+
+@dataclass(frozen=True)
+class McpListToolsInProgress(ServerEvent):
+    type: ClassVar[str] = "mcp_list_tools.in_progress"
+    item_id: str
+
+
+@dataclass(frozen=True)
+class McpListToolsCompleted(ServerEvent):
+    type: ClassVar[str] = "mcp_list_tools.completed"
+    item_id: str
+
+
+@dataclass(frozen=True)
+class McpListToolsFailed(ServerEvent):
+    type: ClassVar[str] = "mcp_list_tools.failed"
+    item_id: str
+
+
+@dataclass(frozen=True)
+class McpCallArgumentsDelta(ServerEvent):
+    type: ClassVar[str] = "response.mcp_call_arguments.delta"
+    response_id: str
+    item_id: str
+    output_index: int
+    delta: str
+
+
+@dataclass(frozen=True)
+class McpCallArgumentsDone(ServerEvent):
+    type: ClassVar[str] = "response.mcp_call_arguments.done"
+    response_id: str
+    item_id: str
+    output_index: int
+    arguments: str
+
+
+@dataclass(frozen=True)
+class McpCallInProgress(ServerEvent):
+    type: ClassVar[str] = "response.mcp_call.in_progress"
+    item_id: str
+    output_index: int
+
+
+@dataclass(frozen=True)
+class McpCallCompleted(ServerEvent):
+    type: ClassVar[str] = "response.mcp_call.completed"
+    item_id: str
+    output_index: int
+
+
+@dataclass(frozen=True)
+class McpCallFailed(ServerEvent):
+    type: ClassVar[str] = "response.mcp_call.failed"
+    item_id: str
+    output_index: int
+
+
 @dataclass(frozen=True)
 class VideoSceneUpdated(ServerEvent):
     """Extension: what the vision stage sees now (the model's camera context)."""

@@ -14,6 +14,7 @@ from typing import Any
 from vllm_duplex.core.contracts import Capabilities
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.interruption import Interruption, OutputPacing
+from vllm_duplex.core.mcp import redacted
 from vllm_duplex.core.truncation import Truncation
 
 
@@ -181,6 +182,9 @@ class SessionConfig:
     noise_reduction: str | None = None  # off, as OpenAI's default
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
+    # The tools listed from the MCP servers of ``tools`` (session/mcp_calls.py
+    # writes them), as the function tools the model is offered; not on the wire.
+    mcp_tools: tuple[dict[str, Any], ...] = ()
     temperature: float = 0.8
     max_output_tokens: int | None = None  # None means "inf"
     interruption: Interruption = Interruption()
@@ -241,7 +245,7 @@ def session_wire(
                 "pacing": config.pacing.wire(),  # duplex extension
             },
         },
-        "tools": list(config.tools),
+        "tools": [redacted(t) for t in config.tools],
         "tool_choice": config.tool_choice,
         "max_output_tokens": "inf" if config.max_output_tokens is None else config.max_output_tokens,
         "temperature": config.temperature,

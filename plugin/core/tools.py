@@ -9,8 +9,10 @@ Realtime / Responses shape ``{"type": "function", "name", "description"?,
 
 One rule for a name, OpenAI's: 1-64 characters of ``[A-Za-z0-9_-]``, unique
 in the list. Every mistake is ``invalid_value`` naming the field, as OpenAI
-answers a name off the pattern; a tool of another type (``mcp``, ...) is
-``unsupported_option`` naming its ``type``: it may be valid, this engine lacks it.
+answers a name off the pattern; a tool of another type is ``unsupported_option``
+naming its ``type``: it may be valid, this engine lacks it. ``mcp`` tools
+(``core/mcp.py``) are taken where the caller says so (``mcp=True``: the
+realtime session, whose runner calls the servers); the text surfaces refuse them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.mcp import parse_mcp_tool
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -35,20 +38,28 @@ def tool_name(tool: Mapping[str, Any]) -> Any:
     return fn.get("name")
 
 
-def parse_tools(raw: Any, param: str = "tools") -> tuple[dict[str, Any], ...]:
-    """``raw`` (None: no tools) as flat function tools; ``param`` is the path
-    the errors name (``session.tools``, ``tools``)."""
+def parse_tools(raw: Any, param: str = "tools", *, mcp: bool = False) -> tuple[dict[str, Any], ...]:
+    """``raw`` (None: no tools) as flat function tools (and, with ``mcp``,
+    MCP servers); ``param`` is the path the errors name (``session.tools``, ``tools``)."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
         raise _bad(param, f"{param} must be a list")
     tools: list[dict[str, Any]] = []
     names: set[str] = set()
+    labels: set[str] = set()
     for i, t in enumerate(raw):
         p = f"{param}[{i}]"
         if not isinstance(t, Mapping):
             raise _bad(p, f"{p} must be an object")
         kind = t.get("type", "function")
+        if kind == "mcp" and mcp:
+            server = parse_mcp_tool(t, p)
+            if server["server_label"] in labels:
+                raise _bad(f"{p}.server_label", f"duplicate server_label {server['server_label']!r}")
+            labels.add(server["server_label"])
+            tools.append(server)
+            continue
         if kind != "function":  # a valid tool of another kind (mcp, ...): refused by name
             raise DuplexError("unsupported_option", f"{p}.type {kind!r} is not supported: "
                               "only function tools are", param=f"{p}.type")

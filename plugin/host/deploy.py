@@ -51,6 +51,8 @@ class Limits:
     # announced `session_end_warning_s` before (duplex.session.expiring).
     max_session_s: float = 3600.0
     session_end_warning_s: float = 60.0
+    # One list or call of a session's remote MCP server, all of it (session/mcp_client.py).
+    mcp_timeout_s: float = 30.0
     journal_events: int = 4096
     journal_bytes: int = 8 << 20
     journal_age_s: float = 300.0

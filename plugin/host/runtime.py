@@ -114,6 +114,7 @@ class Runtime:
             journal_bytes=limits.journal_bytes, journal_age_s=limits.journal_age_s,
             survives_disconnect=limits.resume_grace_s > 0,
             max_session_s=limits.max_session_s or None, end_warning_s=limits.session_end_warning_s,
+            mcp_timeout_s=limits.mcp_timeout_s,
             video=VideoLimits(fps=limits.video_fps, max_fps=limits.video_max_fps,
                               max_bytes_per_s=limits.video_max_bytes_per_s))
         self.journal_budget = JournalBudget(limits.journal_total_bytes)

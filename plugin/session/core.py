@@ -42,7 +42,7 @@ from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.gate import FenceGate
 from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import AsrConfig, ContextMessage, StageFailed, StageOutput
+from vllm_duplex.core.payloads import AsrConfig, ContextMessage, StageFailed, StageOutput, ToolCall
 from vllm_duplex.core.session_config import SessionConfig, session_wire, updated_config
 from vllm_duplex.policy import ModelPolicy
 from vllm_duplex.session import asks, barge_in, idle, lifetime, pacing, turn_end
@@ -65,6 +65,7 @@ from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.limits import SessionLimits
+from vllm_duplex.session import mcp_calls
 from vllm_duplex.session.floor import Floor
 from vllm_duplex.session.pauses import Pauses
 from vllm_duplex.session.replies import (
@@ -140,6 +141,8 @@ class SessionCore(SessionViewOfParts):
                                        policy_name=policy.name, make_id=make_id)
         self.chain = OutputChain(self.gate, self.floor, self.pauses, metrics=metrics,
                                  latency=self.latency)
+        # Remote MCP servers: their listings, calls and approvals (mcp_calls.py).
+        self.mcp = mcp_calls.McpCalls(self.floor, conversation=self.conversation, make_id=make_id)
         # What a fired timer (effects.ArmTimer) runs, by name.
         self.timers: dict[str, Callable[[], None]] = {
             turn_end.TIMER: lambda: self.carry(self.pauses.due(self._config, self.now)),
@@ -179,6 +182,7 @@ class SessionCore(SessionViewOfParts):
         admitted."""
         self.out.now = self.out.received_at = now
         self.emit(ev.SessionCreated(session=self.session_object(), resume_token=resume_token))
+        self.carry(self.mcp.configure(self._config))  # its MCP servers are listed now
         if self._config.turn_detection is not None:
             self.execute(self.policy.plan_append(self, self.user.vad_config(self._config)))
         self._configure_asr(None)
@@ -197,6 +201,7 @@ class SessionCore(SessionViewOfParts):
             if handler is None:
                 raise DuplexError("unknown_event", f"unhandled command {type(message).__name__}")
             handler(self, message)
+            self.carry(self.mcp.after(message, self._config))
         except DuplexError as err:
             self.error(err.with_event_id(getattr(message, "event_id", None)))
         except Exception:  # contained: one bad command must not end the session
@@ -298,6 +303,16 @@ class SessionCore(SessionViewOfParts):
             self.execute(self.policy.plan_append(self, self.user.vad_config(new)))
         self._configure_asr((old.transcription.prompt or None) if old.transcription else None)
         self.emit(ev.SessionUpdated(session=self.session_object()))
+        self.carry(self.mcp.configure(self._config))
+
+    def _offer_mcp_tools(self, tools: tuple[dict[str, Any], ...]) -> None:
+        """The tools the session's MCP servers listed, offered to the model from now on."""
+        self._config = self.floor.config = dataclasses.replace(self._config, mcp_tools=tools)
+
+    def _mcp_follow_up(self, a: mcp_calls.FollowUp) -> None:
+        """The response that answers with the MCP calls' results."""
+        self.create_response(a.options)
+        self.mcp.followed(self.floor.shown)
 
     def _configure_asr(self, old_prompt: str | None) -> None:
         """Tell the ASR the session's transcription prompt when it changed."""
@@ -416,13 +431,15 @@ class SessionCore(SessionViewOfParts):
             self.input.clear()
             self.user.dismiss()
             floor.dismiss(decision.dismiss, getattr(payload, "text", ""))
-        if decision.finish_response:
-            floor.finish()
+        if decision.finish_response and not self.mcp.holds_finish():
+            floor.finish()  # (a reply whose MCP call runs ends when the call is back)
 
     def show(self, payload: object) -> None:
         """A stage failure is an error that fails the reply; the floor shows the rest."""
         if type(payload) is StageFailed:
             self.fail(payload.error)
+        elif type(payload) is ToolCall and (steps := self.mcp.takes(payload)) is not None:
+            self.carry(steps)  # a listed MCP tool: the engine calls it (mcp_calls.py)
         else:
             self.floor.show(payload)
 
@@ -463,6 +480,8 @@ _HANDLERS: dict[type, Callable[[SessionCore, Any], None]] = {
     FrameDecoded: SessionCore._on_frame,
     Failed: SessionCore._on_failed,
     TimerFired: SessionCore._on_timer,
+    mcp_calls.McpToolsListed: lambda core, m: core.carry(core.mcp.listed(m, core.config)),
+    mcp_calls.McpToolCalled: lambda core, m: core.carry(core.mcp.called(m)),
 }
 
 # How the core carries out each ask, by its exact type; an ask may answer
@@ -481,4 +500,9 @@ _ASKS: dict[type, Callable[[SessionCore, Any], Steps | None]] = {
     asks.Interrupt: lambda core, a: core.floor.interrupt(a.reason),
     asks.ItemGone: lambda core, a: core.floor.item_gone(a.item_id, truncated=a.truncated),
     asks.Fail: lambda core, a: core.fail(a.error),
+    mcp_calls.Offer: lambda core, a: core._offer_mcp_tools(a.tools),
+    mcp_calls.Show: lambda core, a: core.floor.show(a.payload),
+    mcp_calls.Finish: lambda core, a: core.floor.finish(),
+    mcp_calls.Report: lambda core, a: core.error(a.error),
+    mcp_calls.FollowUp: SessionCore._mcp_follow_up,
 }

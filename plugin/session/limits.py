@@ -28,3 +28,6 @@ class SessionLimits:
     # it ends (session/lifetime.py).
     max_session_s: float | None = None
     end_warning_s: float = 60.0
+    # How long one MCP list or call may take, all of it (connect, initialize,
+    # the request): past it the item fails with http_error 504 (mcp_client.py).
+    mcp_timeout_s: float = 30.0

@@ -26,7 +26,7 @@ Tools = tuple[tuple[dict[str, Any], ...], Any]
 def reply_tools(config: SessionConfig, options: cmd.ResponseOptions) -> Tools:
     """The tools and tool choice of one reply: its own, else the session's.
     A choice that cannot be met is the client's mistake, not a silent no-call."""
-    tools = config.tools if options.tools is None else options.tools
+    tools = model_tools(config) if options.tools is None else options.tools
     choice = options.tool_choice or config.tool_choice
     param = "response.tool_choice" if options.tool_choice else "response.tools"
     if choice == "required" and not tools:
@@ -35,6 +35,12 @@ def reply_tools(config: SessionConfig, options: cmd.ResponseOptions) -> Tools:
         raise DuplexError("invalid_value", f"tool_choice names no declared tool "
                           f"({choice.get('name')!r})", param=param)
     return tools, choice
+
+
+def model_tools(config: SessionConfig) -> tuple[dict[str, Any], ...]:
+    """The session's function tools and the tools its MCP servers listed (an
+    MCP server is called by the engine: the model sees only its tools)."""
+    return (*(t for t in config.tools if t.get("type") != "mcp"), *config.mcp_tools)
 
 
 def check_response(config: SessionConfig, caps: Capabilities,

@@ -165,6 +165,14 @@ class ResponseRecord:
             out.append(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
         return item, out
 
+    def add_output(self, item: ConversationItem) -> tuple[int, str | None]:
+        """Another output item of the response (an MCP call or approval
+        request, ``mcp_calls.py``): its ``output_index`` and the item it follows."""
+        index = len(self.response.output)
+        self.response.output.append(item)
+        previous, self._last_item_id = self._last_item_id, item.id
+        return index, previous
+
     def on_generation_done(self, done: GenerationDone) -> None:
         self.finish_reason = done.finish_reason
         self.response.input_tokens = done.input_tokens

@@ -66,6 +66,8 @@ from vllm_duplex.session.effects import (
 )
 from vllm_duplex.session.feed import StageFeed
 from vllm_duplex.session.limits import SessionLimits
+from vllm_duplex.session.mcp_calls import CallMcpTool, ListMcpTools
+from vllm_duplex.session.mcp_client import McpClients
 from vllm_duplex.session.mailbox import (
     Lane,
     Mailbox,
@@ -144,11 +146,14 @@ class DuplexSession:
                               failed=self._feed_failed, name=f"duplex-feed-{session_id}")
         self._video = VideoDecoding(limits.video.fps, self._video_decoded)
         self._video_wake_pending = False
+        # Remote MCP servers: lists and calls, each a task handing its result back.
+        self._mcp = McpClients(self._mcp_result, timeout_s=limits.mcp_timeout_s, name=session_id)
         self._steps: dict[type, _Step] = {
             Emit: self._publish, Submit: self._submit, Forward: self._forward,
             Cancel: self._cancel, AckEvents: self._ack, Close: self._close_step,
             DecodeImage: self._decode, FeedVideo: self._feed_video, PollVideo: self._poll_video,
             ArmTimer: self._arm_timer, CancelTimer: self._cancel_timer,
+            ListMcpTools: self._mcp.list, CallMcpTool: self._mcp.call,
         }
         self._timers: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -285,6 +290,7 @@ class DuplexSession:
         await self.feed.close()
         await self.pipeline.close()
         await self._video.close()
+        await self._mcp.close()
         self.metrics.sessions_closed.inc(reason=reason.value)
         if self._mirror is not None:
             self._mirror.closed(self, reason)
@@ -442,6 +448,15 @@ class DuplexSession:
             except MailboxFull:
                 return  # the decoder's next frame wakes us again; frames wait in it
             self._video_wake_pending = True
+
+    def _mcp_result(self, message: object) -> None:
+        """An MCP list or call came back (``mcp_client.py``): the core hears
+        of it next, ahead of queued audio."""
+        if self.close_reason is None:
+            try:
+                self.mailbox.put_nowait((self.clock.now(), message), Lane.CONTROL)
+            except (MailboxClosed, MailboxFull):
+                pass  # closing
 
     def _feed_failed(self, exc: Exception) -> None:
         """A submission raised in the feed: the client hears of it, as it did

@@ -14,7 +14,8 @@ from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemTyp
 from vllm_duplex.media.data_url import data_url_bytes
 from vllm_duplex.realtime.wire.aliases import _MISSING, CONTENT_GA_TO_BETA
 from vllm_duplex.realtime.wire.fields import _b64, _bad, _obj, _opt_str, _req_str, _str
-from vllm_duplex.realtime.wire.refusals import ITEM_TYPES_REFUSED, refused
+from vllm_duplex.realtime.wire.mcp_items import MCP_ITEM_TYPES, mcp_item
+from vllm_duplex.realtime.wire.refusals import refused
 
 # Content part types each role may send, mapped to the stored (GA) type.
 _PART_TYPES: dict[Role, dict[str, str]] = {
@@ -59,8 +60,8 @@ def _item(raw: Any, p: str = "item") -> ConversationItem:
     item = _obj(raw, p)
     item_id = _opt_str(item.get("id"), f"{p}.id") or ""
     kind_name = item.get("type")
-    if isinstance(kind_name, str) and kind_name in ITEM_TYPES_REFUSED:
-        raise refused(f"{p}.type", ITEM_TYPES_REFUSED[kind_name])
+    if isinstance(kind_name, str) and kind_name in MCP_ITEM_TYPES:
+        return mcp_item(item, item_id, ItemType(kind_name), p)
     try:
         kind = ItemType(item.get("type", "message"))
     except (ValueError, TypeError):

@@ -54,12 +54,6 @@ NOISE_REDUCTION_REFUSED: dict[str, str] = {
     "strength": "the noise suppressor runs at its one setting for each type",
 }
 
-# Conversation item types of the GA reference that this engine does not take.
-ITEM_TYPES_REFUSED: dict[str, str] = {
-    kind: "MCP tools are not supported yet"
-    for kind in ("mcp_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response")
-}
-
 
 def refuse_paths(obj: dict[str, Any], table: dict[tuple[str, ...], str], prefix: str) -> None:
     """Raise for the first path of ``table`` that ``obj`` sets."""

@@ -126,6 +126,7 @@ PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADU
 SAMPLES: dict[str, Any] = {
     "rate": 16000, "image_url": PNG, "audio": "AAAA", "conversation": "none", "detail": "high",
     "parameters": {"type": "object"}, "model": "m", "arguments": "{}",
+    "server_url": "http://127.0.0.1:9/mcp",
 }
 EVENT_BASE: dict[str, dict[str, Any]] = {
     "conversation.item.create": {"item": {"type": "message", "role": "user", "content": []}},
@@ -141,6 +142,12 @@ SIBLINGS: dict[str, dict[str, Any]] = {
     "truncation": {"type": "retention_ratio", "retention_ratio": 0.5},
     "noise_reduction": {"type": "near_field"}, "item": {"name": "f", "call_id": "c", "output": "o"},
     "prompt": {"id": "pmpt_1"},
+    # by the tagged name first: what each MCP tool and item needs
+    "tools[]<mcp>": {"server_label": "s", "server_url": SAMPLES["server_url"]},
+    "item<mcp_call>": {"server_label": "s", "name": "f", "arguments": "{}"},
+    "item<mcp_approval_request>": {"server_label": "s", "name": "f", "arguments": "{}"},
+    "item<mcp_list_tools>": {"server_label": "s", "tools": []},
+    "item<mcp_approval_response>": {"approval_request_id": "mcpr_1", "approve": True},
 }
 
 
@@ -195,7 +202,9 @@ def build(tokens: list[str], value: Any, at: str = "") -> Any:
         return obj
     obj = {head: build(rest, value, f"{at}.{head}" if at else head)}
     name = TAG.sub("", at).rsplit(".", 1)[-1]
-    extra = content_part(at, head) if name == "content[]" else SIBLINGS.get(name, {})
+    tagged = at.rsplit(".", 1)[-1]
+    extra = content_part(at, head) if name == "content[]" else SIBLINGS.get(
+        tagged, SIBLINGS.get(name, {}))
     for k, v in extra.items():
         obj.setdefault(k, v)
     return obj
@@ -271,6 +280,8 @@ CAPS = Capabilities(input_modes=frozenset(), turn_detection=frozenset({"server_v
 NOT_ECHOED = {
     "session.parallel_tool_calls": "validated only: one call per response honours both values",
     "session.model": "immutable once open: checked by test_the_model_is_read",
+    "session.tools[]<mcp>.headers": "a secret: sent to the MCP server, never echoed (tests/unit/test_mcp_tools_core.py)",
+    "session.tools[]<mcp>.authorization": "a secret: sent to the MCP server, never echoed",
 }
 
 

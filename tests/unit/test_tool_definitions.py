@@ -55,11 +55,19 @@ def test_both_surfaces_refuse_the_same_tool_with_invalid_value(tools, field):
     assert text_tools(tools) == ("invalid_value", f"tools{field}")
 
 
-@pytest.mark.parametrize("tools", [[{"type": "code_interpreter"}], [{"type": "mcp", "server_label": "x"}]])
+@pytest.mark.parametrize("tools", [[{"type": "code_interpreter"}]])
 def test_both_surfaces_refuse_a_tool_of_another_type_by_name(tools):
     """A valid tool this engine lacks is ``unsupported_option``, not a typo."""
     assert realtime_tools(tools) == ("unsupported_option", "session.tools[0].type")
     assert text_tools(tools) == ("unsupported_option", "tools[0].type")
+
+
+def test_an_mcp_server_is_a_realtime_session_s_tool_only():
+    """The realtime session's runner calls MCP servers (test_mcp_tools_core.py);
+    the text surfaces have no one to call them."""
+    mcp = [{"type": "mcp", "server_label": "x", "server_url": "http://127.0.0.1:9/mcp"}]
+    assert realtime_tools(mcp) == tuple(mcp)
+    assert text_tools(mcp) == ("unsupported_option", "tools[0].type")
 
 
 def test_both_surfaces_accept_both_shapes_and_the_same_names():

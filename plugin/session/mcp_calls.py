@@ -1,0 +1,421 @@
+"""Remote MCP tools in a session, without I/O: what the session shows and
+asks for; the runner's ``mcp_client.py`` does the talking (the ``mcp`` SDK)
+and hands the result back as a message, so a slow or dead server never holds
+the session's loop or its audio.
+
+* **Listing.** A server in ``session.tools`` (``core/mcp.py``) is listed when
+  it is configured (at the start, or by the ``session.update`` that adds or
+  changes it): an ``mcp_list_tools`` item (``conversation.item.added``,
+  ``mcp_list_tools.in_progress``), the ``ListMcpTools`` effect, then
+  ``McpToolsListed`` back: ``mcp_list_tools.completed`` and the item, done,
+  with the tools ``allowed_tools`` lets through -- or ``mcp_list_tools.failed``
+  and an ``error`` event (``mcp_server_error``) saying why. The listed tools
+  are offered to the model as function tools (``SessionConfig.mcp_tools``;
+  a name that a function tool or another server already has is not offered twice).
+* **A call.** The model's ``ToolCall`` naming a listed tool becomes an
+  ``mcp_call`` item of the response (``response.mcp_call_arguments.delta`` /
+  ``.done``, ``response.mcp_call.in_progress``) and the ``CallMcpTool``
+  effect; the response is not finished while the call runs (its end is held,
+  ``holds_finish``). ``McpToolCalled`` back: ``response.mcp_call.completed``
+  (the item's ``output``) or ``.failed`` (its ``error``: ``http_error``,
+  ``protocol_error`` or ``tool_execution_error``), the item done, the
+  response finished -- and then a follow-up response, in which the model
+  answers with the result in its context, as OpenAI's does.
+* **Approval.** A tool that ``require_approval`` names (OpenAI's default:
+  all of them) makes an ``mcp_approval_request`` item instead, and nothing
+  runs. The client's ``mcp_approval_response`` item (``conversation.item.create``)
+  approving it runs the call as an ``mcp_call`` item with its
+  ``approval_request_id``, outside any response, and the follow-up answers;
+  one denying it runs nothing.
+
+Follow-ups chain while the model calls tools again, ``MAX_ROUNDS`` at most:
+the last is asked with ``tool_choice: "none"``. A follow-up never uses the
+session's ``"required"`` (or named) choice: the call it asked for was made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllm_duplex.core import commands as cmd
+from vllm_duplex.core import events as ev
+from vllm_duplex.core import mcp
+from vllm_duplex.core.conversation import ConversationItem, ItemType, ResponseStatus
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.core.payloads import ToolCall
+from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.session.asks import Steps
+from vllm_duplex.session.items import ItemStore
+
+if TYPE_CHECKING:
+    from vllm_duplex.session.floor import Floor
+    from vllm_duplex.session.rendering import Scope
+    from vllm_duplex.session.reply import Reply
+
+MAX_ROUNDS = 4  # follow-ups in a row that may call a tool again
+
+
+# ---- effects (the runner carries them out) and the messages they hand back ----
+
+
+@dataclass(frozen=True, slots=True)
+class ListMcpTools:
+    """List the tools of ``server`` (a ``core/mcp.py`` definition); hand back
+    ``McpToolsListed(item_id, ...)``."""
+
+    item_id: str
+    server: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CallMcpTool:
+    """Call ``name`` on ``server`` with ``arguments`` (JSON text); hand back
+    ``McpToolCalled(item_id, ...)``."""
+
+    item_id: str
+    server: dict[str, Any]
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class McpToolsListed:
+    """The server's tools (``name``, ``input_schema``, ``description``?,
+    ``annotations``?), or ``error`` (an mcp_call error object) when it could not list them."""
+
+    item_id: str
+    tools: tuple[dict[str, Any], ...] = ()
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class McpToolCalled:
+    """What the tool gave (``output``: its text), or ``error``."""
+
+    item_id: str
+    output: str | None = None
+    error: dict[str, Any] | None = None
+
+
+# ---- what only the core does (asks, carried out by SessionCore.carry) ---------------
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """The model is offered these tools of the MCP servers now (``SessionConfig.mcp_tools``)."""
+
+    tools: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Show:
+    """Show ``payload`` as the floor shows an output of the reply (``render_item``)."""
+
+    payload: object
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The reply shown, held while its calls ran, is generated to its end."""
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """An ``error`` event for the client (counted like every error)."""
+
+    error: DuplexError
+
+
+@dataclass(frozen=True, slots=True)
+class FollowUp:
+    """Make the response that answers with the calls' results; the core tells
+    ``McpCalls.followed`` which one it is."""
+
+    options: cmd.ResponseOptions
+
+
+@dataclass(frozen=True)
+class McpItemShown:
+    """A payload of the reply shown: its ``mcp_call`` starting, or its
+    ``mcp_approval_request`` (``render_item`` makes the events)."""
+
+    response_id: str
+    item: ConversationItem
+
+
+# ---- the session's MCP state ------------------------------------------------------
+
+
+@dataclass
+class _Server:
+    key: tuple
+    tool: dict[str, Any]  # the definition in session.tools
+    item: ConversationItem  # its mcp_list_tools item
+    previous: str | None  # the item it follows
+    listed: bool = False
+
+
+@dataclass
+class _Call:
+    item: ConversationItem
+    response_id: str | None  # None: an approved call, run outside a response
+    output_index: int
+    in_conversation: bool = True
+
+
+@dataclass
+class _Follow:
+    due: bool = False
+    after: Reply | None = None  # the reply whose completion brings it (None: at once)
+    ids: set[str] = field(default_factory=set)  # the follow-ups made
+    rounds: int = 0
+
+
+class McpCalls:
+    """One session's MCP servers, calls and approvals: the only writer of
+    them. Given the floor (to read the reply shown), the conversation (its
+    MCP items go in) and the id maker; returns what the core carries out."""
+
+    def __init__(self, floor: Floor, *, conversation: ItemStore,
+                 make_id: Callable[[str], str]) -> None:
+        self._floor = floor
+        self._conversation = conversation
+        self._make_id = make_id
+        self.servers: dict[str, _Server] = {}  # by server_label
+        self.offered: dict[str, tuple[str, dict[str, Any] | None]] = {}  # tool -> (label, annotations)
+        self.calls: dict[str, _Call] = {}  # running, by item id
+        self.approvals: dict[str, tuple[str, str, str]] = {}  # request id -> (label, name, args)
+        self._finish_wanted: set[str] = set()  # responses whose end waits on a call
+        self._follow = _Follow()
+
+    def _previous(self) -> str | None:
+        last = self._conversation.last
+        return last.id if last else None
+
+    # ---- listing ------------------------------------------------------------------
+
+    def configure(self, config: SessionConfig) -> Steps:
+        """The session's tools changed (or it starts): list what is new, forget what went."""
+        wanted = {t["server_label"]: t for t in config.tools if t.get("type") == "mcp"}
+        for label in [label for label in self.servers if label not in wanted]:
+            del self.servers[label]
+        steps: Steps = []
+        for label, tool in wanted.items():
+            key = mcp.listing_key(tool)
+            server = self.servers.get(label)
+            if server is not None and server.key == key:
+                server.tool = tool  # require_approval, server_description: no new listing
+                continue
+            item = ConversationItem(id=self._make_id("mcpl"), type=ItemType.MCP_LIST_TOOLS,
+                                    server_label=label, tools=[])
+            previous = self._previous()
+            self._conversation.append(item)
+            self.servers[label] = _Server(key, tool, item, previous)
+            steps += [ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous),
+                      ev.McpListToolsInProgress(item_id=item.id), ListMcpTools(item.id, tool)]
+        return steps + self._offer(config)
+
+    def listed(self, m: McpToolsListed, config: SessionConfig) -> Steps:
+        server = next((s for s in self.servers.values() if s.item.id == m.item_id), None)
+        if server is None:
+            return []  # removed or replaced while it was listed
+        item = server.item
+        steps: Steps = []
+        if m.error is not None:
+            steps += [ev.McpListToolsFailed(item_id=item.id), Report(DuplexError(
+                "mcp_server_error", f"MCP server {item.server_label!r} could not list its tools: "
+                f"{m.error.get('message', '')}", param="session.tools",
+                details={"server_label": item.server_label, "mcp_error": m.error}))]
+        else:
+            item.tools = [t for t in m.tools
+                          if mcp.allowed(server.tool, t["name"], t.get("annotations"))]
+            server.listed = True
+            steps.append(ev.McpListToolsCompleted(item_id=item.id))
+        steps.append(ev.ConversationItemDone(item=item.wire(), previous_item_id=server.previous))
+        return steps + self._offer(config)
+
+    def _offer(self, config: SessionConfig) -> Steps:
+        """What the model is offered: the listed tools, as function tools."""
+        taken = {t.get("name") for t in config.tools if t.get("type") != "mcp"}
+        offered: dict[str, tuple[str, dict[str, Any] | None]] = {}
+        tools: list[dict[str, Any]] = []
+        for label, server in self.servers.items():
+            if not server.listed:
+                continue
+            about = server.tool.get("server_description")
+            for t in server.item.tools or ():
+                name = t["name"]
+                if name in taken or name in offered:
+                    continue
+                offered[name] = (label, t.get("annotations"))
+                description = " ".join(x for x in (about, t.get("description")) if x)
+                fn: dict[str, Any] = {"type": "function", "name": name}
+                if description:
+                    fn["description"] = description
+                if isinstance(t.get("input_schema"), dict):
+                    fn["parameters"] = t["input_schema"]
+                tools.append(fn)
+        self.offered = offered
+        return [] if tuple(tools) == config.mcp_tools else [Offer(tuple(tools))]
+
+    # ---- a call the model makes -----------------------------------------------------
+
+    def takes(self, call: ToolCall) -> Steps | None:
+        """None: ``call`` is no listed MCP tool's (a function call, the client's).
+        Else its item is shown, and the call runs unless it must be approved."""
+        owner = self.offered.get(call.name)
+        reply = self._floor.shown
+        if owner is None or reply is None or reply.id != call.response_id or reply.record is None:
+            return None
+        if call.response_id not in self._follow.ids:
+            self._follow.rounds = 0  # a new exchange: the follow-ups count again
+        label, annotations = owner
+        server = self.servers[label]
+        if mcp.needs_approval(server.tool, call.name, annotations):
+            item = ConversationItem(id=self._make_id("mcpr"), type=ItemType.MCP_APPROVAL_REQUEST,
+                                    server_label=label, name=call.name, arguments=call.arguments)
+            self.approvals[item.id] = (label, call.name, call.arguments)
+            return [Show(McpItemShown(reply.id, item))]
+        item = ConversationItem(id=self._make_id("mcp"), type=ItemType.MCP_CALL, server_label=label,
+                                name=call.name, arguments=call.arguments)
+        index = len(reply.record.response.output)  # where the floor shows it, next
+        self.calls[item.id] = _Call(item, reply.id, index, reply.record.in_conversation)
+        return [Show(McpItemShown(reply.id, item)),
+                CallMcpTool(item.id, server.tool, call.name, call.arguments)]
+
+    def holds_finish(self) -> bool:
+        """The reply shown is generated to its end: True when a call of it still
+        runs (``Finish`` comes when the last one is back)."""
+        shown = self._floor.shown
+        if shown is None or not any(c.response_id == shown.id for c in self.calls.values()):
+            return False
+        self._finish_wanted.add(shown.id)
+        return True
+
+    def called(self, m: McpToolCalled) -> Steps:
+        """A call came back: its item done with the output or the error; the
+        reply it held finishes; the model will answer (``after``)."""
+        call = self.calls.pop(m.item_id, None)
+        if call is None:
+            return []
+        item = call.item
+        item.output, item.error = m.output, m.error
+        event = ev.McpCallCompleted if m.error is None else ev.McpCallFailed
+        steps: Steps = [event(item_id=item.id, output_index=call.output_index)]
+        shown = self._floor.shown
+        own = shown is not None and call.response_id == shown.id
+        if own:
+            steps.append(ev.OutputItemDone(response_id=call.response_id,
+                                           output_index=call.output_index, item=item.wire()))
+        if call.in_conversation:
+            steps.append(ev.ConversationItemDone(item=item.wire(),
+                                                 previous_item_id=self._before(item.id)))
+        if call.response_id is None:  # an approved call: the model answers next
+            self._follow.due, self._follow.after = True, None
+        elif own and call.in_conversation:
+            self._follow.due, self._follow.after = True, shown
+        if own and shown is not None and shown.id in self._finish_wanted \
+                and not any(c.response_id == shown.id for c in self.calls.values()):
+            self._finish_wanted.discard(shown.id)
+            steps.append(Finish())
+        return steps
+
+    def _before(self, item_id: str) -> str | None:
+        previous = None
+        for item in self._conversation:
+            if item.id == item_id:
+                return previous
+            previous = item.id
+        return None
+
+    # ---- approvals ------------------------------------------------------------------
+
+    def _approval(self, item: ConversationItem) -> Steps:
+        """The client answered an ``mcp_approval_request``: an approved call runs now."""
+        request = self.approvals.pop(item.approval_request_id or "", None)
+        if request is None:
+            raise DuplexError("item_not_found", f"no mcp_approval_request "
+                              f"{item.approval_request_id!r} is waiting for an answer",
+                              param="item.approval_request_id")
+        if not item.approve:
+            return []
+        label, name, arguments = request
+        call = ConversationItem(id=self._make_id("mcp"), type=ItemType.MCP_CALL,
+                                server_label=label, name=name, arguments=arguments,
+                                approval_request_id=item.approval_request_id)
+        previous = self._previous()
+        self._conversation.append(call)
+        self.calls[call.id] = _Call(call, None, 0)
+        steps: Steps = [ev.ConversationItemAdded(item=call.wire(), previous_item_id=previous),
+                        ev.McpCallInProgress(item_id=call.id, output_index=0)]
+        server = self.servers.get(label)
+        if server is None:  # the session dropped the server since it asked
+            return steps + self.called(McpToolCalled(call.id, error=mcp.protocol_error(
+                -32601, f"MCP server {label!r} is no longer in session.tools")))
+        return steps + [CallMcpTool(call.id, server.tool, name, arguments)]
+
+    # ---- the follow-up --------------------------------------------------------------
+
+    def after(self, message: object, config: SessionConfig) -> Steps:
+        """After every message the core handled: an approval to act on, a
+        follow-up whose reply has just ended."""
+        steps: Steps = []
+        if type(message) is cmd.ItemCreate and message.item.type is ItemType.MCP_APPROVAL_RESPONSE:
+            steps += self._approval(message.item)
+        return steps + self._follow_up(config)
+
+    def _follow_up(self, config: SessionConfig) -> Steps:
+        """Ask for the answer to the calls once the reply that made them has
+        completed (a reply cut or cancelled meanwhile takes the follow-up with it)."""
+        follow = self._follow
+        if not follow.due or self.calls:
+            return []
+        shown = self._floor.shown
+        if follow.after is not None and shown is follow.after:
+            return []  # still going out (its audio), or held by speech over it
+        after, follow.due, follow.after = follow.after, False, None
+        if shown is not None:
+            return []  # another reply came first: it sees the results already
+        if after is not None and (after.record is None
+                                  or after.record.response.status is not ResponseStatus.COMPLETED):
+            return []
+        follow.rounds += 1
+        last = follow.rounds >= MAX_ROUNDS or config.tool_choice == "none"
+        return [FollowUp(cmd.ResponseOptions(tool_choice="none" if last else "auto"))]
+
+    def followed(self, reply: Reply | None) -> None:
+        """The core made the follow-up: ``reply``."""
+        if reply is not None:
+            self._follow.ids.add(reply.id)
+
+
+# ---- what the floor shows of an MCP item (session/rendering.py) -----------------------
+
+
+def render_item(s: Scope, p: McpItemShown) -> list[ev.ServerEvent]:
+    """An MCP item joins the reply shown: added (a call with its arguments
+    streamed, then in progress; an approval request, done at once)."""
+    reply = s.reply(p.response_id)
+    if reply is None or reply.record is None:
+        return []
+    s.latency.first_words(reply.times, s.now)
+    record, item = reply.record, p.item
+    index, previous = record.add_output(item)
+    calling = item.type is ItemType.MCP_CALL
+    added = {**item.wire(), "arguments": ""} if calling else item.wire()
+    out: list[ev.ServerEvent] = [ev.OutputItemAdded(response_id=reply.id, output_index=index,
+                                                    item=added)]
+    if record.in_conversation:
+        s.conversation.append(item)
+        out.append(ev.ConversationItemAdded(item=added, previous_item_id=previous))
+    if calling:
+        ids = {"response_id": reply.id, "item_id": item.id, "output_index": index}
+        return out + [ev.McpCallArgumentsDelta(**ids, delta=item.arguments or ""),
+                      ev.McpCallArgumentsDone(**ids, arguments=item.arguments or ""),
+                      ev.McpCallInProgress(item_id=item.id, output_index=index)]
+    out.append(ev.OutputItemDone(response_id=reply.id, output_index=index, item=item.wire()))
+    if record.in_conversation:
+        out.append(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
+    return out
