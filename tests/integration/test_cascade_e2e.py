@@ -201,3 +201,41 @@ async def test_session_tools_become_function_calls_and_the_result_is_used(server
                    if e["type"] == "response.output_text.delta" and e["response_id"] == rid)
     assert done["response"]["id"] == rid and done["response"]["status"] == "completed"
     assert text.strip() and [i["type"] for i in done["response"]["output"]] == ["message"]
+
+
+async def test_the_model_calls_an_mcp_tool_and_answers_with_its_result(server):
+    """A remote MCP server (the SDK's, tests/support/mcp_servers.py) on the default
+    pipeline: SmolLM2 is offered the listed ``add``, "required" makes it call it
+    with schema-valid arguments, the engine runs the call, and the follow-up
+    response answers in words."""
+    from support.mcp_servers import McpServers
+
+    servers = McpServers().start()
+    try:
+        async with await RealtimeClient.connect(server.ws_url) as client:
+            await client.update_session({
+                "output_modalities": ["text"], "tool_choice": "required",
+                "audio": {"input": {"turn_detection": None}},
+                "tools": [{"type": "mcp", "server_label": "calc", "server_url": servers.url(0),
+                           "allowed_tools": ["add"], "require_approval": "never"}]})
+            listing = await client.wait_for("conversation.item.done", timeout=60)
+            assert [t["name"] for t in listing["item"]["tools"]] == ["add"]
+            await client.send({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": "What is 2 plus 3?"}]}})
+            await client.create_response()
+            first = await client.wait_for("response.done", timeout=120)
+            [call] = first["response"]["output"]
+            arguments = json.loads(call["arguments"])
+            assert (call["type"], call["name"], call["error"]) == ("mcp_call", "add", None)
+            assert call["output"] == str(arguments["a"] + arguments["b"])  # the server's answer
+            # The follow-ups (the model may call again, MAX_ROUNDS at most) end in words.
+            for _ in range(4):
+                done = await client.wait_for("response.done", timeout=120)
+                if [i["type"] for i in done["response"]["output"]] == ["message"]:
+                    break
+            assert done["response"]["status"] == "completed"
+            assert [i["type"] for i in done["response"]["output"]] == ["message"]
+            assert done["response"]["output"][0]["content"][0]["text"].strip()
+    finally:
+        servers.stop()
