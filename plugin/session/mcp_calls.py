@@ -300,6 +300,7 @@ class McpCalls:
         call = self.calls.pop(m.item_id, None)
         if call is None:
             return []
+        running = any(c.response_id == call.response_id for c in self.calls.values())
         item = call.item
         item.output, item.error = m.output, m.error
         event = ev.McpCallCompleted if m.error is None else ev.McpCallFailed
@@ -316,10 +317,10 @@ class McpCalls:
             self._follow.due, self._follow.after = True, None
         elif own and call.in_conversation:
             self._follow.due, self._follow.after = True, shown
-        if own and shown is not None and shown.id in self._finish_wanted \
-                and not any(c.response_id == shown.id for c in self.calls.values()):
-            self._finish_wanted.discard(shown.id)
-            steps.append(Finish())
+        if not running and call.response_id in self._finish_wanted:
+            self._finish_wanted.discard(call.response_id)
+            if own:  # (a reply cut meanwhile has ended already)
+                steps.append(Finish())
         return steps
 
     def _before(self, item_id: str) -> str | None:

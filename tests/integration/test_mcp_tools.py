@@ -220,6 +220,32 @@ async def test_a_slow_server_times_out_and_never_holds_the_session(rt, mcp_serve
                              "message": f"the MCP server did not answer within {TIMEOUT_S:g} s"}
 
 
+async def test_a_reply_cancelled_mid_call_gets_no_follow_up(rt, mcp_servers):
+    await configure(rt, mcp(mcp_servers.url(0), allowed_tools=["slow"], require_approval="never"))
+    await ask(rt)
+    started = await rt.wait_for("response.mcp_call.in_progress", timeout=30)
+    await rt.cancel_response()
+    done = await rt.wait_for("response.done", timeout=5)
+    assert done["response"]["status"] == "cancelled"
+    failed = await rt.wait_for("response.mcp_call.failed", timeout=TIMEOUT_S + 10)
+    assert failed["item_id"] == started["item_id"]
+    item = (await rt.wait_for("conversation.item.done", timeout=5))["item"]
+    assert item["id"] == started["item_id"] and item["error"]["code"] == 504
+    await asyncio.sleep(0.3)
+    assert len(of(rt, "response.created")) == 1  # no follow-up to a cancelled reply
+
+
+async def test_a_session_closed_mid_call_leaves_nothing_running(server, mcp_servers):
+    """The call's task (and its MCP session and HTTP connection) ends with the
+    session: the module's leak check fails the test otherwise."""
+    async with await RealtimeClient.connect(server.ws_url) as rt:
+        await configure(rt, mcp(mcp_servers.url(0), allowed_tools=["slow"],
+                                require_approval="never"))
+        await ask(rt)
+        await rt.wait_for("response.mcp_call.in_progress", timeout=30)
+    # the client closed its socket (and the session) with the call running
+
+
 async def test_the_published_time_server_answers(mcp_servers):
     """``mcp-server-time`` (PyPI), its tools as it lists them."""
     async with serve(calling('{"timezone": "Europe/Paris"}')) as srv:
