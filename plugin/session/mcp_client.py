@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,7 +35,6 @@ import httpx2
 from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import PaginatedRequestParams
 
@@ -44,6 +44,20 @@ from vllm_duplex.session.mcp_calls import CallMcpTool, ListMcpTools, McpToolCall
 log = logging.getLogger(__name__)
 
 MAX_PAGES = 32  # a server that pages on and on is cut off here
+
+
+_tls: ssl.SSLContext | None = None
+
+
+async def _tls_context() -> ssl.SSLContext:
+    """httpx2's default TLS context, made once per process and off the loop:
+    making one reads the CA bundle from disk (tens of ms; seconds were seen
+    under load, a stalled loop), and httpx2 makes one for every new client,
+    for http:// too. One context serves any number of connections."""
+    global _tls
+    if _tls is None:
+        _tls = await asyncio.to_thread(httpx2.create_ssl_context)
+    return _tls
 
 
 @contextlib.asynccontextmanager
@@ -59,12 +73,18 @@ async def _connect(server: dict[str, Any], timeout_s: float,
         if response.status_code >= 400:
             refused.append(response.status_code)
 
+    tls = await _tls_context()
+
+    def client(headers: Any = None, timeout: Any = None, auth: Any = None) -> httpx2.AsyncClient:
+        # (the SDK's own factory, but with the process's TLS context: see _tls_context)
+        return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, verify=tls,
+                                  event_hooks={"response": [status]})
+
     if urlsplit(url).path.rstrip("/").endswith("/sse"):
-        transport = sse_client(url, headers=headers, timeout=timeout_s, sse_read_timeout=timeout_s)
+        transport = sse_client(url, headers=headers, timeout=timeout_s, sse_read_timeout=timeout_s,
+                               httpx_client_factory=client)
     else:
-        http = create_mcp_http_client(headers=headers, timeout=httpx2.Timeout(timeout_s))
-        http.event_hooks["response"].append(status)
-        transport = _streamable(url, http)
+        transport = _streamable(url, client(headers, httpx2.Timeout(timeout_s)))
     async with transport as streams:
         read, write = streams[0], streams[1]
         async with ClientSession(read, write) as session:

@@ -29,13 +29,13 @@ from vllm_duplex.realtime.client.realtime import Event, RealtimeClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-TIMEOUT_S = 2.0  # limits.mcp_timeout_s of these servers
+TIMEOUT_S = 3.0  # limits.mcp_timeout_s of the server for the slow tool (``slow_server``)
 SDK_EVENT = TypeAdapter(RealtimeServerEvent)
 
 
-def calling(arguments: str) -> DeployConfig:
+def calling(arguments: str, **limits: Any) -> DeployConfig:
     """The scripted pipeline, its LLM calling the first tool with ``arguments``."""
-    config = scripted_config(mcp_timeout_s=TIMEOUT_S)
+    config = scripted_config(**limits)
     stages = tuple(StageSpec(s.type, {**s.options, "call_tools": True, "tool_arguments": arguments})
                    if s.type == "scripted_llm" else s for s in config.stages)
     return dataclasses.replace(config, stages=stages)
@@ -57,6 +57,19 @@ async def server() -> AsyncIterator[Any]:
 @pytest_asyncio.fixture(loop_scope="module")
 async def rt(server) -> AsyncIterator[RealtimeClient]:
     async with await RealtimeClient.connect(server.ws_url) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def slow_server() -> AsyncIterator[Any]:
+    """Calls time out after TIMEOUT_S (the others have the default, 30 s)."""
+    async with serve(calling('{"a": 2, "b": 3}', mcp_timeout_s=TIMEOUT_S)) as srv:
+        yield srv
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def slow_rt(slow_server) -> AsyncIterator[RealtimeClient]:
+    async with await RealtimeClient.connect(slow_server.ws_url) as client:
         yield client
 
 
@@ -116,6 +129,34 @@ async def test_tools_are_listed_filtered_called_and_the_model_answers(rt, mcp_se
     # The follow-up saw the result: its request's context ended with the tool's output.
     created = of(rt, "response.created")
     assert len(created) == 2 and created[1]["response"]["id"] == answer["response"]["id"]
+
+
+async def test_a_spoken_reply_waits_for_its_call_and_the_answer_is_spoken(rt, mcp_servers):
+    """Audio out (the session's default): the reply that called ends when the call
+    is back, and the follow-up speaks."""
+    await rt.update_session({"tools": [mcp(mcp_servers.url(0), allowed_tools=["add"],
+                                           require_approval="never")],
+                             "audio": {"input": {"turn_detection": None}}})
+    await rt.wait_for("conversation.item.done", timeout=30)
+    await ask(rt)
+    first = await rt.wait_for("response.done", timeout=30)
+    assert [i["type"] for i in first["response"]["output"]] == ["mcp_call"]
+    types = [e["type"] for e in rt.events]
+    assert types.index("response.mcp_call.completed") < types.index("response.done")
+    answer = await rt.wait_for("response.done", timeout=30)
+    rid = answer["response"]["id"]
+    assert any(e["type"] == "response.output_audio.delta" and e["response_id"] == rid
+               for e in rt.events)
+    assert answer["response"]["output"][0]["content"][0]["transcript"]
+
+
+async def test_require_approval_by_filter(rt, mcp_servers):
+    """``never`` for read-only tools: ``add`` (readOnlyHint) runs unasked."""
+    await configure(rt, mcp(mcp_servers.url(0), allowed_tools=["add"],
+                            require_approval={"never": {"read_only": True}}))
+    await ask(rt)
+    first = await rt.wait_for("response.done", timeout=30)
+    assert [(i["type"], i["output"]) for i in first["response"]["output"]] == [("mcp_call", "5")]
 
 
 async def test_a_call_waits_for_approval_over_sse(rt, mcp_servers):
@@ -199,40 +240,42 @@ async def test_a_tool_that_fails_is_a_typed_error_in_the_item(rt, mcp_servers):
     sdk_checked(rt)
 
 
-async def test_a_slow_server_times_out_and_never_holds_the_session(rt, mcp_servers):
-    await configure(rt, mcp(mcp_servers.url(0), allowed_tools=["slow"], require_approval="never"))
-    await ask(rt)
-    await rt.wait_for("response.mcp_call.in_progress", timeout=30)
+async def test_a_slow_server_times_out_and_never_holds_the_session(slow_rt, mcp_servers):
+    await configure(slow_rt, mcp(mcp_servers.url(0), allowed_tools=["slow"],
+                                 require_approval="never"))
+    await ask(slow_rt)
+    await slow_rt.wait_for("response.mcp_call.in_progress", timeout=30)
     # While the call runs, audio goes in and the session answers at once.
     loop = asyncio.get_running_loop()
     started = loop.time()
-    await rt.append_audio(silence(0.2))
-    await rt.commit()
-    committed = await rt.wait_for("input_audio_buffer.committed", timeout=5)
+    await slow_rt.append_audio(silence(0.2))
+    await slow_rt.commit()
+    committed = await slow_rt.wait_for("input_audio_buffer.committed", timeout=5)
     assert committed and loop.time() - started < 1.0
-    assert not of(rt, "response.mcp_call.failed", "response.mcp_call.completed")  # still running
-    failed = await rt.wait_for("response.mcp_call.failed", timeout=TIMEOUT_S + 10)
+    assert not of(slow_rt, "response.mcp_call.failed", "response.mcp_call.completed")  # still running
+    failed = await slow_rt.wait_for("response.mcp_call.failed", timeout=TIMEOUT_S + 10)
     assert loop.time() - started < TIMEOUT_S + 3
-    first = await rt.wait_for("response.done", timeout=10)
+    first = await slow_rt.wait_for("response.done", timeout=10)
     [call] = first["response"]["output"]
     assert call["id"] == failed["item_id"]
     assert call["error"] == {"type": "http_error", "code": 504,
                              "message": f"the MCP server did not answer within {TIMEOUT_S:g} s"}
 
 
-async def test_a_reply_cancelled_mid_call_gets_no_follow_up(rt, mcp_servers):
-    await configure(rt, mcp(mcp_servers.url(0), allowed_tools=["slow"], require_approval="never"))
-    await ask(rt)
-    started = await rt.wait_for("response.mcp_call.in_progress", timeout=30)
-    await rt.cancel_response()
-    done = await rt.wait_for("response.done", timeout=5)
+async def test_a_reply_cancelled_mid_call_gets_no_follow_up(slow_rt, mcp_servers):
+    await configure(slow_rt, mcp(mcp_servers.url(0), allowed_tools=["slow"],
+                                 require_approval="never"))
+    await ask(slow_rt)
+    started = await slow_rt.wait_for("response.mcp_call.in_progress", timeout=30)
+    await slow_rt.cancel_response()
+    done = await slow_rt.wait_for("response.done", timeout=5)
     assert done["response"]["status"] == "cancelled"
-    failed = await rt.wait_for("response.mcp_call.failed", timeout=TIMEOUT_S + 10)
+    failed = await slow_rt.wait_for("response.mcp_call.failed", timeout=TIMEOUT_S + 10)
     assert failed["item_id"] == started["item_id"]
-    item = (await rt.wait_for("conversation.item.done", timeout=5))["item"]
+    item = (await slow_rt.wait_for("conversation.item.done", timeout=5))["item"]
     assert item["id"] == started["item_id"] and item["error"]["code"] == 504
     await asyncio.sleep(0.3)
-    assert len(of(rt, "response.created")) == 1  # no follow-up to a cancelled reply
+    assert len(of(slow_rt, "response.created")) == 1  # no follow-up to a cancelled reply
 
 
 async def test_a_session_closed_mid_call_leaves_nothing_running(server, mcp_servers):
