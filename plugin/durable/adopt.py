@@ -11,8 +11,11 @@ them again at the next reply: re-prefilled), the journal within retention
 resumes too). A reply that was going out when the owner died ends
 ``incomplete`` (reason ``owner_lost``), its item kept as far as it was sent.
 
-A live lease of another worker is answered ``wrong_instance`` with that
-worker's id (``details.owner_instance_id``): the client resumes there.
+A lease of another worker is waited on for up to one lease period (a
+resume may come a few milliseconds after a crash, before the supervisor has
+marked the dead process in the store); a lease still held then is a live
+owner's, answered ``wrong_instance`` with that worker's id
+(``details.owner_instance_id``): the client resumes there.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from vllm_duplex.durable.writer import Durability
 from vllm_duplex.session.runner import DuplexSession
 
 INCOMPLETE_REASON = "owner_lost"
+POLL_S = 0.05
 
 
 def _moved(session_id: str, owner: str) -> DuplexError:
@@ -89,8 +93,13 @@ async def adopt(durability: Durability, make_session: Callable[[Stored], DuplexS
     if stored is None:
         raise DuplexError("session_not_found", f"no session {session_id!r}", param="session_id")
     check_state(stored, api_key, resume_token)
-    if stored.holder is not None and stored.holder != durability.holder:
-        raise _moved(session_id, stored.holder.split("#", 1)[0])
+    clock = durability.clock
+    deadline = clock.now() + durability.lease_ttl_s + 0.5
+    while stored.holder is not None and stored.holder != durability.holder:
+        if clock.now() > deadline:  # renewed all along: a live owner
+            raise _moved(session_id, stored.holder.split("#", 1)[0])
+        await clock.sleep(POLL_S)
+        stored = await store.load(session_id) or stored
     try:
         generation = await store.acquire(session_id, durability.holder, durability.lease_ttl_s)
     except LeaseHeld as held:

@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_duplex.core.clock import Clock, MonotonicClock
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.events import Envelope
 from vllm_duplex.core.metrics import Metrics
@@ -52,10 +53,15 @@ from vllm_duplex.session.runner import DuplexSession
 
 log = logging.getLogger(__name__)
 
-# Events after which the session's state (config, items) is saved again.
+# Events after which the session's state (config, items) is saved again:
+# whatever changes the config or the conversation (not the deltas of a reply
+# going out: the journal holds those, and adoption rebuilds a cut reply from them).
 _STATE_EVENTS = frozenset({
     "session.created", "session.updated", "input_audio_buffer.committed", "response.created",
-    "response.output_item.added", "response.output_item.done", "response.done"})
+    "response.output_item.added", "response.output_item.done", "response.done",
+    "conversation.item.added", "conversation.item.done", "conversation.item.created",
+    "conversation.item.deleted", "conversation.item.truncated",
+    "conversation.item.input_audio_transcription.completed"})
 RETRY_S = 0.5
 MAX_BATCH = 512
 
@@ -79,8 +85,10 @@ class _Tracked:
 
 class Durability:
     def __init__(self, store: SessionStore, holder: str, *, lease_ttl_s: float = 5.0,
-                 metrics: Metrics | None = None, backlog_bytes: int = 64 << 20) -> None:
+                 metrics: Metrics | None = None, backlog_bytes: int = 64 << 20,
+                 clock: Clock | None = None) -> None:
         self.store = store
+        self.clock = clock or MonotonicClock()
         self.holder = holder
         self.lease_ttl_s = lease_ttl_s
         self.backlog_bytes = backlog_bytes
@@ -171,7 +179,7 @@ class Durability:
     def health(self) -> dict[str, Any]:
         return {"store": type(self.store).__name__, "durable": self.store.durable,
                 "state": "degraded" if self.degraded_since is not None else "ok",
-                "degraded_s": (round(time.monotonic() - self.degraded_since, 1)
+                "degraded_s": (round(self.clock.now() - self.degraded_since, 1)
                                if self.degraded_since is not None else None),
                 "sessions": len(self._tracked), "backlog_writes": len(self._queue),
                 "fenced": self.fenced, "reseeded": self.reseeded, "adopted": self.adopted,
@@ -208,7 +216,7 @@ class Durability:
             except StoreUnavailable as err:
                 self._degrade(err)
                 self._queue.extendleft(reversed(batch))
-                await asyncio.sleep(RETRY_S)
+                await self.clock.sleep(RETRY_S)
                 continue
             except Exception:
                 log.exception("session store write failed; dropping %d writes", len(batch))
@@ -259,14 +267,14 @@ class Durability:
     def _degrade(self, err: Exception) -> None:
         self.last_error = str(err)
         if self.degraded_since is None:
-            self.degraded_since = time.monotonic()
+            self.degraded_since = self.clock.now()
             log.error("session store unreachable (%s): sessions go on, not durable", err)
             for t in self._tracked.values():
                 t.mark.set_bypass(True)
 
     def _recover(self) -> None:
         log.warning("session store reachable again after %.1f s",
-                    time.monotonic() - (self.degraded_since or 0))
+                    self.clock.now() - (self.degraded_since or 0))
         self.degraded_since = None
         for t in self._tracked.values():
             t.mark.advance(t.session.journal.head_seq)  # sent while degraded
@@ -289,7 +297,7 @@ class Durability:
 
     async def _renew_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.lease_ttl_s / 3)
+            await self.clock.sleep(self.lease_ttl_s / 3)
             leases = {sid: (self.holder, t.generation) for sid, t in self._tracked.items()}
             try:
                 failed = await self.store.renew(leases, self.lease_ttl_s)

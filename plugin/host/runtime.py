@@ -121,8 +121,8 @@ class Runtime:
         # The session store (vllm_duplex.durable): memory by default; Redis
         # (durability: store: redis) lets another worker adopt a session.
         self.durability = Durability(
-            store or _build_store(config, self.clock), self._holder(),
-            lease_ttl_s=config.durability.lease_ttl_s, metrics=self.metrics)
+            store if store is not None else _build_store(config, self.clock), self._holder(),
+            lease_ttl_s=config.durability.lease_ttl_s, metrics=self.metrics, clock=self.clock)
         self.metrics.gauge("duplex_journal_bytes", "Bytes of events journaled for resume, all sessions",
                            lambda: self.journal_budget.used)
         unknown = set(config.session) - set(_SESSION_DEFAULT_KEYS)

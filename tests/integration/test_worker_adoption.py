@@ -13,6 +13,7 @@ kept as far as it was sent. The time to resume is printed, not asserted.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -141,7 +142,13 @@ async def test_kill_9_mid_question_the_question_is_sent_again_and_answered(fleet
     os.kill(worker(fleet, victim)["pid"], signal.SIGKILL)
     resumed = await c.reconnect()
     answer = reply_text(await say(resumed, "which city did I name?"))
-    assert "You said before:" in answer
+    # The half-sent question is in the history if the store had it when the
+    # worker died (its conversation.item.added was sent only once durable),
+    # else the turn before it is: either way nothing the client saw is lost.
+    heard = any(e.get("type") == "conversation.item.added"
+                and "where" in json.dumps(e.get("item")) for e in c.events + resumed.events)
+    assert answer.endswith("You said before: where." if heard
+                           else "You said before: my city is Lyon.")
     assert_lossless(c, resumed)
     await resumed.close()
 

@@ -1,0 +1,128 @@
+"""Adoption and its writer in one process (plugin/durable/), over real
+sockets: two servers share one store (a ``MemoryStore`` shared as Redis
+would be), so the control plane is tested without Redis or signals (the
+real processes: ``test_worker_adoption.py``).
+
+* A session whose owner is known dead is adopted by the other server on
+  ``session.resume``: its events after the client's seq, each once, its
+  context for the next turn; the old owner, which still holds a copy, is
+  fenced at its next lease renewal and drops it (``moved``).
+* A store that stops answering: the session goes on (events flow without
+  waiting for it), ``/health`` says durability is degraded; when it answers
+  again, durability is back; a store that lost the session gets it written
+  again from the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import urllib.request
+
+import pytest
+from support.realtime_fixtures import no_leaked_tasks, scripted_config  # noqa: F401
+from support.router_fixtures import wait_until
+from vllm_duplex.core.clock import MonotonicClock
+from vllm_duplex.durable.memory import MemoryStore
+from vllm_duplex.durable.store import StoreUnavailable
+from vllm_duplex.host.deploy import StageSpec
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.host.store_config import StoreConfig
+from vllm_duplex.realtime.client.realtime import RealtimeClient
+from vllm_duplex.realtime.server.serving import BackgroundServer
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+TEXT = {"output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
+
+
+def config():
+    base = scripted_config(resume_grace_s=30)
+    stages = tuple(StageSpec(s.type, {**s.options, "recall": True, "token_interval_s": 0.005})
+                   if s.type == "scripted_llm" else s for s in base.stages)
+    return dataclasses.replace(base, stages=stages, durability=StoreConfig(lease_ttl_s=0.6))
+
+
+class FlakyStore(MemoryStore):
+    """A shared in-memory store that can be made unreachable."""
+
+    down = False
+
+    async def apply(self, writes):
+        if self.down:
+            raise StoreUnavailable("down (test)")
+        return await super().apply(writes)
+
+    async def renew(self, leases, ttl_s):
+        if self.down:
+            raise StoreUnavailable("down (test)")
+        return await super().renew(leases, ttl_s)
+
+
+async def text_client(url: str) -> RealtimeClient:
+    c = await RealtimeClient.connect(url)
+    await c.send({"type": "session.update", "session": TEXT})
+    await c.wait_for("session.updated")
+    return c
+
+
+async def say(c: RealtimeClient, text: str) -> str:
+    await c.send({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+    await c.send({"type": "response.create"})
+    done = (await c.wait_for("response.done", timeout=20))["response"]
+    return " ".join(p.get("text") or "" for i in done["output"] for p in i.get("content", []))
+
+
+def lossless(*sockets: RealtimeClient) -> bool:
+    seqs = [e["seq"] for c in sockets for e in c.events if isinstance(e.get("seq"), int)]
+    return len(seqs) == len(set(seqs)) and sorted(seqs) == list(range(1, max(seqs) + 1))
+
+
+async def test_the_other_server_adopts_and_the_old_owner_is_fenced():
+    store = MemoryStore(MonotonicClock(), shared=True)
+    async with BackgroundServer(Runtime(config(), instance_id="a", store=store)) as a, \
+            BackgroundServer(Runtime(config(), instance_id="b", store=store)) as b:
+        c = await text_client(a.ws_url)
+        await say(c, "my name is Ada")
+        await c.ws.close()  # dropped: the session waits on a for its resume
+        await store.mark_dead(a.runtime.durability.holder)  # as a supervisor that saw it die
+        c.url = b.ws_url
+        resumed = await c.reconnect()
+        assert resumed.owner == "b"
+        assert (await say(resumed, "my name?")).endswith("You said before: my name is Ada.")
+        assert lossless(c, resumed)
+        # a still held a copy: its next renewal finds the generation moved on.
+        await wait_until(lambda: a.runtime.durability.fenced == 1, timeout=5)
+        await wait_until(lambda: a.runtime.manager.peek(c.session_id) is None, timeout=5)
+        assert (await store.load(c.session_id)).holder == b.runtime.durability.holder
+        await resumed.close()
+
+
+def health(server: BackgroundServer) -> dict:
+    with urllib.request.urlopen(server.http_url + "/health", timeout=5) as resp:
+        return json.loads(resp.read())["durability"]
+
+
+async def test_a_store_that_stops_answering_degrades_durability_not_the_session():
+    store = FlakyStore(MonotonicClock(), shared=True)
+    async with BackgroundServer(Runtime(config(), instance_id="a", store=store)) as a:
+        c = await text_client(a.ws_url)
+        await say(c, "my color is green")
+        store.down = True
+        assert (await say(c, "color?")).endswith("You said before: my color is green.")
+        assert (await asyncio.to_thread(health, a))["state"] == "degraded"
+        store.down = False
+        await wait_until(lambda: a.runtime.durability.degraded_since is None, timeout=5)
+        await say(c, "again")
+        await wait_until(lambda: a.runtime.durability.health()["backlog_writes"] == 0, timeout=5)
+        stored = await store.load(c.session_id)
+        assert stored.head_seq == c.last_seq  # what was written while down landed too
+        # The store loses the session (a Redis restarted empty): written again, whole.
+        store._records.clear()
+        await wait_until(lambda: a.runtime.durability.reseeded == 1, timeout=5)
+        await wait_until(lambda: store._records.get(c.session_id) is not None, timeout=5)
+        assert (await store.load(c.session_id)).head_seq == c.last_seq
+        assert (await asyncio.to_thread(health, a))["state"] == "ok"
+        await c.close()
