@@ -19,7 +19,16 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from openai.types.realtime import RealtimeServerEvent
+from openai import AsyncOpenAI
+from openai.types.realtime import (
+    ConversationItemDone,
+    McpListToolsCompleted,
+    RealtimeMcpApprovalRequest,
+    RealtimeMcpToolCall,
+    RealtimeServerEvent,
+    ResponseDoneEvent,
+    ResponseMcpCallCompleted,
+)
 from pydantic import TypeAdapter
 from support.mcp_servers import TENANT, TOKEN, McpServers, free_ports
 from support.realtime_fixtures import no_leaked_tasks, scripted_config, serve  # noqa: F401
@@ -305,3 +314,37 @@ async def test_the_published_time_server_answers(mcp_servers):
     assert call["error"] is None, call
     result = json.loads(call["output"])
     assert result["timezone"] == "Europe/Paris" and result["datetime"]
+
+
+async def test_the_openai_sdk_drives_an_approval(server, mcp_servers):
+    """The official ``openai`` SDK's realtime client: it configures the server,
+    reads the typed MCP events and items, and approves the call."""
+    async with AsyncOpenAI(api_key="sk-local", base_url=server.http_url + "/v1",
+                           websocket_base_url=f"ws://127.0.0.1:{server.port}/v1") as client:
+        async with client.realtime.connect(model="duplex-scripted") as conn:
+            async def until(kind: type) -> Any:
+                while not isinstance(event := await conn.recv(), kind):
+                    pass
+                return event
+
+            await conn.session.update(session={
+                "type": "realtime", "output_modalities": ["text"],
+                "audio": {"input": {"turn_detection": None}},
+                "tools": [mcp(mcp_servers.url(0), allowed_tools=["add"])]})
+            await until(McpListToolsCompleted)
+            await conn.conversation.item.create(item={
+                "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": "What is 2 plus 3?"}]})
+            await conn.response.create()
+            done = await until(ResponseDoneEvent)
+            [request] = done.response.output
+            assert isinstance(request, RealtimeMcpApprovalRequest) and request.name == "add"
+            await conn.conversation.item.create(item={
+                "type": "mcp_approval_response", "approval_request_id": request.id,
+                "approve": True})
+            completed = await until(ResponseMcpCallCompleted)
+            call = (await until(ConversationItemDone)).item
+            answer = await until(ResponseDoneEvent)
+    assert isinstance(call, RealtimeMcpToolCall) and call.id == completed.item_id
+    assert (call.approval_request_id, call.output, call.error) == (request.id, "5", None)
+    assert answer.response.status == "completed"
