@@ -31,6 +31,12 @@ the session's loop or its audio.
 Follow-ups chain while the model calls tools again, ``MAX_ROUNDS`` at most:
 the last is asked with ``tool_choice: "none"``. A follow-up never uses the
 session's ``"required"`` (or named) choice: the call it asked for was made.
+
+``McpCalls`` is a part like the others (``asks.py``): it owns this state,
+reads the reply shown from the floor, puts its items in the conversation, and
+returns events, effects and the asks only the core carries out (``Offer`` the
+listed tools, ``Show`` an item through the floor -- ``render_item`` -- ,
+``Finish`` the reply, ``Report`` an error, make the ``FollowUp``).
 """
 
 from __future__ import annotations
