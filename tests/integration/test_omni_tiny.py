@@ -294,3 +294,58 @@ async def test_a_cut_reply_is_kept_as_the_client_got_it_even_when_the_port_relea
         await stream.aclose()  # type: ignore[attr-defined]
         await port.close()
     await settled(stage.engine, baseline)
+
+
+async def test_a_spoken_conversation_past_max_model_len_keeps_answering(tiny_omni_stage):
+    """Units count as the tokens vLLM's MiniCPM-o processor makes of their
+    audio and frames. Turns of two units (one with a frame) outgrow a 256-token
+    context after a few: the oldest turns leave it with their audio and images,
+    the instructions stay, and every turn is answered (before: ``stage_failed``
+    from the fourth turn on, for good)."""
+    from vllm_duplex.core.truncation import Truncation
+    from vllm_duplex.stages.omni.vllm_omni import VllmOmniStage
+
+    small = VllmOmniStage(engine=tiny_omni_stage.engine, dialect="minicpmo", max_model_len=256,
+                          stop_loops=False)
+    baseline = small.engine.get_num_unfinished_requests()
+    fence = Fence("omni-tiny-long")
+    port = small.port(fence.session_id)
+    await port.open(fence)
+    stream = port.outputs()
+    rng = np.random.default_rng(7)
+    frame = np.full((48, 64, 3), 90, np.uint8)
+
+    async def submit(payload: object) -> None:
+        await port.submit(StageInput(fence, fence.request_id("omni"), payload))
+
+    seen, sent_audio = [], 0
+    try:
+        await submit(OmniInstructions("Be brief."))
+        for n in range(9):
+            for k, frames in enumerate(((frame,), ())):
+                audio = (rng.standard_normal(16000) * 3000).astype(np.int16)
+                await submit(OmniUnit(audio=audio, frames=frames, start_ms=(2 * n + k) * 1000))
+                sent_audio += 1
+            await submit(GenerateRequest(f"r{n}", (), SamplingConfig(temperature=0.0, max_tokens=8),
+                                         truncation=Truncation()))
+            async with asyncio.timeout(60):
+                done = None
+                async for out in stream:
+                    if isinstance(out.payload, (GenerationDone, StageFailed)):
+                        done = out.payload
+                        break
+            assert isinstance(done, GenerationDone), f"turn {n}: {done}"
+            assert done.output_tokens == 8
+            seen.append(done.input_tokens)
+        assert max(seen) <= 256 - 8 and port.truncations >= 2
+        assert [n for n in range(1, 9) if seen[n] < seen[n - 1]]  # the model saw less after a cut
+        live = port.live
+        assert live is not None and sum(r.items.get("audio", 0) for r in live.rendered) < sent_audio
+        history = port.prompt.history
+        assert history[0].text.startswith("<|im_start|>system\nBe brief.")
+        assert history[1].text.startswith("<|im_start|>")  # the first turn kept opens whole
+        assert live.held == sum(r.tokens for r in live.rendered) <= 256
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+        await port.close()
+    await settled(small.engine, baseline)

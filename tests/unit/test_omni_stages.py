@@ -241,6 +241,31 @@ def test_generation_after_an_aborted_reply_closes_it():
                                                "<|im_end|>\n<|im_start|>user\nagain"]
 
 
+def test_the_oldest_messages_leave_the_context_and_it_stays_chatml():
+    """Truncation drops whole messages after the system block: a user turn
+    (its units and words), an assistant reply with its prefix."""
+    p = OmniPrompt(dialect("qwen_omni"), "S")
+    p.unit(unit())
+    p.text("and this")
+    p.generation()
+    p.reply("One.")
+    p.text("Second question")
+    p.generation()
+    p.reply("Two.")
+    p.unit(unit(0.5, ()))
+    assert p.messages() == [(1, 3), (3, 5), (5, 6), (6, 8), (8, 9)]
+    removed = p.drop(1)  # the first user turn: both its chunks, its audio and image with them
+    assert [c.kind for c in removed] == ["unit", "text"] and removed[0].audios
+    assert [c.text for c in p.history][:3] == ["<|im_start|>system\nS<|im_end|>\n",
+                                               "<|im_start|>assistant\n", "One."]
+    p.drop(1)  # the reply: the next user turn follows the system block, its opening tag whole
+    assert [c.text for c in p.history][:2] == ["<|im_start|>system\nS<|im_end|>\n",
+                                               "<|im_start|>user\nSecond question"]
+    assert p.messages() == [(1, 2), (2, 4), (4, 5)] and p.history[1].opens
+    assert "".join(c.text for c in p.history[1:]).count("<|im_start|>") == 3
+    assert p.drop(0) == [] and len(p.history) == 5
+
+
 # ---- the vLLM omni stage against a fake engine -------------------------------------------
 
 END = 99

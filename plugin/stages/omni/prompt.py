@@ -29,6 +29,7 @@ is ``<unit>`` + image + audio, joined without separators (the model's
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +95,8 @@ class Chunk:
     audios: tuple[np.ndarray, ...] = ()
     images: tuple[np.ndarray, ...] = ()
     kind: str = "text"  # system | unit | text | generation | reply
+    # Opens a message (a user turn, the assistant's reply): where truncation may cut.
+    opens: bool = False
 
     def prompt(self) -> dict[str, Any]:
         """vLLM's prompt dict: ``{"prompt": text, "multi_modal_data": {...}}``
@@ -157,20 +160,21 @@ class OmniPrompt:
 
     def unit(self, unit: OmniUnit) -> Chunk:
         d = self.dialect
-        text = self._open_user() + d.unit_open + d.image * len(unit.frames)
+        opener = self._open_user()
+        text = opener + d.unit_open + d.image * len(unit.frames)
         audios: tuple[np.ndarray, ...] = ()
         if unit.samples:
             text += d.audio
             audio = unit.audio_f32()
             short = d.min_audio_ms * INTERNAL_RATE // 1000 - audio.size
             audios = (np.pad(audio, (0, short)) if short > 0 else audio,)
-        return self._add(Chunk(text, audios, tuple(unit.frames), kind="unit"))
+        return self._add(Chunk(text, audios, tuple(unit.frames), kind="unit", opens=bool(opener)))
 
     def text(self, words: str) -> Chunk:
         opener = self._open_user()
         # Words after a unit or earlier words are separated by one space.
         sep = "" if opener or words[:1].isspace() else " "
-        return self._add(Chunk(opener + sep + words, kind="text"))
+        return self._add(Chunk(opener + sep + words, kind="text", opens=bool(opener)))
 
     def generation(self) -> Chunk:
         """The assistant prefix: the chunk that asks for a reply."""
@@ -178,7 +182,7 @@ class OmniPrompt:
         d = self.dialect
         prefix = d.close if self.state != "empty" else ""
         self.state = "assistant"
-        return self._add(Chunk(prefix + d.assistant_open, kind="generation"))
+        return self._add(Chunk(prefix + d.assistant_open, kind="generation", opens=True))
 
     def reply(self, text: str) -> Chunk | None:
         """The reply the model wrote (what its context now holds of it);
@@ -201,3 +205,27 @@ class OmniPrompt:
         else:
             del self.history[last]
         return True
+
+    def messages(self) -> list[tuple[int, int]]:
+        """The conversation after the system block, message by message: the
+        ``[start, end)`` spans of ``history``, each from a chunk that opens a
+        message (a user turn, an assistant reply with its prefix)."""
+        starts = [i for i, c in enumerate(self.history) if i > 0 and c.opens]
+        return list(zip(starts, [*starts[1:], len(self.history)]))
+
+    def drop(self, n: int) -> list[Chunk]:
+        """Leave the oldest ``n`` messages after the system block out of the
+        context (the session's truncation); returns the chunks removed. The
+        first message kept follows the system block directly, so the closing
+        tag its first chunk carried for the message before it goes too."""
+        spans = self.messages()
+        if n <= 0 or not spans:
+            return []
+        cut = spans[n][0] if n < len(spans) else len(self.history)
+        removed = self.history[1:cut]
+        del self.history[1:cut]
+        close = self.dialect.close
+        if len(self.history) > 1 and self.history[1].text.startswith(close):
+            first = self.history[1]
+            self.history[1] = dataclasses.replace(first, text=first.text[len(close):])
+        return removed

@@ -24,10 +24,19 @@ said survives an epoch bump (it is input, not output); only an incarnation
 bump voids it.
 
 What the request holds is counted from what the renderer made of each chunk
-(``Rendered``: its tokens, placeholders expanded, and its multimodal items);
-a chunk that would take the context past ``max_model_len`` fails its turn
-with ``stage_failed`` before it reaches the engine (nothing is evicted), and
-a reply's ``input_tokens`` are the tokens its request held when it started.
+(``Rendered``: its tokens, placeholders expanded, and its multimodal items),
+and a reply's ``input_tokens`` are the tokens its request held when it
+started. A context that outgrows ``max_model_len`` is truncated as the
+session's ``truncation`` says (``core/truncation.py``, as the cascade's LLM
+stage does): at a reply, and at a user's unit or words when the context is
+nearly full, the oldest messages after the system block leave the history
+(their audio and images with them) and the rest is replayed into a new
+request. A chunk that would still take the context to ``max_model_len``
+(``disabled``, or one message alone too big) fails its turn with
+``stage_failed`` before it reaches the engine: vLLM refuses a prompt of
+``max_model_len`` tokens (``_validate_prompt_len``) but does not check a
+streaming request's running total at all. A reply's ``max_tokens`` is
+clamped to what the context leaves (vLLM would end it there too).
 
 Text out only: speech comes from a ``tts`` stage after this one (vLLM serves
 neither Qwen2.5-Omni's talker nor MiniCPM-o's TTS head).
@@ -44,6 +53,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 
 # ruff: noqa: E402  (the imports below must follow the environment defaults)
+import asyncio
 import dataclasses
 import time
 import weakref
@@ -60,6 +70,7 @@ from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.omni import OmniInstructions, OmniUnit
 from vllm_duplex.core.payloads import ContextMessage, GenerateRequest, StageInput, TextIn
+from vllm_duplex.core.truncation import Truncation, fit
 from vllm_duplex.stages.omni.prompt import Chunk, OmniPrompt
 from vllm_duplex.stages.omni.prompt import dialect as get_dialect
 from vllm_duplex.stages.vllm.chat import sampling_options
@@ -152,6 +163,7 @@ class _Replayed(LiveRequest):
 
     sent: int = 0
     limit: int = 0  # max_model_len
+    counts: dict[Chunk, int] = field(default_factory=dict)  # the port's: tokens of each chunk rendered
     now: Callable[[], float] = time.monotonic  # the stage's clock
     held: int = 0
     rendered: list[Rendered] = field(default_factory=list)
@@ -159,6 +171,7 @@ class _Replayed(LiveRequest):
     cached_tokens: int | None = None  # prompt tokens vLLM's prefix cache served (first chunk only)
     replies: dict[int, Reply] = field(default_factory=dict)  # by the index of the chunk that asks
     pushed: int = 0
+    progress: asyncio.Event = field(default_factory=asyncio.Event)  # set as each chunk is counted
 
     async def stream(self, render: Callable[[Any], Awaitable[Any]]) -> AsyncIterator[StreamingInput]:
         async def counted(chunk: Any) -> Any:
@@ -169,6 +182,8 @@ class _Replayed(LiveRequest):
                                                   f"({self.limit} tokens): {self.held} held, "
                                                   f"{r.tokens} more")
             self.held += r.tokens
+            self.counts[chunk] = r.tokens
+            self.progress.set()
             reply = self.replies.pop(len(self.rendered), None)
             self.rendered.append(r)
             if reply is not None:
@@ -177,6 +192,11 @@ class _Replayed(LiveRequest):
 
         async for chunk in super().stream(counted):
             yield chunk
+
+
+# Room kept for the assistant prefix when a user's chunk is fitted (ChatML's
+# "<|im_end|>\n<|im_start|>assistant\n" is a few tokens; counted exactly at the reply).
+GENERATION_TOKENS = 16
 
 
 class VllmOmniPort(LivePort):
@@ -194,6 +214,11 @@ class VllmOmniPort(LivePort):
         # Live requests replaced because a cut reply was heard shorter than
         # released (each is one more rebuild of the context).
         self.heard_replays = 0
+        self._tokens: dict[Chunk, int] = {}  # each chunk's tokens, as the renderer made it
+        self._truncation = Truncation()  # the last reply's (the session's)
+        self._reply_tokens = stage.default_max_tokens  # the last reply's max_tokens
+        self._largest = 0  # most tokens one user chunk took yet
+        self.truncations = 0  # times the oldest messages were left out
 
     @property
     def live(self) -> _Replayed | None:
@@ -204,7 +229,7 @@ class VllmOmniPort(LivePort):
         if self._held:
             self._host.counters.rebuilds += 1  # replays a context an earlier request held
         return _Replayed(vllm_id, item.request_id, item.fence, streaming,
-                         limit=self._host.max_model_len, now=self._host.clock.now)
+                         limit=self._host.max_model_len, counts=self._tokens, now=self._host.clock.now)
 
     async def _on_output(self, live: LiveRequest, out: RequestOutput) -> None:
         assert isinstance(live, _Replayed)
@@ -228,10 +253,12 @@ class VllmOmniPort(LivePort):
             await self._set_system(p.text)
         elif isinstance(p, OmniUnit):
             self.prompt.unit(p)
+            await self._make_room(item)
             self._sync(item)
         elif isinstance(p, TextIn):
             if p.text.strip():
                 self.prompt.text(p.text)
+                await self._make_room(item)
                 self._sync(item)
         else:
             await self._generate(item, p)
@@ -265,6 +292,7 @@ class VllmOmniPort(LivePort):
             if kept:
                 live.pushed += 1  # the reply chunk: in the request, never rendered
                 live.rendered.append(Rendered(len(kept), {}, {}, self._host.clock.now()))
+                self._tokens[self.prompt.history[-1]] = len(kept)
         else:
             # What was released may be more than the client got (deltas on
             # their way when the cut came): the next reply's context says.
@@ -295,7 +323,112 @@ class VllmOmniPort(LivePort):
         req = dataclasses.replace(req, tools=())
         reply = Reply(item, req, ReplyDecoder(self._host.chat.tokenizer, stops=req.sampling.stop,
                                                  stop_loops=self._omni.stop_loops))
-        self.prompt.generation()
         params = SamplingParams(detokenize=False, output_kind=RequestOutputKind.DELTA,
                                 **sampling_options(req.sampling, self._omni.default_max_tokens))
+        self._truncation = req.truncation
+        self._reply_tokens = params.max_tokens or self._omni.default_max_tokens
+        self.prompt.generation()
+        total = await self._fit(self._room(self._reply_tokens), asking=True)
+        if total is None or self._voided(item):
+            return  # the port closed, or a cancel voided the reply meanwhile
+        limit = self._host.max_model_len
+        if total >= limit:
+            raise DuplexError("stage_failed", f"the omni context would exceed max_model_len "
+                                              f"({limit} tokens): {total} tokens to answer")
+        if params.max_tokens is None or params.max_tokens > limit - total:
+            params.max_tokens = limit - total  # where vLLM would end the reply anyway
         self._sync(item, reply, params)
+
+    # ---- the context against max_model_len (the session's truncation) -------
+
+    def _room(self, reply_tokens: int) -> int:
+        """What the context may hold beside a reply of ``reply_tokens`` (at
+        most half the context is kept for it, as the cascade's LLM stage)."""
+        limit = self._host.max_model_len
+        return limit - min(reply_tokens, limit // 2)
+
+    async def _count(self) -> int | None:
+        """The tokens the history holds, each chunk as the renderer made it.
+        Chunks the live request was sent are waited for (the renderer is
+        seconds behind at most); words no request rendered are rendered here.
+        Audio and images never are: vLLM's renderer would then take their
+        items as cached in the engine, which never got them ("Expected a
+        cached item for mm_hash"); a lost request's are counted as the
+        largest user chunk yet until a replay renders them. None: the port
+        closed meanwhile."""
+        live = self._live
+        while isinstance(live, _Replayed) and live is self._live and not live.dropped and any(
+                c not in self._tokens for c in self.prompt.history[:live.sent]):
+            if live.task is not None and live.task.done():
+                break
+            live.progress.clear()
+            try:
+                await asyncio.wait_for(live.progress.wait(), 0.1)
+            except TimeoutError:
+                pass
+        if self._closed:
+            return None
+        self._largest = max([self._largest, *(n for c, n in self._tokens.items()
+                                              if c.kind in ("unit", "text"))])
+        for chunk in list(self.prompt.history):
+            if chunk not in self._tokens and not (chunk.audios or chunk.images):
+                engine_input = await self._render(chunk)
+                if self._closed:
+                    return None
+                self._tokens[chunk] = Rendered.of(engine_input, 0.0).tokens
+        held = {id(c) for c in self.prompt.history}  # forget chunks the history no longer holds
+        self._tokens = {c: n for c, n in self._tokens.items() if id(c) in held}
+        if self._live is not None:
+            assert isinstance(self._live, _Replayed)
+            self._live.counts = self._tokens
+        return sum(self._tokens.get(c, self._largest) for c in self.prompt.history)
+
+    async def _fit(self, room: int, *, asking: bool) -> int | None:
+        """Leave the oldest messages out when the history outgrew ``room``
+        (``asking``: its last chunk is the assistant prefix, counted but not a
+        message to keep or drop); the live request is replaced by one that
+        replays what is kept. Returns the tokens the history holds then."""
+        total = await self._count()
+        if total is None or self._truncation.type == "disabled":
+            return total
+        history = self.prompt.history
+        spans = self.prompt.messages()[: -1 if asking else None]
+        def tokens(span: tuple[int, int]) -> int:
+            return sum(self._tokens.get(c, self._largest) for c in history[span[0]:span[1]])
+
+        tail = tokens((spans[-1][1], len(history))) if spans else 0
+        head: tuple[int, int] = (0, 1)
+        fitted = fit([head, *spans], tokens, room - tail, self._truncation,
+                     is_instructions=lambda m: m is head)
+        if not fitted.dropped:
+            return total
+        first = history[spans[fitted.dropped][0]]
+        removed = self.prompt.drop(fitted.dropped)
+        if first in self._tokens:  # it lost a closing tag: its count is a little high until rendered
+            self._tokens[history[1]] = self._tokens[first]
+        for chunk in removed:
+            self._tokens.pop(chunk, None)
+        self.truncations += 1
+        if self._live is not None:
+            await self._abort([self._live])  # the next chunk replays what is kept
+        return tokens((0, len(history)))
+
+    async def _make_room(self, item: StageInput) -> None:
+        """Before a user's unit or words go out: when the context is nearly
+        full (what it holds, and room for a chunk or two more like the
+        largest yet), fit it to the room a reply will need."""
+        if self._truncation.type == "disabled":
+            return
+        history = self.prompt.history
+        known = unknown = 0
+        for c in history:
+            n = self._tokens.get(c)
+            if n is None:
+                unknown += 1
+            else:
+                known += n
+                if c.kind in ("unit", "text"):
+                    self._largest = max(self._largest, n)
+        room = self._room(self._reply_tokens) - GENERATION_TOKENS
+        if known + (unknown + 1) * self._largest >= room:
+            await self._fit(room, asking=False)
