@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_duplex.core import events as ev
+from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.conversation import ConversationItem, ItemType, Role
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.events import Envelope
@@ -121,9 +122,14 @@ async def adopt(durability: Durability, make_session: Callable[[Stored], DuplexS
     now = session.clock.now()
     for env in events:
         journal.append(env, now)
+    admit(session)  # may refuse (resource_exhausted): then nothing is tracked here
     durability.track(session, generation, journal.head_seq)
-    admit(session)
-    await session.start_adopted(journal.head_seq, closing)
+    try:
+        await session.start_adopted(journal.head_seq, closing)
+    except BaseException:
+        durability.release(session)  # another worker may take it: not dropped
+        await session.close(CloseReason.START_FAILED)
+        raise
     durability.adopted += 1
     durability.last_adoption_s = time.time()
     return session

@@ -153,6 +153,14 @@ class Durability:
                        release_only=reason is CloseReason.SHUTDOWN))
         t.mark.set_bypass(True)  # nothing waits on a closed session
 
+    def release(self, session: DuplexSession) -> None:
+        """Stop mirroring ``session`` and leave it in the store for another
+        worker (an adoption that could not start it here)."""
+        t = self._tracked.pop(session.session_id, None)
+        if t is not None:
+            self._put(Drop(session.session_id, t.generation, release_only=True))
+            t.mark.set_bypass(True)
+
     def _save(self, t: _Tracked) -> Save:
         # Generation 1 is a new session: its first save creates it in the store.
         holder = self.holder if t.generation == 1 or t.reseed else None
@@ -277,7 +285,8 @@ class Durability:
                     self.clock.now() - (self.degraded_since or 0))
         self.degraded_since = None
         for t in self._tracked.values():
-            t.mark.advance(t.session.journal.head_seq)  # sent while degraded
+            # What went out while degraded went out; what comes now waits for
+            # its own write, behind the backlog (the order of the writes).
             t.mark.set_bypass(False)
         self._wake.set()
 

@@ -331,6 +331,15 @@ class Nginx:
         self.run_dir = Path(tempfile.mkdtemp(prefix="vllm-duplex-router-"))
         self.conf_path = self.run_dir / "nginx.conf"
         self._proc: asyncio.subprocess.Process | None = None
+        self._group: int | None = None
+
+    def reap(self) -> None:
+        """After the master died: end what is left of its process group (its
+        workers), so a new master can listen on the port."""
+        group, self._group = self._group, None
+        if group is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
 
     def _user(self) -> str | None:
         # As root, nginx's workers drop to "nobody": let them use our temp dirs.
@@ -366,8 +375,12 @@ class Nginx:
     async def start(self, timeout_s: float = 10.0) -> None:
         self.write()
         await self.check()
+        # Its own process group: a master killed hard leaves its workers
+        # running (they keep the listening socket); ``reap`` ends them by group.
         self._proc = await asyncio.create_subprocess_exec(
-            *self._argv(), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            *self._argv(), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)
+        self._group = self._proc.pid
         host, _, port = self.plan.listen.rpartition(":")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -409,6 +422,7 @@ class Nginx:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+        self.reap()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def error_log(self) -> str:

@@ -313,17 +313,40 @@ class WorkerFleet:
             if self.core is not None:
                 core_watch = asyncio.create_task(self._watch_core(), name="duplex-core-watch")
             await self._report_ready()
-            nginx_exit = asyncio.create_task(self.nginx.wait())
-            stop = asyncio.create_task(self._stopping.wait())
-            await asyncio.wait([nginx_exit, stop], return_when=asyncio.FIRST_COMPLETED)
-            if nginx_exit.done():
-                log.error("nginx exited: %s", self.nginx.error_log())
-            stop.cancel()
-            nginx_exit.cancel()
-            return 0 if self._stopping.is_set() else 1
+            return await self._keep_router()
         finally:
             self._stopping.set()
             await self._shutdown(core_watch)
+
+    async def _keep_router(self) -> int:
+        """Until stopped: restart nginx when it exits (killed, crashed). The
+        workers and their sessions live on meanwhile; sockets through it
+        dropped, and their clients resume on the same workers once it is
+        back. Five failed restarts in a row end ``serve`` (exit 1)."""
+        assert self.nginx is not None
+        failures = 0
+        stop = asyncio.create_task(self._stopping.wait())
+        try:
+            while True:
+                nginx_exit = asyncio.create_task(self.nginx.wait())
+                await asyncio.wait([nginx_exit, stop], return_when=asyncio.FIRST_COMPLETED)
+                if not nginx_exit.done():
+                    nginx_exit.cancel()
+                    return 0
+                log.error("nginx exited (%s); restarting it: %s", nginx_exit.result(),
+                          self.nginx.error_log()[-500:])
+                self.nginx.reap()
+                try:
+                    await self.nginx.start()
+                    failures = 0
+                except Exception:
+                    failures += 1
+                    log.exception("nginx did not restart (%d in a row)", failures)
+                    if failures >= 5:
+                        return 1
+                    await asyncio.sleep(0.5 * failures)
+        finally:
+            stop.cancel()
 
     async def _report_ready(self) -> None:
         while not self._stopping.is_set():

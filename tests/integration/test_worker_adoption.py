@@ -233,3 +233,33 @@ async def test_a_worker_stopped_past_its_lease_is_fenced_when_it_comes_back(flee
     again = await resumed.reconnect(owner=victim)
     assert again.owner == other
     await again.close()
+
+
+async def test_the_router_killed_comes_back_and_its_sessions_resume_where_they_were(fleet):
+    await workers_up(fleet)
+    c = await open_text(fleet)
+    await say(c, "my river is the Loire")
+    nginx = _child_pid(fleet.proc.pid, "nginx")
+    os.kill(nginx, signal.SIGKILL)  # its workers would keep the port: the supervisor ends them
+    await wait_until(lambda: _router_answers(fleet) and _nginx(fleet) not in (None, nginx),
+                     timeout=20)
+    resumed = await c.reconnect()
+    assert resumed.owner == owner(c)  # its worker never went away: no adoption
+    assert reply_text(await say(resumed, "river?")).endswith(
+        "You said before: my river is the Loire.")
+    assert_lossless(c, resumed)
+    await resumed.close()
+
+
+def _nginx(fleet) -> int | None:
+    try:
+        return _child_pid(fleet.proc.pid, "nginx")
+    except LookupError:
+        return None
+
+
+def _router_answers(fleet) -> bool:
+    try:
+        return get_json(fleet.http + "/health", timeout=2)[0] == 200
+    except OSError:
+        return False

@@ -147,3 +147,29 @@ def test_router_config_maps_each_owner_to_its_own_upstream(tmp_path):
     edge = nginx_conf(RouterPlan.for_edge("127.0.0.1:9000", {"m2": "10.0.0.2:8000"},
                                           max_request_bytes=4096), tmp_path)
     assert "~^m2w[0-9]+$ duplex_m2;" in edge
+
+
+def test_with_a_durable_store_a_resume_tries_the_other_workers_only_when_its_owner_is_down(
+        tmp_path):
+    workers = {"w1": "127.0.0.1:8101", "w2": "127.0.0.1:8102", "w3": "127.0.0.1:8103"}
+    plain = nginx_conf(RouterPlan.for_workers("127.0.0.1:8000", workers, max_request_bytes=1,
+                                              fleet=None), tmp_path)
+    assert "backup" not in plain
+    conf = nginx_conf(RouterPlan.for_workers("127.0.0.1:8000", workers, max_request_bytes=1,
+                                             fleet=None, adopt=True), tmp_path)
+    # backup servers: nginx tries them only when the owner does not answer at all
+    assert ("upstream duplex_w2 { server 127.0.0.1:8102 max_fails=0; "
+            "server 127.0.0.1:8101 backup max_fails=0; server 127.0.0.1:8103 backup "
+            "max_fails=0; keepalive 16; }") in conf
+    # a resume may name the worker that adopted the session (&owner=)
+    assert '"~^(1|true):(?<duplex_adopter>[A-Za-z0-9]{1,32})$" $duplex_adopter;' in conf
+
+
+def test_fleet_health_says_when_durability_is_degraded():
+    workers = [_status("w1"), _status("w2")]
+    ok = {"status": "ok", "durability": {"durable": True, "state": "ok"}}
+    bad = {"status": "ok", "durability": {"durable": True, "state": "degraded"}}
+    assert fleet_health(workers, {"w1": ok, "w2": ok}, None)[0]["durability"] == "ok"
+    body, http = fleet_health(workers, {"w1": ok, "w2": bad}, None)
+    assert (body["durability"], body["status"], http) == ("degraded", "ok", 200)
+    assert fleet_health(workers, {"w1": {"status": "ok"}}, None)[0]["durability"] == "off"

@@ -1,0 +1,69 @@
+"""A worker dies, its conversation lives on -- on the real default pipeline
+(issue 32): ``serve --workers 2`` on ``cascade-cpu`` (one vLLM engine core,
+SmolLM2-135M-Instruct, greedy) with ``durability: store: redis``. The owner
+of a text conversation is killed (SIGKILL); the caller resumes through the
+router on the other worker, which rebuilt the conversation from Redis: the
+model, prefilled again from the items, answers a question that needs the
+earlier turn.
+
+A soak test (``-m soak``): the engine core and two workers joining it take
+1.5-4.5 minutes to start on 2 shared cores (as test_router_vllm.py); the
+suite's fault tests run the scripted pipeline (test_worker_adoption.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import yaml
+from support.router_fixtures import Serve, owner
+from vllm_duplex.host.deploy import resolve_config_path
+from vllm_duplex.realtime.client.realtime import RealtimeClient
+
+pytestmark = [pytest.mark.soak, pytest.mark.asyncio(loop_scope="module")]
+
+TEXT = {"output_modalities": ["text"], "audio": {"input": {"turn_detection": None}},
+        "instructions": "You are a helpful assistant. Answer in one short sentence."}
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    raw = yaml.safe_load(resolve_config_path("cascade-cpu").read_text())
+    raw["workers"] = {"count": 2, "spare_engine_slots": 1, "restart_backoff_s": 0.2}
+    raw["durability"] = {"store": "redis", "lease_ttl_s": 3.0}
+    raw.setdefault("limits", {})["resume_grace_s"] = 120
+    serve = Serve(raw, "serve", ready_timeout_s=600).start(expect_workers=2)
+    yield serve
+    assert serve.stop() == 0, serve.output()
+
+
+async def ask(c: RealtimeClient, text: str) -> str:
+    await c.send({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+    await c.send({"type": "response.create"})
+    done = (await c.wait_for("response.done", timeout=180))["response"]
+    assert done["status"] == "completed", done
+    return " ".join(p.get("text") or "" for i in done["output"] for p in i.get("content", []))
+
+
+async def test_the_model_answers_with_the_turn_its_dead_worker_heard(fleet):
+    c = await RealtimeClient.connect(fleet.ws)
+    await c.send({"type": "session.update", "session": TEXT})
+    await c.wait_for("session.updated")
+    first = await ask(c, "My name is Ada and I live in Paris.")
+    victim = owner(c)
+    os.kill(fleet.health()["workers"][victim]["pid"], signal.SIGKILL)
+    t0 = time.monotonic()
+    resumed = await c.reconnect()
+    print(f"real pipeline kill -9: resumed in {1000 * (time.monotonic() - t0):.0f} ms; "
+          f"first answer {first!r}")
+    assert resumed.owner != victim
+    answer = await ask(resumed, "Which city do I live in?")
+    print(f"after adoption: {answer!r}")
+    assert "Paris" in answer  # named only in the turn the dead worker heard
+    seqs = [e["seq"] for s in (c, resumed) for e in s.events if isinstance(e.get("seq"), int)]
+    assert sorted(seqs) == list(range(1, max(seqs) + 1)) and len(seqs) == len(set(seqs))
+    await resumed.close()
