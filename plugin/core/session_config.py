@@ -183,8 +183,8 @@ class SessionConfig:
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
     # The tools listed from the MCP servers of ``tools`` (session/mcp_calls.py
-    # writes them), as the function tools the model is offered; not on the wire.
-    mcp_tools: tuple[dict[str, Any], ...] = ()
+    # writes them): (server_label, the function tool the model is offered); not on the wire.
+    mcp_tools: tuple[tuple[str, dict[str, Any]], ...] = ()
     temperature: float = 0.8
     max_output_tokens: int | None = None  # None means "inf"
     interruption: Interruption = Interruption()

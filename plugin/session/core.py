@@ -305,7 +305,7 @@ class SessionCore(SessionViewOfParts):
         self.emit(ev.SessionUpdated(session=self.session_object()))
         self.carry(self.mcp.configure(self._config))
 
-    def _offer_mcp_tools(self, tools: tuple[dict[str, Any], ...]) -> None:
+    def _offer_mcp_tools(self, tools: tuple[tuple[str, dict[str, Any]], ...]) -> None:
         """The tools the session's MCP servers listed, offered to the model from now on."""
         self._config = self.floor.config = dataclasses.replace(self._config, mcp_tools=tools)
 

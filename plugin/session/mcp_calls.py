@@ -112,7 +112,7 @@ class McpToolCalled:
 class Offer:
     """The model is offered these tools of the MCP servers now (``SessionConfig.mcp_tools``)."""
 
-    tools: tuple[dict[str, Any], ...]
+    tools: tuple[tuple[str, dict[str, Any]], ...]  # (server_label, function tool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +246,7 @@ class McpCalls:
         """What the model is offered: the listed tools, as function tools."""
         taken = {t.get("name") for t in config.tools if t.get("type") != "mcp"}
         offered: dict[str, tuple[str, dict[str, Any] | None]] = {}
-        tools: list[dict[str, Any]] = []
+        tools: list[tuple[str, dict[str, Any]]] = []
         for label, server in self.servers.items():
             if not server.listed:
                 continue
@@ -262,7 +262,7 @@ class McpCalls:
                     fn["description"] = description
                 if isinstance(t.get("input_schema"), dict):
                     fn["parameters"] = t["input_schema"]
-                tools.append(fn)
+                tools.append((label, fn))
         self.offered = offered
         return [] if tuple(tools) == config.mcp_tools else [Offer(tuple(tools))]
 

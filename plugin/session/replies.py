@@ -29,6 +29,8 @@ def reply_tools(config: SessionConfig, options: cmd.ResponseOptions) -> Tools:
     tools = model_tools(config) if options.tools is None else options.tools
     choice = options.tool_choice or config.tool_choice
     param = "response.tool_choice" if options.tool_choice else "response.tools"
+    if isinstance(choice, dict) and choice.get("type") == "mcp":
+        tools, choice = _mcp_choice(config, tuple(tools), choice, param)
     if choice == "required" and not tools:
         raise DuplexError("invalid_value", 'tool_choice "required" needs tools', param=param)
     if isinstance(choice, dict) and choice.get("name") not in {t.get("name") for t in tools}:
@@ -40,7 +42,21 @@ def reply_tools(config: SessionConfig, options: cmd.ResponseOptions) -> Tools:
 def model_tools(config: SessionConfig) -> tuple[dict[str, Any], ...]:
     """The session's function tools and the tools its MCP servers listed (an
     MCP server is called by the engine: the model sees only its tools)."""
-    return (*(t for t in config.tools if t.get("type") != "mcp"), *config.mcp_tools)
+    return (*(t for t in config.tools if t.get("type") != "mcp"), *(t for _, t in config.mcp_tools))
+
+
+def _mcp_choice(config: SessionConfig, tools: tuple[dict[str, Any], ...], choice: dict[str, Any],
+                param: str) -> tuple[tuple[dict[str, Any], ...], Any]:
+    """``{"type": "mcp", "server_label", "name"?}`` as the model's choice: that
+    tool, named as a function; without a name, one of that server's tools."""
+    label, name = choice["server_label"], choice.get("name")
+    listed = [t for lab, t in config.mcp_tools if lab == label and name in (None, t["name"])]
+    if not listed or not all(t in tools for t in listed):
+        raise DuplexError("invalid_value", f"tool_choice names no listed tool of MCP server "
+                          f"{label!r}" + (f" ({name!r})" if name else ""), param=param)
+    if name is not None:
+        return tools, {"type": "function", "name": name}
+    return tuple(listed), "required"
 
 
 def check_response(config: SessionConfig, caps: Capabilities,

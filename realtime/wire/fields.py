@@ -369,10 +369,12 @@ def _tool_choice(v: Any, p: str) -> Any:
         return v
     if isinstance(v, dict) and v.get("type") == "function":
         return {"type": "function", "name": _req_str(v, "name", f"{p}.name")}
-    if isinstance(v, dict) and v.get("type") == "mcp":  # valid GA: refused by name, not as a typo
-        raise refused(f"{p}.type", "a choice of one MCP tool is not supported; name it as a "
-                      'function ({"type": "function", "name": ...}) or use "required"')
-    raise _bad(p, f'{p} must be "auto", "none", "required" or {{"type":"function","name":...}}')
+    if isinstance(v, dict) and v.get("type") == "mcp":  # a tool of an MCP server (session/replies.py)
+        choice = {"type": "mcp", "server_label": _req_str(v, "server_label", f"{p}.server_label")}
+        name = _opt_str(v.get("name"), f"{p}.name")
+        return choice if name is None else {**choice, "name": name}
+    raise _bad(p, f'{p} must be "auto", "none", "required", {{"type":"function","name":...}} '
+               'or {"type":"mcp","server_label":...}')
 
 
 _SPEEDS = _ranged(0.25, 1.5)

@@ -168,6 +168,18 @@ async def test_require_approval_by_filter(rt, mcp_servers):
     assert [(i["type"], i["output"]) for i in first["response"]["output"]] == [("mcp_call", "5")]
 
 
+async def test_tool_choice_names_the_mcp_tool(rt, mcp_servers):
+    """The scripted model calls the first tool it may: "multiply" only when chosen."""
+    await configure(rt, mcp(mcp_servers.url(0), allowed_tools=["add", "multiply"],
+                            require_approval="never"))
+    await rt.send({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "2 x 3?"}]}})
+    await rt.create_response({"tool_choice": {"type": "mcp", "server_label": "demo",
+                                              "name": "multiply"}})
+    first = await rt.wait_for("response.done", timeout=30)
+    assert [(i["name"], i["output"]) for i in first["response"]["output"]] == [("multiply", "6")]
+
+
 async def test_a_call_waits_for_approval_over_sse(rt, mcp_servers):
     await configure(rt, mcp(mcp_servers.url(2), allowed_tools={"tool_names": ["multiply"]}))
     await ask(rt, "What is 2 times 3?")

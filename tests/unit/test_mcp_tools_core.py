@@ -230,3 +230,27 @@ def test_a_denied_call_runs_nothing_and_an_unknown_request_is_named():
     again = answer(core, request_id, True, item_id="ap_2")  # answered already
     err = events(again)[-1].error
     assert (err.code, err.param, err.event_id) == ("item_not_found", "item.approval_request_id", "e1")
+
+
+def test_an_mcp_tool_choice_names_a_listed_tool():
+    choice = parse({"type": "session.update", "session": {"tool_choice": {
+        "type": "mcp", "server_label": "demo", "name": "shout"}}}).patch.tool_choice
+    assert choice == {"type": "mcp", "server_label": "demo", "name": "shout"}
+    core = manual(output_modalities=("text",))
+    listed(core, require_approval="never")
+    effects = core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(tool_choice=choice)), 0.2)
+    [submit] = [e for e in effects if isinstance(e, Submit)]
+    assert submit.payload.tool_choice == {"type": "function", "name": "shout"}
+    assert [t["name"] for t in submit.payload.tools] == ["add", "shout"]
+    core.handle(cmd.ResponseCancel(), 0.3)
+    # no name: one of that server's tools, the model must call
+    effects = core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(
+        tool_choice={"type": "mcp", "server_label": "demo"})), 0.4)
+    [submit] = [e for e in effects if isinstance(e, Submit)]
+    assert submit.payload.tool_choice == "required"
+    core.handle(cmd.ResponseCancel(), 0.5)
+    # a server that listed nothing (or no such tool) cannot be chosen
+    effects = core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(
+        tool_choice={"type": "mcp", "server_label": "other"}), event_id="e9"), 0.6)
+    err = events(effects)[-1].error
+    assert (err.code, err.param, err.event_id) == ("invalid_value", "response.tool_choice", "e9")

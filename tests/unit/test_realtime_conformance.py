@@ -144,6 +144,7 @@ SIBLINGS: dict[str, dict[str, Any]] = {
     "prompt": {"id": "pmpt_1"},
     # by the tagged name first: what each MCP tool and item needs
     "tools[]<mcp>": {"server_label": "s", "server_url": SAMPLES["server_url"]},
+    "tool_choice<mcp>": {"server_label": "s"},
     "item<mcp_call>": {"server_label": "s", "name": "f", "arguments": "{}"},
     "item<mcp_approval_request>": {"server_label": "s", "name": "f", "arguments": "{}"},
     "item<mcp_list_tools>": {"server_label": "s", "tools": []},
