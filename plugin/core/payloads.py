@@ -103,9 +103,12 @@ class AsrConfig:
 
     ``prompt``: text the user's speech follows -- names, spellings, terms --
     which the ASR uses as its context where it can (Whisper takes it as its
-    previous text, as OpenAI's transcription ``prompt``); None: none."""
+    previous text, as OpenAI's transcription ``prompt``); None: none.
+    ``language``: the language spoken (ISO-639-1), which a multilingual ASR
+    then need not guess; None: the stage's own."""
 
     prompt: str | None = None
+    language: str | None = None
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import AsrConfig, ContextMessage, StageFailed, StageOutput, ToolCall
 from vllm_duplex.core.session_config import SessionConfig, session_wire, updated_config
 from vllm_duplex.policy import ModelPolicy
-from vllm_duplex.session import asks, barge_in, idle, lifetime, pacing, turn_end
+from vllm_duplex.session import asks, barge_in, hearing, idle, lifetime, pacing, turn_end
 from vllm_duplex.session.asks import Steps
 from vllm_duplex.session.client_commands import COMMANDS, ClientCommands
 from vllm_duplex.session.decisions import OutputChain
@@ -101,6 +101,7 @@ class SessionCore(SessionViewOfParts):
         limits: SessionLimits = SessionLimits(),
         extra_wire: dict[str, Any] | None = None,
         make_id: Callable[[str], str] = new_id,
+        asr_languages: frozenset[str] | None = None,
     ) -> None:
         self.session_id = session_id
         self.policy = policy
@@ -120,6 +121,7 @@ class SessionCore(SessionViewOfParts):
         self._generator = needs.generator
         # The transcription prompt reaches an ASR stage where the policy routes one.
         self._asr_configurable = any(issubclass(AsrConfig, kinds) for kinds in needs.sends.values())
+        self._asr_languages = asr_languages  # what the ASR hears (None: any)
         self._policy_state = policy.new_state()
         self.out = EffectLog(self.gate, now)
         self.conversation = ItemStore(limits.max_items)
@@ -181,11 +183,12 @@ class SessionCore(SessionViewOfParts):
         configuration. Errors propagate: a session that cannot start is not
         admitted."""
         self.out.now = self.out.received_at = now
+        self._check_hearing(self._config)
         self.emit(ev.SessionCreated(session=self.session_object(), resume_token=resume_token))
         self.carry(self.mcp.configure(self._config))  # its MCP servers are listed now
         if self._config.turn_detection is not None:
             self.execute(self.policy.plan_append(self, self.user.vad_config(self._config)))
-        self._configure_asr(None)
+        self._configure_asr(AsrConfig())
         self.carry(lifetime.arm(self.limits, now))
         return self._take()
 
@@ -296,12 +299,13 @@ class SessionCore(SessionViewOfParts):
 
     def _on_update(self, c: cmd.SessionUpdate) -> None:
         old, new = self._config, updated_config(self._config, c.patch, self.caps, self.policy.name)
+        self._check_hearing(new)  # refused whole: the old config stays
         self._config = self.floor.config = new
         self.input.set_format(new.input_format)
         self.input.set_noise_reduction(new.noise_reduction)
         if new.turn_detection is not None and new.turn_detection != old.turn_detection:
             self.execute(self.policy.plan_append(self, self.user.vad_config(new)))
-        self._configure_asr((old.transcription.prompt or None) if old.transcription else None)
+        self._configure_asr(hearing.asr_config(old))
         self.emit(ev.SessionUpdated(session=self.session_object()))
         self.carry(self.mcp.configure(self._config))
 
@@ -314,12 +318,15 @@ class SessionCore(SessionViewOfParts):
         self.create_response(a.options)
         self.mcp.followed(self.floor.shown)
 
-    def _configure_asr(self, old_prompt: str | None) -> None:
-        """Tell the ASR the session's transcription prompt when it changed."""
-        t = self._config.transcription
-        prompt = (t.prompt or None) if t is not None else None
-        if self._asr_configurable and prompt != old_prompt:
-            self.execute(self.policy.plan_append(self, AsrConfig(prompt)))
+    def _check_hearing(self, config: SessionConfig) -> None:
+        hearing.check_language(config, configurable=self._asr_configurable,
+                               languages=self._asr_languages)
+
+    def _configure_asr(self, old: AsrConfig) -> None:
+        """Tell the ASR the session's transcription prompt and language when they changed."""
+        new = hearing.asr_config(self._config)
+        if self._asr_configurable and new != old:
+            self.execute(self.policy.plan_append(self, new))
 
     def _on_event_ack(self, c: cmd.EventAck) -> None:
         self.out.add(AckEvents(c.seq))

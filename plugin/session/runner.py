@@ -76,6 +76,7 @@ from vllm_duplex.session.mailbox import (
     lane_of,
 )
 from vllm_duplex.session.video_input import VideoDecoding
+from vllm_duplex.stages.lifecycle import Hears
 from vllm_duplex.stages.pipeline import Pipeline
 from vllm_duplex.stages.port import Stage
 
@@ -140,7 +141,8 @@ class DuplexSession:
                                  clock=clock)
         self.core = SessionCore(session_id, config=config, policy=policy,
                                 stage_names=self.pipeline.names, metrics=metrics,
-                                now=clock.now(), limits=limits, extra_wire=extra_wire)
+                                now=clock.now(), limits=limits, extra_wire=extra_wire,
+                                asr_languages=_languages_heard(stages))
         self.feed = StageFeed(self.pipeline, pause=lambda: self.mailbox.pause(Lane.DATA),
                               resume=lambda: self.mailbox.resume(Lane.DATA),
                               failed=self._feed_failed, name=f"duplex-feed-{session_id}")
@@ -468,3 +470,10 @@ class DuplexSession:
 
 async def _handed_back(messages: list[Any], *, go_on: bool) -> tuple[list[Any], bool]:
     return messages, go_on
+
+
+def _languages_heard(stages: Sequence[Stage]) -> frozenset[str] | None:
+    """What every ASR stage of the pipeline transcribes (None: no stage says)."""
+    heard = [s.languages() for s in stages if isinstance(s, Hears)]
+    known = [h for h in heard if h is not None]
+    return frozenset.intersection(*known) if known else None

@@ -90,5 +90,13 @@ class MachineTuned(Protocol):
 
 
 @runtime_checkable
+class Hears(Protocol):
+    def languages(self) -> frozenset[str] | None:
+        """The spoken languages this ASR stage transcribes (ISO-639-1 codes,
+        as a session's ``transcription.language`` names them); None: any."""
+        ...
+
+
+@runtime_checkable
 class ServesText(Protocol):
     serves_text: ClassVar[bool]

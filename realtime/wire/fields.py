@@ -184,12 +184,22 @@ def _audio_format(v: Any, p: str) -> Any:
     return AudioFormat(enc, rate)
 
 
+def _language(v: Any, p: str) -> str | None:
+    """An ISO-639-1 code ("en"; Whisper's few three-letter ones, "haw",
+    too); whether the deployment's ASR hears it is the session's check."""
+    language = _opt_str(v, p)
+    if language is not None and not (language.isascii() and language.isalpha()
+                                     and language.islower() and 2 <= len(language) <= 3):
+        raise _bad(p, f"{p} must be an ISO-639-1 language code such as \"en\", not {language!r}")
+    return language
+
+
 def _transcription(v: Any, p: str) -> Transcription | None:
     if v is None:
         return None
     t = _obj(v, p)
     kw: dict[str, Any] = {
-        "language": _opt_str(t.get("language"), f"{p}.language"),
+        "language": _language(t.get("language"), f"{p}.language"),
         "prompt": _opt_str(t.get("prompt"), f"{p}.prompt"),
     }
     refuse_keys(t, TRANSCRIPTION_REFUSED, p)  # after the types: a non-string is still invalid

@@ -42,10 +42,9 @@ RESPONSE_REFUSED: dict[tuple[str, ...], str] = {
 }
 
 # ``audio.input.transcription`` keys -> why (the ASR stage is configured by
-# the deployment; only its prompt is per session).
+# the deployment; its prompt and language are per session).
 TRANSCRIPTION_REFUSED: dict[str, str] = {
-    "language": "the ASR stage's language is set by the deployment's config",
-    "languages": "the ASR stage's language is set by the deployment's config",
+    "languages": "the ASR transcribes one language per session: name it in `language`",
     "keywords": "the ASR stage takes no keyword list (a transcription prompt is honoured)",
     "delay": "the ASR stage's latency is set by the deployment's config",
 }

@@ -80,7 +80,8 @@ def stage():
 
 async def transcribe(stage: WhisperAsrStage, pcm: np.ndarray, *, chunk_ms: int = 20,
                      vad: tuple[int, int] | None = None, paced: bool = True,
-                     pause: bool = False, prompt: str | None = None) -> list[Any]:
+                     pause: bool = False, prompt: str | None = None,
+                     language: str | None = None) -> list[Any]:
     """Stream ``pcm`` into a port (chunk by chunk, each processed before the
     next: a worker keeping up with real time), end the utterance (VAD events
     at ``vad`` = (onset_ms, end_ms), or ``EndOfUtterance``; with ``pause``,
@@ -94,8 +95,8 @@ async def transcribe(stage: WhisperAsrStage, pcm: np.ndarray, *, chunk_ms: int =
             outputs.append(out.payload)
 
     reader = asyncio.create_task(read())
-    if prompt is not None:
-        await port.submit(item(AsrConfig(prompt)))
+    if prompt is not None or language is not None:
+        await port.submit(item(AsrConfig(prompt, language)))
     n = chunk_ms * RATE // 1000
     for i in range(0, len(pcm), n):
         if vad is not None and i // 16 == vad[0] + 200:  # the VAD speaks after the onset
@@ -127,6 +128,24 @@ async def test_the_sessions_prompt_spells_the_names_it_holds(stage):
     prompted = await transcribe(stage, pcm, prompt="Siobhan")
     assert "siobhan" in spoken(final_text(prompted))
     assert "siobhan" in spoken([o.text for o in prompted if isinstance(o, TranscriptPartial)][-1])
+
+
+async def test_the_sessions_language_is_the_one_whisper_decodes_in(stage):
+    """``transcription.language`` on a multilingual model: French heard as
+    French (without it, the stage's English decodes it as English sounds).
+    With English-only partials (tiny.en) the stage hears English only."""
+    assert stage.languages() == frozenset({"en"})  # whisper-base finals, tiny.en partials
+    base = WhisperAsrStage(clock=MonotonicClock(), model="whisper-base", partial_model=None)
+    try:
+        assert {"en", "fr", "de", "ja"} <= base.languages()
+        pcm = padded(synth(["espeak-ng", "--stdout", "-v", "fr+f3", "-s", "120"],
+                           "Quelle est la capitale de la France ?".encode()))
+        english = spoken(final_text(await transcribe(base, pcm)))
+        french = spoken(final_text(await transcribe(base, pcm, language="fr")))
+        assert {"capitale", "france"} <= set(french), french
+        assert "capitale" not in english, english
+    finally:
+        base.shutdown_workers()
 
 
 async def test_a_flite_question_is_transcribed_right_with_partials_first(stage):

@@ -32,7 +32,7 @@ class Ids:
 
 
 def make_core(policy=None, *, stages=("vad", "llm", "tts"), limits: SessionLimits = SessionLimits(),
-              **config) -> SessionCore:
+              asr_languages: frozenset[str] | None = None, **config) -> SessionCore:
     """Unpaced output and immediate interruptions unless a test asks: these
     tests pin the rest of the core (pacing and adaptive interruptions:
     test_output_pacing.py)."""
@@ -41,7 +41,7 @@ def make_core(policy=None, *, stages=("vad", "llm", "tts"), limits: SessionLimit
     policy = policy or ScriptedPolicy()
     return SessionCore("s", config=SessionConfig(model="m", policy=policy.name, **config),
                        policy=policy, stage_names=stages, metrics=Metrics(), now=0.0,
-                       limits=limits, make_id=Ids())
+                       limits=limits, make_id=Ids(), asr_languages=asr_languages)
 
 
 def manual(**config) -> SessionCore:

@@ -126,7 +126,7 @@ PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADU
 SAMPLES: dict[str, Any] = {
     "rate": 16000, "image_url": PNG, "audio": "AAAA", "conversation": "none", "detail": "high",
     "parameters": {"type": "object"}, "model": "m", "arguments": "{}",
-    "server_url": "http://127.0.0.1:9/mcp",
+    "server_url": "http://127.0.0.1:9/mcp", "language": "en",
 }
 EVENT_BASE: dict[str, dict[str, Any]] = {
     "conversation.item.create": {"item": {"type": "message", "role": "user", "content": []}},

@@ -276,6 +276,10 @@ class PocketSphinxAsrStage(ListeningStage):
         if prewarm > 0:
             self.run_later(lambda: self.pool.prewarm(prewarm))
 
+    def languages(self) -> frozenset[str]:
+        """Its acoustic and language models are US English's."""
+        return frozenset({"en"})
+
     def port(self, session_id: str) -> StagePort:
         return _AsrPort(self, session_id)
 
@@ -293,7 +297,7 @@ class _AsrPort(ListeningPort):
     def _work(self, payload: Any) -> list[Any]:
         rec = self.recognizer
         if isinstance(payload, AsrConfig):
-            return []  # PocketSphinx's language model takes no prompt: Whisper's does
+            return []  # English only, and its language model takes no prompt: Whisper's does
         with rec.lock:  # close() may hand the decoder back from another thread
             if isinstance(payload, AudioIn):
                 return rec.audio(payload.pcm, payload.start_ms)

@@ -40,6 +40,7 @@ what to reinstall, never a fallback.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from pathlib import Path
@@ -168,18 +169,25 @@ class WhisperAsrStage(ListeningStage):
         return {"compute_type": self.chosen.whisper_compute_type.to_json(),
                 "threads": self.chosen.whisper_threads.to_json(), "device": str(self.device)}
 
-    def final_text(self, pcm: np.ndarray, prompt: str | None = None) -> str:
+    def languages(self) -> frozenset[str]:
+        """What both models transcribe: Whisper's languages where they are
+        multilingual (``whisper-base``), else English (``whisper-tiny.en``)."""
+        if self.partial_model is None:
+            return self.model.languages
+        return self.model.languages & self.partial_model.languages
+
+    def final_text(self, pcm: np.ndarray, asr: AsrConfig = AsrConfig()) -> str:
         """The final transcript: a turn that ends waits on it."""
         with self.scheduler.work(Urgency.TURN_END, self.name):
-            return self.model.transcribe(pcm, self.options, prompt).text
+            return self.model.transcribe(pcm, _spoken(self.options, asr), asr.prompt).text
 
-    def pause_text(self, pcm: np.ndarray, prompt: str | None = None) -> Transcription:
+    def pause_text(self, pcm: np.ndarray, asr: AsrConfig = AsrConfig()) -> Transcription:
         """The words up to a pause heard as the final hears them
         (``pause_decoder: final``): a turn that may be ending waits on them."""
         with self.scheduler.work(Urgency.TURN_END, self.name):
-            return self.model.transcribe(pcm, self.options, prompt)
+            return self.model.transcribe(pcm, _spoken(self.options, asr), asr.prompt)
 
-    def partial_text(self, pcm: np.ndarray, prompt: str | None = None, *,
+    def partial_text(self, pcm: np.ndarray, asr: AsrConfig = AsrConfig(), *,
                      ending: bool = False) -> Transcription | None:
         """A partial hypothesis, with the confidence that may make it final.
         ``ending``: a turn that may be ending waits on it (the audio went
@@ -189,7 +197,8 @@ class WhisperAsrStage(ListeningStage):
         try:
             with self.scheduler.work(Urgency.TURN_END if ending else Urgency.BACKGROUND, self.name,
                                      sheddable=not ending):
-                return self.partial_model.transcribe(pcm, self.partial_options, prompt)
+                return self.partial_model.transcribe(pcm, _spoken(self.partial_options, asr),
+                                                     asr.prompt)
         except Shed:
             return None
 
@@ -207,7 +216,7 @@ class _WhisperPort(ListeningPort):
     def __init__(self, stage: WhisperAsrStage, session_id: str) -> None:
         super().__init__(stage, session_id)
         self._inbox = asyncio.Queue(maxsize=WHISPER_INBOX)  # (replaces the base's smaller one)
-        self.prompt: str | None = None  # the session's (AsrConfig); read by each decode
+        self.asr = AsrConfig()  # the session's prompt and language; read by each decode
         hears = stage.partial_model is not None
         final_hears_pauses = hears and stage.pause_decoder == "final"
         now = (self._pause_text if final_hears_pauses else
@@ -219,18 +228,18 @@ class _WhisperPort(ListeningPort):
             confident_logprob=stage.confident_logprob, now_is_final=final_hears_pauses)
 
     def _final_text(self, pcm: np.ndarray) -> str:
-        return self._stage.final_text(pcm, self.prompt)
+        return self._stage.final_text(pcm, self.asr)
 
     def _pause_text(self, pcm: np.ndarray) -> Transcription:
-        return self._stage.pause_text(pcm, self.prompt)
+        return self._stage.pause_text(pcm, self.asr)
 
     def _partial_text(self, pcm: np.ndarray, *, ending: bool = False) -> Transcription | None:
-        return self._stage.partial_text(pcm, self.prompt, ending=ending)
+        return self._stage.partial_text(pcm, self.asr, ending=ending)
 
     def _work(self, payload: Any) -> list[Any]:
         listener = self.listener
         if isinstance(payload, AsrConfig):  # in order: the audio after it is heard with it
-            self.prompt = payload.prompt
+            self.asr = payload
             return []
         if isinstance(payload, AudioIn):
             # Inputs still queued behind this one: partials wait while we lag.
@@ -257,3 +266,10 @@ class _WhisperPort(ListeningPort):
                 await self._stage.run(self.listener.final_at_pause)
             except Exception:  # the end of speech decodes it then, as without a pause
                 log.exception("stage %s: the final decode at a pause failed", self.name)
+
+
+def _spoken(options: DecodeOptions, asr: AsrConfig) -> DecodeOptions:
+    """The decode options with the session's language, when it named one."""
+    if asr.language is None or asr.language == options.language:
+        return options
+    return dataclasses.replace(options, language=asr.language)

@@ -124,6 +124,7 @@ class WhisperModel:
                                  compute_type=compute_type, cpu_threads=threads,
                                  num_workers=workers, local_files_only=True)
         self.multilingual = bool(self._fw.model.is_multilingual)
+        self.languages = frozenset(self._fw.supported_languages)  # ["en"] for a .en model
         self._tokenizers: dict[str, Any] = {}
         self._tokenizer_cls = Tokenizer
         self._suppressed = get_suppressed_tokens
