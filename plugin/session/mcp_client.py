@@ -44,6 +44,10 @@ from vllm_duplex.session.mcp_calls import CallMcpTool, ListMcpTools, McpToolCall
 log = logging.getLogger(__name__)
 
 MAX_PAGES = 32  # a server that pages on and on is cut off here
+# A tool's output goes into events (the journal, the socket) and the model's
+# context: past this many characters the call fails, typed, rather than
+# flooding both (the small models' context holds a few thousand tokens).
+MAX_OUTPUT_CHARS = 256 * 1024
 
 
 _tls: ssl.SSLContext | None = None
@@ -198,10 +202,15 @@ class McpClients:
             async with asyncio.timeout(self._timeout_s):
                 async with _connect(e.server, self._timeout_s, refused) as session:
                     result = await session.call_tool(e.name, arguments)
-            if result.is_error:
-                message = McpToolCalled(e.item_id, error=mcp.execution_error(_output(result)))
+            output = _output(result)
+            if len(output) > MAX_OUTPUT_CHARS:
+                message = McpToolCalled(e.item_id, error=mcp.execution_error(
+                    f"the tool's output ({len(output)} characters) is over the "
+                    f"{MAX_OUTPUT_CHARS} this engine takes"))
+            elif result.is_error:
+                message = McpToolCalled(e.item_id, error=mcp.execution_error(output[:4096]))
             else:
-                message = McpToolCalled(e.item_id, output=_output(result))
+                message = McpToolCalled(e.item_id, output=output)
         except Exception as exc:  # noqa: BLE001 -- every failure is the item's
             log.info("MCP server %s: call of %s failed: %r", e.server["server_label"], e.name, exc)
             message = McpToolCalled(e.item_id, error=error_of(exc, self._timeout_s, refused))

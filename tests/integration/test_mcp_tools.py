@@ -261,6 +261,15 @@ async def test_a_tool_that_fails_is_a_typed_error_in_the_item(rt, mcp_servers):
     sdk_checked(rt)
 
 
+async def test_an_output_too_long_is_a_typed_error(rt, mcp_servers):
+    await configure(rt, mcp(mcp_servers.url(0), allowed_tools=["big"], require_approval="never"))
+    await ask(rt)
+    first = await rt.wait_for("response.done", timeout=30)
+    [call] = first["response"]["output"]
+    assert call["output"] is None and call["error"]["type"] == "tool_execution_error"
+    assert "307200 characters" in call["error"]["message"]
+
+
 async def test_a_slow_server_times_out_and_never_holds_the_session(slow_rt, mcp_servers):
     await configure(slow_rt, mcp(mcp_servers.url(0), allowed_tools=["slow"],
                                  require_approval="never"))

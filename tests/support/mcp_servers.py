@@ -4,8 +4,8 @@ loopback (``python tests/support/mcp_servers.py PORT...``, or ``McpServers``).
 Built on the official SDK (``MCPServer``, the former FastMCP):
 
 * ``/mcp`` on the first port: ``add`` (read-only), ``multiply``, ``slow``
-  (sleeps far past any test's timeout), ``broken`` (raises: an ``isError``
-  result), over streamable HTTP;
+  (sleeps far past any test's timeout), ``big`` (300 KiB of text), ``broken``
+  (raises: an ``isError`` result), over streamable HTTP;
 * the second port: the same tools, behind a check that answers 401 unless
   the request carries ``Authorization: Bearer s3cret`` and ``X-Tenant: acme``;
 * the third port: the same tools over the SDK's SSE transport (``/sse``);
@@ -52,6 +52,11 @@ def _demo():
         """Answer after ten minutes."""
         await asyncio.sleep(600)
         return "late"
+
+    @server.tool()
+    def big(a: int = 0, b: int = 0) -> str:
+        """A very long answer."""
+        return "x" * (300 * 1024)
 
     @server.tool()
     def broken(a: int = 0, b: int = 0) -> str:
