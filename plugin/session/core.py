@@ -203,7 +203,11 @@ class SessionCore(SessionViewOfParts):
             handler = _HANDLERS.get(type(message))
             if handler is None:
                 raise DuplexError("unknown_event", f"unhandled command {type(message).__name__}")
-            handler(self, message)
+            held = self.mcp.hold(message)  # a response whose own MCP servers are listed first
+            if held is None:
+                handler(self, message)
+            else:
+                self.carry(held)
             self.carry(self.mcp.after(message, self._config))
         except DuplexError as err:
             self.error(err.with_event_id(getattr(message, "event_id", None)))
@@ -312,6 +316,15 @@ class SessionCore(SessionViewOfParts):
     def _offer_mcp_tools(self, tools: tuple[tuple[str, dict[str, Any]], ...]) -> None:
         """The tools the session's MCP servers listed, offered to the model from now on."""
         self._config = self.floor.config = dataclasses.replace(self._config, mcp_tools=tools)
+
+    def _mcp_respond(self, a: mcp_calls.Respond) -> None:
+        """A response.create held while its own MCP servers were listed."""
+        try:
+            self.create_response(a.options)
+        except DuplexError as err:
+            self.error(err.with_event_id(a.event_id))
+            return
+        self.mcp.responding(self.floor.shown, a.offered)
 
     def _mcp_follow_up(self, a: mcp_calls.FollowUp) -> None:
         """The response that answers with the MCP calls' results."""
@@ -512,4 +525,5 @@ _ASKS: dict[type, Callable[[SessionCore, Any], Steps | None]] = {
     mcp_calls.Finish: lambda core, a: core.floor.finish(),
     mcp_calls.Report: lambda core, a: core.error(a.error),
     mcp_calls.FollowUp: SessionCore._mcp_follow_up,
+    mcp_calls.Respond: SessionCore._mcp_respond,
 }

@@ -36,11 +36,13 @@ session's ``"required"`` (or named) choice: the call it asked for was made.
 reads the reply shown from the floor, puts its items in the conversation, and
 returns events, effects and the asks only the core carries out (``Offer`` the
 listed tools, ``Show`` an item through the floor -- ``render_item`` -- ,
-``Finish`` the reply, ``Report`` an error, make the ``FollowUp``).
+``Finish`` the reply, ``Report`` an error, make a held response -- ``Respond``
+-- or the ``FollowUp``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -54,13 +56,14 @@ from vllm_duplex.core.payloads import ToolCall
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.session.asks import Steps
 from vllm_duplex.session.items import ItemStore
+from vllm_duplex.session.mcp_render import McpItemShown, function_tool
 
 if TYPE_CHECKING:
     from vllm_duplex.session.floor import Floor
-    from vllm_duplex.session.rendering import Scope
     from vllm_duplex.session.reply import Reply
 
 MAX_ROUNDS = 4  # follow-ups in a row that may call a tool again
+MAX_RESPONSE_SERVERS = 16  # responses' own MCP servers kept listed
 
 
 # ---- effects (the runner carries them out) and the messages they hand back ----
@@ -135,20 +138,22 @@ class Report:
 
 
 @dataclass(frozen=True, slots=True)
+class Respond:
+    """Make the response a client asked for once its own MCP servers are
+    listed (``options``: their tools as function tools); the core tells
+    ``McpCalls.responding`` which one it is (``event_id``: the request's)."""
+
+    options: cmd.ResponseOptions
+    offered: dict[str, tuple[dict[str, Any], dict[str, Any] | None]]
+    event_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class FollowUp:
     """Make the response that answers with the calls' results; the core tells
     ``McpCalls.followed`` which one it is."""
 
     options: cmd.ResponseOptions
-
-
-@dataclass(frozen=True)
-class McpItemShown:
-    """A payload of the reply shown: its ``mcp_call`` starting, or its
-    ``mcp_approval_request`` (``render_item`` makes the events)."""
-
-    response_id: str
-    item: ConversationItem
 
 
 # ---- the session's MCP state ------------------------------------------------------
@@ -157,10 +162,11 @@ class McpItemShown:
 @dataclass
 class _Server:
     key: tuple
-    tool: dict[str, Any]  # the definition in session.tools
+    tool: dict[str, Any]  # the definition in session.tools (or a response's tools)
     item: ConversationItem  # its mcp_list_tools item
     previous: str | None  # the item it follows
     listed: bool = False
+    done: bool = False  # listed, or failed to
 
 
 @dataclass
@@ -192,7 +198,12 @@ class McpCalls:
         self.servers: dict[str, _Server] = {}  # by server_label
         self.offered: dict[str, tuple[str, dict[str, Any] | None]] = {}  # tool -> (label, annotations)
         self.calls: dict[str, _Call] = {}  # running, by item id
-        self.approvals: dict[str, tuple[str, str, str]] = {}  # request id -> (label, name, args)
+        self.approvals: dict[str, tuple[dict[str, Any], str, str]] = {}  # request id -> (server, name, args)
+        # A response's own MCP servers (response.create's tools), by listing key,
+        # the responses waiting for them, and what each such response offers.
+        self._by_key: dict[tuple, _Server] = {}
+        self._held: list[cmd.ResponseCreate] = []
+        self._response_offered: dict[str, dict[str, tuple[dict[str, Any], dict[str, Any] | None]]] = {}
         self._finish_wanted: set[str] = set()  # responses whose end waits on a call
         self._follow = _Follow()
 
@@ -224,15 +235,18 @@ class McpCalls:
         return steps + self._offer(config)
 
     def listed(self, m: McpToolsListed, config: SessionConfig) -> Steps:
-        server = next((s for s in self.servers.values() if s.item.id == m.item_id), None)
+        servers = (*self.servers.values(), *self._by_key.values())
+        server = next((s for s in servers if s.item.id == m.item_id), None)
         if server is None:
             return []  # removed or replaced while it was listed
+        server.done = True
         item = server.item
         steps: Steps = []
         if m.error is not None:
             steps += [ev.McpListToolsFailed(item_id=item.id), Report(DuplexError(
                 "mcp_server_error", f"MCP server {item.server_label!r} could not list its tools: "
-                f"{m.error.get('message', '')}", param="session.tools",
+                f"{m.error.get('message', '')}",
+                param="session.tools" if server in self.servers.values() else "response.tools",
                 details={"server_label": item.server_label, "mcp_error": m.error}))]
         else:
             item.tools = [t for t in m.tools
@@ -240,7 +254,7 @@ class McpCalls:
             server.listed = True
             steps.append(ev.McpListToolsCompleted(item_id=item.id))
         steps.append(ev.ConversationItemDone(item=item.wire(), previous_item_id=server.previous))
-        return steps + self._offer(config)
+        return steps + self._offer(config) + self._release()
 
     def _offer(self, config: SessionConfig) -> Steps:
         """What the model is offered: the listed tools, as function tools."""
@@ -256,13 +270,7 @@ class McpCalls:
                 if name in taken or name in offered:
                     continue
                 offered[name] = (label, t.get("annotations"))
-                description = " ".join(x for x in (about, t.get("description")) if x)
-                fn: dict[str, Any] = {"type": "function", "name": name}
-                if description:
-                    fn["description"] = description
-                if isinstance(t.get("input_schema"), dict):
-                    fn["parameters"] = t["input_schema"]
-                tools.append((label, fn))
+                tools.append((label, function_tool(t, about)))
         self.offered = offered
         return [] if tuple(tools) == config.mcp_tools else [Offer(tuple(tools))]
 
@@ -271,25 +279,32 @@ class McpCalls:
     def takes(self, call: ToolCall) -> Steps | None:
         """None: ``call`` is no listed MCP tool's (a function call, the client's).
         Else its item is shown, and the call runs unless it must be approved."""
-        owner = self.offered.get(call.name)
         reply = self._floor.shown
-        if owner is None or reply is None or reply.id != call.response_id or reply.record is None:
+        if reply is None or reply.id != call.response_id or reply.record is None:
+            return None
+        own = self._response_offered.get(reply.id)
+        if own is not None:  # a response with its own tools offers only those
+            owner = own.get(call.name)
+        else:
+            session = self.offered.get(call.name)
+            owner = None if session is None else (self.servers[session[0]].tool, session[1])
+        if owner is None:
             return None
         if call.response_id not in self._follow.ids:
             self._follow.rounds = 0  # a new exchange: the follow-ups count again
-        label, annotations = owner
-        server = self.servers[label]
-        if mcp.needs_approval(server.tool, call.name, annotations):
+        tool, annotations = owner
+        label = tool["server_label"]
+        if mcp.needs_approval(tool, call.name, annotations):
             item = ConversationItem(id=self._make_id("mcpr"), type=ItemType.MCP_APPROVAL_REQUEST,
                                     server_label=label, name=call.name, arguments=call.arguments)
-            self.approvals[item.id] = (label, call.name, call.arguments)
+            self.approvals[item.id] = (tool, call.name, call.arguments)
             return [Show(McpItemShown(reply.id, item))]
         item = ConversationItem(id=self._make_id("mcp"), type=ItemType.MCP_CALL, server_label=label,
                                 name=call.name, arguments=call.arguments)
         index = len(reply.record.response.output)  # where the floor shows it, next
         self.calls[item.id] = _Call(item, reply.id, index, reply.record.in_conversation)
         return [Show(McpItemShown(reply.id, item)),
-                CallMcpTool(item.id, server.tool, call.name, call.arguments)]
+                CallMcpTool(item.id, tool, call.name, call.arguments)]
 
     def holds_finish(self) -> bool:
         """The reply shown is generated to its end: True when a call of it still
@@ -348,20 +363,82 @@ class McpCalls:
                               param="item.approval_request_id")
         if not item.approve:
             return []
-        label, name, arguments = request
+        tool, name, arguments = request
+        label = tool["server_label"]
         call = ConversationItem(id=self._make_id("mcp"), type=ItemType.MCP_CALL,
                                 server_label=label, name=name, arguments=arguments,
                                 approval_request_id=item.approval_request_id)
         previous = self._previous()
         self._conversation.append(call)
         self.calls[call.id] = _Call(call, None, 0)
-        steps: Steps = [ev.ConversationItemAdded(item=call.wire(), previous_item_id=previous),
-                        ev.McpCallInProgress(item_id=call.id, output_index=0)]
-        server = self.servers.get(label)
-        if server is None:  # the session dropped the server since it asked
-            return steps + self.called(McpToolCalled(call.id, error=mcp.protocol_error(
-                -32601, f"MCP server {label!r} is no longer in session.tools")))
-        return steps + [CallMcpTool(call.id, server.tool, name, arguments)]
+        return [ev.ConversationItemAdded(item=call.wire(), previous_item_id=previous),
+                ev.McpCallInProgress(item_id=call.id, output_index=0),
+                CallMcpTool(call.id, tool, name, arguments)]
+
+    # ---- a response's own MCP servers ------------------------------------------------
+
+    def hold(self, message: object) -> Steps | None:
+        """A ``response.create`` whose ``tools`` name MCP servers waits until
+        they are listed (listed once per session and definition, then reused):
+        the listings it needs, then the response (``Respond``). None: any
+        other message, handled as it is."""
+        if type(message) is not cmd.ResponseCreate or not message.options.tools:
+            return None
+        servers = [t for t in message.options.tools if t.get("type") == "mcp"]
+        if not servers:
+            return None
+        steps: Steps = []
+        for tool in servers:
+            key = mcp.listing_key(tool)
+            if key in self._by_key:
+                continue
+            if len(self._by_key) >= MAX_RESPONSE_SERVERS:  # the oldest listed one goes
+                oldest = next((k for k, s in self._by_key.items() if s.done), None)
+                if oldest is None:
+                    raise DuplexError("rate_limited", "too many MCP servers are being listed",
+                                      param="response.tools")
+                del self._by_key[oldest]
+            item = ConversationItem(id=self._make_id("mcpl"), type=ItemType.MCP_LIST_TOOLS,
+                                    server_label=tool["server_label"], tools=[])
+            previous = self._previous()
+            self._conversation.append(item)
+            self._by_key[key] = _Server(key, tool, item, previous)
+            steps += [ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous),
+                      ev.McpListToolsInProgress(item_id=item.id), ListMcpTools(item.id, tool)]
+        self._held.append(message)
+        return steps + self._release()
+
+    def _release(self) -> Steps:
+        """The held responses whose servers are all done, in order: their MCP
+        servers' tools become function tools (a server that failed offers none)."""
+        out: Steps = []
+        while self._held:
+            c = self._held[0]
+            tools = c.options.tools or ()
+            if not all(self._by_key[mcp.listing_key(t)].done for t in tools if t.get("type") == "mcp"):
+                break
+            self._held.pop(0)
+            taken = {t.get("name") for t in tools if t.get("type") != "mcp"}
+            offered: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {}
+            model: list[dict[str, Any]] = [t for t in tools if t.get("type") != "mcp"]
+            for tool in (t for t in tools if t.get("type") == "mcp"):
+                server = self._by_key[mcp.listing_key(tool)]
+                for t in server.item.tools or ():
+                    if t["name"] in taken or t["name"] in offered:
+                        continue
+                    offered[t["name"]] = (tool, t.get("annotations"))
+                    model.append(function_tool(t, tool.get("server_description")))
+            options = dataclasses.replace(c.options, tools=tuple(model))
+            out.append(Respond(options, offered, c.event_id))
+        return out
+
+    def responding(self, reply: Reply | None, offered: dict[str, Any]) -> None:
+        """The core made a held response: ``reply`` offers ``offered``."""
+        if reply is None:
+            return
+        self._response_offered[reply.id] = offered
+        while len(self._response_offered) > 8:  # only a recent reply can still call
+            del self._response_offered[next(iter(self._response_offered))]
 
     # ---- the follow-up --------------------------------------------------------------
 
@@ -396,33 +473,3 @@ class McpCalls:
         """The core made the follow-up: ``reply``."""
         if reply is not None:
             self._follow.ids.add(reply.id)
-
-
-# ---- what the floor shows of an MCP item (session/rendering.py) -----------------------
-
-
-def render_item(s: Scope, p: McpItemShown) -> list[ev.ServerEvent]:
-    """An MCP item joins the reply shown: added (a call with its arguments
-    streamed, then in progress; an approval request, done at once)."""
-    reply = s.reply(p.response_id)
-    if reply is None or reply.record is None:
-        return []
-    s.latency.first_words(reply.times, s.now)
-    record, item = reply.record, p.item
-    index, previous = record.add_output(item)
-    calling = item.type is ItemType.MCP_CALL
-    added = {**item.wire(), "arguments": ""} if calling else item.wire()
-    out: list[ev.ServerEvent] = [ev.OutputItemAdded(response_id=reply.id, output_index=index,
-                                                    item=added)]
-    if record.in_conversation:
-        s.conversation.append(item)
-        out.append(ev.ConversationItemAdded(item=added, previous_item_id=previous))
-    if calling:
-        ids = {"response_id": reply.id, "item_id": item.id, "output_index": index}
-        return out + [ev.McpCallArgumentsDelta(**ids, delta=item.arguments or ""),
-                      ev.McpCallArgumentsDone(**ids, arguments=item.arguments or ""),
-                      ev.McpCallInProgress(item_id=item.id, output_index=index)]
-    out.append(ev.OutputItemDone(response_id=reply.id, output_index=index, item=item.wire()))
-    if record.in_conversation:
-        out.append(ev.ConversationItemDone(item=item.wire(), previous_item_id=previous))
-    return out

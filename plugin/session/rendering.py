@@ -30,7 +30,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStopped,
 )
 from vllm_duplex.session.items import ItemStore
-from vllm_duplex.session.mcp_calls import McpItemShown, render_item
+from vllm_duplex.session.mcp_render import McpItemShown, render_item
 from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.user_turn import UserTurn
 
@@ -141,5 +141,5 @@ _RENDERERS: dict[type, Callable[[Scope, Any], Events]] = {
     GenerationDone: _generation_done,
     ToolCall: _tool_call,
     SceneDescription: _scene,
-    McpItemShown: render_item,  # an MCP call or approval request of the reply (mcp_calls.py)
+    McpItemShown: render_item,  # an MCP call or approval request of the reply (mcp_render.py)
 }

@@ -357,18 +357,7 @@ def _voice(v: Any, p: str) -> Any:
 
 
 def _tools(v: Any, p: str) -> Any:
-    """A response's tools: function tools. Its MCP servers would have to be
-    listed before the response could start; they are configured on the session."""
-    if isinstance(v, list):
-        for i, t in enumerate(v):
-            if isinstance(t, dict) and t.get("type") == "mcp":
-                raise refused(f"{p}[{i}].type", "an MCP server is configured in session.tools, "
-                              "where its tools are listed before a response uses them")
-    return _MISSING if v is None else parse_tools(v, p)
-
-
-def _session_tools(v: Any, p: str) -> Any:
-    """The session's tools: function tools and MCP servers (core/mcp.py)."""
+    """A session's or a response's tools: function tools and MCP servers (core/mcp.py)."""
     return _MISSING if v is None else parse_tools(v, p, mcp=True)
 
 
@@ -443,7 +432,7 @@ _SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], An
     ("audio", "output", "speed"): ("speed", _speed),
     ("audio", "output", "pacing"): ("pacing", _pacing),  # duplex extension
     ("interruption",): ("interruption", _interruption),  # duplex extension
-    ("tools",): ("tools", _session_tools),
+    ("tools",): ("tools", _tools),
     ("tool_choice",): ("tool_choice", _tool_choice),
     ("max_output_tokens",): ("max_output_tokens", _max_tokens),
     ("temperature",): ("temperature", _ranged(0.0, 2.0)),

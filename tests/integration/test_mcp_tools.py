@@ -180,6 +180,22 @@ async def test_tool_choice_names_the_mcp_tool(rt, mcp_servers):
     assert [(i["name"], i["output"]) for i in first["response"]["output"]] == [("multiply", "6")]
 
 
+async def test_a_response_s_own_server_is_listed_then_called(rt, mcp_servers):
+    """``response.create`` with an MCP server of its own (none in the session)."""
+    await rt.update_session({"output_modalities": ["text"],
+                             "audio": {"input": {"turn_detection": None}}})
+    await rt.send({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "2+3?"}]}})
+    await rt.create_response({"tools": [mcp(mcp_servers.url(0), server_label="own",
+                                            allowed_tools=["add"], require_approval="never")]})
+    first = await rt.wait_for("response.done", timeout=30)
+    types = [e["type"] for e in rt.events]
+    assert types.index("mcp_list_tools.completed") < types.index("response.created")
+    assert [(i["server_label"], i["output"]) for i in first["response"]["output"]] == [("own", "5")]
+    assert (await rt.wait_for("response.done", timeout=30))["response"]["status"] == "completed"
+    sdk_checked(rt)
+
+
 async def test_a_call_waits_for_approval_over_sse(rt, mcp_servers):
     await configure(rt, mcp(mcp_servers.url(2), allowed_tools={"tool_names": ["multiply"]}))
     await ask(rt, "What is 2 times 3?")

@@ -83,9 +83,8 @@ def test_two_servers_with_one_label_are_refused_and_text_surfaces_take_none():
     with pytest.raises(DuplexError) as ei:
         parse_tools([server()])  # the generate surfaces call no server
     assert ei.value.code == "unsupported_option"
-    with pytest.raises(DuplexError) as ei:
-        parse({"type": "response.create", "response": {"tools": [server()]}})
-    assert (ei.value.code, ei.value.param) == ("unsupported_option", "response.tools[0].type")
+    options = parse({"type": "response.create", "response": {"tools": [server()]}}).options
+    assert options.tools == (server(),)  # a response's own server (test_a_response_s_own_server...)
 
 
 def test_the_filters():
@@ -254,3 +253,29 @@ def test_an_mcp_tool_choice_names_a_listed_tool():
         tool_choice={"type": "mcp", "server_label": "other"}), event_id="e9"), 0.6)
     err = events(effects)[-1].error
     assert (err.code, err.param, err.event_id) == ("invalid_value", "response.tool_choice", "e9")
+
+
+def test_a_response_s_own_server_is_listed_first_and_then_the_response_runs():
+    core = manual(output_modalities=("text",))
+    own = server(server_label="own", require_approval="never", allowed_tools=["add"])
+    fn = {"type": "function", "name": "weather"}
+    effects = core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(tools=(own, fn)),
+                                             event_id="e1"), 0.0)
+    assert names(effects) == ["conversation.item.added", "mcp_list_tools.in_progress",
+                              "ListMcpTools"]  # no response yet: it waits for the listing
+    [ask] = [e for e in effects if isinstance(e, ListMcpTools)]
+    back = core.handle(McpToolsListed(ask.item_id, (ADD, SHOUT)), 0.1)
+    assert names(back)[:3] == ["mcp_list_tools.completed", "conversation.item.done",
+                               "response.created"]
+    [submit] = [e for e in back if isinstance(e, Submit)]
+    assert [t["name"] for t in submit.payload.tools] == ["weather", "add"]
+    rid = core.shown.id
+    called = output(core, ToolCall(rid, "c", "add", '{"a": 2}'))
+    [call] = [e for e in called if isinstance(e, CallMcpTool)]
+    assert call.server["server_label"] == "own"
+    # the same server again: listed already, the response starts at once
+    output(core, GenerationDone(rid, "tool_calls"))
+    core.handle(McpToolCalled(call.item_id, output="5"), 1.0)  # the follow-up starts
+    core.handle(cmd.ResponseCancel(), 1.1)
+    again = core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(tools=(own,))), 1.2)
+    assert "ListMcpTools" not in names(again) and "response.created" in names(again)
