@@ -25,7 +25,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStopped,
 )
 from vllm_duplex.core.session_config import SessionPatch, TurnDetection
-from vllm_duplex.realtime.client.realtime import RealtimeClient
+from vllm_duplex.realtime.client.realtime import RealtimeClient, RealtimeError
 from vllm_duplex.realtime.server.serving import BackgroundServer
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 
@@ -66,6 +66,25 @@ async def test_the_transcription_prompt_spells_a_name_as_the_client_wrote_it(ser
         final = await client.wait_for("conversation.item.input_audio_transcription.completed",
                                       timeout=60)
     assert "Siobhan" in final["transcript"], final["transcript"]
+
+
+async def test_the_transcription_language_is_checked_against_what_the_asr_hears(server):
+    """The default deployment's Whisper (tiny.en) hears English: "en" is in
+    force, "fr" is refused by name and the session keeps its config."""
+    async with await RealtimeClient.connect(server.ws_url) as client:
+        session = await client.update_session({"audio": {"input": {"transcription": {
+            "model": "gpt-4o-mini-transcribe", "language": "en"}}}})
+        assert session["audio"]["input"]["transcription"]["language"] == "en"
+        with pytest.raises(RealtimeError) as refused:
+            await client.update_session({"audio": {"input": {"transcription": {
+                "model": "gpt-4o-mini-transcribe", "language": "fr"}}}})
+        error = refused.value.event["error"]
+        assert (error["code"], error["param"]) == (
+            "unsupported_option", "session.audio.input.transcription.language")
+        await say(client, speak("What is the capital of France?"))
+        final = await client.wait_for("conversation.item.input_audio_transcription.completed",
+                                      timeout=60)
+    assert final["transcript"] == "What is the capital of France?"
 
 
 async def test_the_light_pipeline_answers_too(vllm_stage):  # noqa: F811
