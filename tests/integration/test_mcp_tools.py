@@ -17,6 +17,7 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
@@ -385,3 +386,24 @@ async def test_the_openai_sdk_drives_an_approval(server, mcp_servers):
     assert isinstance(call, RealtimeMcpToolCall) and call.id == completed.item_id
     assert (call.approval_request_id, call.output, call.error) == (request.id, "5", None)
     assert answer.response.status == "completed"
+
+
+async def test_a_client_secret_carries_the_server_s_credentials_to_no_browser(mcp_servers):
+    """The backend mints a client secret whose session names the guarded server
+    with its credentials; the browser's session lists the server's tools (the
+    credentials reached it) and never sees them."""
+    key = "sk-backend"
+    async with serve(dataclasses.replace(calling("{}"), api_keys=(key,))) as srv:
+        guarded = mcp(mcp_servers.url(1), headers={"X-Tenant": TENANT}, authorization=TOKEN,
+                      allowed_tools=["add"])
+        async with httpx.AsyncClient(base_url=srv.http_url) as http:
+            minted = await http.post("/v1/realtime/client_secrets",
+                                     headers={"Authorization": f"Bearer {key}"},
+                                     json={"session": {"type": "realtime", "tools": [guarded]}})
+        assert minted.status_code == 200, minted.text
+        assert TOKEN not in minted.text and TENANT not in minted.text
+        async with await RealtimeClient.connect(srv.ws_url, api_key=minted.json()["value"]) as rt:
+            listing = await rt.wait_for("conversation.item.done", timeout=30)
+            assert [t["name"] for t in listing["item"]["tools"]] == ["add"]
+            frames = json.dumps(rt.events)
+    assert TOKEN not in frames and TENANT not in frames
