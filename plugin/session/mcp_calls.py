@@ -246,7 +246,8 @@ class McpCalls:
             steps += [ev.McpListToolsFailed(item_id=item.id), Report(DuplexError(
                 "mcp_server_error", f"MCP server {item.server_label!r} could not list its tools: "
                 f"{m.error.get('message', '')}",
-                param="session.tools" if server in self.servers.values() else "response.tools",
+                param=("session.tools" if any(s is server for s in self.servers.values())
+                       else "response.tools"),
                 details={"server_label": item.server_label, "mcp_error": m.error}))]
         else:
             item.tools = [t for t in m.tools
