@@ -6,8 +6,12 @@ redis-server), driven alternately by one client: per text turn, the turn gap
 (response.create sent -> first text delta received: with Redis every event
 waits until the store holds it) and the time per event of the whole turn;
 then Redis memory per session (MEMORY USAGE of its keys) after the turns.
+Then the writer alone, in this process: a voice reply's audio deltas (100 ms
+of 24 kHz PCM each) mirrored into Redis -- CPU per event of the session's
+side (``published``) and of the writer task (encoding, the pipeline), the
+time until the last is durable, and the Redis memory of a minute of audio.
 
-    .venv/bin/python bench/durable_store.py [--turns 40]
+    .venv/bin/python bench/durable_store.py [--turns 40] [--deltas 600]
 """
 
 from __future__ import annotations
@@ -64,7 +68,39 @@ async def turn(c: RealtimeClient) -> tuple[float, float, int]:
     return gap, total, len(c.events) - before
 
 
-async def main(turns: int) -> None:
+async def writer_alone(url: str, deltas: int) -> None:
+    """The mirror's own cost per event, without a socket or a pipeline."""
+    from vllm_duplex.core.events import Envelope, OutputAudioDelta
+    from vllm_duplex.durable.writer import Durability
+    from vllm_duplex.host.deploy import load_config
+    from vllm_duplex.host.runtime import Runtime
+
+    store = RedisStore(url)
+    runtime = Runtime(load_config("scripted"), instance_id="bench", store=store)
+    await runtime.start()
+    session = await runtime.open_realtime_session(None)
+    durability: Durability = runtime.durability
+    pcm = bytes(4800)  # 100 ms of 24 kHz 16-bit mono
+    base = session.journal.head_seq
+    await asyncio.sleep(0.2)
+    events = [Envelope(base + i + 1, session.fence,
+                       OutputAudioDelta("resp_x", "item_x", 0, 0, pcm)) for i in range(deltas)]
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for env in events:
+        durability.published(session, env)
+    side = time.process_time() - cpu0
+    await session.outbox.mark.reached(events[-1].seq)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    usage = await store.memory_usage(session.session_id)
+    print(f"  writer alone: {deltas} audio deltas of 100 ms: session side "
+          f"{side * 1e6 / deltas:.1f} us/event, all CPU {cpu * 1e6 / deltas:.1f} us/event, "
+          f"durable after {wall * 1000:.0f} ms; Redis memory for {deltas / 10:.0f} s of "
+          f"audio: {usage / 2**20:.2f} MiB (bounded by limits.journal_bytes per session)")
+    await session.close()
+    await runtime.stop()
+
+
+async def main(turns: int, deltas: int) -> None:
     raw = yaml.safe_load(resolve_config_path("scripted").read_text())
     raw.setdefault("limits", {})["resume_grace_s"] = 30
     redis = RedisServer()
@@ -107,6 +143,7 @@ async def main(turns: int) -> None:
               f"{events} journaled, {turns + 3} turns): {usage / 1024:.1f} KiB")
         for c in clients.values():
             await c.close()
+        await writer_alone(redis.url, deltas)
     finally:
         for p in procs.values():
             p.terminate()
@@ -124,4 +161,6 @@ def _cpu() -> str:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=40)
-    asyncio.run(main(ap.parse_args().turns))
+    ap.add_argument("--deltas", type=int, default=600)
+    args = ap.parse_args()
+    asyncio.run(main(args.turns, args.deltas))

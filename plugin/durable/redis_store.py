@@ -152,12 +152,17 @@ class RedisStore(SessionStore):
 
     def __init__(self, url: str, bounds: Bounds = Bounds(), *, timeout_s: float = 2.0) -> None:
         import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
 
         self.url = url
         self.bounds = bounds
+        # No retries inside the client: an unreachable store must show within
+        # ``timeout_s`` (the writer degrades, retries on its own, and the
+        # sessions' events stop waiting for it), not after a backoff series.
         self._redis = aioredis.Redis.from_url(url, socket_timeout=timeout_s,
                                               socket_connect_timeout=timeout_s,
-                                              retry_on_timeout=False)
+                                              retry=Retry(NoBackoff(), 0))
         self._acquire = self._redis.register_script(_ACQUIRE)
         self._renew = self._redis.register_script(_RENEW)
         self._append = self._redis.register_script(_APPEND)

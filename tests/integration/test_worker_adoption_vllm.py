@@ -64,6 +64,14 @@ async def test_the_model_answers_with_the_turn_its_dead_worker_heard(fleet):
     answer = await ask(resumed, "Which city do I live in?")
     print(f"after adoption: {answer!r}")
     assert "Paris" in answer  # named only in the turn the dead worker heard
+    # The control: the same question in a conversation without that turn.
+    fresh = await RealtimeClient.connect(fleet.ws)
+    await fresh.send({"type": "session.update", "session": TEXT})
+    await fresh.wait_for("session.updated")
+    control = await ask(fresh, "Which city do I live in?")
+    print(f"control (no earlier turn): {control!r}")
+    assert "Paris" not in control
+    await fresh.close()
     seqs = [e["seq"] for s in (c, resumed) for e in s.events if isinstance(e.get("seq"), int)]
     assert sorted(seqs) == list(range(1, max(seqs) + 1)) and len(seqs) == len(set(seqs))
     await resumed.close()

@@ -32,6 +32,8 @@ from vllm_duplex.durable.store import (
     encode,
     sha,
 )
+from vllm_duplex.host.deploy import DeployConfig
+from vllm_duplex.host.store_config import STORE_URL_ENV, StoreConfig
 from vllm_duplex.testing.clock import VirtualClock
 
 pytestmark = pytest.mark.asyncio
@@ -161,3 +163,26 @@ async def test_a_reply_cut_off_by_the_crash_ends_incomplete_as_far_as_it_was_sen
     assert item.status == "incomplete" and item.content[0].transcript == "Hello there"
     finished = events + [Envelope(4, Fence(S), ev.ResponseDone(response={"id": "resp_1"}))]
     assert cut_reply([user], finished) == []  # a reply that ended: nothing to end
+
+
+@pytest.mark.parametrize("raw,message", [
+    ({"store": "disk"}, "memory or redis"),
+    ({"store": "memory", "url": "redis://x:1/0"}, "needs durability.store: redis"),
+    ({"store": "redis", "url": "http://x"}, "redis://"),
+    ({"store": "redis", "lease_ttl_s": 0.1}, "lease_ttl_s"),
+    ({"store": "redis", "ttl": 5}, "unknown durability keys"),
+])
+async def test_a_bad_durability_config_fails_loudly(raw, message):
+    with pytest.raises(ValueError, match=message):
+        StoreConfig.from_raw(raw)
+
+
+async def test_redis_without_a_url_is_refused_where_no_supervisor_gives_one(monkeypatch):
+    monkeypatch.delenv(STORE_URL_ENV, raising=False)
+    raw = {"name": "x", "model": "m", "policy": "scripted", "stages": [],
+           "durability": {"store": "redis"}}
+    config = DeployConfig.from_dict(raw)
+    assert config.durability.durable and config.durability.resolved_url() is None
+    monkeypatch.setenv(STORE_URL_ENV, "redis://127.0.0.1:6400/0")
+    assert config.durability.resolved_url() == "redis://127.0.0.1:6400/0"
+    assert DeployConfig.from_dict({**raw, "durability": None}).durability.store == "memory"
