@@ -185,7 +185,7 @@ class SessionCore(SessionViewOfParts):
         self.out.now = self.out.received_at = now
         self._check_hearing(self._config)
         self.emit(ev.SessionCreated(session=self.session_object(), resume_token=resume_token))
-        self.carry(self.mcp.configure(self._config))  # its MCP servers are listed now
+        self.carry(self.mcp.configure(self._config, starting=True))  # its MCP servers are listed
         if self._config.turn_detection is not None:
             self.execute(self.policy.plan_append(self, self.user.vad_config(self._config)))
         self._configure_asr(AsrConfig())

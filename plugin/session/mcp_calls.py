@@ -213,17 +213,26 @@ class McpCalls:
 
     # ---- listing ------------------------------------------------------------------
 
-    def configure(self, config: SessionConfig) -> Steps:
-        """The session's tools changed (or it starts): list what is new, forget what went."""
+    def configure(self, config: SessionConfig, *, starting: bool = False) -> Steps:
+        """The session's tools changed (or it starts): list what is new, forget
+        what went. A session that starts with a conversation (rebuilt from a
+        store, plugin/durable/) takes its servers' listings from it when they
+        have tools, as its client saw them: nothing is listed again."""
         wanted = {t["server_label"]: t for t in config.tools if t.get("type") == "mcp"}
         for label in [label for label in self.servers if label not in wanted]:
             del self.servers[label]
         steps: Steps = []
+        restored = self._listings() if starting else {}
         for label, tool in wanted.items():
             key = mcp.listing_key(tool)
             server = self.servers.get(label)
             if server is not None and server.key == key:
                 server.tool = tool  # require_approval, server_description: no new listing
+                continue
+            if label in restored:
+                item = restored[label]
+                self.servers[label] = _Server(key, tool, item, self._before(item.id),
+                                              listed=True, done=True)
                 continue
             item = ConversationItem(id=self._make_id("mcpl"), type=ItemType.MCP_LIST_TOOLS,
                                     server_label=label, tools=[])
@@ -233,6 +242,17 @@ class McpCalls:
             steps += [ev.ConversationItemAdded(item=item.wire(), previous_item_id=previous),
                       ev.McpListToolsInProgress(item_id=item.id), ListMcpTools(item.id, tool)]
         return steps + self._offer(config)
+
+    def _listings(self) -> dict[str, ConversationItem]:
+        """The conversation's last mcp_list_tools item of each server that listed tools."""
+        out: dict[str, ConversationItem] = {}
+        for item in self._conversation:
+            if item.type is ItemType.MCP_LIST_TOOLS and item.server_label:
+                if item.tools:
+                    out[item.server_label] = item
+                else:  # a failed (or empty) listing: list again
+                    out.pop(item.server_label, None)
+        return out
 
     def listed(self, m: McpToolsListed, config: SessionConfig) -> Steps:
         servers = (*self.servers.values(), *self._by_key.values())

@@ -279,3 +279,23 @@ def test_a_response_s_own_server_is_listed_first_and_then_the_response_runs():
     core.handle(cmd.ResponseCancel(), 1.1)
     again = core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(tools=(own,))), 1.2)
     assert "ListMcpTools" not in names(again) and "response.created" in names(again)
+
+
+def test_a_session_rebuilt_with_its_listing_lists_nothing_again():
+    """A session adopted from a store (plugin/durable/) starts with its
+    conversation: its servers' listings are taken from it, as the client saw them."""
+    core = manual(output_modalities=("text",), tools=(server(require_approval="never"),))
+    core.conversation.append(ConversationItem(id="mcpl_old", type=ItemType.MCP_LIST_TOOLS,
+                                              server_label="demo", tools=[ADD]))
+    effects = core.start("token", 0.0)
+    assert not [e for e in effects if isinstance(e, ListMcpTools)]
+    assert [t["name"] for _, t in core.config.mcp_tools] == ["add"]
+    rid = create_response(core)
+    assert [e for e in output(core, ToolCall(rid, "c", "add", "{}")) if isinstance(e, CallMcpTool)]
+
+
+def test_a_new_session_lists_its_servers_at_the_start():
+    core = manual(output_modalities=("text",), tools=(server(),))
+    effects = core.start("token", 0.0)
+    assert names(effects)[:4] == ["session.created", "conversation.item.added",
+                                  "mcp_list_tools.in_progress", "ListMcpTools"]
