@@ -190,9 +190,9 @@ def context_messages(items: Iterable[ConversationItem], instructions: str = "") 
     for item in items:
         if item.type is ItemType.MCP_CALL:  # the call and what it gave, as a function's
             if item.output is not None or item.error is not None:
-                messages.append(ContextMessage("assistant", item.text()))
+                messages.append(ContextMessage("assistant", item.text(), item.id))
                 result = item.output if item.error is None else f"error: {item.error.get('message', '')}"
-                messages.append(ContextMessage("tool", result or ""))
+                messages.append(ContextMessage("tool", result or "", item.id))
             continue
         if item.type in _NOT_SEEN:
             continue
@@ -200,9 +200,9 @@ def context_messages(items: Iterable[ConversationItem], instructions: str = "") 
         if not text:
             continue
         if item.type is ItemType.FUNCTION_CALL_OUTPUT:
-            messages.append(ContextMessage("tool", text))
+            messages.append(ContextMessage("tool", text, item.id))
         elif item.type is ItemType.FUNCTION_CALL:
-            messages.append(ContextMessage("assistant", text))
+            messages.append(ContextMessage("assistant", text, item.id))
         else:
-            messages.append(ContextMessage(item.role.value if item.role else "user", text))
+            messages.append(ContextMessage(item.role.value if item.role else "user", text, item.id))
     return tuple(messages)

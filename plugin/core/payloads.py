@@ -46,6 +46,9 @@ class TextIn:
 class ContextMessage:
     role: str  # system | user | assistant | tool
     text: str
+    # The conversation item it came from: truncation remembers what it left
+    # out by item, so a client deleting or inserting items moves nothing else.
+    item_id: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -85,3 +85,31 @@ async def test_a_bad_truncation_is_refused_and_changes_nothing(text_server):
             error = await client.wait_for("error")
             assert error["error"]["code"] == "invalid_value" and error["error"]["param"] == param
         assert client.session["truncation"] == "auto"
+
+
+async def test_what_was_dropped_stays_in_the_conversation_and_deleting_it_drops_nothing_seen(text_server):
+    """As OpenAI Realtime: a truncation leaves the conversation's items as
+    they are (no ``conversation.item.deleted``: the client may still retrieve
+    them), only the model no longer sees them (``usage.input_tokens`` says
+    how much it saw). A client deleting an item the model no longer saw
+    leaves what the model sees alone (before: the count of messages dropped
+    was kept, so as many messages it had seen went too)."""
+    async with await open_session(text_server, "auto") as client:
+        seen = []
+        for n in range(12):
+            seen.append((await turn(client, n)).done["response"]["usage"]["input_tokens"])
+            if n and seen[-1] < seen[-2]:
+                break
+        assert seen[-1] < seen[-2]  # the first truncation
+        assert not [e for e in client.events if e["type"] == "conversation.item.deleted"]
+        first, reply = [e["item"]["id"] for e in client.events
+                        if e["type"] == "conversation.item.added"][:2]  # turn 0 and its reply
+        await client.send({"type": "conversation.item.retrieve", "item_id": first})
+        kept = await client.wait_for("conversation.item.retrieved")
+        assert "Note 0." in kept["item"]["content"][0]["text"]  # dropped from the model, not the conversation
+        for item_id in (first, reply):
+            await client.send({"type": "conversation.item.delete", "item_id": item_id})
+            await client.wait_for("conversation.item.deleted")
+        after = (await turn(client, len(seen))).done["response"]["usage"]["input_tokens"]
+    assert not [e for e in client.events if e["type"] == "error"]
+    assert after > seen[-1] + 200  # what it saw, and the new turn (~270 tokens) after it
