@@ -402,7 +402,11 @@ class McpCalls:
         """A ``response.create`` whose ``tools`` name MCP servers waits until
         they are listed (listed once per session and definition, then reused):
         the listings it needs, then the response (``Respond``). None: any
-        other message, handled as it is."""
+        other message, handled as it is. A ``response.cancel`` with no response
+        shown drops the held ones (never created: nothing to end)."""
+        if type(message) is cmd.ResponseCancel and self._held and self._floor.shown is None:
+            self._held.clear()
+            return []
         if type(message) is not cmd.ResponseCreate or not message.options.tools:
             return None
         servers = [t for t in message.options.tools if t.get("type") == "mcp"]

@@ -299,3 +299,13 @@ def test_a_new_session_lists_its_servers_at_the_start():
     effects = core.start("token", 0.0)
     assert names(effects)[:4] == ["session.created", "conversation.item.added",
                                   "mcp_list_tools.in_progress", "ListMcpTools"]
+
+
+def test_a_response_waiting_for_its_servers_can_be_cancelled():
+    core = manual(output_modalities=("text",))
+    own = server(server_label="own", require_approval="never")
+    effects = core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(tools=(own,))), 0.0)
+    [ask] = [e for e in effects if isinstance(e, ListMcpTools)]
+    assert names(core.handle(cmd.ResponseCancel(), 0.1)) == []  # not an error: it is dropped
+    back = core.handle(McpToolsListed(ask.item_id, (ADD,)), 0.2)
+    assert "response.created" not in names(back) and core.shown is None
