@@ -349,3 +349,36 @@ async def test_a_spoken_conversation_past_max_model_len_keeps_answering(tiny_omn
         await stream.aclose()  # type: ignore[attr-defined]
         await port.close()
     await settled(small.engine, baseline)
+
+
+async def test_typed_turns_past_max_model_len_keep_answering_over_the_socket(tiny_omni_stage):
+    """The issue's repro on the omni path: text turns over /v1/realtime until
+    the conversation is several times the context (512 tokens here). Every
+    turn is answered (the tiny model stops only at max_output_tokens), what
+    the model saw (``usage.input_tokens``) stays within the context and falls
+    at each truncation, and the items stay in the conversation."""
+    from vllm_duplex.stages.omni.vllm_omni import VllmOmniStage
+
+    small = VllmOmniStage(engine=tiny_omni_stage.engine, dialect="minicpmo", max_model_len=512,
+                          stop_loops=False)
+    baseline = small.engine.get_num_unfinished_requests()
+    async with BackgroundServer(Runtime(config(), shared_stages={"vllm_omni": small})) as srv:
+        async with await RealtimeClient.connect(srv.ws_url) as rt:
+            await rt.update_session({"output_modalities": ["text"], "max_output_tokens": 8,
+                                     "audio": {"input": {"turn_detection": None}}})
+            assert rt.session["truncation"] == "auto"
+            seen = []
+            for n in range(16):
+                await rt.send({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": (
+                        f"Note {n}. The quick brown fox jumps over the lazy dog by the river. Say OK.")}]}})
+                await rt.create_response()
+                done = (await rt.collect_response(timeout=60)).done["response"]
+                assert done["status"] == "incomplete", f"turn {n}: {done.get('status_details')}"
+                seen.append(done["usage"]["input_tokens"])
+            port = small.ports[rt.session_id]
+            assert not [e for e in rt.events if e["type"] == "error"]
+            assert not [e for e in rt.events if e["type"] == "conversation.item.deleted"]
+        assert max(seen) <= 512 - 8 and port.truncations >= 2
+        assert [n for n in range(1, 16) if seen[n] < seen[n - 1]]
+    await settled(small.engine, baseline)
