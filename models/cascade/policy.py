@@ -327,6 +327,11 @@ class CascadePolicy(PolicyBase[CascadeState]):
         if not view.config.responds:
             return None  # a transcription session never asks the LLM
         if utt.pushed and utt.revised(hypothesis):
+            if view.active_response_id is not None:
+                # A response is being made (e.g. one the client asked for
+                # mid-turn): rolling the live request back would void it. The
+                # final transcript, which the revision will reach, rolls back.
+                return None
             utt.rollbacks += 1
             utt.pushed = list(stable)
             state.turn_open = bool(stable)

@@ -279,12 +279,14 @@ class SessionCore(SessionViewOfParts):
 
     def _advance(self, fence: Fence) -> None:
         """A plan moved the fence: every output under way is void (the gate
-        drops it, the stages abort it), a held reply with them."""
+        drops it, the stages abort it), and so is the reply: a held one ends
+        unseen, a shown one is cut to what was heard (its context changed
+        under it) -- never left waiting for outputs the gate now drops."""
         self.gate.advance(fence)
         self.metrics.epoch_bumps.inc()
         self.out.add(Cancel(fence))
-        if self.floor.held is not None:
-            self.floor.end(End.DISCARDED, voided=True)
+        if self.floor.reply is not None:
+            self.floor.end(End.TURN_DETECTED if self.floor.shown else End.DISCARDED, voided=True)
 
     def commit_input(self) -> None:
         """The input buffer becomes a user item (a commit, or server VAD's end of turn)."""

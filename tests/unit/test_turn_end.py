@@ -570,3 +570,57 @@ def test_under_server_vad_speech_after_the_pause_discards_the_reply_it_started()
     assert isinstance(effects[-2].payload, ResetContext)
     assert effects[-1].payload == TextIn("what is the capital")
     assert tl.core.metrics.speculations.get(outcome="discarded") == 1
+
+
+# ---- a reply shown while the user's words are revised -----------------------------
+
+
+def test_a_revision_of_the_pushed_words_waits_for_the_reply_the_client_asked_for():
+    """The client asks for a response (its own instructions) while the user's
+    turn is still open; then the ASR revises a word it had pushed. Rolling the
+    live request back then would void the response's outputs at the gate with
+    no ``response.done`` ever (the client waits forever: seen through the real
+    runner at load 35). The rollback waits for the final, and the response
+    completes."""
+    tl = Timeline("low")
+    tl.speak("what is the capital of france")
+    effects = tl.core.handle(cmd.ResponseCreate(options=cmd.ResponseOptions(
+        instructions="Say hello.")), 1.8)
+    [req] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
+    rid = req.payload.response_id
+    fence = tl.core.fence
+    revised = tl.at(1.9, TranscriptPartial("what is the capitol of france"), "asr")
+    assert tl.core.fence == fence and not [e for e in revised if isinstance(e, Cancel)]
+    tl.at(2.0, TextDelta(rid, "Hello!"), "llm")
+    tl.at(2.1, GenerationDone(rid, "stop"), "llm")
+    done = tl.at(2.2, SpeechDone(rid), "tts")
+    [end] = [e.envelope.event for e in done if isinstance(e, Emit)
+             and e.envelope.event.type == "response.done"]
+    assert end.response["status"] == "completed"
+    # Once it is done, the revised words rebuild the live request (here the
+    # words at the pause; else the final transcript's).
+    later = tl.pause(PAUSED, 1000, heard="what is the capitol of france")
+    later += tl.at(2.5, TranscriptFinal("What is the capitol of France?"), "asr")
+    assert tl.core.fence.incarnation == fence.incarnation + 1
+    assert sum(isinstance(e, Cancel) for e in later) == 1
+
+
+def test_a_fence_move_while_a_reply_is_shown_ends_it_for_the_client():
+    """A plan that moves the fence voids every output under way: the reply
+    shown cannot go on, so it ends -- ``response.done``, cut to what was heard
+    -- instead of waiting forever for outputs the gate now drops (here the
+    client rebuilds the model's context mid-reply)."""
+    tl = Timeline("low")
+    effects = tl.core.handle(cmd.ResponseCreate(), 1.0)
+    [req] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
+    rid = req.payload.response_id
+    tl.at(1.1, TextDelta(rid, "The capital"), "llm")
+    before = tl.core.fence
+    rebuilt = tl.core.handle(cmd.DuplexInput(mode=InputMode.REENCODE_CONTEXT), 1.2)
+    [end] = [e.envelope.event for e in rebuilt if isinstance(e, Emit)
+             and e.envelope.event.type == "response.done"]
+    assert end.response["id"] == rid and end.response["status"] == "cancelled"
+    assert tl.core.shown is None
+    assert sum(isinstance(e, Cancel) for e in rebuilt) == 1  # one fence move, one cancel
+    late = StageOutput(before, before.request_id("llm"), "llm", TextDelta(rid, " of France"))
+    assert tl.core.handle(late, 1.3) == []  # dies at the gate
