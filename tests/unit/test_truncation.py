@@ -5,6 +5,7 @@ the retention ratio of the room; the kept prefix stays while it fits."""
 from __future__ import annotations
 
 import pytest
+from vllm_duplex.core.payloads import ContextMessage
 from vllm_duplex.core.truncation import AUTO_RETENTION, Truncation, fit
 
 SYSTEM = ("system", 50)
@@ -63,3 +64,33 @@ def test_the_wire_shapes():
         "type": "retention_ratio", "retention_ratio": 0.8, "token_limits": {"post_instructions": 5000}}
     with pytest.raises(ValueError):
         Truncation("retention_ratio", 1.5)
+
+
+# ---- the LLM stage's window: what was dropped is remembered by item ----------------------
+
+def window_of(words_per_message: int = 10):
+    from vllm_duplex.stages.vllm.window import TEMPLATE_TOKENS, ContextWindow
+
+    async def off_loop(fn, *args):
+        return fn(*args)
+
+    return ContextWindow(lambda text: text.split(), off_loop), words_per_message + TEMPLATE_TOKENS
+
+
+def said(n: int, role: str = "user") -> ContextMessage:
+    return ContextMessage(role, " ".join([f"w{n}"] * 10), item_id=f"item_{n}")
+
+
+async def test_deleting_a_dropped_item_moves_nothing_the_model_sees():
+    window, size = window_of()
+    system = ContextMessage("system", "be brief")
+    conversation = [said(n) for n in range(10)]
+    kept = await window.fit([system, *conversation], Truncation(), room=6 * size)
+    assert kept[1] == conversation[window.dropped]  # the oldest went
+    first_kept = kept[1]
+    # The client deletes the first item (the model no longer saw it), then says one more thing.
+    after = await window.fit([system, *conversation[1:], said(10)], Truncation(), room=6 * size)
+    assert after[1] is first_kept and after[-1].item_id == "item_10"
+    # An item inserted among the dropped ones is as old as they are: left out too.
+    inserted = [system, conversation[1], said(99), *conversation[2:], said(10)]
+    assert (await window.fit(inserted, Truncation(), room=6 * size))[1] is first_kept
