@@ -104,6 +104,8 @@ class Durability:
         self.last_adoption_s: float | None = None
         self.last_error: str | None = None
         self._closers: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._in_flight = False  # a batch is being written (stop waits for it)
         if metrics is not None:
             metrics.gauge("duplex_durability_degraded",
                           "1 while the session store cannot be reached", lambda: float(
@@ -205,23 +207,33 @@ class Durability:
         """Write what is queued (within ``flush_s``), then stop and close the store."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(flush_s):
-                while self._queue and self.degraded_since is None:
+                while (self._queue or self._in_flight) and self.degraded_since is None:
                     await asyncio.sleep(0.01)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, *self._closers, return_exceptions=True)
-        self._tasks = []
+        # The redis client turns a cancel in the middle of a command into a
+        # connection error, which the loops treat as an outage: so they also
+        # look at ``_closing``, and a cancel is repeated until they are done.
+        self._closing = True
+        self._wake.set()
+        while self._tasks:
+            for task in self._tasks:
+                task.cancel()
+            _, pending = await asyncio.wait(self._tasks, timeout=1.0)
+            self._tasks = list(pending)
+        await asyncio.gather(*self._closers, return_exceptions=True)
         await self.store.close()
 
     async def _write_loop(self) -> None:
-        while True:
+        while not self._closing:
             if not self._queue and not any(t.reseed for t in self._tracked.values()):
                 self._wake.clear()
                 await self._wake.wait()
             batch = self._next_batch()
+            self._in_flight = True
             try:
                 results = await self.store.apply(batch)
             except StoreUnavailable as err:
+                if self._closing:
+                    return
                 self._degrade(err)
                 self._queue.extendleft(reversed(batch))
                 await self.clock.sleep(RETRY_S)
@@ -229,6 +241,8 @@ class Durability:
             except Exception:
                 log.exception("session store write failed; dropping %d writes", len(batch))
                 continue
+            finally:
+                self._in_flight = False
             self._queued_bytes -= sum(w.size if isinstance(w, Append) else 256 for w in batch)
             self._queued_bytes = max(0, self._queued_bytes)
             if self.degraded_since is not None:
@@ -305,12 +319,14 @@ class Durability:
         task.add_done_callback(self._closers.discard)
 
     async def _renew_loop(self) -> None:
-        while True:
+        while not self._closing:
             await self.clock.sleep(self.lease_ttl_s / 3)
             leases = {sid: (self.holder, t.generation) for sid, t in self._tracked.items()}
             try:
                 failed = await self.store.renew(leases, self.lease_ttl_s)
             except StoreUnavailable as err:
+                if self._closing:
+                    return
                 self._degrade(err)
                 continue
             if self.degraded_since is not None:

@@ -126,3 +126,21 @@ async def test_a_store_that_stops_answering_degrades_durability_not_the_session(
         assert (await store.load(c.session_id)).head_seq == c.last_seq
         assert (await asyncio.to_thread(health, a))["state"] == "ok"
         await c.close()
+
+
+async def test_a_server_that_stops_leaves_its_sessions_to_be_adopted_at_once():
+    """A deploy: the stopping server writes what it had and releases each
+    session's lease (not deletes it), so the next resume adopts it."""
+    store = MemoryStore(MonotonicClock(), shared=True)
+    async with BackgroundServer(Runtime(config(), instance_id="b", store=store)) as b:
+        async with BackgroundServer(Runtime(config(), instance_id="a", store=store)) as a:
+            c = await text_client(a.ws_url)
+            await say(c, "my dog is Rex")
+            await c.ws.close()
+        stored = await store.load(c.session_id)
+        assert stored.holder is None and stored.head_seq == c.last_seq
+        c.url = b.ws_url
+        resumed = await c.reconnect()
+        assert (await say(resumed, "dog?")).endswith("You said before: my dog is Rex.")
+        assert lossless(c, resumed)
+        await resumed.close()

@@ -60,7 +60,7 @@ async def test_the_model_answers_with_the_turn_its_dead_worker_heard(fleet):
     resumed = await c.reconnect()
     print(f"real pipeline kill -9: resumed in {1000 * (time.monotonic() - t0):.0f} ms; "
           f"first answer {first!r}")
-    assert resumed.owner != victim
+    # (on the other worker, or on the victim's restarted process: same id)
     answer = await ask(resumed, "Which city do I live in?")
     print(f"after adoption: {answer!r}")
     assert "Paris" in answer  # named only in the turn the dead worker heard
