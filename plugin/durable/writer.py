@@ -81,6 +81,7 @@ class _Tracked:
     generation: int
     mark: DurableMark
     reseed: bool = False  # write it whole again when the store answers
+    dirty: bool = False  # its state changed since the last save
 
 
 class Durability:
@@ -130,26 +131,31 @@ class Durability:
         mark = session.outbox.mark or DurableMark()
         mark.advance(head_seq)
         mark.set_bypass(self.degraded_since is not None)
-        self._tracked[session.session_id] = _Tracked(session, generation, mark)
+        t = self._tracked[session.session_id] = _Tracked(session, generation, mark)
+        if generation == 1:
+            self._put(self._save(t))  # a new session: created in the store before its events
 
     def published(self, session: DuplexSession, env: Envelope) -> None:
         t = self._tracked.get(session.session_id)
         if t is None:
             return
         if env.event.type in _STATE_EVENTS:
-            self._put(self._save(t))
+            t.dirty = True  # saved once per batch, after its events (_next_batch)
         self._put(Append(session.session_id, t.generation, env.seq, wire_size(env), time.time(),
                          env))
 
     def resumed(self, session: DuplexSession) -> None:
         t = self._tracked.get(session.session_id)
         if t is not None:
-            self._put(self._save(t))  # the rotated token
+            t.dirty = True  # the rotated token
+            self._wake.set()
 
     def closed(self, session: DuplexSession, reason: CloseReason) -> None:
         t = self._tracked.pop(session.session_id, None)
         if t is None or reason is CloseReason.MOVED:
             return
+        if t.dirty and reason is CloseReason.SHUTDOWN:
+            self._put(self._save(t))  # its last state, for the worker that adopts it
         # A process stopping (a deploy) leaves its sessions to be adopted at once.
         self._put(Drop(session.session_id, t.generation,
                        release_only=reason is CloseReason.SHUTDOWN))
@@ -224,7 +230,7 @@ class Durability:
 
     async def _write_loop(self) -> None:
         while not self._closing:
-            if not self._queue and not any(t.reseed for t in self._tracked.values()):
+            if not self._queue and not any(t.reseed or t.dirty for t in self._tracked.values()):
                 self._wake.clear()
                 await self._wake.wait()
             batch = self._next_batch()
@@ -256,10 +262,15 @@ class Durability:
                 batch += self._reseed(t)
         while self._queue and len(batch) < MAX_BATCH:
             batch.append(self._queue.popleft())
-        # Only the last save of a session in a batch matters.
-        last_save = {w.session_id: i for i, w in enumerate(batch) if isinstance(w, Save)}
-        return [w for i, w in enumerate(batch)
-                if not isinstance(w, Save) or last_save[w.session_id] == i]
+        if not self._queue:
+            # Every event published so far is in this batch: the state now is
+            # the state those events leave, saved once, after them (one copy
+            # of the items per batch, not per event, and off the session's path).
+            for t in self._tracked.values():
+                if t.dirty:
+                    t.dirty = False
+                    batch.append(self._save(t))
+        return batch
 
     def _reseed(self, t: _Tracked) -> list[Write]:
         """The whole session again: its state, then its retained journal."""
