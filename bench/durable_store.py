@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -149,6 +151,7 @@ async def main(turns: int, deltas: int) -> None:
             p.terminate()
             p.wait(timeout=30)
         await redis.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _cpu() -> str:
@@ -163,4 +166,9 @@ if __name__ == "__main__":
     ap.add_argument("--turns", type=int, default=40)
     ap.add_argument("--deltas", type=int, default=600)
     args = ap.parse_args()
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM (a timeout): stop the servers and Redis on the way out
+
+    signal.signal(signal.SIGTERM, interrupted)
     asyncio.run(main(args.turns, args.deltas))
