@@ -53,7 +53,9 @@ class ScriptedLlmStage(StageBase):
     With ``call_tools``, a request that may call a tool calls the first one
     (arguments ``tool_arguments``) unless the conversation ends with a tool's
     output, which gets the reply: a tool round trip for client tests.
-    With ``recall``, the reply ends with the user's turn before the last one
+    ``slow_on``: a request whose last user message contains it gets its
+    tokens ``slow_interval_s`` apart (a reply still going out when a test
+    kills its worker). With ``recall``, the reply ends with the user's turn before the last one
     ("You said before: ..."): a follow-up that is answered right only when
     the context holds the earlier turn (the adoption tests).
     """
@@ -71,10 +73,14 @@ class ScriptedLlmStage(StageBase):
         call_tools: bool = False,
         tool_arguments: str = "{}",
         recall: bool = False,
+        slow_on: str | None = None,
+        slow_interval_s: float = 0.5,
     ) -> None:
         super().__init__(name, clock)
         self.reply = reply
         self.recall = recall
+        self.slow_on = slow_on
+        self.slow_interval_s = slow_interval_s
         self.token_interval_s = token_interval_s
         self.fail_on = fail_on
         self.call_tools = call_tools
@@ -114,11 +120,13 @@ class _LlmPort(FencedPort):
             tokens, finish = tokens[: max(0, limit)], "length"
         said = next((m.text for m in reversed(req.context) if m.role == "user"), "")
         fail = self._stage.fail_on is not None and self._stage.fail_on in said
+        slow = self._stage.slow_on is not None and self._stage.slow_on in said
+        interval = self._stage.slow_interval_s if slow else self._stage.token_interval_s
         for i, token in enumerate(tokens):
             if i:
                 if fail:
                     raise RuntimeError(f"scripted fault on {self._stage.fail_on!r}")
-                await self._clock.sleep(self._stage.token_interval_s)
+                await self._clock.sleep(interval)
             await self._emit(item.fence, item.request_id, TextDelta(req.response_id, token))
         words_in = sum(len(m.text.split()) for m in req.context)
         done = GenerationDone(req.response_id, finish, input_tokens=words_in, output_tokens=len(tokens))

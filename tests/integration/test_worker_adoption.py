@@ -32,7 +32,9 @@ TEXT = {"output_modalities": ["text"], "audio": {"input": {"turn_detection": Non
 @pytest.fixture(scope="module")
 def fleet():
     config = scripted_workers(2, limits={"resume_grace_s": 60})
-    config["stages"][1].update(recall=True, token_interval_s=0.05)
+    # "long story": a reply slow enough (0.3 s a token) to be cut by a kill under any load
+    config["stages"][1].update(recall=True, token_interval_s=0.02, slow_on="long story",
+                               slow_interval_s=0.3)
     config["durability"] = {"store": "redis", "lease_ttl_s": LEASE_S}
     serve = Serve(config, "serve")
     serve.start(expect_workers=2)
@@ -228,7 +230,6 @@ async def test_a_worker_stopped_past_its_lease_is_fenced_when_it_comes_back(flee
     finally:
         os.kill(info["pid"], signal.SIGCONT)
     # The stale owner finds its lease taken and drops the session: no second writer.
-    status, _, health = await asyncio.to_thread(get_json, f"http://{info['address']}/health")
     await wait_until(lambda: get_json(f"http://{info['address']}/health")[2]
                      ["durability"]["fenced"] >= 1, timeout=10)
     assert reply_text(await say(resumed, "planet?")).endswith("You said before: my planet is Mars.")
