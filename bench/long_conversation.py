@@ -10,9 +10,9 @@ only: the turn gaps are then not a person's). Each question is spoken by Flite
 (several voices); the next one is asked after the reply has "played" (its
 audio's duration from its first delta) and a short pause. Every sixth turn
 tells the assistant a fact; three turns later it is asked back (the fact is
-then well inside the kept window). The first fact is asked back once more at
-the end, long after truncation dropped it (what the model saw then shows in
-the reply's ``usage.input_tokens``).
+then well inside the kept window). One fact is told only once, in the first
+turns, and asked back at the end, long after truncation dropped it (what the
+model saw then shows in the reply's ``usage.input_tokens``).
 
 Reported per ``--window`` minutes (10): turns, turn gap p50 / p90 (the end of
 the question's speech -> the reply's first audio delta at the client), turns
@@ -70,6 +70,8 @@ FACTS = (  # (a fact told, the question that asks it back, the word the answer h
     ("Please remember this: my brother is called Tom.", "What is my brother called?", "tom"),
     ("Please remember this: I work as a baker.", "What is my job?", "baker"),
 )
+# Told once (the conversation's third turn), asked back at the end only.
+FIRST = ("Please remember this: my cat is called Luna.", "What is my cat called?", "luna")
 EVERY = 6  # a fact every sixth turn, asked back three turns later
 LOUD = 300  # |sample| above this is speech (Flite pads with digital silence)
 CHUNK = RATE * 20 // 1000  # samples per 20 ms
@@ -128,6 +130,8 @@ class Mic:
 
 def script(n: int) -> tuple[str, str, str | None]:
     """Turn ``n``'s (question, kind, expected word)."""
+    if n == 2:
+        return FIRST[0], "fact", None
     k, r = divmod(n, EVERY)
     fact = FACTS[k % len(FACTS)]
     if r == 1:
@@ -197,7 +201,7 @@ async def converse(server: ServerProcess, args: argparse.Namespace) -> list[Turn
             while True:
                 now = time.monotonic()
                 last = now >= end
-                q, kind, expect = (FACTS[0][1], "late_recall", FACTS[0][2]) if last else script(n)
+                q, kind, expect = (FIRST[1], "late_recall", FIRST[2]) if last else script(n)
                 voice = VOICES[n % len(VOICES)]
                 if (q, voice) not in speech:
                     speech[(q, voice)] = await asyncio.to_thread(speak, q, voice=voice, tail_s=0.2)
@@ -254,7 +258,7 @@ def report(turns: list[Turn], window: float) -> None:
     seen = [t.input_tokens for t in turns if t.input_tokens is not None]
     cuts = sum(b < a for a, b in zip(seen, seen[1:]))
     for t in (t for t in turns if t.kind == "late_recall"):
-        print(f"the first fact asked back at {t.t_min:.0f} min, after {cuts} truncations: "
+        print(f"asked back at {t.t_min:.0f} min after {cuts} truncations: {t.question!r} -> "
               f"{'right' if t.right else 'not known'} ({t.input_tokens} input tokens): {t.answer[:80]!r}")
 
 
