@@ -203,7 +203,8 @@ async def test_the_context_limit_is_vllms_own(vllm_stage):  # noqa: F811
         d = port.prompt.dialect
         # The context: system + "<|im_start|>user\nx" + " a" * k + the assistant prefix.
         base = [await stage.host.render({"prompt": t}) for t in (
-            d.system_open + port.prompt.system + d.close, "<|im_start|>user\nx", "<|im_end|>\n<|im_start|>assistant\n")]
+            d.system_open + port.prompt.system + d.close, d.user_open + "x",
+            d.close + d.assistant_open)]
         k = small + extra - sum(len(b["prompt_token_ids"]) for b in base)
         words = "x" + " a" * k
         assert len((await stage.host.render({"prompt": "<|im_start|>user\n" + words}))["prompt_token_ids"]) \

@@ -253,13 +253,15 @@ class VllmOmniPort(LivePort):
             await self._set_system(p.text)
         elif isinstance(p, OmniUnit):
             self.prompt.unit(p)
-            await self._make_room(item)
-            self._sync(item)
+            await self._make_room()
+            if not self._closed:
+                self._sync(item)
         elif isinstance(p, TextIn):
             if p.text.strip():
                 self.prompt.text(p.text)
-                await self._make_room(item)
-                self._sync(item)
+                await self._make_room()
+                if not self._closed:
+                    self._sync(item)
         else:
             await self._generate(item, p)
 
@@ -393,6 +395,7 @@ class VllmOmniPort(LivePort):
             return total
         history = self.prompt.history
         spans = self.prompt.messages()[: -1 if asking else None]
+
         def tokens(span: tuple[int, int]) -> int:
             return sum(self._tokens.get(c, self._largest) for c in history[span[0]:span[1]])
 
@@ -413,7 +416,7 @@ class VllmOmniPort(LivePort):
             await self._abort([self._live])  # the next chunk replays what is kept
         return tokens((0, len(history)))
 
-    async def _make_room(self, item: StageInput) -> None:
+    async def _make_room(self) -> None:
         """Before a user's unit or words go out: when the context is nearly
         full (what it holds, and room for a chunk or two more like the
         largest yet), fit it to the room a reply will need."""
