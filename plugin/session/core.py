@@ -23,7 +23,8 @@ length (``lifetime.py``), what an output shows (``rendering.py``) and a
 reply's request (``replies.py``). A part returns what it causes, in order:
 events, effects, and asks (``asks.py``) for what only the core does --
 ask the policy and apply its decision (``apply``), make a user item or a
-response, start, claim or end a reply -- which ``carry`` carries out.
+response, start, claim or end a reply -- which ``carry`` carries out
+(``carrying.py``).
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import AsrConfig, ContextMessage, StageFailed, StageOutput, ToolCall
 from vllm_duplex.core.session_config import SessionConfig, session_wire, updated_config
 from vllm_duplex.policy import ModelPolicy
-from vllm_duplex.session import asks, barge_in, hearing, idle, lifetime, pacing, turn_end
-from vllm_duplex.session.asks import Steps
+from vllm_duplex.session import barge_in, hearing, idle, lifetime, pacing, turn_end
+from vllm_duplex.session.carrying import CarriesAsks
 from vllm_duplex.session.client_commands import COMMANDS, ClientCommands
 from vllm_duplex.session.decisions import OutputChain
 from vllm_duplex.session.effects import (
@@ -88,7 +89,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_urlsafe(12)}"
 
 
-class SessionCore(SessionViewOfParts):
+class SessionCore(SessionViewOfParts, CarriesAsks):
     def __init__(
         self,
         session_id: str,
@@ -248,21 +249,6 @@ class SessionCore(SessionViewOfParts):
         if self.floor.shown is not None:
             self.floor.end(End.FAILED, error=err.to_wire())
 
-    def carry(self, steps: Steps) -> None:
-        """Carry out what a part returned, in order: an ask (``asks.py``) by
-        the core, with its follow-ups before the next step; an event to the
-        client; any other effect to the runner."""
-        for step in steps:
-            ask = _ASKS.get(type(step))
-            if ask is not None:
-                more = ask(self, step)
-                if more:
-                    self.carry(more)
-            elif isinstance(step, ev.ServerEvent):
-                self.emit(step)
-            else:
-                self.out.add(step)
-
     def execute(self, plan: AppendPlan, *, ingest: bool = False) -> None:
         """Carry out a policy plan: move the fence first, then submit.
         ``ingest``: the plan answers client input (its latency is measured)."""
@@ -315,24 +301,6 @@ class SessionCore(SessionViewOfParts):
         self.emit(ev.SessionUpdated(session=self.session_object()))
         self.carry(self.mcp.configure(self._config))
 
-    def _offer_mcp_tools(self, tools: tuple[tuple[str, dict[str, Any]], ...]) -> None:
-        """The tools the session's MCP servers listed, offered to the model from now on."""
-        self._config = self.floor.config = dataclasses.replace(self._config, mcp_tools=tools)
-
-    def _mcp_respond(self, a: mcp_calls.Respond) -> None:
-        """A response.create held while its own MCP servers were listed."""
-        try:
-            self.create_response(a.options)
-        except DuplexError as err:
-            self.error(err.with_event_id(a.event_id))
-            return
-        self.mcp.responding(self.floor.shown, a.offered)
-
-    def _mcp_follow_up(self, a: mcp_calls.FollowUp) -> None:
-        """The response that answers with the MCP calls' results."""
-        self.create_response(a.options)
-        self.mcp.followed(self.floor.shown)
-
     def _check_hearing(self, config: SessionConfig) -> None:
         hearing.check_language(config, configurable=self._asr_configurable,
                                languages=self._asr_languages)
@@ -384,33 +352,6 @@ class SessionCore(SessionViewOfParts):
         self.error(lifetime.expired(self.limits))
         self.emit(ev.SessionClosed(reason=CloseReason.MAX_DURATION.value))
         self.out.add(Close(CloseReason.MAX_DURATION))
-
-    # ---- what the parts ask of the core (asks.py) ----------------------------------
-
-    def apply_decision(self, out: StageOutput) -> OutputDecision:
-        """Ask the policy about ``out`` and carry out its answer."""
-        decision = self.policy.decide_output(self, out)
-        self.apply(out, decision)
-        return decision
-
-    def _decide(self, a: asks.Decide) -> None:
-        self.apply_decision(a.out)
-
-    def _observe(self, a: asks.Observe) -> Steps | None:
-        fence = self.fence
-        decision = self.apply_decision(
-            StageOutput(fence, fence.request_id("vad"), "vad", a.observation))
-        return a.then(decision) if a.then is not None else None
-
-    def _hold(self, a: asks.Hold) -> None:
-        decision = self.policy.decide_output(self, a.out)
-        if self.floor.keep(a.out, decision) and decision.forward is not None:
-            # e.g. its text is synthesized now, into the held buffer
-            self.out.add(Forward(a.out, decision.forward))
-
-    def _discard(self, a: asks.Discard) -> Steps | None:
-        discarded = self.floor.discard()
-        return a.then(discarded) if a.then is not None else None
 
     def speculate(self, words: str) -> None:
         """Answer ``words`` (the user's turn so far) ahead of the commit, held."""
@@ -504,28 +445,4 @@ _HANDLERS: dict[type, Callable[[SessionCore, Any], None]] = {
     TimerFired: SessionCore._on_timer,
     mcp_calls.McpToolsListed: lambda core, m: core.carry(core.mcp.listed(m, core.config)),
     mcp_calls.McpToolCalled: lambda core, m: core.carry(core.mcp.called(m)),
-}
-
-# How the core carries out each ask, by its exact type; an ask may answer
-# with follow-up steps.
-_ASKS: dict[type, Callable[[SessionCore, Any], Steps | None]] = {
-    asks.Plan: lambda core, a: core.execute(core.policy.plan_append(core, a.payload),
-                                            ingest=a.ingest),
-    asks.Decide: SessionCore._decide,
-    asks.Observe: SessionCore._observe,
-    asks.Hold: SessionCore._hold,
-    asks.Speculate: lambda core, a: core.speculate(a.words),
-    asks.Discard: SessionCore._discard,
-    asks.Rest: lambda core, a: core.floor.rest(),
-    asks.CommitInput: lambda core, a: core.commit_input(),
-    asks.Respond: lambda core, a: core.create_response(a.options),
-    asks.Interrupt: lambda core, a: core.floor.interrupt(a.reason),
-    asks.ItemGone: lambda core, a: core.floor.item_gone(a.item_id, truncated=a.truncated),
-    asks.Fail: lambda core, a: core.fail(a.error),
-    mcp_calls.Offer: lambda core, a: core._offer_mcp_tools(a.tools),
-    mcp_calls.Show: lambda core, a: core.floor.show(a.payload),
-    mcp_calls.Finish: lambda core, a: core.floor.finish(),
-    mcp_calls.Report: lambda core, a: core.error(a.error),
-    mcp_calls.FollowUp: SessionCore._mcp_follow_up,
-    mcp_calls.Respond: SessionCore._mcp_respond,
 }
