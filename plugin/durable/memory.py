@@ -25,6 +25,7 @@ from vllm_duplex.durable.store import (
     SessionState,
     SessionStore,
     Stored,
+    Trim,
     Write,
 )
 from vllm_duplex.replay.seqlog import SeqBounds, SeqLog
@@ -124,6 +125,9 @@ class MemoryStore(SessionStore):
             elif isinstance(w, Save):
                 rec.state = w.state
                 out.setdefault(w.session_id, rec.log.head_seq)
+            elif isinstance(w, Trim):
+                rec.log.release_through(w.seq)  # acked: not counted as trimmed by a bound
+                out[w.session_id] = rec.log.head_seq
             elif isinstance(w, Drop):
                 if w.release_only:
                     rec.holder, rec.expires_at = None, float("-inf")

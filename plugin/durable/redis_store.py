@@ -13,7 +13,8 @@ Keys of session ``S`` (all expire ``Bounds.keep_s`` after the last write):
 Every write is a Lua script that first compares the generation (the fence):
 a write of a stale owner is refused inside Redis, atomically with the write.
 The append script trims the stream to the bounds (events, bytes, age; the
-newest stays), as the in-memory journal does. A batch is one pipeline (one
+newest stays), as the in-memory journal does; the trim script drops what the
+client acknowledged. A batch is one pipeline (one
 round trip, not a transaction: each script is atomic on its own, and the
 order of a session's writes is kept).
 """
@@ -35,6 +36,7 @@ from vllm_duplex.durable.store import (
     SessionStore,
     Stored,
     StoreUnavailable,
+    Trim,
     Write,
     decode,
     encode,
@@ -135,6 +137,24 @@ return head
 """
 
 
+# KEYS: gen, log, meta. ARGV: gen, seq (the client acked every event up to
+# it), seq + 1. The acked entries go (XTRIM MINID: ids below seq + 1), their
+# bytes with them; the head stays.
+_TRIM = """
+local g = redis.call('GET', KEYS[1])
+if not g then return -3 end
+if g ~= ARGV[1] then return -1 end
+local gone = redis.call('XRANGE', KEYS[2], '-', ARGV[2] .. '-0')
+if #gone > 0 then
+  local bytes = 0
+  for _, e in ipairs(gone) do bytes = bytes + tonumber(e[2][2]) end
+  redis.call('XTRIM', KEYS[2], 'MINID', ARGV[3] .. '-0')
+  redis.call('HINCRBY', KEYS[3], 'bytes', -bytes)
+end
+return tonumber(redis.call('HGET', KEYS[3], 'head') or '0')
+"""
+
+
 def _keys(session_id: str) -> dict[str, str]:
     p = f"duplex:{{{session_id}}}:"  # one hash slot per session (Redis Cluster)
     return {k: p + k for k in ("gen", "lease", "state", "log", "meta")}
@@ -168,6 +188,7 @@ class RedisStore(SessionStore):
         self._append = self._redis.register_script(_APPEND)
         self._save = self._redis.register_script(_SAVE)
         self._drop = self._redis.register_script(_DROP)
+        self._trim = self._redis.register_script(_TRIM)
 
     @property
     def _keep_ms(self) -> int:
@@ -238,6 +259,10 @@ class RedisStore(SessionStore):
                 await self._save(keys=[k["gen"], k["state"], k["meta"], k["lease"]],
                                  args=[w.generation, encode(w.state), self._keep_ms,
                                        w.holder or "", int(w.ttl_s * 1000)], client=pipe)
+                i += 1
+            elif isinstance(w, Trim):
+                await self._trim(keys=[k["gen"], k["log"], k["meta"]],
+                                 args=[w.generation, w.seq, w.seq + 1], client=pipe)
                 i += 1
             else:
                 assert isinstance(w, Drop)

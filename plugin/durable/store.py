@@ -10,7 +10,8 @@ Per session the store keeps:
   of an older generation is refused (``Fenced``): two owners never write.
 * a **state** record (``SessionState``): what a rebuilt session starts from.
 * a **journal** of events, seq-numbered, bounded in events, bytes and age like
-  the in-memory one (``vllm_duplex.replay.journal``).
+  the in-memory one (``vllm_duplex.replay.journal``), and trimmed by the
+  client's acks (``Trim``).
 
 Writes come in ordered batches (``apply``) so a store with a network in
 between pays one round trip for many events. ``StoreUnavailable`` is the one
@@ -139,7 +140,19 @@ class Drop:
     release_only: bool = False
 
 
-Write = Append | Save | Drop
+@dataclass(frozen=True)
+class Trim:
+    """The client acknowledged every event up to ``seq``
+    (``session.event_ack``): the journal forgets them, as the in-memory one
+    does (``Journal.ack``). Later events and the head stay; an ack past what
+    the store holds drops what it holds."""
+
+    session_id: str
+    generation: int
+    seq: int
+
+
+Write = Append | Save | Drop | Trim
 
 
 class SessionStore(abc.ABC):
@@ -164,7 +177,8 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     async def apply(self, writes: list[Write]) -> dict[str, int | Fenced | Lost]:
-        """Write ``writes`` in order; per session: its durable head seq, or
+        """Write ``writes`` in order (``Append``, ``Save``, ``Drop``, ``Trim``,
+        each fenced by its generation); per session: its durable head seq, or
         ``Fenced`` / ``Lost`` (the session's later writes of the batch are skipped)."""
 
     @abc.abstractmethod

@@ -28,6 +28,7 @@ from vllm_duplex.durable.store import (
     Save,
     SessionState,
     StoreUnavailable,
+    Trim,
     sha,
 )
 from vllm_duplex.fleet.redis_server import RedisServer
@@ -115,6 +116,32 @@ async def test_the_stream_is_bounded_and_answers_after_a_cursor_or_a_resync(stor
     await store.apply(appends(sid, 1, [7, 8]))  # 6 is past max_age_s now
     assert await store.events_after(sid, 5) is None
     assert [e.seq for e in await store.events_after(sid, 6)] == [7, 8]
+
+
+async def test_an_ack_trims_the_stream_up_to_its_seq_fenced_inside_redis(store):
+    """``Trim`` (the client's ``session.event_ack``): the acked entries leave
+    the stream (XTRIM MINID), their bytes leave the count; the head stays."""
+    sid = await created(store)
+    meta = f"duplex:{{{sid}}}:meta"
+    await store.apply(appends(sid, 1, [1, 2, 3]))
+    assert await store.apply([Trim(sid, 1, 2)]) == {sid: 3}
+    stored = await store.load(sid)
+    assert (stored.first_seq, stored.head_seq) == (3, 3)
+    assert [e.seq for e in await store.events_after(sid, 2)] == [3]
+    assert await store.events_after(sid, 1) is None  # acked, gone: a resync, never a gap
+    assert int(await store._redis.hget(meta, "bytes")) == 10
+    assert await store.apply([Trim(sid, 1, 1), Trim(sid, 1, 9)]) == {sid: 3}
+    stored = await store.load(sid)
+    assert (stored.first_seq, stored.head_seq) == (4, 3)
+    assert await store.events_after(sid, 3) == []
+    assert int(await store._redis.hget(meta, "bytes")) == 0
+    await store.apply(appends(sid, 1, [4]))
+    assert [e.seq for e in await store.events_after(sid, 3)] == [4]
+    await store.mark_dead("w1#10")
+    assert await store.acquire(sid, "w2#20", 5.0) == 2
+    assert isinstance((await store.apply([Trim(sid, 1, 4)]))[sid], Fenced)
+    assert [e.seq for e in await store.events_after(sid, 3)] == [4]
+    assert isinstance((await store.apply([Trim(new_id(), 1, 1)])).popitem()[1], Lost)
 
 
 async def test_drop_release_and_typed_refusals(store):

@@ -27,6 +27,7 @@ from vllm_duplex.durable.store import (
     Lost,
     Save,
     SessionState,
+    Trim,
     check_state,
     decode,
     encode,
@@ -101,6 +102,33 @@ async def test_the_journal_is_bounded_and_answers_exactly_after_a_cursor_or_a_re
     await store.apply(appends(1, [6]))
     assert [e.seq for e in await store.events_after(S, 5)] == [6]
     assert await store.events_after(S, 4) is None  # too old
+
+
+async def test_an_ack_trims_the_journal_up_to_its_seq_fenced_like_every_write():
+    """``Trim`` (the client's ``session.event_ack``): the acked events go,
+    their bytes with them, not counted as trimmed by a bound; a cursor before
+    them is a resync; the head stays and the journal goes on after it."""
+    clock = VirtualClock()
+    store = await created(clock)
+    await store.apply(appends(1, range(1, 6)))
+    assert await store.apply([Trim(S, 1, 3)]) == {S: 5}
+    stored = await store.load(S)
+    assert (stored.first_seq, stored.head_seq) == (4, 5)
+    assert [e.seq for e in await store.events_after(S, 3)] == [4, 5]
+    assert await store.events_after(S, 2) is None  # acked, gone: a resync, never a gap
+    log = store._records[S].log
+    assert (log.bytes, log.trimmed) == (20, 0)
+    assert await store.apply([Trim(S, 1, 2), Trim(S, 1, 9)]) == {S: 5}  # an old ack; past all
+    stored = await store.load(S)
+    assert (stored.first_seq, stored.head_seq, log.bytes) == (6, 5, 0)
+    assert await store.events_after(S, 5) == []
+    await store.apply(appends(1, [6]))
+    assert [e.seq for e in await store.events_after(S, 5)] == [6]
+    await clock.advance(6)
+    assert await store.acquire(S, "w2#20", 5.0) == 2
+    assert isinstance((await store.apply([Trim(S, 1, 6)]))[S], Fenced)
+    assert [e.seq for e in await store.events_after(S, 5)] == [6]  # the stale ack landed not
+    assert isinstance((await store.apply([Trim("sess_gone.w1", 1, 1)]))["sess_gone.w1"], Lost)
 
 
 async def test_an_adoption_of_nothing_and_a_duplicate_new_session_are_typed_errors():
