@@ -220,7 +220,7 @@ def check_state(stored: Stored, api_key: str | None, token: str) -> None:
 
 # ---- encoding: pickle, restricted to our typed values ---------------------------
 
-_ALLOWED_MODULES = ("vllm_duplex.core.", "vllm_duplex.durable.store")
+_ALLOWED_MODULES = ("vllm_duplex.core.", "vllm_duplex.durable.store", "vllm_duplex.durable.records")
 _ALLOWED_BUILTINS = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset",
                                                "bytes", "bytearray", "str", "int", "float",
                                                "bool", "complex", "getattr")}

@@ -1,8 +1,14 @@
 """``Durability``: a process's live sessions, mirrored into a session store.
 
+What it mirrors is anything ``Mirrored``: a realtime session
+(``durable.realtime``), an application session (``durable.app_sessions``), a
+resumable stream -- each a state to save, maybe a journal of seq-numbered
+events, and what to do when another worker took it over.
+
 One writer task per process owns the queue of writes (one writer per state):
-sessions only enqueue (``published``, ``resumed``, ``closed``: never
-awaited, never blocking the session's single writer). The task sends the
+sessions only enqueue (``published``/``append``, ``changed``, ``closed``/``ended``:
+never awaited, never blocking the session's single writer; ``flushed`` is
+there for the one that must know its state is in the store before it answers). The task sends the
 queue in ordered batches (one round trip for many events) and advances each
 session's ``DurableMark``, which its sockets wait for before sending an event
 (``vllm_duplex.replay.outbox``): what a client holds, the store holds.
@@ -24,28 +30,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from vllm_duplex.core.clock import Clock, MonotonicClock
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.events import Envelope
 from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.durable.realtime import RealtimeCopy
 from vllm_duplex.durable.store import (
     Append,
     Drop,
     Fenced,
     Lost,
     Save,
-    SessionState,
     SessionStore,
     StoreUnavailable,
     Write,
-    sha,
 )
 from vllm_duplex.replay.journal import wire_size
 from vllm_duplex.replay.outbox import DurableMark
@@ -66,22 +71,40 @@ RETRY_S = 0.5
 MAX_BATCH = 512
 
 
-def state_of(session: DuplexSession) -> SessionState:
-    """What a session is rebuilt from, copied now (items change in place)."""
-    core = session.core
-    return SessionState(config=core.config, items=copy.deepcopy(tuple(core.items)),
-                        token_sha=sha(session.resume_token) or "", key_sha=sha(session.api_key),
-                        last_input_seq=core.last_input_seq, extra_wire=dict(core.extra_wire),
-                        incarnation=session.fence.incarnation, epoch=session.fence.epoch)
+class Mirrored(Protocol):
+    """What the writer keeps a copy of, under ``session_id`` in the store."""
+
+    kind: str  # "realtime", "app", "stream": what /health counts
+
+    @property
+    def session_id(self) -> str: ...
+
+    def durable_state(self) -> Any:
+        """What a rebuilt copy starts from, copied now."""
+
+    def durable_journal(self) -> Iterable[tuple[int, int, Any]]:
+        """The retained events as ``(seq, size, payload)``, oldest first."""
+
+    async def drop_moved(self) -> None:
+        """Another worker took it over: end it here, writing nothing."""
 
 
 @dataclass
 class _Tracked:
-    session: DuplexSession
+    item: Mirrored
     generation: int
     mark: DurableMark
     reseed: bool = False  # write it whole again when the store answers
     dirty: bool = False  # its state changed since the last save
+    waiting: list[asyncio.Future[None]] = field(default_factory=list)  # for the next save
+    saving: list[asyncio.Future[None]] = field(default_factory=list)  # for the save in flight
+
+    def settle(self) -> None:
+        """Whoever waits for a save stops waiting (it is written, or cannot be)."""
+        for fut in (*self.saving, *self.waiting):
+            if not fut.done():
+                fut.set_result(None)
+        self.saving, self.waiting = [], []
 
 
 class Durability:
@@ -122,57 +145,94 @@ class Durability:
         return DurableMark() if self.store.durable else None
 
     def track(self, session: DuplexSession, generation: int, head_seq: int = 0) -> None:
-        """Mirror ``session`` from now on (a new one: generation 1, created by
-        its first save; an adopted one: the generation its acquire took).
-        A store that does not outlive this process mirrors nothing: the
+        """Mirror a realtime session from now on (a new one: generation 1,
+        created by its first save; an adopted one: the generation its acquire
+        took). A store that does not outlive this process mirrors nothing: the
         session's own journal is the in-memory copy (today's behaviour)."""
-        if not self.store.durable:
-            return
-        mark = session.outbox.mark or DurableMark()
+        if self.store.durable:
+            self.follow(RealtimeCopy(session), generation, head_seq, session.outbox.mark)
+
+    def follow(self, item: Mirrored, generation: int, head_seq: int = 0,
+               mark: DurableMark | None = None) -> DurableMark:
+        """Mirror ``item`` from now on; its mark says how far its journal is
+        durable. Generation 1 is a new one: its first save creates it in the
+        store, before any of its events."""
+        mark = mark or DurableMark()
         mark.advance(head_seq)
-        mark.set_bypass(self.degraded_since is not None)
-        t = self._tracked[session.session_id] = _Tracked(session, generation, mark)
+        mark.set_bypass(self.degraded_since is not None or not self.store.durable)
+        if not self.store.durable:
+            return mark
+        t = self._tracked[item.session_id] = _Tracked(item, generation, mark)
         if generation == 1:
-            self._put(self._save(t))  # a new session: created in the store before its events
+            self._put(self._save(t))
+        return mark
 
     def published(self, session: DuplexSession, env: Envelope) -> None:
-        t = self._tracked.get(session.session_id)
-        if t is None:
-            return
         if env.event.type in _STATE_EVENTS:
-            t.dirty = True  # saved once per batch, after its events (_next_batch)
-        self._put(Append(session.session_id, t.generation, env.seq, wire_size(env), time.time(),
-                         env))
+            self.changed(session.session_id)  # saved once per batch, after its events
+        self.append(session.session_id, env.seq, wire_size(env), env)
 
-    def resumed(self, session: DuplexSession) -> None:
-        t = self._tracked.get(session.session_id)
+    def append(self, session_id: str, seq: int, size: int, payload: Any) -> None:
+        t = self._tracked.get(session_id)
         if t is not None:
-            t.dirty = True  # the rotated token
+            self._put(Append(session_id, t.generation, seq, size, time.time(), payload))
+
+    def changed(self, session_id: str) -> None:
+        """Its state changed: saved once, at the end of the next batch."""
+        t = self._tracked.get(session_id)
+        if t is not None:
+            t.dirty = True
             self._wake.set()
 
-    def closed(self, session: DuplexSession, reason: CloseReason) -> None:
-        t = self._tracked.pop(session.session_id, None)
-        if t is None or reason is CloseReason.MOVED:
+    async def flushed(self, session_id: str) -> None:
+        """Returns once the state as it is now is in the store (at once when
+        it is not mirrored, or the store cannot be reached: sessions go on)."""
+        t = self._tracked.get(session_id)
+        if t is None or self.degraded_since is not None or not (t.dirty or t.saving):
             return
-        if t.dirty and reason is CloseReason.SHUTDOWN:
-            self._put(self._save(t))  # its last state, for the worker that adopts it
-        # A process stopping (a deploy) leaves its sessions to be adopted at once.
-        self._put(Drop(session.session_id, t.generation,
-                       release_only=reason is CloseReason.SHUTDOWN))
-        t.mark.set_bypass(True)  # nothing waits on a closed session
+        fut = asyncio.get_running_loop().create_future()
+        (t.waiting if t.dirty else t.saving).append(fut)
+        await fut
+
+    def resumed(self, session: DuplexSession) -> None:
+        self.changed(session.session_id)  # the rotated token
+
+    def closed(self, session: DuplexSession, reason: CloseReason) -> None:
+        if reason is CloseReason.MOVED:
+            self._untrack(session.session_id)
+        else:
+            # A process stopping (a deploy) leaves its sessions to be adopted at once.
+            self.ended(session.session_id, release=reason is CloseReason.SHUTDOWN)
 
     def release(self, session: DuplexSession) -> None:
         """Stop mirroring ``session`` and leave it in the store for another
         worker (an adoption that could not start it here)."""
-        t = self._tracked.pop(session.session_id, None)
+        t = self._untrack(session.session_id)
         if t is not None:
             self._put(Drop(session.session_id, t.generation, release_only=True))
-            t.mark.set_bypass(True)
+
+    def ended(self, session_id: str, *, release: bool = False) -> None:
+        """It ended for good (dropped from the store), or, ``release``, this
+        process is stopping: its last state is saved and its lease let go, so
+        another worker adopts it at once."""
+        t = self._untrack(session_id)
+        if t is None:
+            return
+        if release and t.dirty:
+            self._put(self._save(t))  # its last state, for the worker that adopts it
+        self._put(Drop(session_id, t.generation, release_only=release))
+
+    def _untrack(self, session_id: str) -> _Tracked | None:
+        t = self._tracked.pop(session_id, None)
+        if t is not None:
+            t.mark.set_bypass(True)  # nothing waits on an ended copy
+            t.settle()
+        return t
 
     def _save(self, t: _Tracked) -> Save:
         # Generation 1 is a new session: its first save creates it in the store.
         holder = self.holder if t.generation == 1 or t.reseed else None
-        return Save(t.session.session_id, t.generation, state_of(t.session), holder,
+        return Save(t.item.session_id, t.generation, t.item.durable_state(), holder,
                     self.lease_ttl_s)
 
     def _put(self, w: Write) -> None:
@@ -197,9 +257,16 @@ class Durability:
                 "state": "degraded" if self.degraded_since is not None else "ok",
                 "degraded_s": (round(self.clock.now() - self.degraded_since, 1)
                                if self.degraded_since is not None else None),
-                "sessions": len(self._tracked), "backlog_writes": len(self._queue),
+                "sessions": len(self._tracked), "kinds": self._kinds(),
+                "backlog_writes": len(self._queue),
                 "fenced": self.fenced, "reseeded": self.reseeded, "adopted": self.adopted,
                 "last_error": self.last_error}
+
+    def _kinds(self) -> dict[str, int]:
+        kinds: dict[str, int] = {}
+        for t in self._tracked.values():
+            kinds[t.item.kind] = kinds.get(t.item.kind, 0) + 1
+        return kinds
 
     # ---- the tasks ---------------------------------------------------------------
 
@@ -246,6 +313,8 @@ class Durability:
                 continue
             except Exception:
                 log.exception("session store write failed; dropping %d writes", len(batch))
+                for t in self._tracked.values():
+                    t.settle()  # those saves will not come: nobody waits for them
                 continue
             finally:
                 self._in_flight = False
@@ -269,6 +338,8 @@ class Durability:
             for t in self._tracked.values():
                 if t.dirty:
                     t.dirty = False
+                    t.saving += t.waiting
+                    t.waiting = []
                     batch.append(self._save(t))
         return batch
 
@@ -276,13 +347,12 @@ class Durability:
         """The whole session again: its state, then its retained journal."""
         t.reseed = False
         self.reseeded += 1
-        s = t.session
-        writes: list[Write] = [Save(s.session_id, t.generation, state_of(s), self.holder,
+        sid = t.item.session_id
+        writes: list[Write] = [Save(sid, t.generation, t.item.durable_state(), self.holder,
                                     self.lease_ttl_s)]
-        for entry in s.journal.log:
-            writes.append(Append(s.session_id, t.generation, entry.seq, entry.size, time.time(),
-                                 entry.item))
-        self._queue = deque(w for w in self._queue if w.session_id != s.session_id)
+        for seq, size, payload in t.item.durable_journal():
+            writes.append(Append(sid, t.generation, seq, size, time.time(), payload))
+        self._queue = deque(w for w in self._queue if w.session_id != sid)
         return writes
 
     def _settle(self, results: dict[str, int | Fenced | Lost]) -> None:
@@ -296,6 +366,10 @@ class Durability:
                 t.reseed = True
             else:
                 t.mark.advance(result)
+                for fut in t.saving:
+                    if not fut.done():
+                        fut.set_result(None)
+                t.saving = []
 
     def _degrade(self, err: Exception) -> None:
         self.last_error = str(err)
@@ -304,6 +378,7 @@ class Durability:
             log.error("session store unreachable (%s): sessions go on, not durable", err)
             for t in self._tracked.values():
                 t.mark.set_bypass(True)
+                t.settle()  # sessions go on: nothing waits for a store that is away
 
     def _recover(self) -> None:
         log.warning("session store reachable again after %.1f s",
@@ -317,15 +392,15 @@ class Durability:
 
     def _fence(self, t: _Tracked) -> None:
         """Another worker took this session (its generation moved on): drop it here."""
-        if self._tracked.pop(t.session.session_id, None) is None:
+        sid = t.item.session_id
+        if self._untrack(sid) is None:
             return
         self.fenced += 1
-        log.warning("session %s was adopted elsewhere (generation > %d): dropping it here",
-                    t.session.session_id, t.generation)
-        t.mark.set_bypass(True)
-        self._queue = deque(w for w in self._queue if w.session_id != t.session.session_id)
-        task = asyncio.get_running_loop().create_task(t.session.close(CloseReason.MOVED),
-                                                      name=f"duplex-fenced-{t.session.session_id}")
+        log.warning("%s %s was adopted elsewhere (generation > %d): dropping it here",
+                    t.item.kind, sid, t.generation)
+        self._queue = deque(w for w in self._queue if w.session_id != sid)
+        task = asyncio.get_running_loop().create_task(t.item.drop_moved(),
+                                                      name=f"duplex-fenced-{sid}")
         self._closers.add(task)
         task.add_done_callback(self._closers.discard)
 

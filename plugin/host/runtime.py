@@ -145,6 +145,10 @@ class Runtime:
 
             self.text = TextService(llm, model=config.model, instance_id=self.manager.instance_id,
                                     limits=limits, clock=self.clock, metrics=self.metrics)
+            if self.durability.store.durable:  # application sessions outlive this worker too
+                from vllm_duplex.durable.app_sessions import AppSessionKeeper
+
+                self.text.sessions.keeper = AppSessionKeeper(self.text.sessions, self.durability)
         self._publish_stage_counters()
         cpu_scheduler().publish(self.metrics)
         self.loop_lag = LoopLagMonitor(self.metrics, warn_after_s=config.loop_lag_warning_ms / 1000)

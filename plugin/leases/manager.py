@@ -264,6 +264,43 @@ class SessionManager(Registry["_Entry[S]", SessionInfo], Generic[S]):
         self._stats["admitted_total"] += 1
         return session, info
 
+    def restore(self, session: S, *, api_key: str | None, lease: Lease, created_at: float
+                ) -> SessionInfo:
+        """Admit ``session``, taken over from another instance, with the lease
+        and age it had there (on this manager's clock). A tombstone of the id
+        here (the session was here before it moved away) gives way."""
+        session_id = session.session_id
+        if session_id in self._live:
+            raise DuplexError("duplicate_id", f"session {session_id!r} is here already",
+                              param="session_id")
+        key_id = self._key_id(api_key)
+        per_key = self.max_sessions_per_key
+        if self._stopped or len(self._live) >= self.max_sessions or (
+                per_key is not None and self._per_key[key_id] >= per_key):
+            self._stats["rejected_total"] += 1
+            raise DuplexError("resource_exhausted", "session limit reached; retry later")
+        self._tombs.pop(session_id, None)
+        info = SessionInfo(session_id=session_id, state=SessionState.DETACHED, lease=lease,
+                           api_key_id=key_id, owner_instance_id=self.instance_id,
+                           created_at=created_at)
+        self._live[session_id] = _Entry(session, info)
+        self._per_key[key_id] += 1
+        self._stats["admitted_total"] += 1
+        return info
+
+    def held(self, session_id: str) -> SessionInfo | None:
+        """The info of a live session, no key check (trusted callers)."""
+        entry = self._live.get(session_id)
+        return entry.info if entry is not None else None
+
+    def tombstone(self, session_id: str) -> SessionInfo | None:
+        """The tombstone of ``session_id``, whoever owns it (trusted callers)."""
+        return self._tomb_of(session_id)
+
+    def pinned(self, session_id: str) -> bool:
+        entry = self._live.get(session_id)
+        return entry is not None and entry.pins > 0
+
     def get(self, session_id: str, api_key: str | None) -> tuple[S, SessionInfo]:
         """The live session; ``session_closed`` for a closing or closed one."""
         entry = self._open_entry(session_id, api_key)

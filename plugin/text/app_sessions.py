@@ -14,6 +14,11 @@ was. ``AppSessions`` admits sessions through a ``SessionManager`` (leases,
 per-key ownership, expiry) and caps how many keep a live request resident:
 beyond ``max_resident`` the least recently used idle session's request is
 released (its KV freed; its next turn prefills again).
+
+With a durable store (``durability: store: redis``) a ``SessionKeeper``
+(``vllm_duplex.durable.app_sessions``) makes a session outlive its worker:
+it keeps each session in the store while it lives here, and ``reach`` has it
+take over a session whose owner is gone before any route looks it up.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ import re
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm_duplex.core.contracts import SamplingConfig
 from vllm_duplex.core.errors import DuplexError
@@ -79,15 +84,19 @@ class TurnRequest:
 
 class AppSession:
     def __init__(self, session_id: str, stage: VllmLlmStage, *, model: str,
-                 messages: Sequence[Message] = ()) -> None:
+                 messages: Sequence[Message] = (), incarnation: int = 0) -> None:
         self.session_id = session_id
         self.model = model
         self.messages: list[Message] = list(messages)
         self.port: VllmLlmPort = stage.port(session_id)
-        self.fence = Fence(session_id)
+        self.fence = Fence(session_id, incarnation, incarnation)
         self.turn: Turn | None = None
         self.turns = 0
         self._opened = False
+        # With a durable store: ``saved`` returns once the store holds the
+        # history as it is now; ``ended`` says the session ended here, and why.
+        self.saved: Callable[[], Awaitable[None]] | None = None
+        self.ended: Callable[[str], None] | None = None
 
     async def open(self) -> None:
         if not self._opened:
@@ -99,6 +108,8 @@ class AppSession:
         if turn is not None:
             await turn.stop("cancelled")
         await self.port.close()
+        if self.ended is not None:
+            self.ended(reason)
 
     def begin(self, request: TurnRequest) -> Turn:
         """Start a turn; one at a time (a second one is refused, retryably)."""
@@ -220,6 +231,8 @@ class Turn:
             reply = Message("assistant", text, tuple(_record(c) for c in calls))
             session.messages = [*self.base, *added, reply]
             session.turns += 1
+            if session.saved is not None:
+                await session.saved()  # what the client is told, a worker taking over knows
             reason = "tool_calls" if calls else _FINISH.get(finish.finish_reason, finish.finish_reason)
             yield _finish(req.request_id, reason, finish.input_tokens, finish.output_tokens)
         finally:
@@ -257,6 +270,19 @@ async def _next_or_stop(outputs: AsyncIterator[Any], stopped: asyncio.Event) -> 
     return None
 
 
+class SessionKeeper(Protocol):
+    """Keeps application sessions beyond this process."""
+
+    async def claim(self, session_id: str) -> None:
+        """A chosen id: refused (``duplicate_id``) when any worker has it."""
+
+    async def keep(self, session: AppSession, api_key: str | None) -> None:
+        """Keep ``session`` from now on (returns once it is kept)."""
+
+    async def reach(self, session_id: str, api_key: str | None, owner: str | None) -> None:
+        """Take ``session_id`` over when it is kept and its owner is gone."""
+
+
 class AppSessions:
     """The application sessions of one instance."""
 
@@ -266,6 +292,7 @@ class AppSessions:
         self.stage = stage
         self.model = model
         self.max_resident = max_resident
+        self.keeper: SessionKeeper | None = None
         self.manager: SessionManager[AppSession] = SessionManager(
             max_sessions=max_sessions, max_sessions_per_key=max_sessions_per_key,
             default_ttl_s=default_ttl_s, max_ttl_s=max_ttl_s, clock=clock, instance_id=instance_id)
@@ -280,7 +307,10 @@ class AppSessions:
         return sum(1 for s in self._recent.values() if s.port.resident)
 
     def check_owner(self, session_id: str, claimed_owner: str | None) -> None:
-        """Refuse (never serve) a session another instance owns."""
+        """Refuse (never serve) a session another instance owns (a session held
+        here, taken over from its minting instance, is this one's)."""
+        if self.manager.held(session_id) is not None:
+            return
         owner = claimed_owner or minted_owner(session_id)
         if owner is not None and owner != self.instance_id:
             raise DuplexError("wrong_instance", f"session {session_id!r} is owned by instance "
@@ -296,15 +326,33 @@ class AppSessions:
             if minted_owner(session_id) is not None:
                 raise DuplexError("invalid_value", "ids of the form sess_<24 chars>.<instance> are "
                                   "reserved for minted ids", param="session_id")
+        if self.keeper is not None and minted_owner(session_id) is None:
+            await self.keeper.claim(session_id)  # a chosen id: unused wherever it is kept
         session, info = self.manager.admit(
             lambda sid: AppSession(sid, self.stage, model=model, messages=messages),
             api_key=api_key, session_id=session_id, ttl_s=ttl_s)
         try:
             await session.open()
+            if self.keeper is not None:
+                await self.keeper.keep(session, api_key)
         except BaseException:
             await self.manager.close(session.session_id, api_key, "open_failed")
             raise
         return session, info
+
+    # ---- a keeper beyond this process (a durable store) ------------------------
+
+    async def reach(self, session_id: str, api_key: str | None, owner: str | None) -> None:
+        """Before any route looks ``session_id`` up: a keeper takes over a
+        session not held here whose owner is gone; without one nothing changes."""
+        if self.keeper is not None and self.manager.held(session_id) is None:
+            await self.keeper.reach(session_id, api_key, owner)
+
+    async def renewed(self, session_id: str) -> None:
+        """The lease changed (a renew): the keeper gets it before the client."""
+        session = self.manager.peek(session_id)
+        if session is not None and session.saved is not None:
+            await session.saved()
 
     def get(self, session_id: str, api_key: str | None, owner: str | None = None
             ) -> tuple[AppSession, SessionInfo]:

@@ -74,10 +74,11 @@ async def open_session(service: TextService, raw: Any, api_key: str | None) -> d
     return service.sessions.wire(session, info)
 
 
-def describe_session(service: TextService, session_id: str, api_key: str | None, owner: str | None,
-                     history: bool = False) -> dict[str, Any]:
+async def describe_session(service: TextService, session_id: str, api_key: str | None,
+                           owner: str | None, history: bool = False) -> dict[str, Any]:
     """The wire document, also of a closed or expired session (its tombstone)."""
     sessions = service.sessions
+    await sessions.reach(session_id, api_key, owner)
     sessions.check_owner(session_id, owner)
     info = sessions.manager.info(session_id, api_key)
     session = sessions.manager.peek(session_id) if info.state.value in ("active", "detached") else None
@@ -87,12 +88,14 @@ def describe_session(service: TextService, session_id: str, api_key: str | None,
     return body
 
 
-def renew_session(service: TextService, session_id: str, raw: Any, api_key: str | None,
-                  owner: str | None) -> dict[str, Any]:
+async def renew_session(service: TextService, session_id: str, raw: Any, api_key: str | None,
+                        owner: str | None) -> dict[str, Any]:
     sessions = service.sessions
-    sessions.check_owner(session_id, owner)
     ttl, generation = parse_renew(raw)
+    await sessions.reach(session_id, api_key, owner)
+    sessions.check_owner(session_id, owner)
     sessions.manager.renew(session_id, api_key, ttl_s=ttl, generation=generation)
+    await sessions.renewed(session_id)
     session, info = sessions.manager.get(session_id, api_key)
     return sessions.wire(session, info)
 
@@ -101,6 +104,7 @@ async def close_session(service: TextService, session_id: str, api_key: str | No
                         owner: str | None) -> dict[str, Any]:
     """Idempotent: a closed session's close answers its tombstone again."""
     sessions = service.sessions
+    await sessions.reach(session_id, api_key, owner)
     sessions.check_owner(session_id, owner)
     info = await sessions.manager.close(session_id, api_key, "client")
     sessions.forget(session_id)
@@ -115,8 +119,8 @@ class Continuation:
     stream: Any  # the body's ``stream`` flag (HTTP only; True when absent)
 
 
-def begin_continuation(service: TextService, session_id: str, raw: Any, api_key: str | None,
-                       owner: str | None) -> Continuation:
+async def begin_continuation(service: TextService, session_id: str, raw: Any,
+                             api_key: str | None, owner: str | None) -> Continuation:
     """A continuation body (``POST /v1/sessions/{id}/generate``, gRPC ``Generate``
     naming a session) -> the session's new turn. Model and adapter are checked
     against the session's binding on every continuation."""
@@ -132,6 +136,7 @@ def begin_continuation(service: TextService, session_id: str, raw: Any, api_key:
         raise DuplexError("invalid_value", "mode must be a string", param="mode")
     if replace_from is not None and (isinstance(replace_from, bool) or not isinstance(replace_from, int)):
         raise DuplexError("invalid_value", "replace_from must be an integer", param="replace_from")
+    await service.sessions.reach(session_id, api_key, owner)
     session, _ = service.sessions.get(session_id, api_key, owner)
     if raw.get("model") is not None and raw["model"] != session.model:
         raise DuplexError("model_mismatch", f"session {session_id!r} is bound to model "

@@ -114,6 +114,7 @@ class StreamingInput:
         sid = frame.get("session_id")
         if sid is not None:
             check_id(sid, "session_id")
+            await service.sessions.reach(sid, self.api_key, self.owner)
             session, _ = service.sessions.get(sid, self.api_key, self.owner)
             if frame.get("model") is not None and frame["model"] != session.model:
                 raise DuplexError("model_mismatch", f"session {sid!r} is bound to model "

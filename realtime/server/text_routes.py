@@ -156,12 +156,12 @@ def text_routes(service_of: Callable[[], TextService | None],
         return JSONResponse(body, status_code=201)
 
     async def get_session(request: Request, caller: Caller) -> Response:
-        return JSONResponse(sessions_api.describe_session(
+        return JSONResponse(await sessions_api.describe_session(
             svc(request), request.path_params["session_id"], caller.api_key, owner(request),
             history=request.query_params.get("messages") == "true"))
 
     async def renew_session(request: Request, caller: Caller) -> Response:
-        return JSONResponse(sessions_api.renew_session(
+        return JSONResponse(await sessions_api.renew_session(
             svc(request), request.path_params["session_id"], await body_of(request),
             caller.api_key, owner(request)))
 
@@ -171,8 +171,8 @@ def text_routes(service_of: Callable[[], TextService | None],
 
     async def session_generate(request: Request, caller: Caller) -> Response:
         service = svc(request)
-        cont = begin_continuation(service, request.path_params["session_id"], await body_of(request),
-                                  caller.api_key, owner(request))
+        cont = await begin_continuation(service, request.path_params["session_id"],
+                                        await body_of(request), caller.api_key, owner(request))
         return await start_turn(request, caller, cont.session, cont.turn, cont.spec.stream_id,
                                 cont.spec.deadline_ms, cont.stream)
 

@@ -136,7 +136,7 @@ class Sessions(sessions_pb2_grpc.OpenEngineSessionsServicer):
     @typed
     async def GetGenerationSession(self, call: Call, req: s.GetGenerationSessionRequest):
         sid, owner = _ref(req.ref)
-        return convert.session(sessions_api.describe_session(
+        return convert.session(await sessions_api.describe_session(
             call.service, sid, call.api_key, owner or call.owner, history=req.include_history))
 
     @typed
@@ -144,8 +144,8 @@ class Sessions(sessions_pb2_grpc.OpenEngineSessionsServicer):
         sid, owner = _ref(req.ref)
         body = convert.to_body(req)
         body.pop("ref", None)
-        return convert.session(sessions_api.renew_session(call.service, sid, body, call.api_key,
-                                                          owner or call.owner))
+        return convert.session(await sessions_api.renew_session(call.service, sid, body, call.api_key,
+                                                                owner or call.owner))
 
     @typed
     async def CloseGenerationSession(self, call: Call, req: s.CloseGenerationSessionRequest):
@@ -168,7 +168,7 @@ class Engine(engine_pb2_grpc.OpenEngineServicer):
                                   owner=service.sessions.instance_id)
             events = service.generate(spec, call.key_id)
         else:
-            cont = begin_continuation(service, sid, body, call.api_key, owner or call.owner)
+            cont = await begin_continuation(service, sid, body, call.api_key, owner or call.owner)
             hold = SessionTurn(service, cont.session, cont.turn)
             try:
                 service.reserve(call.key_id, cont.spec.request_id)

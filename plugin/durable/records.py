@@ -1,0 +1,32 @@
+"""What the store keeps of the copies that are not realtime sessions.
+
+Plain values only (strings, numbers, tuples of dicts): they are pickled into
+a shared store and loaded back with an allow-list (``store.decode``), so
+they name no class outside this module and the core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+APP_PREFIX = "app:"  # application sessions' keys in the store (ids a client chose
+# may look like a realtime session's: the prefix keeps the two apart)
+
+
+@dataclass(frozen=True)
+class AppSessionRecord:
+    """What an application session is rebuilt from on another worker: its
+    model, its history as the client sent and got it (``Message.wire()``),
+    its API key's hash, and its lease as the client knows it (the expiry in
+    unix seconds, so a process with another clock reads it right)."""
+
+    model: str
+    messages: tuple[dict[str, Any], ...]
+    key_sha: str | None
+    ttl_s: float
+    expires_at: float
+    lease_generation: int
+    turns: int
+    created_at: float
+    incarnation: int = 0
