@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import urllib.request
 
 import pytest
@@ -174,4 +175,36 @@ async def test_numbered_input_goes_on_from_where_it_was_after_an_adoption():
             await resumed.append_audio(chunk, seq=seq)
         await resumed.commit()
         await resumed.wait_for("input_audio_buffer.committed", raise_on_error=True)
+        await resumed.close()
+
+
+async def test_mcp_credentials_are_kept_for_the_adopter_and_reach_no_event_or_log(caplog):
+    """An MCP tool's ``headers`` and ``authorization`` are in the stored config
+    (the adopter calls the server with them: docs/deploy.md says the store
+    must be trusted), never in a journaled event, never in a log line."""
+    caplog.set_level(logging.DEBUG)
+    secrets = ("hdr-secret-7c1e", "tok-secret-93fa")
+    tool = {"type": "mcp", "server_label": "vault", "server_url": "http://127.0.0.1:9/mcp",
+            "headers": {"X-Tenant": secrets[0]}, "authorization": secrets[1]}
+    store = MemoryStore(MonotonicClock(), shared=True)
+    async with BackgroundServer(Runtime(config(), instance_id="a", store=store)) as a, \
+            BackgroundServer(Runtime(config(), instance_id="b", store=store)) as b:
+        c = await text_client(a.ws_url)
+        await c.send({"type": "session.update", "session": {"tools": [tool]}})
+        await c.wait_for("mcp_list_tools.failed", timeout=20)  # nothing listens on port 9
+        await say(c, "hello")
+        await c.ws.close()
+        await store.mark_dead(a.runtime.durability.holder)
+        c.url = b.ws_url
+        resumed = await c.reconnect()
+        await say(resumed, "again")
+        adopted = b.runtime.manager.peek(c.session_id).core.config.tools[0]
+        assert (adopted["headers"], adopted["authorization"]) == ({"X-Tenant": secrets[0]},
+                                                                    secrets[1])
+        journaled = [repr(e.item) for e in store._records[c.session_id].log]
+        wire = [json.dumps(e) for e in c.events + resumed.events]
+        logged = [r.getMessage() for r in caplog.records]
+        assert len(journaled) > 5 and logged
+        for secret in secrets:
+            assert not [t for t in journaled + wire + logged if secret in t]
         await resumed.close()
