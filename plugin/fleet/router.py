@@ -34,7 +34,11 @@ Routing rules, in the order nginx applies them:
   that answers -- any answer -- is never retried elsewhere. A client may
   also name the worker that adopted its session (``&owner=w1`` in the
   resume URL, from ``session.resumed``'s ``owner_instance_id``): the query
-  wins over the id's own owner part.
+  wins over the id's own owner part. The same holds for application
+  sessions and resumable streams (``/v1/sessions/{id}…``, ``/v1/streams…``):
+  their requests go to the backups when the owner does not answer, and the
+  ``Duplex-Owner-Instance`` header (the worker that last served the id)
+  wins over the id's minted owner.
 * Responses carry ``Duplex-Owner-Instance: <worker>`` from the worker that
   served them (``realtime/server/owner_header.py``), so a client can name
   the owner of an id it chose; a refusal by the router carries none.
@@ -155,6 +159,19 @@ def nginx_conf(plan: RouterPlan, run_dir: Path, user: str | None = None) -> str:
                           if o is not r) if plan.adopt else ""
         return f"server {r.address} max_fails=0;{backups}"
 
+    if plan.adopt:
+        # A session another worker took over is named by the header (the
+        # worker that served it last), before the owner its id was minted by.
+        owner_choice = ("    map $duplex_header_owner $duplex_owner {\n"
+                        "        \"\" $duplex_id_owner;\n        default $duplex_header_owner;\n    }")
+    else:
+        owner_choice = ("    map $duplex_id_owner $duplex_owner {\n"
+                        "        \"\" $duplex_header_owner;\n        default $duplex_id_owner;\n    }")
+    # With a durable store, a request whose owner does not answer (connection
+    # refused) goes to the backups, which take the session or stream over; a
+    # request the owner got is never sent again (nginx does not retry a POST
+    # once sent, and an answer is an answer).
+    named_retry = "error" if plan.adopt else "off"
     upstreams = "\n".join(
         f"    upstream {r.upstream} {{ {servers(r)} keepalive 16; }}" for r in plan.routes)
     # max_fails=0: a worker's 429 (full) is an answer, not a failure to count
@@ -220,10 +237,7 @@ http {{
         "~^[A-Za-z0-9]{{1,32}}$" $http_duplex_owner_instance;
         default "";
     }}
-    map $duplex_id_owner $duplex_owner {{
-        "" $duplex_header_owner;
-        default $duplex_id_owner;
-    }}
+{owner_choice}
     # Owner -> its upstream; "" = no worker of this router (refused, never routed elsewhere).
     map $duplex_owner $duplex_owner_upstream {{
         default "";
@@ -282,18 +296,18 @@ http {{
         location ~ ^/v1/sessions/(?<duplex_path_id>[^/]+)(/renew|/generate)?$ {{
             set $duplex_id $duplex_path_id;
             if ($duplex_owner_upstream = "") {{ {_refuse("session")} }}
-            proxy_next_upstream off;
+            proxy_next_upstream {named_retry};
             proxy_pass http://$duplex_owner_upstream;
         }}
         location = /v1/streams/lookup {{
             if ($duplex_owner_upstream = "") {{ {_refuse("stream")} }}
-            proxy_next_upstream off;
+            proxy_next_upstream {named_retry};
             proxy_pass http://$duplex_owner_upstream;
         }}
         location ~ ^/v1/streams/(?<duplex_path_id>[^/]+)(/control)?$ {{
             set $duplex_id $duplex_path_id;
             if ($duplex_owner_upstream = "") {{ {_refuse("stream")} }}
-            proxy_next_upstream off;
+            proxy_next_upstream {named_retry};
             proxy_pass http://$duplex_owner_upstream;
         }}
         location ~ ^/v1/requests/(?<duplex_path_id>[^/]+)/abort$ {{

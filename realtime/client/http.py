@@ -19,6 +19,7 @@ Errors::
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,8 +122,10 @@ class EventStream:
 
     def __init__(self, http: httpx.AsyncClient, method: str, url: str, *,
                  body: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-                 stream_id: str | None = None, from_seq: int = 1) -> None:
+                 stream_id: str | None = None, from_seq: int = 1,
+                 on_owner: Callable[[str], None] | None = None) -> None:
         self._http = http
+        self._on_owner = on_owner
         self._first: tuple[str, str, dict[str, Any] | None] | None = (method, url, body)
         self._headers = headers or {}
         self.stream_id = stream_id
@@ -150,6 +153,12 @@ class EventStream:
             raise
         self.stream_id = response.headers.get("x-stream-id", self.stream_id)
         self.request_id = response.headers.get("x-request-id", self.request_id)
+        owner = response.headers.get(OWNER_HEADER)
+        if owner:  # the worker that served it (another, once its owner died)
+            if OWNER_HEADER in self._headers:
+                self._headers = {**self._headers, OWNER_HEADER: owner}
+            if self._on_owner is not None:
+                self._on_owner(owner)
         self._lines = response.aiter_lines()
 
     def __aiter__(self) -> EventStream:
@@ -214,7 +223,10 @@ class EventStream:
 
 class AppSession:
     """A handle on an application session; every call names its owner
-    instance (``Duplex-Owner-Instance``) from the session's ``ref``."""
+    instance (``Duplex-Owner-Instance``): the session's ``ref`` at first, then
+    the worker that last served it (with a durable store another worker takes
+    a session over when its owner dies). A ``wrong_instance`` answer is
+    retried once at the owner it names (not a turn: ``generate`` raises it)."""
 
     def __init__(self, client: DuplexHttpClient, wire: dict[str, Any]) -> None:
         self.client = client
@@ -230,11 +242,26 @@ class AppSession:
     def _path(self) -> str:
         return f"/v1/sessions/{self.session_id}"
 
+    def _served_by(self, owner: str) -> None:
+        self.owner_instance_id = owner
+
+    async def _call(self, method: str, path: str, body: Any = None, params: Any = None) -> Any:
+        for retry in (False, True):
+            try:
+                return await self.client._json(method, path, body, self._headers, params,
+                                               on_owner=self._served_by)
+            except DuplexAPIError as err:
+                if retry or err.code != "wrong_instance" or not err.owner_instance_id:
+                    raise
+                self.owner_instance_id = err.owner_instance_id
+
     def generate(self, messages: list[dict[str, Any]] | None = None, **request: Any) -> EventStream:
         """Continue the session (``mode`` append by default; ``replace`` with
         ``replace_from``); ``options``, ``tools``, ``stream_id``... as on the wire."""
         body = {**request, **({"messages": messages} if messages is not None else {})}
-        return self.client._events("POST", f"{self._path}/generate", body, self._headers)
+        return EventStream(self.client.http, "POST", f"{self._path}/generate",
+                           body={**body, "stream": True}, headers=self._headers,
+                           stream_id=body.get("stream_id"), on_owner=self._served_by)
 
     async def ask(self, messages: list[dict[str, Any]] | None = None, **request: Any) -> str:
         """The reply's text (the turn is committed to the session's history)."""
@@ -243,7 +270,7 @@ class AppSession:
     async def info(self, messages: bool = False) -> dict[str, Any]:
         """The session object; ``messages=True`` adds the history as ``history``."""
         params = {"messages": "true"} if messages else None
-        self.wire = await self.client._json("GET", self._path, headers=self._headers, params=params)
+        self.wire = await self._call("GET", self._path, params=params)
         return self.wire
 
     async def renew(self, ttl_s: float | None = None, generation: int | None = None
@@ -251,11 +278,11 @@ class AppSession:
         """Extend the lease (``ttl_s`` None keeps the current ttl, 0 = server
         default); ``generation`` makes it a compare-and-swap (``lease_conflict``)."""
         body = {k: v for k, v in (("ttl_s", ttl_s), ("generation", generation)) if v is not None}
-        self.wire = await self.client._json("POST", f"{self._path}/renew", body, self._headers)
+        self.wire = await self._call("POST", f"{self._path}/renew", body)
         return self.wire
 
     async def close(self) -> dict[str, Any]:
-        self.wire = await self.client._json("DELETE", self._path, headers=self._headers)
+        self.wire = await self._call("DELETE", self._path)
         return self.wire
 
     async def __aenter__(self) -> AppSession:
@@ -289,9 +316,13 @@ class DuplexHttpClient:
         await self.http.aclose()
 
     async def _json(self, method: str, path: str, body: Any = None,
-                    headers: dict[str, str] | None = None, params: Any = None) -> Any:
+                    headers: dict[str, str] | None = None, params: Any = None, *,
+                    on_owner: Callable[[str], None] | None = None) -> Any:
         response = await self.http.request(method, path, json=body, headers=headers, params=params)
         await _raise_for_status(response)
+        owner = response.headers.get(OWNER_HEADER)
+        if owner and on_owner is not None:
+            on_owner(owner)
         return response.json()
 
     def _events(self, method: str, path: str, body: dict[str, Any],
