@@ -6,7 +6,7 @@ resumable stream -- each a state to save, maybe a journal of seq-numbered
 events, and what to do when another worker took it over.
 
 One writer task per process owns the queue of writes (one writer per state):
-sessions only enqueue (``published``/``append``, ``changed``, ``closed``/``ended``:
+sessions only enqueue (``published``/``append``, ``changed``, ``acked``, ``closed``/``ended``:
 never awaited, never blocking the session's single writer; ``flushed`` is
 there for the one that must know its state is in the store before it answers). The task sends the
 queue in ordered batches (one round trip for many events) and advances each
@@ -50,6 +50,7 @@ from vllm_duplex.durable.store import (
     Save,
     SessionStore,
     StoreUnavailable,
+    Trim,
     Write,
 )
 from vllm_duplex.replay.journal import wire_size
@@ -183,6 +184,19 @@ class Durability:
         if t is not None:
             t.dirty = True
             self._wake.set()
+
+    def acked(self, session_id: str, seq: int) -> None:
+        """Its client has every event up to ``seq``: the stored journal forgets
+        them too (a ``Trim`` queued behind their appends; a burst of acks is
+        one trim)."""
+        t = self._tracked.get(session_id)
+        if t is None:
+            return
+        last = self._queue[-1] if self._queue else None
+        if isinstance(last, Trim) and last.session_id == session_id:
+            self._queue[-1] = Trim(session_id, t.generation, max(seq, last.seq))
+        else:
+            self._put(Trim(session_id, t.generation, seq))
 
     async def flushed(self, session_id: str) -> None:
         """Returns once the state as it is now is in the store (at once when

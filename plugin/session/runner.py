@@ -97,6 +97,8 @@ class Mirror(Protocol):
 
     def resumed(self, session: DuplexSession) -> None: ...
 
+    def acked(self, session_id: str, seq: int) -> None: ...
+
     def closed(self, session: DuplexSession, reason: CloseReason) -> None: ...
 
 
@@ -411,6 +413,8 @@ class DuplexSession:
 
     def _ack(self, e: AckEvents) -> None:
         self.journal.ack(e.seq)
+        if self._mirror is not None:
+            self._mirror.acked(self.session_id, e.seq)  # the stored journal forgets them too
 
     async def _close_step(self, e: Close) -> tuple[list[Any], bool]:
         await self.close(e.reason)

@@ -208,3 +208,30 @@ async def test_mcp_credentials_are_kept_for_the_adopter_and_reach_no_event_or_lo
         for secret in secrets:
             assert not [t for t in journaled + wire + logged if secret in t]
         await resumed.close()
+
+
+async def test_the_clients_ack_trims_the_stored_journal_and_the_adopter_starts_after_it():
+    """``session.event_ack`` trims the journal in the store as it trims the
+    worker's: the adopter holds only the events after the ack (a resume from
+    before it is a resync), and the conversation is whole all the same."""
+    store = MemoryStore(MonotonicClock(), shared=True)
+    async with BackgroundServer(Runtime(config(), instance_id="a", store=store)) as a, \
+            BackgroundServer(Runtime(config(), instance_id="b", store=store)) as b:
+        c = await text_client(a.ws_url)
+        await say(c, "my name is Ada")
+        acked = c.last_seq
+        await c.ack()
+        await wait_until(lambda: store._records[c.session_id].log.first_seq == acked + 1,
+                         timeout=5)
+        await say(c, "my cat is Tom")
+        assert store._records[c.session_id].log.first_seq == acked + 1
+        await c.ws.close()
+        await store.mark_dead(a.runtime.durability.holder)
+        c.url = b.ws_url
+        resumed = await c.reconnect()
+        assert resumed.owner == "b" and lossless(c, resumed)
+        adopted = b.runtime.manager.peek(c.session_id)
+        assert adopted.journal.first_seq == acked + 1
+        assert "my name is Ada" in json.dumps([i.wire() for i in adopted.core.items])
+        assert (await say(resumed, "my name?")).endswith("You said before: my cat is Tom.")
+        await resumed.close()
