@@ -33,6 +33,7 @@ from vllm_duplex.durable.store import (
     encode,
     sha,
 )
+from vllm_duplex.durable.writer import Durability
 from vllm_duplex.host.deploy import DeployConfig
 from vllm_duplex.host.store_config import STORE_URL_ENV, StoreConfig
 from vllm_duplex.testing.clock import VirtualClock
@@ -129,6 +130,41 @@ async def test_an_ack_trims_the_journal_up_to_its_seq_fenced_like_every_write():
     assert isinstance((await store.apply([Trim(S, 1, 6)]))[S], Fenced)
     assert [e.seq for e in await store.events_after(S, 5)] == [6]  # the stale ack landed not
     assert isinstance((await store.apply([Trim("sess_gone.w1", 1, 1)]))["sess_gone.w1"], Lost)
+
+
+class _Copy:
+    """A ``Mirrored`` with nothing but a state."""
+
+    kind = "realtime"
+    session_id = S
+
+    def durable_state(self):
+        return STATE
+
+    def durable_journal(self):
+        return ()
+
+    async def drop_moved(self):
+        return None
+
+
+async def test_the_writer_queues_acks_as_one_trim_behind_the_appends():
+    clock = VirtualClock()
+    store = MemoryStore(clock, shared=True)
+    durability = Durability(store, "w1#10", clock=clock)
+    durability.follow(_Copy(), 1)
+    for seq in (1, 2, 3):
+        durability.append(S, seq, 10, env(seq))
+    durability.acked(S, 1)
+    durability.acked(S, 2)  # a burst of acks: one trim, the highest
+    durability.acked("sess_not_here.w1", 3)  # not mirrored: nothing
+    queued = list(durability._queue)
+    assert [type(w).__name__ for w in queued] == ["Save", "Append", "Append", "Append", "Trim"]
+    assert queued[-1] == Trim(S, 1, 2)
+    await durability.start()
+    await durability.stop()
+    stored = await store.load(S)
+    assert (stored.first_seq, stored.head_seq) == (3, 3)
 
 
 async def test_an_adoption_of_nothing_and_a_duplicate_new_session_are_typed_errors():
