@@ -125,13 +125,13 @@ class AppSessionKeeper:
             # A session that moved away from here is answered at once where it went.
             found = await find(self.durability, session_id, api_key, patient=tomb is None)
             if found is not None and manager.held(session_id) is None:
-                self._restore(session_id, api_key, *found)
+                await self._restore(session_id, api_key, *found)
         finally:
             del self._reaching[session_id]
             fut.set_result(None)
 
-    def _restore(self, session_id: str, api_key: str | None, record: AppSessionRecord,
-                 generation: int) -> None:
+    async def _restore(self, session_id: str, api_key: str | None, record: AppSessionRecord,
+                       generation: int) -> None:
         manager = self.sessions.manager
         now, wall = manager.clock.now(), time.time()
         session = AppSession(session_id, self.sessions.stage, model=record.model,
@@ -142,6 +142,14 @@ class AppSessionKeeper:
         manager.restore(session, api_key=api_key, lease=lease,
                         created_at=now - (wall - record.created_at))
         self._mirror(session, api_key, generation)
+        try:
+            await session.open()  # its live request: prefilled again at its next turn
+        except BaseException:
+            # Not served here after all: left in the store for another worker.
+            session.ended = None
+            self.durability.ended(APP_PREFIX + session_id, release=True)
+            await self.sessions.manager.release(session_id, "open_failed")
+            raise
         self.adopted += 1
 
     def _mirror(self, session: AppSession, api_key: str | None, generation: int) -> None:
@@ -155,8 +163,11 @@ class AppSessionKeeper:
             await d.flushed(key)
 
         def ended(reason: str) -> None:
-            if reason != "moved":  # a process stopping leaves it for another worker at once
-                d.ended(key, release=reason == "shutdown")
+            # A process stopping leaves it for another worker at once; an
+            # expired one stays as it was (expired wherever it is asked for,
+            # until the store forgets it); a closed one is gone.
+            if reason != "moved":
+                d.ended(key, release=reason in ("shutdown", "expired"))
 
         session.saved, session.ended = saved, ended
 

@@ -308,8 +308,10 @@ class AppSessions:
 
     def check_owner(self, session_id: str, claimed_owner: str | None) -> None:
         """Refuse (never serve) a session another instance owns (a session held
-        here, taken over from its minting instance, is this one's)."""
-        if self.manager.held(session_id) is not None:
+        here, taken over from its minting instance, is this one's). With a
+        keeper, ``reach`` has decided: a session a live worker holds was
+        refused there, one no worker keeps is unknown here as anywhere."""
+        if self.keeper is not None or self.manager.held(session_id) is not None:
             return
         owner = claimed_owner or minted_owner(session_id)
         if owner is not None and owner != self.instance_id:
