@@ -68,6 +68,9 @@ _STATE_EVENTS = frozenset({
     "conversation.item.added", "conversation.item.done", "conversation.item.created",
     "conversation.item.deleted", "conversation.item.truncated",
     "conversation.item.input_audio_transcription.completed"})
+# Events after which the numbered input so far is in the conversation (or
+# thrown away): an adopter asks the client to resend only what comes after.
+_INPUT_SETTLED = frozenset({"input_audio_buffer.committed", "input_audio_buffer.cleared"})
 RETRY_S = 0.5
 MAX_BATCH = 512
 
@@ -169,6 +172,10 @@ class Durability:
         return mark
 
     def published(self, session: DuplexSession, env: Envelope) -> None:
+        if env.event.type in _INPUT_SETTLED:
+            t = self._tracked.get(session.session_id)
+            if t is not None and isinstance(t.item, RealtimeCopy):
+                t.item.input_settled()
         if env.event.type in _STATE_EVENTS:
             self.changed(session.session_id)  # saved once per batch, after its events
         self.append(session.session_id, env.seq, wire_size(env), env)

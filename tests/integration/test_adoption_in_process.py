@@ -178,6 +178,40 @@ async def test_numbered_input_goes_on_from_where_it_was_after_an_adoption():
         await resumed.close()
 
 
+async def test_a_question_half_sent_when_its_owner_died_is_asked_for_again():
+    """The stored ``last_input_seq`` is where the input was last committed (or
+    cleared), not the last chunk the dead worker took: the audio after it was
+    only in that worker's buffer, so the adopter has the client send it again
+    -- even when the session's state was saved after those chunks came."""
+    store = MemoryStore(MonotonicClock(), shared=True)
+    async with BackgroundServer(Runtime(config(), instance_id="a", store=store)) as a, \
+            BackgroundServer(Runtime(config(), instance_id="b", store=store)) as b:
+        c = await text_client(a.ws_url)
+        chunk = b"\x00\x00" * 480
+        for seq in (1, 2):
+            await c.append_audio(chunk, seq=seq)
+        await c.commit()
+        await c.wait_for("input_audio_buffer.committed")
+        for seq in (3, 4):  # the next question, half sent
+            await c.append_audio(chunk, seq=seq)
+        # Something saves the state after them (the config changed).
+        await c.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+        await c.wait_for("session.updated")
+        await wait_until(lambda: store._records[c.session_id].state.config.instructions
+                         == "Be brief.", timeout=5)
+        await c.ws.close()
+        await store.mark_dead(a.runtime.durability.holder)
+        c.url = b.ws_url
+        resumed = await c.reconnect()
+        assert resumed.owner == "b" and resumed.events[0]["last_input_seq"] == 2
+        for seq in (3, 4):  # taken as new: the adopter never had them
+            await resumed.append_audio(chunk, seq=seq)
+        await resumed.commit()
+        committed = await resumed.wait_for("input_audio_buffer.committed", raise_on_error=True)
+        assert committed["item_id"]
+        await resumed.close()
+
+
 async def test_mcp_credentials_are_kept_for_the_adopter_and_reach_no_event_or_log(caplog):
     """An MCP tool's ``headers`` and ``authorization`` are in the stored config
     (the adopter calls the server with them: docs/deploy.md says the store
