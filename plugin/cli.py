@@ -79,7 +79,8 @@ def _serve_one(args: argparse.Namespace, config, workers, host: str, port: int,
 def _edge(args: argparse.Namespace) -> int:
     import asyncio
 
-    from vllm_duplex.fleet.router import Nginx, RouterPlan, nginx_conf
+    from vllm_duplex.fleet.nginx import Nginx
+    from vllm_duplex.fleet.router import RouterPlan, nginx_conf
 
     machines = dict(m.split("=", 1) for m in args.machine)
     plan = RouterPlan.for_edge(args.listen, machines, max_request_bytes=args.max_request_bytes)

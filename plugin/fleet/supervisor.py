@@ -49,7 +49,8 @@ from vllm_duplex.host.deploy import DeployConfig
 from vllm_duplex.fleet.engine_core import SharedEngineCore, WorkerSlot
 from vllm_duplex.fleet.view import FleetView, WorkerStatus, http_get
 from vllm_duplex.fleet.redis_server import RedisServer
-from vllm_duplex.fleet.router import Nginx, RouterPlan
+from vllm_duplex.fleet.nginx import Nginx
+from vllm_duplex.fleet.router import RouterPlan
 from vllm_duplex.host.store_config import STORE_URL_ENV
 from vllm_duplex.host.topology import Workers
 
