@@ -267,7 +267,8 @@ http {{
             proxy_pass http://$duplex_realtime_upstream;
         }}
         location = /v1/realtime/calls {{
-            proxy_next_upstream http_429 non_idempotent;  # a 429 did nothing: safe to retry
+            proxy_next_upstream error http_429 non_idempotent;  # a 429 did nothing, a refused
+            # connection neither (a worker restarting): try the next
             proxy_pass http://{POOL};
         }}
         location = /v1/generate/stream {{
@@ -277,7 +278,8 @@ http {{
             proxy_pass http://$duplex_generate_stream_upstream;
         }}
         location = /v1/sessions {{
-            proxy_next_upstream http_429 non_idempotent;  # a 429 did nothing: safe to retry
+            proxy_next_upstream error http_429 non_idempotent;  # a 429 did nothing, a refused
+            # connection neither (a worker restarting): try the next
             proxy_pass http://{POOL};
         }}
         location ~ ^/v1/sessions/(?<duplex_path_id>[^/]+)(/renew|/generate)?$ {{

@@ -6,6 +6,11 @@ router on the other worker, which rebuilt the conversation from Redis: the
 model, prefilled again from the items, answers a question that needs the
 earlier turn.
 
+The same for an application session (``/v1/sessions``, the HTTP client
+through the router): its owner killed after a turn, the next turn is served
+by another worker (or the owner's restarted process), which took the
+history over from Redis.
+
 A soak test (``-m soak``): the engine core and two workers joining it take
 1.5-4.5 minutes to start on 2 shared cores (as test_router_vllm.py); the
 suite's fault tests run the scripted pipeline (test_worker_adoption.py).
@@ -21,6 +26,7 @@ import pytest
 import yaml
 from support.router_fixtures import Serve, owner
 from vllm_duplex.host.deploy import resolve_config_path
+from vllm_duplex.realtime.client.http import DuplexHttpClient
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 
 pytestmark = [pytest.mark.soak, pytest.mark.asyncio(loop_scope="module")]
@@ -75,3 +81,26 @@ async def test_the_model_answers_with_the_turn_its_dead_worker_heard(fleet):
     seqs = [e["seq"] for s in (c, resumed) for e in s.events if isinstance(e.get("seq"), int)]
     assert sorted(seqs) == list(range(1, max(seqs) + 1)) and len(seqs) == len(set(seqs))
     await resumed.close()
+
+
+async def test_an_application_session_goes_on_after_its_worker_is_killed(fleet):
+    instructions = TEXT["instructions"]
+    async with DuplexHttpClient(fleet.http, timeout=300) as http:
+        session = await http.open_session("smollm2-135m-instruct", instructions=instructions)
+        first = await session.ask([{"role": "user", "content": "My name is Ada and I live in Paris."}],
+                                  options={"max_tokens": 24})
+        victim = session.owner_instance_id
+        os.kill(fleet.health()["workers"][victim]["pid"], signal.SIGKILL)
+        t0 = time.monotonic()
+        info = await session.info(messages=True)  # through the router: the victim's backup
+        took = time.monotonic() - t0
+        print(f"application session, kill -9 of {victim}: served by {info['ref']['owner_instance_id']}"
+              f" after {1000 * took:.0f} ms; first answer {first!r}")
+        assert info["turns"] == 1 and [m["role"] for m in info["history"]] == [
+            "system", "user", "assistant"]
+        answer = await session.ask([{"role": "user", "content": "Which city do I live in?"}],
+                                   options={"max_tokens": 24})
+        print(f"after the takeover: {answer!r}")
+        assert "Paris" in answer  # named only in the turn the dead worker served
+        assert (await session.info())["turns"] == 2
+        await session.close()
