@@ -7,7 +7,7 @@ preparation; nothing imports it.
     vllm-duplex prepare [--force] [--name NAME ...]
     vllm-duplex serve [--config configs/<name>.yaml] [--host H] [--port P] [--grpc-port G] [--workers N]
                       [--allow-unauthenticated]
-    vllm-duplex edge --machine m1=HOST:PORT --machine m2=HOST:PORT [--listen H:P]
+    vllm-duplex edge --machine m1=HOST:PORT --machine m2=HOST:PORT [--listen H:P] [--adopt]
     vllm-duplex talk --audio in.flac --out reply.mp3 [--url ws://127.0.0.1:8000/v1/realtime]
 """
 
@@ -83,7 +83,8 @@ def _edge(args: argparse.Namespace) -> int:
     from vllm_duplex.fleet.router import RouterPlan, nginx_conf
 
     machines = dict(m.split("=", 1) for m in args.machine)
-    plan = RouterPlan.for_edge(args.listen, machines, max_request_bytes=args.max_request_bytes)
+    plan = RouterPlan.for_edge(args.listen, machines, max_request_bytes=args.max_request_bytes,
+                               adopt=args.adopt)
     if args.print_config:
         from pathlib import Path
 
@@ -100,7 +101,8 @@ def _edge(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         print(f"vllm-duplex edge: http://{args.listen} -> " + ", ".join(
-            f"{m}={a}" for m, a in machines.items()), flush=True)
+            f"{m}={a}" for m, a in machines.items())
+            + (" (a machine down: the others adopt)" if args.adopt else ""), flush=True)
         try:
             waiter = asyncio.create_task(nginx.wait())
             stopper = asyncio.create_task(stop.wait())
@@ -176,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     edge.add_argument("--machine", action="append", required=True, metavar="NAME=HOST:PORT",
                       help="a machine (m1) and its router's address; repeat per machine")
     edge.add_argument("--max-request-bytes", type=int, default=1 << 20)
+    edge.add_argument("--adopt", action="store_true",
+                      help="the machines share one durable store (durability.url): a request "
+                           "whose machine does not answer (connection refused) goes to the "
+                           "others' routers, whose workers take the session over")
     edge.add_argument("--print-config", action="store_true",
                       help="print the nginx config instead of running it")
     edge.set_defaults(func=_edge)

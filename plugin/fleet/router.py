@@ -90,26 +90,38 @@ class RouterPlan:
     adopt: bool = False  # a resume whose owner is down goes to another worker (durable store)
     read_timeout_s: int = 3600
     worker_processes: int = 1
+    # An id naming a well-formed owner that is not one of these routes goes
+    # to the pool (machines sharing one store: its owner may be on a machine
+    # that is down), instead of a 404 from nginx.
+    foreign_to_pool: bool = False
+    down: frozenset[str] = frozenset()  # routes out of routing (unresponsive): backups serve
 
     @classmethod
     def for_workers(cls, listen: str, workers: dict[str, str], *, max_request_bytes: int,
-                    fleet: str | None, adopt: bool = False) -> RouterPlan:
-        """One machine: owner ``w1`` → its worker at ``workers["w1"]``."""
+                    fleet: str | None, adopt: bool = False, foreign_to_pool: bool = False,
+                    down: frozenset[str] = frozenset()) -> RouterPlan:
+        """One machine: owner ``w1`` → its worker at ``workers["w1"]``;
+        ``down``: workers taken out of routing (their backups serve their ids)."""
         for owner in workers:
             if not ROUTABLE_OWNER.fullmatch(owner):
                 raise ValueError(f"owner {owner!r} is not routable")
+        if not down <= workers.keys():
+            raise ValueError(f"down {sorted(down - workers.keys())}: not workers of this router")
         return cls(listen, tuple(OwnerRoute(o, o, a) for o, a in workers.items()),
-                   max_request_bytes, fleet, adopt=adopt)
+                   max_request_bytes, fleet, adopt=adopt, foreign_to_pool=foreign_to_pool,
+                   down=frozenset(down))
 
     @classmethod
-    def for_edge(cls, listen: str, machines: dict[str, str], *,
-                 max_request_bytes: int) -> RouterPlan:
-        """Several machines: owner ``m2w3`` → machine ``m2``'s router."""
+    def for_edge(cls, listen: str, machines: dict[str, str], *, max_request_bytes: int,
+                 adopt: bool = False) -> RouterPlan:
+        """Several machines: owner ``m2w3`` → machine ``m2``'s router; ``adopt``
+        (machines sharing one store): the other machines' routers are backups
+        of each, tried when it does not answer."""
         for machine in machines:
             if not re.fullmatch(r"[A-Za-z]{1,8}[0-9]{1,6}", machine):
                 raise ValueError(f"machine {machine!r}: use letters then digits (m2)")
         return cls(listen, tuple(OwnerRoute(m, f"~^{m}w[0-9]+$", a)
-                                 for m, a in machines.items()), max_request_bytes)
+                                 for m, a in machines.items()), max_request_bytes, adopt=adopt)
 
 
 def _error_body(code: str, message: str, param: str | None) -> str:
@@ -140,11 +152,20 @@ def nginx_conf(plan: RouterPlan, run_dir: Path, user: str | None = None) -> str:
     run = str(run_dir)
     host, _, port = plan.listen.rpartition(":")
     owner_map = "\n".join(f"        {r.owners} {r.upstream};" for r in plan.routes)
+    # A well-formed owner that is none of ours: the pool (it may be on a
+    # machine that is down; a worker answers from the shared store), or refused.
+    foreign = (f'        "" "";\n        default {POOL};' if plan.foreign_to_pool
+               else '        default "";')
+
+    def server(r: OwnerRoute) -> str:
+        # down: out of routing (unresponsive); nginx goes straight to the backups
+        return f"server {r.address} max_fails=0{' down' if r.name in plan.down else ''};"
+
     def servers(r: OwnerRoute) -> str:
         # backup: tried only when the owner's server fails to answer at all
         backups = "".join(f" server {o.address} backup max_fails=0;" for o in plan.routes
                           if o is not r) if plan.adopt else ""
-        return f"server {r.address} max_fails=0;{backups}"
+        return f"{server(r)}{backups}"
 
     if plan.adopt:
         # A session another worker took over is named by the header (the
@@ -163,7 +184,7 @@ def nginx_conf(plan: RouterPlan, run_dir: Path, user: str | None = None) -> str:
         f"    upstream {r.upstream} {{ {servers(r)} keepalive 16; }}" for r in plan.routes)
     # max_fails=0: a worker's 429 (full) is an answer, not a failure to count
     # against it (nginx would skip it for fail_timeout once it had room again).
-    pool = "\n".join(f"        server {r.address} max_fails=0;" for r in plan.routes)
+    pool = "\n".join(f"        {server(r)}" for r in plan.routes)
     fleet = (f"    upstream {FLEET} {{ server {plan.fleet}; }}" if plan.fleet else "")
     health = FLEET if plan.fleet else POOL
     too_large = _error_body("payload_too_large",
@@ -225,9 +246,9 @@ http {{
         default "";
     }}
 {owner_choice}
-    # Owner -> its upstream; "" = no worker of this router (refused, never routed elsewhere).
+    # Owner -> its upstream; "" = refused (no owner, or none of ours without a shared store).
     map $duplex_owner $duplex_owner_upstream {{
-        default "";
+{foreign}
 {owner_map}
     }}
     # The resume socket goes to its owner; a new session to the least-loaded worker.

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from vllm_duplex.host.deploy import DeployConfig
 from vllm_duplex.fleet.engine_core import SharedEngineCore, WorkerSlot
+from vllm_duplex.fleet.liveness import watch_answers
 from vllm_duplex.fleet.view import FleetView, WorkerStatus, http_get
 from vllm_duplex.fleet.redis_server import RedisServer
 from vllm_duplex.fleet.nginx import Nginx
@@ -78,6 +79,8 @@ class Worker:
     slot: WorkerSlot | None = None
     up_since: float | None = None
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+    answered: float = 0.0  # when its /health last answered (monotonic)
+    unresponsive: bool = False  # up, but silent past the lease: out of routing
 
     @property
     def address(self) -> str:
@@ -85,8 +88,8 @@ class Worker:
 
     def status(self) -> WorkerStatus:
         pid = self.proc.pid if self.proc is not None and self.proc.returncode is None else None
-        return WorkerStatus(self.instance_id, self.address, self.state, pid, self.restarts,
-                            self.life)
+        state = "unresponsive" if self.unresponsive and self.state == "up" else self.state
+        return WorkerStatus(self.instance_id, self.address, state, pid, self.restarts, self.life)
 
 
 class WorkerFleet:
@@ -105,6 +108,7 @@ class WorkerFleet:
         self.redis: RedisServer | None = None
         self.store_url = config.durability.url if config.durability.durable else None
         self._fleet_server = None
+        self._fleet_address: str | None = None
         self._stopping = asyncio.Event()
 
     # ---- the parts -------------------------------------------------------
@@ -183,6 +187,7 @@ class WorkerFleet:
         while proc.returncode is None and time.monotonic() < deadline:
             if await http_get(w.address, "/health", timeout_s=1.0) is not None:
                 w.state, w.up_since = "up", time.monotonic()
+                w.answered, w.unresponsive = w.up_since, False
                 return True
             await asyncio.sleep(0.1)
         return False
@@ -204,7 +209,7 @@ class WorkerFleet:
             await self._mark_dead(w)
             stable = w.up_since is not None and time.monotonic() - w.up_since >= STABLE_S
             backoff = self.topology.restart_backoff_s if stable else backoff
-            w.state, w.up_since = "restarting", None
+            w.state, w.up_since, w.unresponsive = "restarting", None, False
             log.error("worker %s (pid %s) exited with %s; restarting it in %.1f s",
                       w.instance_id, w.proc.pid, code, backoff)
             try:
@@ -292,31 +297,42 @@ class WorkerFleet:
     # ---- the whole -------------------------------------------------------
 
     def router_plan(self, fleet: str | None) -> RouterPlan:
+        durability = self.config.durability
         return RouterPlan.for_workers(f"{self.host}:{self.port}",
                                       {w.instance_id: w.address for w in self.workers},
                                       max_request_bytes=self.config.limits.max_request_bytes,
-                                      fleet=fleet, adopt=self.config.durability.durable)
+                                      fleet=fleet, adopt=durability.durable,
+                                      # an external store may be shared by other machines
+                                      foreign_to_pool=durability.durable and durability.url
+                                      is not None,
+                                      down=frozenset(w.instance_id for w in self.workers
+                                                     if w.unresponsive))
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stopping.set)
-        core_watch = None
+        core_watch = answers = None
         self._redis_watch: asyncio.Task[None] | None = None
         try:
             await self._start_redis()
             await self._start_core()
-            fleet = await self._start_fleet_endpoint()
+            fleet = self._fleet_address = await self._start_fleet_endpoint()
             self.nginx = Nginx(self.router_plan(fleet))
             await self.nginx.start()
             for w in self.workers:
                 w.watcher = asyncio.create_task(self._watch(w), name=f"duplex-{w.instance_id}")
             if self.core is not None:
                 core_watch = asyncio.create_task(self._watch_core(), name="duplex-core-watch")
+            if self.config.durability.durable:
+                answers = asyncio.create_task(watch_answers(self), name="duplex-answers-watch")
             await self._report_ready()
             return await self._keep_router()
         finally:
             self._stopping.set()
+            if answers is not None:
+                answers.cancel()
+                await asyncio.gather(answers, return_exceptions=True)
             await self._shutdown(core_watch)
 
     async def _keep_router(self) -> int:

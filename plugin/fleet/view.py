@@ -8,7 +8,8 @@ its own ``/health`` and ``/metrics``, fetched when asked:
 * ``/health``: ``{"status": "ok" | "degraded" | "unhealthy", "sessions": <sum>,
   "workers": {"w1": {...}}, "engine_core": {...} | null}`` — 200 while at least
   one worker serves (an edge keeps sending new sessions to this machine),
-  503 when none does.
+  503 when none does. A worker the supervisor found ``unresponsive`` is not
+  asked (it would not answer) and does not serve.
 * ``/metrics``: every worker's series in one exposition, each labelled
   ``worker="w1"`` (HELP/TYPE once per family), plus the supervisor's own
   ``duplex_worker_up`` and ``duplex_worker_restarts_total``. Nothing is
@@ -39,7 +40,8 @@ _SAMPLE = re.compile(r"(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?
 @dataclass(frozen=True)
 class WorkerStatus:
     """What the supervisor knows of one worker (``state``: starting, up,
-    restarting, failed, stopped)."""
+    unresponsive (up, but its ``/health`` silent past the lease: out of the
+    routing, ``liveness.py``), restarting, failed, stopped)."""
 
     instance_id: str
     address: str
@@ -164,6 +166,10 @@ async def http_get(address: str, path: str, timeout_s: float = 2.0) -> tuple[int
     return status, body
 
 
+async def _none() -> None:
+    return None
+
+
 class FleetView:
     """The fleet endpoint's ASGI app over ``workers()`` (a snapshot each call)."""
 
@@ -174,7 +180,8 @@ class FleetView:
 
     async def _fetch(self, path: str) -> dict[str, tuple[int, bytes] | None]:
         ws = self.workers()
-        got = await asyncio.gather(*(http_get(w.address, path) for w in ws))
+        got = await asyncio.gather(*(_none() if w.state == "unresponsive"  # it would hang
+                                     else http_get(w.address, path) for w in ws))
         return {w.instance_id: g for w, g in zip(ws, got)}
 
     async def health(self, request: Request) -> JSONResponse:
