@@ -4,7 +4,7 @@
 Two servers in this process on one vLLM engine (the default SmolLM2-135M),
 one with the in-memory store (the default: nothing is written anywhere), one
 with Redis (a private ``redis-server``); one client alternates text turns
-between a session on each (the same question, greedy, ``max_tokens`` 8).
+between a session on each (each side first every other round) (the same question, greedy, ``max_tokens`` 8).
 Per turn: the time from the last text delta to ``finish`` (on Redis that is
 the wait for the save of the history), and the whole turn (request to
 finish). Then Redis memory per session (``MEMORY USAGE`` of its key) after
@@ -81,8 +81,10 @@ async def main(turns: int) -> None:
             for _ in range(2):  # warm both sides
                 for s in sessions.values():
                     await turn(s)
+            order = list(sessions.items())
             for _ in range(turns):
-                for side, s in sessions.items():
+                order.reverse()  # each side goes first every other round
+                for side, s in order:
                     tail, whole = await turn(s)
                     figures[side][0].append(tail)
                     figures[side][1].append(whole)
