@@ -3,14 +3,17 @@
 A worker stopped (SIGSTOP), stuck or cut off still accepts TCP connections:
 the kernel completes the handshake, so nginx never sees a refusal and its
 requests hang. The supervisor asks every worker that is up for its
-``/health`` (one request in flight per worker, every ``poll_s``); a worker
+``/health`` (one request in flight per worker, every quarter of the lease,
+0.1-1 s: ``poll_interval``); a worker
 that has not answered for longer than the store's lease
 (``durability.lease_ttl_s``: by then its sessions' leases have lapsed, and
 another worker may take them over) is ``unresponsive``: the router config is
 written again with it ``down`` (``server … down;``: nginx sends its ids
 straight to their ``backup`` servers, new sessions to the others) and nginx
-reloaded. When it answers again it is put back: its sessions moved while it
-slept and it was fenced from them (``moved``), new sessions reach it again.
+reloaded (``/health``: ``state: unresponsive`` from then until it is routed
+again, ``routed: false`` once nginx no longer sends it anything). When it
+answers again it is put back: its sessions moved while it slept and it
+was fenced from them (``moved``), new sessions reach it again.
 
 Only with a durable store: without one, nobody could take its sessions over,
 and they are better waited for.
@@ -74,6 +77,8 @@ async def watch_answers(fleet: WorkerFleet) -> None:
                 try:
                     await fleet.nginx.reload(fleet.router_plan(fleet._fleet_address))
                     applied = down
+                    for w in fleet.workers:
+                        w.routed = w.instance_id not in down
                 except Exception:  # tried again at the next poll
                     log.exception("nginx reload with workers %s down failed", sorted(down))
             with contextlib.suppress(TimeoutError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import grp
+import logging
 import os
 import pwd
 import shutil
@@ -17,6 +18,8 @@ import tempfile
 from pathlib import Path
 
 from vllm_duplex.fleet.router import RouterPlan, nginx_conf
+
+log = logging.getLogger(__name__)
 
 
 def nginx_binary() -> str:
@@ -110,13 +113,45 @@ class Nginx:
         assert self._proc is not None
         return await self._proc.wait()
 
-    async def reload(self, plan: RouterPlan) -> None:
-        """A new owner map (instances joined or left): nginx starts new
-        worker processes on it; the old ones finish their connections."""
+    def _children(self) -> dict[int, bytes]:
+        """The master's processes (its nginx workers): pid -> command line
+        (the title, ``nginx: worker process [is shutting down]``)."""
+        master = self._proc.pid if self._proc is not None else None
+        found: dict[int, bytes] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmd = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == master:
+                found[int(entry.name)] = cmd
+        return found
+
+    async def reload(self, plan: RouterPlan, timeout_s: float = 10.0) -> None:
+        """A new plan (instances joined or left, one out of routing or back):
+        nginx starts new worker processes on it; the old ones finish their
+        connections. Returns once no old worker takes new connections (each
+        has exited or is shutting down: its listening socket closed), so a
+        request sent after it meets the new plan."""
         self.write(plan)
         await self.check()
+        if not self.running:
+            return
+        before = set(self._children())
+        self._proc.send_signal(signal.SIGHUP)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.running and loop.time() < deadline:
+            now = self._children()
+            serving = {pid for pid, cmd in now.items() if b"shutting down" not in cmd}
+            if serving and not serving & before:
+                return
+            await asyncio.sleep(0.02)
         if self.running:
-            self._proc.send_signal(signal.SIGHUP)
+            log.warning("nginx reload: old workers still serving after %.0f s", timeout_s)
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         proc, self._proc = self._proc, None

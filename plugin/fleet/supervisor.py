@@ -80,7 +80,8 @@ class Worker:
     up_since: float | None = None
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     answered: float = 0.0  # when its /health last answered (monotonic)
-    unresponsive: bool = False  # up, but silent past the lease: out of routing
+    unresponsive: bool = False  # up, but silent past the lease: to be out of routing
+    routed: bool = True  # nginx sends it requests (the last reload applied had it in)
 
     @property
     def address(self) -> str:
@@ -88,8 +89,10 @@ class Worker:
 
     def status(self) -> WorkerStatus:
         pid = self.proc.pid if self.proc is not None and self.proc.returncode is None else None
-        state = "unresponsive" if self.unresponsive and self.state == "up" else self.state
-        return WorkerStatus(self.instance_id, self.address, state, pid, self.restarts, self.life)
+        # unresponsive from the moment it is found silent until nginx routes to it again
+        silent = self.state == "up" and (self.unresponsive or not self.routed)
+        return WorkerStatus(self.instance_id, self.address, "unresponsive" if silent
+                            else self.state, pid, self.restarts, self.life, self.routed)
 
 
 class WorkerFleet:

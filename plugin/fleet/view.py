@@ -49,6 +49,7 @@ class WorkerStatus:
     pid: int | None
     restarts: int
     life: int
+    routed: bool = True  # in the router's config (not ``down``)
 
 
 def label_worker(text: str, worker: str) -> list[tuple[str, str, list[str]]]:
@@ -125,7 +126,7 @@ def fleet_health(workers: list[WorkerStatus], answers: Mapping[str, dict[str, An
         sessions += int((answer or {}).get("sessions", 0))
         out[w.instance_id] = {"state": w.state, "serving": ok, "pid": w.pid,
                               "restarts": w.restarts, "life": w.life, "address": w.address,
-                              "health": answer}
+                              "routed": w.routed, "health": answer}
     core_ok = engine_core is None or engine_core.get("alive", False)
     status = ("ok" if serving == len(workers) and core_ok
               else "degraded" if serving and core_ok else "unhealthy")

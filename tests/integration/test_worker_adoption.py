@@ -12,21 +12,18 @@ kept as far as it was sent. The time to resume is printed, not asserted.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
-from support.router_fixtures import Serve, get_json, owner, scripted_workers, wait_until
-from vllm_duplex.realtime.client.realtime import RealtimeClient
+from support.router_fixtures import (Serve, assert_lossless, child_pid, get_json, open_text,
+                                     owner, reply_text, say, scripted_workers, wait_until)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 LEASE_S = 1.5
-TEXT = {"output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
 
 
 @pytest.fixture(scope="module")
@@ -42,34 +39,6 @@ def fleet():
     assert serve.stop() == 0, serve.output()
 
 
-async def open_text(fleet) -> RealtimeClient:
-    c = await RealtimeClient.connect(fleet.ws)
-    await c.send({"type": "session.update", "session": TEXT})
-    await c.wait_for("session.updated")
-    return c
-
-
-async def say(c: RealtimeClient, text: str, *, wait: bool = True) -> dict | None:
-    await c.send({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
-    await c.send({"type": "response.create"})
-    if wait:
-        return (await c.wait_for("response.done", timeout=30))["response"]
-    return None
-
-
-def reply_text(response: dict) -> str:
-    return " ".join(p.get("text") or p.get("transcript") or ""
-                    for item in response["output"] for p in item.get("content", []))
-
-
-def assert_lossless(*sockets: RealtimeClient) -> None:
-    """The seqs the caller got over all its sockets: each once, none missing."""
-    seqs = [e["seq"] for c in sockets for e in c.events if isinstance(e.get("seq"), int)]
-    assert len(seqs) == len(set(seqs)), "an event came twice"
-    assert sorted(seqs) == list(range(1, max(seqs) + 1)), "an event is missing"
-
-
 def worker(fleet, wid: str) -> dict:
     return fleet.health()["workers"][wid]
 
@@ -80,7 +49,7 @@ async def workers_up(fleet) -> None:
 
 async def test_kill_9_an_idle_worker_its_sessions_resume_elsewhere_with_their_context(fleet):
     await workers_up(fleet)
-    clients = [await open_text(fleet) for _ in range(4)]
+    clients = [await open_text(fleet.ws) for _ in range(4)]
     for i, c in enumerate(clients):
         await say(c, f"my number is {i}")
     victim = owner(clients[0])
@@ -111,7 +80,7 @@ async def test_kill_9_an_idle_worker_its_sessions_resume_elsewhere_with_their_co
 
 async def test_kill_9_mid_reply_the_reply_ends_incomplete_as_far_as_it_was_sent(fleet):
     await workers_up(fleet)
-    c = await open_text(fleet)
+    c = await open_text(fleet.ws)
     await say(c, "remember the word falcon")
     victim = owner(c)
     await say(c, "tell me a long story", wait=False)
@@ -140,7 +109,7 @@ async def test_kill_9_mid_question_the_question_is_sent_again_and_answered(fleet
     """The user's words not committed when the worker died are not in the
     store (input is not journaled): the client resends the question."""
     await workers_up(fleet)
-    c = await open_text(fleet)
+    c = await open_text(fleet.ws)
     await say(c, "my city is Lyon")
     victim = owner(c)
     await c.send({"type": "conversation.item.create", "item": {
@@ -159,26 +128,11 @@ async def test_kill_9_mid_question_the_question_is_sent_again_and_answered(fleet
     await resumed.close()
 
 
-def _child_pid(parent: int, name: str) -> int:
-    """The pid of ``parent``'s child process running ``name`` (from /proc)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmd = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and name.encode() in cmd:
-            return int(entry.name)
-    raise LookupError(name)
-
-
 async def test_redis_unreachable_sessions_go_on_degraded_then_durable_again(fleet):
     await workers_up(fleet)
-    c = await open_text(fleet)
+    c = await open_text(fleet.ws)
     await say(c, "my color is green")
-    redis_pid = _child_pid(fleet.proc.pid, "redis-server")
+    redis_pid = child_pid(fleet.proc.pid, "redis-server")
     os.kill(redis_pid, signal.SIGSTOP)
     try:
         # The session goes on while the store does not answer ...
@@ -199,9 +153,9 @@ async def test_redis_unreachable_sessions_go_on_degraded_then_durable_again(flee
 
 async def test_redis_restarted_empty_the_workers_write_their_sessions_again(fleet):
     await workers_up(fleet)
-    c = await open_text(fleet)
+    c = await open_text(fleet.ws)
     await say(c, "my tree is an oak")
-    os.kill(_child_pid(fleet.proc.pid, "redis-server"), signal.SIGKILL)  # restarted, empty
+    os.kill(child_pid(fleet.proc.pid, "redis-server"), signal.SIGKILL)  # restarted, empty
     await wait_until(lambda: any(
         (w.get("health") or {}).get("durability", {}).get("reseeded", 0) > 0
         for w in fleet.health()["workers"].values()), timeout=20)
@@ -212,21 +166,32 @@ async def test_redis_restarted_empty_the_workers_write_their_sessions_again(flee
     await resumed.close()
 
 
-async def test_a_worker_stopped_past_its_lease_is_fenced_when_it_comes_back(fleet):
+async def test_a_worker_stopped_past_its_lease_leaves_the_routing_is_fenced_and_comes_back(
+        fleet):
+    """A stopped worker still accepts connections (the kernel does): the
+    supervisor finds its /health silent past the lease and reloads nginx
+    with it down, so a plain resume (no ``owner=``) reaches the other worker."""
     await workers_up(fleet)
-    c = await open_text(fleet)
+    c = await open_text(fleet.ws)
     await say(c, "my planet is Mars")
     victim = owner(c)
     info = worker(fleet, victim)
     other = next(w for w in fleet.health()["workers"] if w != victim)
     await c.ws.close()  # the caller's socket dropped (its session waits for a resume)
     os.kill(info["pid"], signal.SIGSTOP)
+    t0 = time.monotonic()
     try:
-        await asyncio.sleep(LEASE_S + 1.0)
-        # A stopped owner still accepts connections (the kernel does): the
-        # caller names another worker, which adopts: the lease lapsed.
-        resumed = await c.reconnect(owner=other)
+        await wait_until(lambda: worker(fleet, victim)["routed"] is False, timeout=30)
+        out_s = time.monotonic() - t0
+        assert worker(fleet, victim)["state"] == "unresponsive"
+        assert fleet.health()["status"] == "degraded"
+        t1 = time.monotonic()
+        resumed = await c.reconnect()  # through the router, naming no other worker
+        print(f"SIGSTOP: out of the routing {1000 * out_s:.0f} ms after the stop "
+              f"(lease {LEASE_S} s), resumed {1000 * (time.monotonic() - t1):.0f} ms later "
+              f"on {resumed.owner}")
         assert resumed.owner == other
+        assert resumed.ws.response.headers["Duplex-Owner-Instance"] == other
     finally:
         os.kill(info["pid"], signal.SIGCONT)
     # The stale owner finds its lease taken and drops the session: no second writer.
@@ -234,17 +199,25 @@ async def test_a_worker_stopped_past_its_lease_is_fenced_when_it_comes_back(flee
                      ["durability"]["fenced"] >= 1, timeout=10)
     assert reply_text(await say(resumed, "planet?")).endswith("You said before: my planet is Mars.")
     assert_lossless(c, resumed)
-    # A resume that reaches the old owner is told where the session is now.
+    # It answers again: back in the routing ...
+    await wait_until(lambda: worker(fleet, victim)["state"] == "up"
+                     and worker(fleet, victim)["routed"], timeout=30)
+    # ... a resume that reaches the old owner is told where the session is now ...
     again = await resumed.reconnect(owner=victim)
     assert again.owner == other
+    # ... and new sessions reach it again (least_conn: it holds none now).
+    fresh = [await open_text(fleet.ws) for _ in range(2)]
+    assert victim in {owner(f) for f in fresh}
+    for f in fresh:
+        await f.close()
     await again.close()
 
 
 async def test_the_router_killed_comes_back_and_its_sessions_resume_where_they_were(fleet):
     await workers_up(fleet)
-    c = await open_text(fleet)
+    c = await open_text(fleet.ws)
     await say(c, "my river is the Loire")
-    nginx = _child_pid(fleet.proc.pid, "nginx")
+    nginx = child_pid(fleet.proc.pid, "nginx")
     os.kill(nginx, signal.SIGKILL)  # its workers would keep the port: the supervisor ends them
     await wait_until(lambda: _router_answers(fleet) and _nginx(fleet) not in (None, nginx),
                      timeout=20)
@@ -258,7 +231,7 @@ async def test_the_router_killed_comes_back_and_its_sessions_resume_where_they_w
 
 def _nginx(fleet) -> int | None:
     try:
-        return _child_pid(fleet.proc.pid, "nginx")
+        return child_pid(fleet.proc.pid, "nginx")
     except LookupError:
         return None
 

@@ -3,7 +3,10 @@ for the router tests: the CLI as a user runs it, nginx included.
 
 ``Serve`` starts the command with a temporary copy of a config, waits until
 its ``/health`` answers with every worker up, and stops it (SIGTERM: nginx,
-workers and all) at the end, waiting for it to exit.
+workers and all) at the end, waiting for it to exit; ``kill_machine`` ends
+one with kill -9 as a lost machine would (its supervisor, workers and nginx).
+The realtime text helpers (``open_text``, ``say``, ``assert_lossless``) are
+the fault tests' caller.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,7 +50,7 @@ class Serve:
     """``vllm-duplex <argv>`` with ``config`` (a dict) written to a temp file."""
 
     def __init__(self, config: dict[str, Any] | None, *argv: str, port: int | None = None,
-                 ready_timeout_s: float = 120.0) -> None:
+                 ready_timeout_s: float = 120.0, new_session: bool = False) -> None:
         self.port = port or free_port()
         self.dir = tempfile.TemporaryDirectory(prefix="duplex-router-test-")
         self.argv = list(argv)
@@ -55,6 +59,7 @@ class Serve:
             path.write_text(yaml.safe_dump(config))
             self.argv += ["--config", str(path)]
         self.ready_timeout_s = ready_timeout_s
+        self.new_session = new_session  # its own process group (kill_machine)
         self.log = Path(self.dir.name) / "serve.log"
         self.proc: subprocess.Popen | None = None
         self.last_output = ""
@@ -73,7 +78,8 @@ class Serve:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "vllm_duplex.cli", *self.argv, *where],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=self.new_session)
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -139,3 +145,67 @@ async def wait_until(predicate, timeout: float = 60.0, every: float = 0.1) -> No
 def owner(client: RealtimeClient) -> str:
     """The owner a minted realtime session id names."""
     return client.session_id.rsplit(".", 1)[1]
+
+
+def child_pid(parent: int, name: str) -> int:
+    """The pid of ``parent``'s child process running ``name`` (from /proc)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and name.encode() in cmd:
+            return int(entry.name)
+    raise LookupError(name)
+
+
+def kill_machine(serve: Serve) -> None:
+    """kill -9 a ``serve --workers N`` started with ``new_session``: its
+    process group (supervisor, workers) and its nginx's (own group), as a
+    machine that is lost; its router then refuses connections."""
+    assert serve.proc is not None and serve.new_session
+    nginx = child_pid(serve.proc.pid, "nginx")
+    cmd = Path(f"/proc/{nginx}/cmdline").read_bytes().split(b"\0")
+    prefix = Path(cmd[cmd.index(b"-p") + 1].decode()) if b"-p" in cmd else None
+    nginx_group = os.getpgid(nginx)
+    os.killpg(serve.proc.pid, signal.SIGKILL)
+    os.killpg(nginx_group, signal.SIGKILL)
+    serve.proc.wait(timeout=30)
+    if prefix is not None and prefix.name.startswith("vllm-duplex-router-"):
+        shutil.rmtree(prefix, ignore_errors=True)  # nobody is left to remove it
+
+
+TEXT = {"output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
+
+
+async def open_text(url: str) -> RealtimeClient:
+    """A realtime session with text output and no turn detection."""
+    c = await RealtimeClient.connect(url)
+    await c.send({"type": "session.update", "session": TEXT})
+    await c.wait_for("session.updated")
+    return c
+
+
+async def say(c: RealtimeClient, text: str, *, wait: bool = True) -> dict | None:
+    """A user message and ``response.create``; the response once done."""
+    await c.send({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+    await c.send({"type": "response.create"})
+    if wait:
+        return (await c.wait_for("response.done", timeout=30))["response"]
+    return None
+
+
+def reply_text(response: dict) -> str:
+    return " ".join(p.get("text") or p.get("transcript") or ""
+                    for item in response["output"] for p in item.get("content", []))
+
+
+def assert_lossless(*sockets: RealtimeClient) -> None:
+    """The seqs the caller got over all its sockets: each once, none missing."""
+    seqs = [e["seq"] for c in sockets for e in c.events if isinstance(e.get("seq"), int)]
+    assert len(seqs) == len(set(seqs)), "an event came twice"
+    assert sorted(seqs) == list(range(1, max(seqs) + 1)), "an event is missing"
