@@ -199,6 +199,7 @@ _GRPC_BY_CODE = {
     "conversation_already_has_active_response": "ABORTED",
     "deadline_exceeded": "DEADLINE_EXCEEDED",
     "stage_failed": "UNAVAILABLE",
+    "store_unavailable": "UNAVAILABLE",
 }
 
 _INVALID = "invalid_request_error"
@@ -264,6 +265,9 @@ ERRORS: dict[str, ErrorSpec] = {
         # a session's remote MCP server did not answer as it should (session/mcp_calls.py)
         ErrorSpec("mcp_server_error", _SERVER, True, 502, EngineError),
         ErrorSpec("engine_dead", _SERVER, True, 503, EngineDead),
+        # a durable session store (durability: redis) cannot be reached: a session
+        # not held here cannot be looked up or taken over now (durable/takeover.py)
+        ErrorSpec("store_unavailable", _SERVER, True, 503, EngineError),
         ErrorSpec("internal_error", _SERVER, True, 500, EngineError),
     ]
 }

@@ -25,7 +25,7 @@ from typing import Any
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.durable.records import APP_PREFIX, AppSessionRecord
 from vllm_duplex.durable.store import sha
-from vllm_duplex.durable.takeover import take_over
+from vllm_duplex.durable.takeover import store_reachable, take_over
 from vllm_duplex.durable.writer import Durability
 from vllm_duplex.leases.manager import Lease
 from vllm_duplex.text.app_sessions import AppSession, AppSessions
@@ -123,7 +123,8 @@ class AppSessionKeeper:
         fut = self._reaching[session_id] = asyncio.get_running_loop().create_future()
         try:
             # A session that moved away from here is answered at once where it went.
-            found = await find(self.durability, session_id, api_key, patient=tomb is None)
+            with store_reachable("session", session_id):
+                found = await find(self.durability, session_id, api_key, patient=tomb is None)
             if found is not None and manager.held(session_id) is None:
                 await self._restore(session_id, api_key, *found)
         finally:

@@ -11,11 +11,27 @@ read again, now that nobody else can write it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.durable.store import LeaseHeld, Stored
+from vllm_duplex.durable.store import LeaseHeld, StoreUnavailable, Stored
 from vllm_duplex.durable.writer import Durability
 
 POLL_S = 0.05
+
+
+@contextlib.contextmanager
+def store_reachable(kind: str, entry_id: str) -> Iterator[None]:
+    """A store that cannot be reached while a request looks for a copy it
+    does not hold here: the typed, retryable answer (the copies this worker
+    holds go on meanwhile)."""
+    try:
+        yield
+    except StoreUnavailable as err:
+        raise DuplexError("store_unavailable", f"the session store cannot be reached ({err}): "
+                          f"{kind} {entry_id!r} is not held here and cannot be looked up now; "
+                          "retry", param=f"{kind}_id") from None
 
 
 def moved(kind: str, entry_id: str, owner: str) -> DuplexError:

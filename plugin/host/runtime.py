@@ -28,6 +28,7 @@ from vllm_duplex.core.session_config import (
 from vllm_duplex.durable.adopt import adopt
 from vllm_duplex.durable.memory import MemoryStore
 from vllm_duplex.durable.store import Bounds, SessionStore, Stored
+from vllm_duplex.durable.takeover import store_reachable
 from vllm_duplex.durable.writer import Durability
 from vllm_duplex.host.capacity import VoiceCapacity
 from vllm_duplex.host.deploy import DeployConfig
@@ -344,7 +345,8 @@ class Runtime:
         (``vllm_duplex.durable.adopt``)."""
         if self.durability.store.durable and self.manager.peek(c.session_id) is None:
             try:
-                await self._adopt(api_key, c)
+                with store_reachable("session", c.session_id):
+                    await self._adopt(api_key, c)
             except DuplexError as err:
                 if err.code != "session_not_found":
                     self.metrics.resumes.inc(outcome=err.code)

@@ -30,7 +30,7 @@ from vllm_duplex.durable.store import StoreUnavailable
 from vllm_duplex.host.deploy import StageSpec
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.host.store_config import StoreConfig
-from vllm_duplex.realtime.client.realtime import RealtimeClient
+from vllm_duplex.realtime.client.realtime import RealtimeClient, RealtimeError
 from vllm_duplex.realtime.server.serving import BackgroundServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -59,6 +59,11 @@ class FlakyStore(MemoryStore):
         if self.down:
             raise StoreUnavailable("down (test)")
         return await super().renew(leases, ttl_s)
+
+    async def load(self, session_id):
+        if self.down:
+            raise StoreUnavailable("down (test)")
+        return await super().load(session_id)
 
 
 async def text_client(url: str) -> RealtimeClient:
@@ -127,6 +132,30 @@ async def test_a_store_that_stops_answering_degrades_durability_not_the_session(
         assert (await store.load(c.session_id)).head_seq == c.last_seq
         assert (await asyncio.to_thread(health, a))["state"] == "ok"
         await c.close()
+
+
+async def test_a_resume_that_needs_an_unreachable_store_is_told_to_retry():
+    """A session not held here cannot be looked up while the store is away:
+    ``store_unavailable`` (503, retryable), not an internal error; once the
+    store answers, the same resume adopts it."""
+    store = FlakyStore(MonotonicClock(), shared=True)
+    async with BackgroundServer(Runtime(config(), instance_id="a", store=store)) as a, \
+            BackgroundServer(Runtime(config(), instance_id="b", store=store)) as b:
+        c = await text_client(a.ws_url)
+        await say(c, "my color is green")
+        await c.ws.close()
+        await store.mark_dead(a.runtime.durability.holder)
+        store.down = True
+        c.url = b.ws_url
+        with pytest.raises(RealtimeError) as refused:
+            await c.reconnect()
+        assert refused.value.code == "store_unavailable"
+        assert (refused.value.event.get("error") or {}).get("retryable") is True
+        store.down = False
+        resumed = await c.reconnect()
+        assert resumed.owner == "b"
+        assert (await say(resumed, "color?")).endswith("You said before: my color is green.")
+        await resumed.close()
 
 
 async def test_a_server_that_stops_leaves_its_sessions_to_be_adopted_at_once():

@@ -57,7 +57,8 @@ def test_kinds_group_the_codes_that_code_branches_on() -> None:
                                    "client_secret_used", "client_secret_mismatch",
                                    "invalid_signature"}
     assert codes(EngineDead) == {"engine_dead"}
-    assert codes(EngineError) == {"stage_failed", "engine_dead", "internal_error", "mcp_server_error"}
+    assert codes(EngineError) == {"stage_failed", "engine_dead", "internal_error", "mcp_server_error",
+                                  "store_unavailable"}
     assert codes(Unsupported) <= codes(InvalidRequest)
     # every code has exactly one kind, and only engine_dead ends the session
     assert {c for c, s in ERRORS.items() if s.terminal} == {"engine_dead"}
