@@ -39,12 +39,28 @@ Routing rules, in the order nginx applies them:
   their requests go to the backups when the owner does not answer, and the
   ``Duplex-Owner-Instance`` header (the worker that last served the id)
   wins over the id's minted owner.
+* A worker out of routing (``RouterPlan.down``: the supervisor found it
+  silent past the lease, ``liveness.py``) is ``server … down;`` in its
+  upstream and in the pool: its ids go straight to its backups, new
+  sessions to the others; it is put back when it answers again.
+* With an external store that other machines may share
+  (``foreign_to_pool``: ``durability.url`` set), an id naming a well-formed
+  owner that is none of this router's workers goes to the pool, instead of
+  a 404: that owner's machine may be down, and a worker here takes the
+  session over from the store or answers the store's refusal
+  (``wrong_instance`` naming a live owner elsewhere, ``session_not_found``).
+  An id with no (or a malformed) owner part is still refused.
 * Responses carry ``Duplex-Owner-Instance: <worker>`` from the worker that
   served them (``realtime/server/owner_header.py``), so a client can name
   the owner of an id it chose; a refusal by the router carries none.
 
 The same generator writes an *edge* config for several machines: the owner
 map then sends ``m2w3`` to machine ``m2``'s router by a regex on the owner.
+With ``adopt`` (``vllm-duplex edge --adopt``: the machines share one store)
+every other machine's router is a ``backup`` of each machine's upstream,
+tried only when that machine's router does not answer (nginx's ``error``:
+the connection refused or broken before any answer; a POST once sent is
+never sent again, and an answer, any answer, is final).
 
 ``RouterPlan`` → ``nginx_conf`` is pure (tested without nginx); ``nginx.py``'s
 ``Nginx`` is the thin process shell that runs it.

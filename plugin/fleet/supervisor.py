@@ -24,7 +24,13 @@ private ``redis-server`` (``redis_server.py``; restarted when it exits) and
 hands its URL to the workers; when a worker dies it marks that process dead
 in the store, so another worker may adopt its sessions at once instead of
 after the lease (``vllm_duplex.durable``), and the router sends a resume whose
-owner is down to another worker (``router.py``).
+owner is down to another worker (``router.py``). A worker that is up but does
+not answer its ``/health`` for longer than the lease (SIGSTOP, stuck: it
+still accepts connections) is taken out of the routing, nginx reloaded with
+it ``down``, and put back when it answers (``liveness.py``; ``/health``:
+``unresponsive``). With an external store (``durability.url``, possibly
+shared by several machines) the router also sends an id naming an owner it
+does not have to a worker, which takes it over or says where it lives.
 
 The supervisor is not in the request path: nginx sends requests straight to
 the workers. SIGINT/SIGTERM stop nginx first (no new connections), then the
