@@ -30,3 +30,22 @@ class AppSessionRecord:
     turns: int
     created_at: float
     incarnation: int = 0
+
+
+STREAM_PREFIX = "stream:"  # resumable streams' keys in the store
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    """What a resumable stream is rebuilt from on another worker (its events
+    are the journal, each ``(seq, event, data)``): its status (``active`` or
+    ``completed``), its API key's hash, its TTL and when it completed and
+    was created (unix seconds, so a process with another clock reads it
+    right), and the worker its generation ran on."""
+
+    status: str
+    key_sha: str | None
+    ttl_s: float
+    completed_at: float | None
+    created_at: float
+    generated_by: str = ""

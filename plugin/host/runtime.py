@@ -150,6 +150,9 @@ class Runtime:
                 from vllm_duplex.durable.app_sessions import AppSessionKeeper
 
                 self.text.sessions.keeper = AppSessionKeeper(self.text.sessions, self.durability)
+                from vllm_duplex.durable.streams import StreamKeeper  # resumable streams too
+
+                self.text.streams.keeper = StreamKeeper(self.text.streams, self.durability)
         self._publish_stage_counters()
         cpu_scheduler().publish(self.metrics)
         self.loop_lag = LoopLagMonitor(self.metrics, warn_after_s=config.loop_lag_warning_ms / 1000)

@@ -146,9 +146,12 @@ class TextService:
 
     # ---- resumable streams -----------------------------------------------
 
-    def open_stream(self, stream_id: str, key_id: str | None, request_id: str) -> ResumableStream:
+    async def open_stream(self, stream_id: str, key_id: str | None, request_id: str,
+                          api_key: str | None = None) -> ResumableStream:
+        """A new stream (with a durable store: its id claimed across the store,
+        the stream mirrored there from now on: ``StreamStore.open``)."""
         self.reserve(key_id, request_id)
-        return self.streams.create(stream_id, key_id)
+        return await self.streams.open(stream_id, key_id, api_key)
 
     def publish(self, stream: ResumableStream, run: Stoppable, events: AsyncIterator[TextEvent],
                 control: GenerationControl | None,

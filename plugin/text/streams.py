@@ -28,6 +28,11 @@ retained event with ``seq >= from``, then the live tail: no gap, no duplicate::
 * TTL applies to COMPLETED streams only (an active one belongs to its generation). Every
   accessor runs ``collect`` first, so a stream past its TTL is expired on access even
   before the reaper's next pass: answers never depend on reaper timing.
+* With a durable store (``durability: store: redis``) a ``StreamKeeper``
+  (``vllm_duplex.durable.streams``) makes a stream outlive its worker: each stream's
+  ``StreamMirror`` journals its events and status in the store, and a follower gets an
+  event only once the store holds it (``reached``); ``reach`` has the keeper take over,
+  before any route looks it up, a stream kept elsewhere whose owner is gone.
 
 Not thread-safe: call everything on the event loop (``append`` sets an ``asyncio.Event``).
 """
@@ -39,15 +44,16 @@ import heapq
 import json
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.leases.registry import Registry, owned
+from vllm_duplex.leases.registry import ID, Registry, owned
 from vllm_duplex.replay.seqlog import ByteBudget, SeqBounds, SeqLog
+from vllm_duplex.text.stream_keeping import StreamKeeper, StreamMirror
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +91,7 @@ class ResumableStream:
         self.key_id = key_id  # owner: HMAC of the API key, or None
         self.created_at = store.clock.now()
         self.on_stop: Callable[[], Awaitable[None]] | None = None  # set by the generation's runner
+        self.mirror: StreamMirror | None = None  # set by a keeper (a durable store)
         self._store = store
         # Read-only for callers; written only here and by the store.
         self.status = StreamStatus.ACTIVE
@@ -119,6 +126,8 @@ class ResumableStream:
         ev = StreamEvent(self._log.head_seq + 1, event, data, size)
         self._log.append(ev, size, self._store.clock.now())  # trims to the per-stream bounds
         self._store._enforce_total(self)
+        if self.mirror is not None:
+            self.mirror.appended(ev)
         self._wake()
         return ev
 
@@ -128,6 +137,8 @@ class ResumableStream:
             self.status = StreamStatus.COMPLETED
             self.completed_at = self._store.clock.now()
             self._store._completed[self.stream_id] = self  # completion order == expiry order
+            if self.mirror is not None:
+                self.mirror.completed()
             self._wake()
 
     async def stop(self) -> None:
@@ -184,6 +195,10 @@ class ResumableStream:
             if self.status in _GONE:
                 return  # events were freed: the stream is gone, the follower just ends
             if next_seq <= self.head_seq:
+                mirror = self.mirror
+                if mirror is not None and not mirror.holds(next_seq):
+                    await mirror.reached(next_seq)  # what a client has, the store has
+                    continue
                 first = self.first_seq
                 if next_seq < first:  # this follower fell behind the bounds
                     raise _resync(next_seq, first)
@@ -194,6 +209,10 @@ class ResumableStream:
             else:
                 return
 
+    def retained(self) -> Iterator[StreamEvent]:
+        """The retained events, oldest first."""
+        return (entry.item for entry in self._log)
+
     # -- internals, driven by the store --------------------------------------------
 
     def _wake(self) -> None:
@@ -201,9 +220,13 @@ class ResumableStream:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _free(self, status: StreamStatus) -> None:
-        self.status = status
+    def _free(self, status: StreamStatus | None) -> None:
+        """Deleted or expired (``status``); None: moved to another worker (nothing is told)."""
+        mirror, self.mirror = self.mirror, None
+        self.status = status or StreamStatus.DELETED
         self._log.clear()
+        if mirror is not None and status is not None:
+            mirror.ended(status)
         self._wake()
 
 
@@ -239,6 +262,8 @@ class StreamStore(Registry[ResumableStream, StreamStatus]):
         # so collect() and eviction only ever look at the front.
         self._completed: OrderedDict[str, ResumableStream] = OrderedDict()
         self.budget = ByteBudget(max_total_bytes)  # every stream's retained bytes
+        self.keeper: StreamKeeper | None = None  # set by the host with a durable store
+        self._moved: OrderedDict[str, None] = OrderedDict()  # ids taken over elsewhere from here
         self._stats = Counter(created_total=0, expired_total=0, evicted_total=0, deleted_total=0)
 
     # -- helpers -----------------------------------------------------------------
@@ -306,6 +331,86 @@ class StreamStore(Registry[ResumableStream, StreamStatus]):
         self._stats["created_total"] += 1
         return stream
 
+    async def open(self, stream_id: str, key_id: str | None, api_key: str | None) -> ResumableStream:
+        """``create``, and with a keeper: the id claimed wherever streams are
+        kept first, the stream mirrored from now on."""
+        keeper = self.keeper
+        if keeper is None:
+            return self.create(stream_id, key_id)
+        self.collect()
+        self._check_new_id(stream_id)
+        generation = await keeper.claim(stream_id)
+        try:
+            stream = self.create(stream_id, key_id)
+        except BaseException:
+            await keeper.unclaim(stream_id, generation)
+            raise
+        keeper.keep(stream, api_key, generation)
+        return stream
+
+    async def reach(self, stream_ids: Sequence[str], api_key: str | None,
+                    key_id: str | None) -> dict[str, DuplexError]:
+        """Before a route looks ids up: the keeper takes over those not here
+        (neither live nor remembered by a tombstone) that are kept elsewhere
+        and whose owner is gone. Returns the errors of those it could not take
+        (``wrong_instance``: their owner lives); without a keeper, nothing."""
+        keeper = self.keeper
+        if keeper is None:
+            return {}
+        self.collect()
+        wanted = [sid for sid in dict.fromkeys(stream_ids)
+                  if isinstance(sid, str) and ID.fullmatch(sid) and not self._taken(sid)]
+        results = await asyncio.gather(
+            *(keeper.reach(sid, api_key, key_id, patient=sid not in self._moved) for sid in wanted),
+            return_exceptions=True)
+        errors: dict[str, DuplexError] = {}
+        for sid, result in zip(wanted, results, strict=True):
+            if isinstance(result, DuplexError):
+                errors[sid] = result
+            elif isinstance(result, BaseException):
+                raise result
+        return errors
+
+    def restore(self, stream_id: str, key_id: str | None, events: Sequence[StreamEvent], *,
+                next_seq: int, completed_ago_s: float | None) -> ResumableStream:
+        """A stream taken over from a worker that is gone, rebuilt here: its
+        retained ``events`` with their seqs (contiguous; ``next_seq``: where
+        numbering goes on when none is retained), ACTIVE or completed
+        ``completed_ago_s`` ago (its TTL runs from then)."""
+        self._moved.pop(stream_id, None)
+        stream = self.create(stream_id, key_id)
+        now = self.clock.now()
+        stream._log.restart_after((events[0].seq if events else next_seq) - 1)
+        for ev in events:
+            stream._log.append(ev, ev.size, now)
+        self._enforce_total(stream)
+        if completed_ago_s is not None:
+            stream.complete()
+            stream.completed_at = now - completed_ago_s
+            # Expiry order is completion order: the rebuilt one takes its place in it.
+            self._completed = OrderedDict(sorted(
+                self._completed.items(), key=lambda kv: kv[1].completed_at or 0.0))
+        return stream
+
+    async def forget(self, stream_id: str) -> None:
+        """Another worker took the stream over: its generation (if any) stops
+        here, writing nothing more, and it is forgotten without a tombstone
+        (a later request asks the keeper, which names the new owner)."""
+        stream = self._live.get(stream_id)
+        if stream is None:
+            return
+        stream.mirror = None
+        try:
+            await stream.stop()
+        finally:
+            if self._live.get(stream_id) is stream:
+                del self._live[stream_id]
+                self._completed.pop(stream_id, None)
+                stream._free(None)
+                self._moved[stream_id] = None
+                while len(self._moved) > 1024:
+                    self._moved.popitem(last=False)
+
     def get(self, stream_id: str, key_id: str | None) -> ResumableStream:
         """The live stream; ``stream_expired`` for an expired one, ``stream_not_found`` for
         unknown, foreign and deleted ids."""
@@ -368,6 +473,10 @@ class StreamStore(Registry[ResumableStream, StreamStatus]):
         active = [s for s in self._live.values() if s.status is StreamStatus.ACTIVE]
         if active:
             await asyncio.gather(*(s.stop() for s in active))
+        for stream in self._live.values():  # left in a durable store for another worker
+            mirror, stream.mirror = stream.mirror, None
+            if mirror is not None:
+                mirror.ended(None)
 
     @property
     def stats(self) -> dict[str, int]:

@@ -113,7 +113,8 @@ def text_routes(service_of: Callable[[], TextService | None],
         if spec.stream_id is not None:
             control = spec.control()
             run = service.generator.start(spec, control)
-            target = service.open_stream(spec.stream_id, caller.key_id, spec.request_id)
+            target = await service.open_stream(spec.stream_id, caller.key_id, spec.request_id,
+                                               caller.api_key)
             service.publish(target, run, service.run(caller.key_id, spec.request_id, run,
                                                      run.events(), spec.deadline_ms), control)
             return follow(target, 1, stream)
@@ -183,7 +184,7 @@ def text_routes(service_of: Callable[[], TextService | None],
         hold = SessionTurn(service, session, turn)
         try:
             if stream_id is not None:
-                target = service.open_stream(stream_id, caller.key_id, rid)
+                target = await service.open_stream(stream_id, caller.key_id, rid, caller.api_key)
                 service.publish(target, turn, service.run(caller.key_id, rid, turn, turn.events(),
                                                           deadline_ms), None, hold.release)
                 return follow(target, 1, stream is not False)
@@ -204,19 +205,33 @@ def text_routes(service_of: Callable[[], TextService | None],
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids) or len(ids) > 256:
             raise DuplexError("invalid_value", "stream_ids must be a list of up to 256 ids",
                               param="stream_ids")
-        found = svc(request).streams.lookup(ids, caller.key_id)
         streams = svc(request).streams
+        # With a durable store, ids not here are looked up there (taken over
+        # when their owner is gone; a live owner elsewhere is named).
+        elsewhere = await streams.reach(ids, caller.api_key, caller.key_id)
+        found = streams.lookup(ids, caller.key_id)
         out = []
         for sid, status in found.items():
             entry: dict[str, Any] = {"stream_id": sid, "status": status.value}
+            owner = elsewhere[sid].details.get("owner_instance_id") if sid in elsewhere else None
+            if owner is not None and status.value == "unknown":
+                entry["owner_instance_id"] = owner
             if status.value in ("active", "completed"):
                 s = streams.get(sid, caller.key_id)
                 entry.update(first_seq=s.first_seq, head_seq=s.head_seq)
             out.append(entry)
         return JSONResponse({"object": "list", "data": out})
 
+    async def reached(request: Request, caller: Caller) -> str:
+        """The path's stream id, taken over first when it is kept elsewhere and
+        its owner is gone (a durable store); ``wrong_instance`` when it lives."""
+        sid = request.path_params["stream_id"]
+        for err in (await svc(request).streams.reach([sid], caller.api_key, caller.key_id)).values():
+            raise err
+        return sid
+
     async def get_stream(request: Request, caller: Caller) -> Response:
-        target = svc(request).streams.get(request.path_params["stream_id"], caller.key_id)
+        target = svc(request).streams.get(await reached(request, caller), caller.key_id)
         cursor = request.query_params.get("from")
         last = request.headers.get("last-event-id")
         try:
@@ -226,13 +241,13 @@ def text_routes(service_of: Callable[[], TextService | None],
         return follow(target, from_seq)
 
     async def delete_stream(request: Request, caller: Caller) -> Response:
-        sid = request.path_params["stream_id"]
+        sid = await reached(request, caller)
         before = await svc(request).streams.delete(sid, caller.key_id)
         return JSONResponse({"stream_id": sid, "deleted": True, "status_before": before.value})
 
     async def control_stream(request: Request, caller: Caller) -> Response:
         service = svc(request)
-        sid = request.path_params["stream_id"]
+        sid = await reached(request, caller)
         service.streams.get(sid, caller.key_id)  # 404 before anything else
         changes = parse_control(await body_of(request), service.max_tokens_cap)
         seq = await service.control(sid, caller.key_id, changes)
