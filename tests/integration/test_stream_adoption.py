@@ -1,0 +1,147 @@
+"""Resumable streams outlive their worker (issue 32), over real HTTP against
+the real engine and a real Redis: two servers (``wa``, ``wb``) share one
+``redis-server`` as the workers of ``serve --workers 2`` do, and one vLLM
+engine (the suite's). The owner's death is what its supervisor tells the
+store (``mark_dead`` of its holder); the dead owner still runs here, as a
+stopped process that woke up would.
+
+* A client following a stream on ``wa`` loses it mid-generation when ``wa``
+  dies: ``GET ?from=<last + 1>`` on ``wb`` gets exactly the events after its
+  cursor (no gap, no duplicate), then a terminal ``error`` (``engine_dead``,
+  ``reason: owner_lost``): the generation died with its worker.
+* A completed stream replays whole on ``wb``; a deleted one stays gone,
+  another key's stays unknown to the caller.
+(The same on a shared in-memory store: tests/unit/test_durable_streams.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import httpx
+import pytest
+import pytest_asyncio
+from support.text_fixtures import FRANCE, KEYS, MODEL, client, sse_events
+from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
+from vllm_duplex.fleet.redis_server import RedisServer
+from vllm_duplex.host.deploy import load_config
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.host.store_config import StoreConfig
+from vllm_duplex.realtime.server.serving import BackgroundServer
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+STORY = [{"role": "user", "content": "Tell me a long story about a dragon who learns to fly."}]
+
+
+def runtime(vllm_stage, url: str, instance_id: str) -> Runtime:
+    config = load_config("cascade-cpu")
+    config = dataclasses.replace(
+        config, api_keys=KEYS, durability=StoreConfig(store="redis", url=url, lease_ttl_s=1.0),
+        limits=dataclasses.replace(config.limits, resume_grace_s=0.0))
+    return Runtime(config, shared_stages={"vllm": vllm_stage}, instance_id=instance_id)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def workers(vllm_stage):
+    redis = RedisServer()
+    await redis.start()
+    try:
+        async with BackgroundServer(runtime(vllm_stage, redis.url, "wa")) as a, \
+                BackgroundServer(runtime(vllm_stage, redis.url, "wb")) as b:
+            yield a, b
+    finally:
+        await redis.stop()
+
+
+async def dies(server) -> None:
+    """What the supervisor tells the store when the worker's process is gone."""
+    durability = server.runtime.durability
+    await durability.store.mark_dead(durability.holder)
+
+
+async def read(response: httpx.Response, limit: int | None = None) -> list[tuple[int, str, dict]]:
+    out = []
+    async for seq, event, data in sse_events(response):
+        out.append((seq, event, data))
+        if len(out) == limit:
+            break
+    return out
+
+
+async def replay(http: httpx.AsyncClient, stream_id: str, **params) -> list[tuple[int, str, dict]]:
+    async with http.stream("GET", f"/v1/streams/{stream_id}", params=params) as r:
+        assert r.status_code == 200, await r.aread()
+        return await read(r)
+
+
+async def generated(http: httpx.AsyncClient, stream_id: str, messages, limit: int | None = None,
+                    **options) -> list[tuple[int, str, dict]]:
+    body = {"model": MODEL, "messages": messages, "stream_id": stream_id, "options": options}
+    async with http.stream("POST", "/v1/generate", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        return await read(r, limit)
+
+
+async def test_a_stream_cut_by_its_workers_death_resumes_elsewhere_then_ends_in_error(workers):
+    a, b = workers
+    async with client(a) as on_a, client(b) as on_b:
+        # A long generation; the client sees 5 events, then its connection drops.
+        seen = await generated(on_a, "dur-live", STORY, limit=5, max_tokens=400, min_tokens=400)
+        assert [s for s, _, _ in seen] == [1, 2, 3, 4, 5]
+        await dies(a)  # mid-generation
+        rest = await replay(on_b, "dur-live", **{"from": 6})  # what the router sends wa's backup
+        assert [s for s, _, _ in rest] == list(range(6, 6 + len(rest)))  # no gap, no duplicate
+        assert [e for _, e, _ in rest].count("error") == 1 and rest[-1][1] == "error"
+        assert "finish" not in [e for _, e, _ in rest]
+        error = rest[-1][2]["error"]
+        assert error["code"] == "engine_dead" and error["reason"] == "owner_lost"
+        assert error["owner_instance_id"] == "wa"
+        # The whole stream on wb begins as the client saw it on wa; Last-Event-ID works too.
+        assert (await replay(on_b, "dur-live"))[:5] == seen
+        async with on_b.stream("GET", "/v1/streams/dur-live", headers={"last-event-id": "5"}) as r:
+            assert await read(r) == rest
+        found = (await on_b.post("/v1/streams/lookup", json={"stream_ids": ["dur-live"]})).json()
+        assert found["data"] == [{"stream_id": "dur-live", "status": "completed", "first_seq": 1,
+                                  "head_seq": rest[-1][0]}]
+        # wa, still running, is fenced at its next write: it stops the generation,
+        # drops its copy and names the new owner.
+        keeper = a.runtime.text.streams.keeper
+        for _ in range(100):
+            if keeper.moved:
+                break
+            await asyncio.sleep(0.05)
+        assert keeper.moved == 1
+        stale = await on_a.get("/v1/streams/dur-live")
+        assert stale.status_code == 421
+        assert stale.json()["error"]["owner_instance_id"] == "wb"
+
+
+async def test_a_completed_stream_replays_whole_elsewhere_a_deleted_one_stays_gone(workers):
+    a, b = workers
+    async with client(a) as on_a, client(b) as on_b, client(b, KEYS[1]) as bob_on_b:
+        done = await generated(on_a, "dur-done", FRANCE, max_tokens=12)
+        assert done[-1][1] == "finish"
+        await generated(on_a, "dur-gone", FRANCE, max_tokens=4)
+        assert (await on_a.delete("/v1/streams/dur-gone")).status_code == 200
+        await dies(a)
+        # Another key: unknown to it, and not taken over for it.
+        assert (await bob_on_b.get("/v1/streams/dur-done")).status_code == 404
+        r = await on_b.post("/v1/streams/lookup", json={"stream_ids": ["dur-done", "dur-gone",
+                                                                       "dur-never", "dur-done"]})
+        assert r.json()["data"] == [
+            {"stream_id": "dur-done", "status": "completed", "first_seq": 1, "head_seq": len(done)},
+            {"stream_id": "dur-gone", "status": "unknown"},
+            {"stream_id": "dur-never", "status": "unknown"}]
+        assert await replay(on_b, "dur-done") == done  # as it was, event for event
+        gone = await on_b.get("/v1/streams/dur-gone")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "stream_not_found"
+        # wa, fenced at its next lease renewal, drops its copy; deleted on wb, the
+        # stream is dropped from the store, so wa cannot bring it back.
+        for _ in range(100):
+            if "dur-done" not in a.runtime.text.streams._live:
+                break
+            await asyncio.sleep(0.05)
+        assert (await on_b.delete("/v1/streams/dur-done")).status_code == 200
+        assert (await on_a.get("/v1/streams/dur-done")).status_code == 404
