@@ -129,11 +129,12 @@ class MemoryStore(SessionStore):
                 rec.log.release_through(w.seq)  # acked: not counted as trimmed by a bound
                 out[w.session_id] = rec.log.head_seq
             elif isinstance(w, Drop):
-                if w.release_only:
-                    rec.holder, rec.expires_at = None, float("-inf")
-                else:
+                rec.holder, rec.expires_at = None, float("-inf")
+                if not w.release_only:
+                    # Its generation stays (until keep_s): an older owner that
+                    # wakes up is fenced, never told the store lost it.
                     rec.log.clear()
-                    del self._records[w.session_id]
+                    rec.state = None
                 out[w.session_id] = rec.log.head_seq
         return out
 

@@ -123,6 +123,9 @@ return tonumber(redis.call('HGET', KEYS[3], 'head') or '0')
 """
 
 # KEYS: gen, lease, state, log, meta. ARGV: gen, release_only
+# A dropped session keeps its generation until it expires with the rest
+# (keep_s): an older owner that wakes up is fenced by it, never told the
+# store lost the session (it would write its stale copy back).
 _DROP = """
 local g = redis.call('GET', KEYS[1])
 if not g then return -3 end
@@ -131,7 +134,7 @@ local head = tonumber(redis.call('HGET', KEYS[5], 'head') or '0')
 if ARGV[2] == '1' then
   redis.call('DEL', KEYS[2])
 else
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 end
 return head
 """

@@ -157,6 +157,10 @@ async def test_drop_release_and_typed_refusals(store):
     assert await store.acquire(sid, "w2#1", 5.0) == 2
     await store.apply([Drop(sid, 2)])
     assert await store.load(sid) is None
+    # The first owner wakes up: fenced by the generation the drop kept, never
+    # "lost" (it would write its stale copy back).
+    assert isinstance((await store.renew({sid: ("w1#10", 1)}, 5.0))[sid], Fenced)
+    assert isinstance((await store.apply([Save(sid, 1, STATE)]))[sid], Fenced)
 
 
 async def test_bytes_in_redis_that_name_arbitrary_code_are_refused(store):

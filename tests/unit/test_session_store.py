@@ -185,6 +185,13 @@ async def test_a_drop_forgets_the_session_a_release_keeps_it_for_adoption_at_onc
     assert await store.acquire(S, "w2#20", 5.0) == 2
     await store.apply([Drop(S, 2)])
     assert await store.load(S) is None
+    # The first owner wakes up: fenced by the generation the drop kept, never
+    # "lost" (it would write its stale copy back), until the store forgets it.
+    assert isinstance((await store.renew({S: ("w1#10", 1)}, 5.0))[S], Fenced)
+    assert isinstance((await store.apply([Save(S, 1, STATE)]))[S], Fenced)
+    with pytest.raises(DuplexError) as err:  # nor is the id anyone's again
+        await store.acquire(S, "w3#1", 5.0, new=True)
+    assert err.value.code == "duplicate_id"
 
 
 async def test_only_the_sessions_key_with_its_token_may_resume_it():
