@@ -191,9 +191,10 @@ class StreamKeeper:
             if payloads is None:  # trimmed by age meanwhile: what is retained now
                 stored = await d.store.load(key) or stored
                 payloads = await d.store.events_after(key, stored.first_seq - 1) or []
-        except StoreUnavailable:
-            raise DuplexError("engine_dead", "the session store cannot be reached now; retry",
-                              details={"reason": "store_unavailable"}) from None
+        except StoreUnavailable as unreachable:
+            raise DuplexError("store_unavailable", f"the session store cannot be reached "
+                              f"({unreachable}): stream {stream_id!r} is not held here and cannot "
+                              "be looked up now; retry", param="stream_id") from None
         if not isinstance(stored.state, StreamRecord):
             return
         try:

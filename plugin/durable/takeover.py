@@ -46,9 +46,9 @@ async def take_over(durability: Durability, key: str, stored: Stored, *, kind: s
     ``patient``: a live lease is answered at once (it moved from here to a
     worker that lives)."""
     store, clock = durability.store, durability.clock
-    deadline = clock.now() + (durability.lease_ttl_s + 0.5 if patient else 0.0)
+    deadline = clock.now() + durability.lease_ttl_s + 0.5
     while stored.holder is not None and stored.holder != durability.holder:
-        if clock.now() > deadline:  # renewed all along: a live owner
+        if not patient or clock.now() > deadline:  # renewed all along: a live owner
             raise moved(kind, entry_id, stored.holder.split("#", 1)[0])
         await clock.sleep(POLL_S)
         stored = await store.load(key) or stored
