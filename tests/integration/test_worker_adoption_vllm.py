@@ -9,7 +9,10 @@ earlier turn.
 The same for an application session (``/v1/sessions``, the HTTP client
 through the router): its owner killed after a turn, the next turn is served
 by another worker (or the owner's restarted process), which took the
-history over from Redis.
+history over from Redis. And for a resumable stream (``stream_id``): its
+worker killed mid-generation, the client's ``GET /v1/streams/{id}?from=``
+through the router replays on another worker exactly the events after its
+cursor, then the terminal error that says the generation died.
 
 A soak test (``-m soak``): the engine core and two workers joining it take
 1.5-4.5 minutes to start on 2 shared cores (as test_router_vllm.py); the
@@ -22,6 +25,7 @@ import os
 import signal
 import time
 
+import httpx
 import pytest
 import yaml
 from support.router_fixtures import Serve, owner
@@ -104,3 +108,38 @@ async def test_an_application_session_goes_on_after_its_worker_is_killed(fleet):
         assert "Paris" in answer  # named only in the turn the dead worker served
         assert (await session.info())["turns"] == 2
         await session.close()
+
+
+async def test_a_stream_cut_by_a_killed_worker_replays_elsewhere_and_says_so(fleet):
+    body = {"model": "smollm2-135m-instruct", "stream_id": "soak-stream-1",
+            "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}],
+            "options": {"max_tokens": 400}}
+    seen: list[int] = []
+    async with httpx.AsyncClient(base_url=fleet.http, timeout=300) as http:
+        async with http.stream("POST", "/v1/generate", json=body) as r:
+            victim = r.headers["Duplex-Owner-Instance"]
+            async for line in r.aiter_lines():
+                if line.startswith("id:"):
+                    seen.append(int(line[3:]))
+                if len(seen) == 5:
+                    break
+        os.kill(fleet.health()["workers"][victim]["pid"], signal.SIGKILL)
+        t0 = time.monotonic()
+        events: list[tuple[int, str]] = []
+        async with http.stream("GET", "/v1/streams/soak-stream-1", params={"from": seen[-1] + 1},
+                               headers={"Duplex-Owner-Instance": victim}) as r:
+            assert r.status_code == 200, await r.aread()
+            served_by = r.headers["Duplex-Owner-Instance"]
+            seq, name = None, None
+            async for line in r.aiter_lines():
+                if line.startswith("id:"):
+                    seq = int(line[3:])
+                elif line.startswith("event:"):
+                    name = line[6:].strip()
+                elif line.startswith("data:"):
+                    events.append((seq, name))
+        print(f"stream, kill -9 of {victim}: replayed by {served_by} in "
+              f"{1000 * (time.monotonic() - t0):.0f} ms, {len(events)} events after seq {seen[-1]}")
+        seqs = [s for s, _ in events]
+        assert seqs == list(range(seen[-1] + 1, seen[-1] + 1 + len(seqs)))  # no gap, no repeat
+        assert events[-1][1] == "error"  # the generation died with its worker: said, not hidden
