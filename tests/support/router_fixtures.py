@@ -168,7 +168,8 @@ def kill_machine(serve: Serve) -> None:
     machine that is lost; its router then refuses connections."""
     assert serve.proc is not None and serve.new_session
     nginx = child_pid(serve.proc.pid, "nginx")
-    cmd = Path(f"/proc/{nginx}/cmdline").read_bytes().split(b"\0")
+    # (nginx rewrites its title: "nginx: master process /usr/sbin/nginx -p <prefix> ...")
+    cmd = Path(f"/proc/{nginx}/cmdline").read_bytes().replace(b"\0", b" ").split()
     prefix = Path(cmd[cmd.index(b"-p") + 1].decode()) if b"-p" in cmd else None
     nginx_group = os.getpgid(nginx)
     os.killpg(serve.proc.pid, signal.SIGKILL)
