@@ -152,6 +152,7 @@ class AppSessionKeeper:
             await self.sessions.manager.release(session_id, "open_failed")
             raise
         self.adopted += 1
+        self.durability.adopted += 1  # /health counts every kind taken over
 
     def _mirror(self, session: AppSession, api_key: str | None, generation: int) -> None:
         d = self.durability

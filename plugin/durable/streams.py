@@ -221,6 +221,7 @@ class StreamKeeper:
         copy = self._mirror(stream, record.key_sha, generation, stored.head_seq,
                             record.generated_by)
         self.adopted += 1
+        self.durability.adopted += 1  # /health counts every kind taken over
         if completed_ago is None:  # it was generating: that generation is gone
             lost = owner_lost(record.generated_by or None)
             stream.append(lost.type, lost.data())
