@@ -28,7 +28,7 @@ import time
 import httpx
 import pytest
 import yaml
-from support.router_fixtures import Serve, owner
+from support.router_fixtures import Serve, owner, wait_until
 from vllm_duplex.host.deploy import resolve_config_path
 from vllm_duplex.realtime.client.http import DuplexHttpClient
 from vllm_duplex.realtime.client.realtime import RealtimeClient
@@ -42,12 +42,18 @@ TEXT = {"output_modalities": ["text"], "audio": {"input": {"turn_detection": Non
 @pytest.fixture(scope="module")
 def fleet():
     raw = yaml.safe_load(resolve_config_path("cascade-cpu").read_text())
-    raw["workers"] = {"count": 2, "spare_engine_slots": 1, "restart_backoff_s": 0.2}
+    raw["workers"] = {"count": 2, "spare_engine_slots": 3, "restart_backoff_s": 0.2}
     raw["durability"] = {"store": "redis", "lease_ttl_s": 3.0}
     raw.setdefault("limits", {})["resume_grace_s"] = 120
     serve = Serve(raw, "serve", ready_timeout_s=600).start(expect_workers=2)
     yield serve
     assert serve.stop() == 0, serve.output()
+
+
+async def whole(fleet: Serve) -> None:
+    """Both workers serve (a worker killed by an earlier test restarts on a
+    spare engine slot: tens of seconds), so the next kill leaves one."""
+    await wait_until(lambda: Serve.workers_up(fleet.health()) == 2, timeout=600, every=0.5)
 
 
 async def ask(c: RealtimeClient, text: str) -> str:
@@ -88,6 +94,7 @@ async def test_the_model_answers_with_the_turn_its_dead_worker_heard(fleet):
 
 
 async def test_an_application_session_goes_on_after_its_worker_is_killed(fleet):
+    await whole(fleet)
     instructions = TEXT["instructions"]
     async with DuplexHttpClient(fleet.http, timeout=300) as http:
         session = await http.open_session("smollm2-135m-instruct", instructions=instructions)
@@ -111,6 +118,7 @@ async def test_an_application_session_goes_on_after_its_worker_is_killed(fleet):
 
 
 async def test_a_stream_cut_by_a_killed_worker_replays_elsewhere_and_says_so(fleet):
+    await whole(fleet)
     body = {"model": "smollm2-135m-instruct", "stream_id": "soak-stream-1",
             "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}],
             "options": {"max_tokens": 400}}
