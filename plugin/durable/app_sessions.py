@@ -16,6 +16,7 @@ its live vLLM request is gone, so its next turn prefills the history again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +25,7 @@ from typing import Any
 
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.durable.records import APP_PREFIX, AppSessionRecord
-from vllm_duplex.durable.store import sha
+from vllm_duplex.durable.store import Drop, LeaseHeld, StoreUnavailable, sha
 from vllm_duplex.durable.takeover import store_reachable, take_over
 from vllm_duplex.durable.writer import Durability
 from vllm_duplex.leases.manager import Lease
@@ -105,7 +106,16 @@ class AppSessionKeeper:
 
     async def claim(self, session_id: str) -> None:
         d = self.durability
-        await d.store.acquire(APP_PREFIX + session_id, d.holder, d.lease_ttl_s, new=True)
+        try:
+            with store_reachable("session", session_id):
+                await d.store.acquire(APP_PREFIX + session_id, d.holder, d.lease_ttl_s, new=True)
+        except LeaseHeld:  # another worker holds the id: a duplicate as much as a stored one
+            raise DuplexError("duplicate_id", f"session_id {session_id!r} is a duplicate",
+                              param="session_id") from None
+
+    async def unclaim(self, session_id: str) -> None:
+        with contextlib.suppress(StoreUnavailable):  # then it lapses with its lease
+            await self.durability.store.apply([Drop(APP_PREFIX + session_id, 1, forget=True)])
 
     async def keep(self, session: AppSession, api_key: str | None) -> None:
         self._mirror(session, api_key, 1)

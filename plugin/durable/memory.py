@@ -130,7 +130,9 @@ class MemoryStore(SessionStore):
                 out[w.session_id] = rec.log.head_seq
             elif isinstance(w, Drop):
                 rec.holder, rec.expires_at = None, float("-inf")
-                if not w.release_only:
+                if w.forget:
+                    del self._records[w.session_id]
+                elif not w.release_only:
                     # Its generation stays (until keep_s): an older owner that
                     # wakes up is fenced, never told the store lost it.
                     rec.log.clear()

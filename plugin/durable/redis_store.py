@@ -122,7 +122,7 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return tonumber(redis.call('HGET', KEYS[3], 'head') or '0')
 """
 
-# KEYS: gen, lease, state, log, meta. ARGV: gen, release_only
+# KEYS: gen, lease, state, log, meta. ARGV: gen, release_only, forget
 # A dropped session keeps its generation until it expires with the rest
 # (keep_s): an older owner that wakes up is fenced by it, never told the
 # store lost the session (it would write its stale copy back).
@@ -133,6 +133,8 @@ if g ~= ARGV[1] then return -1 end
 local head = tonumber(redis.call('HGET', KEYS[5], 'head') or '0')
 if ARGV[2] == '1' then
   redis.call('DEL', KEYS[2])
+elseif ARGV[3] == '1' then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 else
   redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 end
@@ -270,7 +272,8 @@ class RedisStore(SessionStore):
             else:
                 assert isinstance(w, Drop)
                 await self._drop(keys=[k["gen"], k["lease"], k["state"], k["log"], k["meta"]],
-                                 args=[w.generation, "1" if w.release_only else "0"], client=pipe)
+                                 args=[w.generation, "1" if w.release_only else "0",
+                                       "1" if w.forget else "0"], client=pipe)
                 i += 1
             order.append(w.session_id)
         results = await self._call(pipe.execute())

@@ -133,11 +133,15 @@ class Save:
 @dataclass(frozen=True)
 class Drop:
     """The session ended for good (``release_only``: its process is stopping;
-    the session stays for another worker to adopt at once)."""
+    the session stays for another worker to adopt at once). Its generation
+    stays until the store forgets it (an older owner waking up is fenced by
+    it); ``forget``: an id claimed but never used (its creation failed) is
+    forgotten whole, so the caller may ask for it again."""
 
     session_id: str
     generation: int
     release_only: bool = False
+    forget: bool = False
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,8 @@ class StreamKeeper:
 
     async def unclaim(self, stream_id: str, generation: int) -> None:
         with contextlib.suppress(StoreUnavailable):
-            await self.durability.store.apply([Drop(self._key(stream_id), generation)])
+            await self.durability.store.apply([Drop(self._key(stream_id), generation,
+                                                    forget=True)])
 
     def keep(self, stream: ResumableStream, api_key: str | None, generation: int) -> None:
         self._mirror(stream, sha(api_key), generation, 0,

@@ -276,6 +276,9 @@ class SessionKeeper(Protocol):
     async def claim(self, session_id: str) -> None:
         """A chosen id: refused (``duplicate_id``) when any worker has it."""
 
+    async def unclaim(self, session_id: str) -> None:
+        """A claimed id whose session could not be opened: free for a retry."""
+
     async def keep(self, session: AppSession, api_key: str | None) -> None:
         """Keep ``session`` from now on (returns once it is kept)."""
 
@@ -328,17 +331,25 @@ class AppSessions:
             if minted_owner(session_id) is not None:
                 raise DuplexError("invalid_value", "ids of the form sess_<24 chars>.<instance> are "
                                   "reserved for minted ids", param="session_id")
-        if self.keeper is not None and minted_owner(session_id) is None:
+        claimed = self.keeper is not None and minted_owner(session_id) is None
+        if claimed:
             await self.keeper.claim(session_id)  # a chosen id: unused wherever it is kept
-        session, info = self.manager.admit(
-            lambda sid: AppSession(sid, self.stage, model=model, messages=messages),
-            api_key=api_key, session_id=session_id, ttl_s=ttl_s)
+        try:
+            session, info = self.manager.admit(
+                lambda sid: AppSession(sid, self.stage, model=model, messages=messages),
+                api_key=api_key, session_id=session_id, ttl_s=ttl_s)
+        except BaseException:
+            if claimed:
+                await self.keeper.unclaim(session_id)
+            raise
         try:
             await session.open()
             if self.keeper is not None:
                 await self.keeper.keep(session, api_key)
         except BaseException:
             await self.manager.close(session.session_id, api_key, "open_failed")
+            if claimed and session.ended is None:  # never kept: nothing else frees the id
+                await self.keeper.unclaim(session_id)
             raise
         return session, info
 

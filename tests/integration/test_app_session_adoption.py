@@ -47,12 +47,12 @@ CITY = [{"role": "user", "content": "Which city do I live in?"}]
 OPTIONS = {"max_tokens": 12}
 
 
-def runtime(vllm_stage, url: str, instance_id: str) -> Runtime:
+def runtime(vllm_stage, url: str, instance_id: str, **limits) -> Runtime:
     config = load_config("cascade-cpu")
     config = dataclasses.replace(
         config, api_keys=KEYS,
         durability=StoreConfig(store="redis", url=url, lease_ttl_s=LEASE_S),
-        limits=dataclasses.replace(config.limits, resume_grace_s=0.0))
+        limits=dataclasses.replace(config.limits, resume_grace_s=0.0, **limits))
     return Runtime(config, shared_stages={"vllm": vllm_stage}, instance_id=instance_id)
 
 
@@ -62,8 +62,9 @@ async def workers(vllm_stage):
     await redis.start()
     try:
         async with BackgroundServer(runtime(vllm_stage, redis.url, "wa"), grpc_port=0) as a, \
-                BackgroundServer(runtime(vllm_stage, redis.url, "wb"), grpc_port=0) as b:
-            yield a, b
+                BackgroundServer(runtime(vllm_stage, redis.url, "wb"), grpc_port=0) as b, \
+                BackgroundServer(runtime(vllm_stage, redis.url, "wc", max_app_sessions=1)) as c:
+            yield a, b, c
     finally:
         await redis.stop()
 
@@ -79,7 +80,7 @@ def http(server, key: str = KEYS[0]) -> DuplexHttpClient:
 
 
 async def test_a_session_whose_owner_died_goes_on_where_the_request_lands(workers):
-    a, b = workers
+    a, b, _ = workers
     async with http(a) as on_a, http(b) as on_b:
         moved = await on_a.open_session(MODEL, instructions=INSTRUCTIONS, ttl_s=600)
         assert moved.owner_instance_id == "wa" and moved.session_id.endswith(".wa")
@@ -119,7 +120,7 @@ async def test_a_session_whose_owner_died_goes_on_where_the_request_lands(worker
 
 
 async def test_the_dead_owner_is_fenced_and_names_the_new_one(workers):
-    a, b = workers
+    a, b, _ = workers
     async with http(a) as on_a, http(b) as on_b:
         s = await on_a.open_session(MODEL, instructions=INSTRUCTIONS)
         await dies(a)
@@ -144,7 +145,7 @@ async def test_the_dead_owner_is_fenced_and_names_the_new_one(workers):
 
 
 async def test_a_session_opened_over_grpc_is_taken_over_over_grpc(workers):
-    a, b = workers
+    a, b, _ = workers
     async with grpc_client(a) as ga, grpc_client(b) as gb:
         s = await ga.open_session(MODEL, session_id="grpc-moves-1", instructions=INSTRUCTIONS)
         first = await ga.generate(messages=ADA, session=s.ref, max_tokens=12)
@@ -161,7 +162,7 @@ async def test_a_session_opened_over_grpc_is_taken_over_over_grpc(workers):
 
 
 async def test_closed_expired_foreign_and_duplicate_ids_stay_what_they_are(workers):
-    a, b = workers
+    a, b, _ = workers
     async with http(a) as on_a, http(b) as on_b, http(b, KEYS[1]) as bob_on_b:
         closed = await on_a.open_session(MODEL)
         await closed.close()
@@ -187,3 +188,25 @@ async def test_closed_expired_foreign_and_duplicate_ids_stay_what_they_are(worke
             "owner_instance_id"] == "wb"
         await on_b.session("chosen-by-the-app", "wb").close()
         await on_b.session(foreign.session_id, "wb").close()
+
+
+async def test_a_chosen_id_refused_for_a_full_worker_is_free_to_open_elsewhere(workers):
+    """The id is claimed across the workers before the session is admitted;
+    a worker that then refuses it (full) lets the claim go, so the client's
+    retry with the same id, here or on another worker, is not a duplicate."""
+    _, b, full = workers
+    async with http(full) as on_full, http(b) as on_b:
+        first = await on_full.open_session(MODEL)
+        with pytest.raises(DuplexAPIError) as refused:
+            await on_full.open_session(MODEL, session_id="retry-me")
+        assert refused.value.code == "resource_exhausted"
+        # an id another worker holds right now is a duplicate (its claim's lease is live)
+        await on_b.open_session(MODEL, session_id="held-by-b")
+        with pytest.raises(DuplexAPIError) as taken:
+            await on_full.open_session(MODEL, session_id="held-by-b")
+        assert taken.value.code == "duplicate_id"
+        retried = await on_b.open_session(MODEL, session_id="retry-me")
+        assert retried.owner_instance_id == "wb"
+        await retried.close()
+        await first.close()
+        await on_b.session("held-by-b", "wb").close()

@@ -161,6 +161,11 @@ async def test_drop_release_and_typed_refusals(store):
     # "lost" (it would write its stale copy back).
     assert isinstance((await store.renew({sid: ("w1#10", 1)}, 5.0))[sid], Fenced)
     assert isinstance((await store.apply([Save(sid, 1, STATE)]))[sid], Fenced)
+    # An id claimed but never used (its creation failed) is forgotten whole.
+    claimed = new_id()
+    assert await store.acquire(claimed, "w1#10", 5.0, new=True) == 1
+    await store.apply([Drop(claimed, 1, forget=True)])
+    assert await store.acquire(claimed, "w2#20", 5.0, new=True) == 1
 
 
 async def test_bytes_in_redis_that_name_arbitrary_code_are_refused(store):

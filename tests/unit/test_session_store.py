@@ -194,6 +194,15 @@ async def test_a_drop_forgets_the_session_a_release_keeps_it_for_adoption_at_onc
     assert err.value.code == "duplicate_id"
 
 
+async def test_an_id_claimed_but_never_used_is_forgotten_whole():
+    """A chosen id claimed for a session that could not be opened (a full
+    worker): dropped with ``forget``, it may be claimed again at once."""
+    store = MemoryStore(VirtualClock(), shared=True)
+    assert await store.acquire("app:mine", "w1#10", 5.0, new=True) == 1
+    await store.apply([Drop("app:mine", 1, forget=True)])
+    assert await store.acquire("app:mine", "w2#20", 5.0, new=True) == 1
+
+
 async def test_only_the_sessions_key_with_its_token_may_resume_it():
     store = await created(VirtualClock())
     stored = await store.load(S)
