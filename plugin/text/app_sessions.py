@@ -310,11 +310,13 @@ class AppSessions:
         return sum(1 for s in self._recent.values() if s.port.resident)
 
     def check_owner(self, session_id: str, claimed_owner: str | None) -> None:
-        """Refuse (never serve) a session another instance owns (a session held
-        here, taken over from its minting instance, is this one's). With a
-        keeper, ``reach`` has decided: a session a live worker holds was
-        refused there, one no worker keeps is unknown here as anywhere."""
-        if self.keeper is not None or self.manager.held(session_id) is not None:
+        """Refuse (never serve) a session another instance owns, or that the
+        caller says another instance owns. With a keeper (a durable store),
+        ``reach`` has decided instead: a session held here is this one's
+        whatever the caller last knew (it may have been taken over from the
+        owner the caller names), one a live worker holds was refused there,
+        one no worker keeps is unknown here as anywhere."""
+        if self.keeper is not None:
             return
         owner = claimed_owner or minted_owner(session_id)
         if owner is not None and owner != self.instance_id:
