@@ -22,6 +22,22 @@ from vllm_duplex.fleet.router import RouterPlan, nginx_conf
 log = logging.getLogger(__name__)
 
 
+def children(parent: int) -> dict[int, bytes]:
+    """``parent``'s child processes: pid -> command line (from /proc)."""
+    found: dict[int, bytes] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            found[int(entry.name)] = cmd
+    return found
+
+
 def nginx_binary() -> str:
     found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx")
                                       else None)
@@ -116,19 +132,7 @@ class Nginx:
     def _children(self) -> dict[int, bytes]:
         """The master's processes (its nginx workers): pid -> command line
         (the title, ``nginx: worker process [is shutting down]``)."""
-        master = self._proc.pid if self._proc is not None else None
-        found: dict[int, bytes] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                cmd = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == master:
-                found[int(entry.name)] = cmd
-        return found
+        return children(self._proc.pid) if self._proc is not None else {}
 
     async def reload(self, plan: RouterPlan, timeout_s: float = 10.0) -> None:
         """A new plan (instances joined or left, one out of routing or back):

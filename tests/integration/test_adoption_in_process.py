@@ -176,6 +176,19 @@ async def test_a_server_that_stops_leaves_its_sessions_to_be_adopted_at_once():
         await resumed.close()
 
 
+CHUNK = b"\x00\x00" * 480  # 20 ms of silence at 24 kHz
+
+
+async def two_chunks_committed(url: str) -> RealtimeClient:
+    """A text session whose numbered input chunks 1 and 2 are committed."""
+    c = await text_client(url)
+    for seq in (1, 2):
+        await c.append_audio(CHUNK, seq=seq)
+    await c.commit()
+    await c.wait_for("input_audio_buffer.committed")
+    return c
+
+
 async def test_numbered_input_goes_on_from_where_it_was_after_an_adoption():
     """``last_input_seq`` belongs to the session, not to its process: the
     adopter goes on numbering from the one stored with the session's state (a
@@ -183,25 +196,20 @@ async def test_numbered_input_goes_on_from_where_it_was_after_an_adoption():
     store = MemoryStore(MonotonicClock(), shared=True)
     async with BackgroundServer(Runtime(config(), instance_id="a", store=store)) as a, \
             BackgroundServer(Runtime(config(), instance_id="b", store=store)) as b:
-        c = await text_client(a.ws_url)
-        chunk = b"\x00\x00" * 480
-        for seq in (1, 2):
-            await c.append_audio(chunk, seq=seq)
-        await c.commit()
-        await c.wait_for("input_audio_buffer.committed")
+        c = await two_chunks_committed(a.ws_url)
         await wait_until(lambda: store._records[c.session_id].state.last_input_seq == 2, timeout=5)
         await c.ws.close()
         await store.mark_dead(a.runtime.durability.holder)
         c.url = b.ws_url
         resumed = await c.reconnect()
         assert resumed.owner == "b" and resumed.events[0]["last_input_seq"] == 2
-        await resumed.append_audio(chunk, seq=2)  # a resend: acknowledged as a duplicate
-        gap = await resumed.append_audio(chunk, seq=4)
+        await resumed.append_audio(CHUNK, seq=2)  # a resend: acknowledged as a duplicate
+        gap = await resumed.append_audio(CHUNK, seq=4)
         err = await resumed.wait_for("error")
         assert err["error"]["code"] == "sequence_gap" and err["error"]["expected_seq"] == 3
         assert err["error"]["event_id"] == gap  # the duplicate raised nothing
         for seq in (3, 4):  # (a fresh resampler's first 20 ms may yield no sample yet)
-            await resumed.append_audio(chunk, seq=seq)
+            await resumed.append_audio(CHUNK, seq=seq)
         await resumed.commit()
         await resumed.wait_for("input_audio_buffer.committed", raise_on_error=True)
         await resumed.close()
@@ -215,14 +223,9 @@ async def test_a_question_half_sent_when_its_owner_died_is_asked_for_again():
     store = MemoryStore(MonotonicClock(), shared=True)
     async with BackgroundServer(Runtime(config(), instance_id="a", store=store)) as a, \
             BackgroundServer(Runtime(config(), instance_id="b", store=store)) as b:
-        c = await text_client(a.ws_url)
-        chunk = b"\x00\x00" * 480
-        for seq in (1, 2):
-            await c.append_audio(chunk, seq=seq)
-        await c.commit()
-        await c.wait_for("input_audio_buffer.committed")
+        c = await two_chunks_committed(a.ws_url)
         for seq in (3, 4):  # the next question, half sent
-            await c.append_audio(chunk, seq=seq)
+            await c.append_audio(CHUNK, seq=seq)
         # Something saves the state after them (the config changed).
         await c.send({"type": "session.update", "session": {"instructions": "Be brief."}})
         await c.wait_for("session.updated")
@@ -234,7 +237,7 @@ async def test_a_question_half_sent_when_its_owner_died_is_asked_for_again():
         resumed = await c.reconnect()
         assert resumed.owner == "b" and resumed.events[0]["last_input_seq"] == 2
         for seq in (3, 4):  # taken as new: the adopter never had them
-            await resumed.append_audio(chunk, seq=seq)
+            await resumed.append_audio(CHUNK, seq=seq)
         await resumed.commit()
         committed = await resumed.wait_for("input_audio_buffer.committed", raise_on_error=True)
         assert committed["item_id"]

@@ -22,19 +22,15 @@ anything -- except to check that it is fenced (it still runs here).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 
 import httpx
 import pytest
 import pytest_asyncio
-from support.grpc_fixtures import fails, grpc_client
-from support.text_fixtures import INSTRUCTIONS, KEYS, MODEL, auth
+from support.grpc_fixtures import grpc_client
+from support.text_fixtures import INSTRUCTIONS, KEYS, MODEL, auth, durable_text_runtime
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 from vllm_duplex.fleet.redis_server import RedisServer
-from vllm_duplex.host.deploy import load_config
-from vllm_duplex.host.runtime import Runtime
-from vllm_duplex.host.store_config import StoreConfig
 from vllm_duplex.realtime.client.http import DuplexAPIError, DuplexHttpClient
 from vllm_duplex.realtime.server.serving import BackgroundServer
 from vllm_duplex.realtime.wire.openengine.v1 import types_pb2 as t
@@ -47,13 +43,8 @@ CITY = [{"role": "user", "content": "Which city do I live in?"}]
 OPTIONS = {"max_tokens": 12}
 
 
-def runtime(vllm_stage, url: str, instance_id: str, **limits) -> Runtime:
-    config = load_config("cascade-cpu")
-    config = dataclasses.replace(
-        config, api_keys=KEYS,
-        durability=StoreConfig(store="redis", url=url, lease_ttl_s=LEASE_S),
-        limits=dataclasses.replace(config.limits, resume_grace_s=0.0, **limits))
-    return Runtime(config, shared_stages={"vllm": vllm_stage}, instance_id=instance_id)
+def runtime(vllm_stage, url: str, instance_id: str, **limits):
+    return durable_text_runtime(vllm_stage, url, instance_id, lease_ttl_s=LEASE_S, **limits)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -168,7 +159,7 @@ async def test_closed_expired_foreign_and_duplicate_ids_stay_what_they_are(worke
         await closed.close()
         short = await on_a.open_session(MODEL, ttl_s=1)
         foreign = await on_a.open_session(MODEL)
-        chosen = await on_a.open_session(MODEL, session_id="chosen-by-the-app")
+        await on_a.open_session(MODEL, session_id="chosen-by-the-app")
         await asyncio.sleep(1.2)
         await dies(a)
         for sid, client, code in ((closed.session_id, on_b, "session_not_found"),

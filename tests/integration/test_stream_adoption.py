@@ -17,17 +17,13 @@ stopped process that woke up would.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import httpx
 import pytest
 import pytest_asyncio
-from support.text_fixtures import FRANCE, KEYS, MODEL, client, sse_events
+from support.text_fixtures import FRANCE, KEYS, MODEL, client, durable_text_runtime, sse_events
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 from vllm_duplex.fleet.redis_server import RedisServer
-from vllm_duplex.host.deploy import load_config
-from vllm_duplex.host.runtime import Runtime
-from vllm_duplex.host.store_config import StoreConfig
 from vllm_duplex.realtime.server.serving import BackgroundServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -35,12 +31,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 STORY = [{"role": "user", "content": "Tell me a long story about a dragon who learns to fly."}]
 
 
-def runtime(vllm_stage, url: str, instance_id: str) -> Runtime:
-    config = load_config("cascade-cpu")
-    config = dataclasses.replace(
-        config, api_keys=KEYS, durability=StoreConfig(store="redis", url=url, lease_ttl_s=1.0),
-        limits=dataclasses.replace(config.limits, resume_grace_s=0.0))
-    return Runtime(config, shared_stages={"vllm": vllm_stage}, instance_id=instance_id)
+def runtime(vllm_stage, url: str, instance_id: str):
+    return durable_text_runtime(vllm_stage, url, instance_id)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from vllm_duplex.fleet.nginx import children
 from vllm_duplex.host.deploy import resolve_config_path
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.realtime.server.serving import free_port
@@ -149,16 +150,9 @@ def owner(client: RealtimeClient) -> str:
 
 def child_pid(parent: int, name: str) -> int:
     """The pid of ``parent``'s child process running ``name`` (from /proc)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmd = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and name.encode() in cmd:
-            return int(entry.name)
+    for pid, cmd in children(parent).items():
+        if name.encode() in cmd:
+            return pid
     raise LookupError(name)
 
 

@@ -45,6 +45,20 @@ def text_runtime(vllm_stage: Any, **limits: Any) -> Runtime:
     return Runtime(config, shared_stages={"vllm": vllm_stage})
 
 
+def durable_text_runtime(vllm_stage: Any, redis_url: str, instance_id: str, *,
+                         lease_ttl_s: float = 1.0, **limits: Any) -> Runtime:
+    """``text_runtime`` as one worker of several sharing a Redis store
+    (``durability: {store: redis, url}``): what outlives a worker there."""
+    from vllm_duplex.host.store_config import StoreConfig
+
+    config = load_config("cascade-cpu")
+    config = dataclasses.replace(
+        config, api_keys=KEYS,
+        durability=StoreConfig(store="redis", url=redis_url, lease_ttl_s=lease_ttl_s),
+        limits=dataclasses.replace(config.limits, resume_grace_s=0.0, **limits))
+    return Runtime(config, shared_stages={"vllm": vllm_stage}, instance_id=instance_id)
+
+
 def auth(key: str = KEYS[0]) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
