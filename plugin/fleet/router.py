@@ -305,7 +305,8 @@ http {{
         }}
         location = /v1/realtime/calls {{
             proxy_next_upstream error http_429 non_idempotent;  # a 429 did nothing, a refused
-            # connection neither (a worker restarting): try the next
+            # connection neither (a worker restarting): try the next (a worker that dies
+            # holding the request may leave a session the client never saw: it expires)
             proxy_pass http://{POOL};
         }}
         location = /v1/generate/stream {{
@@ -316,7 +317,8 @@ http {{
         }}
         location = /v1/sessions {{
             proxy_next_upstream error http_429 non_idempotent;  # a 429 did nothing, a refused
-            # connection neither (a worker restarting): try the next
+            # connection neither (a worker restarting): try the next (a worker that dies
+            # holding the request may leave a session the client never saw: it expires)
             proxy_pass http://{POOL};
         }}
         location ~ ^/v1/sessions/(?<duplex_path_id>[^/]+)(/renew|/generate)?$ {{
