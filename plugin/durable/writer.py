@@ -172,13 +172,19 @@ class Durability:
         return mark
 
     def published(self, session: DuplexSession, env: Envelope) -> None:
-        if env.event.type in _INPUT_SETTLED:
-            t = self._tracked.get(session.session_id)
-            if t is not None and isinstance(t.item, RealtimeCopy):
-                t.item.input_settled()
-        if env.event.type in _STATE_EVENTS:
-            self.changed(session.session_id)  # saved once per batch, after its events
-        self.append(session.session_id, env.seq, wire_size(env), env)
+        # On every event of every session: one lookup, nothing more when it is
+        # not mirrored (the in-memory store, the default).
+        t = self._tracked.get(session.session_id)
+        if t is None:
+            return
+        kind = env.event.type
+        if kind in _INPUT_SETTLED and isinstance(t.item, RealtimeCopy):
+            t.item.input_settled()
+        if kind in _STATE_EVENTS:
+            t.dirty = True  # saved once per batch, after its events
+            self._wake.set()
+        self._put(Append(session.session_id, t.generation, env.seq, wire_size(env), time.time(),
+                         env))
 
     def append(self, session_id: str, seq: int, size: int, payload: Any) -> None:
         t = self._tracked.get(session_id)
