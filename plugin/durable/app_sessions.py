@@ -15,7 +15,6 @@ its live vLLM request is gone, so its next turn prefills the history again.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import time
@@ -26,7 +25,7 @@ from typing import Any
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.durable.records import APP_PREFIX, AppSessionRecord
 from vllm_duplex.durable.store import Drop, LeaseHeld, StoreUnavailable, sha
-from vllm_duplex.durable.takeover import store_reachable, take_over
+from vllm_duplex.durable.takeover import OneAtATime, store_reachable, take_over
 from vllm_duplex.durable.writer import Durability
 from vllm_duplex.leases.manager import Lease
 from vllm_duplex.text.app_sessions import AppSession, AppSessions
@@ -100,7 +99,7 @@ class AppSessionKeeper:
     def __init__(self, sessions: AppSessions, durability: Durability) -> None:
         self.sessions = sessions
         self.durability = durability
-        self._reaching: dict[str, asyncio.Future[None]] = {}  # takeovers in flight, by id
+        self._takeovers = OneAtATime()
         self.adopted = 0  # sessions taken over from a worker that was gone
         self.moved = 0  # sessions another worker took over from this one
 
@@ -126,20 +125,14 @@ class AppSessionKeeper:
         tomb = manager.tombstone(session_id)
         if tomb is not None and tomb.close_reason != "moved":
             return  # closed or expired here: its tombstone answers
-        running = self._reaching.get(session_id)
-        if running is not None:  # one takeover at a time per id
-            await asyncio.shield(running)
-            return
-        fut = self._reaching[session_id] = asyncio.get_running_loop().create_future()
-        try:
+        async with self._takeovers.turn(session_id):
+            if manager.held(session_id) is not None:
+                return  # the caller before took it over
             # A session that moved away from here is answered at once where it went.
             with store_reachable("session", session_id):
                 found = await find(self.durability, session_id, api_key, patient=tomb is None)
-            if found is not None and manager.held(session_id) is None:
+            if found is not None:
                 await self._restore(session_id, api_key, *found)
-        finally:
-            del self._reaching[session_id]
-            fut.set_result(None)
 
     async def _restore(self, session_id: str, api_key: str | None, record: AppSessionRecord,
                        generation: int) -> None:

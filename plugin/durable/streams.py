@@ -18,7 +18,6 @@ owner_lost``, written to the store too, and is completed.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import json
@@ -31,7 +30,7 @@ from typing import Any
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.durable.records import STREAM_PREFIX, StreamRecord
 from vllm_duplex.durable.store import Drop, LeaseHeld, Stored, StoreUnavailable, sha
-from vllm_duplex.durable.takeover import take_over
+from vllm_duplex.durable.takeover import OneAtATime, take_over
 from vllm_duplex.durable.writer import Durability
 from vllm_duplex.replay.outbox import DurableMark
 from vllm_duplex.text.events import ErrorEvent
@@ -122,7 +121,7 @@ class StreamKeeper:
     def __init__(self, streams: StreamStore, durability: Durability) -> None:
         self.streams = streams
         self.durability = durability
-        self._reaching: dict[str, asyncio.Future[DuplexError | None]] = {}  # takeovers, by id
+        self._takeovers = OneAtATime()
         self.adopted = 0  # streams taken over from a worker that was gone
         self.moved = 0  # streams another worker took over from this one
 
@@ -159,22 +158,10 @@ class StreamKeeper:
 
     async def reach(self, stream_id: str, api_key: str | None, key_id: str | None, *,
                     patient: bool = True) -> None:
-        running = self._reaching.get(stream_id)
-        if running is not None:  # one takeover at a time per id
-            failed = await asyncio.shield(running)
-            if failed is not None:
-                raise failed
-            return
-        fut = self._reaching[stream_id] = asyncio.get_running_loop().create_future()
-        err: DuplexError | None = None
-        try:
+        async with self._takeovers.turn(stream_id):
+            if self.streams.held(stream_id):
+                return  # the caller before took it over
             await self._take(stream_id, api_key, key_id, patient)
-        except DuplexError as e:
-            err = e
-            raise
-        finally:
-            del self._reaching[stream_id]
-            fut.set_result(err)
 
     async def _take(self, stream_id: str, api_key: str | None, key_id: str | None,
                     patient: bool) -> None:

@@ -11,14 +11,38 @@ read again, now that nobody else can write it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.durable.store import LeaseHeld, StoreUnavailable, Stored
 from vllm_duplex.durable.writer import Durability
 
 POLL_S = 0.05
+
+
+class OneAtATime:
+    """Takeovers of one id run one at a time in this process: each caller, in
+    turn, finds what the one before it left (taken over and held here, or
+    not: then it tries for itself -- another key's refusal is not its own)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # id -> (lock, callers)
+
+    @contextlib.asynccontextmanager
+    async def turn(self, entry_id: str) -> AsyncIterator[None]:
+        lock, callers = self._locks.get(entry_id, (asyncio.Lock(), 0))
+        self._locks[entry_id] = (lock, callers + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, callers = self._locks[entry_id]
+            if callers == 1:
+                del self._locks[entry_id]
+            else:
+                self._locks[entry_id] = (lock, callers - 1)
 
 
 @contextlib.contextmanager

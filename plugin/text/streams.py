@@ -411,6 +411,10 @@ class StreamStore(Registry[ResumableStream, StreamStatus]):
                 while len(self._moved) > 1024:
                     self._moved.popitem(last=False)
 
+    def held(self, stream_id: str) -> bool:
+        """Is the stream held here (live, any key)? For trusted callers."""
+        return stream_id in self._live
+
     def get(self, stream_id: str, key_id: str | None) -> ResumableStream:
         """The live stream; ``stream_expired`` for an expired one, ``stream_not_found`` for
         unknown, foreign and deleted ids."""
