@@ -22,6 +22,7 @@ anything -- except to check that it is fenced (it still runs here).
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 
 import httpx
@@ -60,6 +61,12 @@ async def workers(vllm_stage):
         await redis.stop()
 
 
+@pytest.fixture
+def tag() -> str:
+    """Ids a client chooses stay taken in the store: each test run chooses new ones."""
+    return secrets.token_hex(4)
+
+
 async def dies(server) -> None:
     """What the supervisor tells the store when the worker's process is gone."""
     durability = server.runtime.durability
@@ -85,8 +92,13 @@ async def test_a_session_whose_owner_died_goes_on_where_the_request_lands(worker
         await dies(a)
         t0 = time.monotonic()
         there = on_b.session(moved.session_id, "wa")  # what the router sends to wa's backup
-        info = await there.info(messages=True)
+        keeper = b.runtime.text.sessions.keeper
+        adopted = keeper.adopted
+        # Two requests at once: one takeover, both served.
+        info, again = await asyncio.gather(there.info(messages=True),
+                                           on_b.session(moved.session_id, "wa").info())
         took_s = time.monotonic() - t0
+        assert keeper.adopted == adopted + 1 and again["turns"] == 1
         assert info["ref"]["owner_instance_id"] == "wb" and there.owner_instance_id == "wb"
         assert info["history"] == told["history"] and info["turns"] == 1
         assert info["lease"]["ttl_s"] == 900 and info["lease"]["generation"] == 2
@@ -102,7 +114,8 @@ async def test_a_session_whose_owner_died_goes_on_where_the_request_lands(worker
         moved_turn = await there.generate(CITY, options=OPTIONS).collect()
         control = await still.generate(CITY, options=OPTIONS).collect()
         assert moved_turn.finish_reason == control.finish_reason
-        assert moved_turn.finish["usage"]["prompt_tokens"] == control.finish["usage"]["prompt_tokens"]
+        prompt = [r.finish["usage"]["prompt_tokens"] for r in (moved_turn, control)]
+        assert prompt[0] == prompt[1]
         assert moved_turn.text == control.text  # greedy, the same context
         assert (await there.info())["turns"] == 2
         print(f"\ntaken over in {took_s * 1000:.0f} ms (lease {LEASE_S} s, owner marked dead)")
@@ -135,13 +148,13 @@ async def test_the_dead_owner_is_fenced_and_names_the_new_one(workers):
         await on_b.session(s.session_id, "wb").close()
 
 
-async def test_a_session_opened_over_grpc_is_taken_over_over_grpc(workers):
+async def test_a_session_opened_over_grpc_is_taken_over_over_grpc(workers, tag):
     a, b, _ = workers
     async with grpc_client(a) as ga, grpc_client(b) as gb:
-        s = await ga.open_session(MODEL, session_id="grpc-moves-1", instructions=INSTRUCTIONS)
+        s = await ga.open_session(MODEL, session_id=f"grpc-moves-{tag}", instructions=INSTRUCTIONS)
         first = await ga.generate(messages=ADA, session=s.ref, max_tokens=12)
         await dies(a)
-        ref = t.GenerationSessionRef(session_id="grpc-moves-1", owner_instance_id="wa")
+        ref = t.GenerationSessionRef(session_id=f"grpc-moves-{tag}", owner_instance_id="wa")
         got = await gb.get_session(ref, history=True)
         assert got.ref.owner_instance_id == "wb" and got.turns == 1
         assert [m.role for m in got.history] == ["system", "user", "assistant"]
@@ -152,14 +165,14 @@ async def test_a_session_opened_over_grpc_is_taken_over_over_grpc(workers):
         await gb.close_session(ref)
 
 
-async def test_closed_expired_foreign_and_duplicate_ids_stay_what_they_are(workers):
+async def test_closed_expired_foreign_and_duplicate_ids_stay_what_they_are(workers, tag):
     a, b, _ = workers
     async with http(a) as on_a, http(b) as on_b, http(b, KEYS[1]) as bob_on_b:
         closed = await on_a.open_session(MODEL)
         await closed.close()
         short = await on_a.open_session(MODEL, ttl_s=1)
         foreign = await on_a.open_session(MODEL)
-        await on_a.open_session(MODEL, session_id="chosen-by-the-app")
+        await on_a.open_session(MODEL, session_id=f"chosen-{tag}")
         await asyncio.sleep(1.2)
         await dies(a)
         for sid, client, code in ((closed.session_id, on_b, "session_not_found"),
@@ -173,15 +186,15 @@ async def test_closed_expired_foreign_and_duplicate_ids_stay_what_they_are(worke
         # an id chosen on one worker is taken on every worker
         async with httpx.AsyncClient(base_url=b.http_url, headers=auth()) as raw:
             r = await raw.post("/v1/sessions", json={"model": MODEL,
-                                                     "session_id": "chosen-by-the-app"})
+                                                     "session_id": f"chosen-{tag}"})
         assert r.status_code == 409 and r.json()["error"]["code"] == "duplicate_id"
-        assert (await on_b.session("chosen-by-the-app", "wa").info())["ref"][
+        assert (await on_b.session(f"chosen-{tag}", "wa").info())["ref"][
             "owner_instance_id"] == "wb"
-        await on_b.session("chosen-by-the-app", "wb").close()
+        await on_b.session(f"chosen-{tag}", "wb").close()
         await on_b.session(foreign.session_id, "wb").close()
 
 
-async def test_a_chosen_id_refused_for_a_full_worker_is_free_to_open_elsewhere(workers):
+async def test_a_chosen_id_refused_for_a_full_worker_is_free_to_open_elsewhere(workers, tag):
     """The id is claimed across the workers before the session is admitted;
     a worker that then refuses it (full) lets the claim go, so the client's
     retry with the same id, here or on another worker, is not a duplicate."""
@@ -189,15 +202,15 @@ async def test_a_chosen_id_refused_for_a_full_worker_is_free_to_open_elsewhere(w
     async with http(full) as on_full, http(b) as on_b:
         first = await on_full.open_session(MODEL)
         with pytest.raises(DuplexAPIError) as refused:
-            await on_full.open_session(MODEL, session_id="retry-me")
+            await on_full.open_session(MODEL, session_id=f"retry-me-{tag}")
         assert refused.value.code == "resource_exhausted"
         # an id another worker holds right now is a duplicate (its claim's lease is live)
-        await on_b.open_session(MODEL, session_id="held-by-b")
+        await on_b.open_session(MODEL, session_id=f"held-by-b-{tag}")
         with pytest.raises(DuplexAPIError) as taken:
-            await on_full.open_session(MODEL, session_id="held-by-b")
+            await on_full.open_session(MODEL, session_id=f"held-by-b-{tag}")
         assert taken.value.code == "duplicate_id"
-        retried = await on_b.open_session(MODEL, session_id="retry-me")
+        retried = await on_b.open_session(MODEL, session_id=f"retry-me-{tag}")
         assert retried.owner_instance_id == "wb"
         await retried.close()
         await first.close()
-        await on_b.session("held-by-b", "wb").close()
+        await on_b.session(f"held-by-b-{tag}", "wb").close()

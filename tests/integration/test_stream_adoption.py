@@ -17,6 +17,7 @@ stopped process that woke up would.
 from __future__ import annotations
 
 import asyncio
+import secrets
 
 import httpx
 import pytest
@@ -29,6 +30,12 @@ from vllm_duplex.realtime.server.serving import BackgroundServer
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 STORY = [{"role": "user", "content": "Tell me a long story about a dragon who learns to fly."}]
+
+
+@pytest.fixture
+def tag() -> str:
+    """Stream ids stay taken in the store: each test run chooses new ones."""
+    return secrets.token_hex(4)
 
 
 def runtime(vllm_stage, url: str, instance_id: str):
@@ -76,14 +83,15 @@ async def generated(http: httpx.AsyncClient, stream_id: str, messages, limit: in
         return await read(r, limit)
 
 
-async def test_a_stream_cut_by_its_workers_death_resumes_elsewhere_then_ends_in_error(workers):
+async def test_a_stream_cut_by_its_workers_death_resumes_elsewhere_then_ends_in_error(workers, tag):
     a, b = workers
     async with client(a) as on_a, client(b) as on_b:
         # A long generation; the client sees 5 events, then its connection drops.
-        seen = await generated(on_a, "dur-live", STORY, limit=5, max_tokens=400, min_tokens=400)
+        seen = await generated(on_a, f"dur-live-{tag}", STORY, limit=5, max_tokens=400,
+                               min_tokens=400)
         assert [s for s, _, _ in seen] == [1, 2, 3, 4, 5]
         await dies(a)  # mid-generation
-        rest = await replay(on_b, "dur-live", **{"from": 6})  # what the router sends wa's backup
+        rest = await replay(on_b, f"dur-live-{tag}", **{"from": 6})  # what wa's backup gets
         assert [s for s, _, _ in rest] == list(range(6, 6 + len(rest)))  # no gap, no duplicate
         assert [e for _, e, _ in rest].count("error") == 1 and rest[-1][1] == "error"
         assert "finish" not in [e for _, e, _ in rest]
@@ -91,49 +99,61 @@ async def test_a_stream_cut_by_its_workers_death_resumes_elsewhere_then_ends_in_
         assert error["code"] == "engine_dead" and error["reason"] == "owner_lost"
         assert error["owner_instance_id"] == "wa"
         # The whole stream on wb begins as the client saw it on wa; Last-Event-ID works too.
-        assert (await replay(on_b, "dur-live"))[:5] == seen
-        async with on_b.stream("GET", "/v1/streams/dur-live", headers={"last-event-id": "5"}) as r:
+        assert (await replay(on_b, f"dur-live-{tag}"))[:5] == seen
+        async with on_b.stream("GET", f"/v1/streams/dur-live-{tag}",
+                               headers={"last-event-id": "5"}) as r:
             assert await read(r) == rest
-        found = (await on_b.post("/v1/streams/lookup", json={"stream_ids": ["dur-live"]})).json()
-        assert found["data"] == [{"stream_id": "dur-live", "status": "completed", "first_seq": 1,
-                                  "head_seq": rest[-1][0]}]
+        found = (await on_b.post("/v1/streams/lookup",
+                                 json={"stream_ids": [f"dur-live-{tag}"]})).json()
+        assert found["data"] == [{"stream_id": f"dur-live-{tag}", "status": "completed",
+                                  "first_seq": 1, "head_seq": rest[-1][0]}]
         # wa, still running, is fenced at its next write: it stops the generation,
         # drops its copy and names the new owner.
-        keeper = a.runtime.text.streams.keeper
+        held_by_a = a.runtime.text.streams.held
         for _ in range(100):
-            if keeper.moved:
+            if not held_by_a(f"dur-live-{tag}"):
                 break
             await asyncio.sleep(0.05)
-        assert keeper.moved == 1
-        stale = await on_a.get("/v1/streams/dur-live")
+        assert not held_by_a(f"dur-live-{tag}")  # dropped, within a lease
+        stale = await on_a.get(f"/v1/streams/dur-live-{tag}")
         assert stale.status_code == 421
         assert stale.json()["error"]["owner_instance_id"] == "wb"
 
 
-async def test_a_completed_stream_replays_whole_elsewhere_a_deleted_one_stays_gone(workers):
+async def test_a_completed_stream_replays_whole_elsewhere_a_deleted_one_stays_gone(workers, tag):
     a, b = workers
     async with client(a) as on_a, client(b) as on_b, client(b, KEYS[1]) as bob_on_b:
-        done = await generated(on_a, "dur-done", FRANCE, max_tokens=12)
+        done = await generated(on_a, f"dur-done-{tag}", FRANCE, max_tokens=12)
         assert done[-1][1] == "finish"
-        await generated(on_a, "dur-gone", FRANCE, max_tokens=4)
-        assert (await on_a.delete("/v1/streams/dur-gone")).status_code == 200
+        await generated(on_a, f"dur-gone-{tag}", FRANCE, max_tokens=4)
+        assert (await on_a.delete(f"/v1/streams/dur-gone-{tag}")).status_code == 200
         await dies(a)
         # Another key: unknown to it, and not taken over for it.
-        assert (await bob_on_b.get("/v1/streams/dur-done")).status_code == 404
-        r = await on_b.post("/v1/streams/lookup", json={"stream_ids": ["dur-done", "dur-gone",
-                                                                       "dur-never", "dur-done"]})
+        assert (await bob_on_b.get(f"/v1/streams/dur-done-{tag}")).status_code == 404
+        r = await on_b.post("/v1/streams/lookup", json={"stream_ids": [
+            f"dur-done-{tag}", f"dur-gone-{tag}", f"dur-never-{tag}", f"dur-done-{tag}"]})
         assert r.json()["data"] == [
-            {"stream_id": "dur-done", "status": "completed", "first_seq": 1, "head_seq": len(done)},
-            {"stream_id": "dur-gone", "status": "unknown"},
-            {"stream_id": "dur-never", "status": "unknown"}]
-        assert await replay(on_b, "dur-done") == done  # as it was, event for event
-        gone = await on_b.get("/v1/streams/dur-gone")
+            {"stream_id": f"dur-done-{tag}", "status": "completed", "first_seq": 1,
+             "head_seq": len(done)},
+            {"stream_id": f"dur-gone-{tag}", "status": "unknown"},
+            {"stream_id": f"dur-never-{tag}", "status": "unknown"}]
+        assert await replay(on_b, f"dur-done-{tag}") == done  # as it was, event for event
+        gone = await on_b.get(f"/v1/streams/dur-gone-{tag}")
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "stream_not_found"
         # wa, fenced at its next lease renewal, drops its copy; deleted on wb, the
         # stream is dropped from the store, so wa cannot bring it back.
         for _ in range(100):
-            if "dur-done" not in a.runtime.text.streams._live:
+            if f"dur-done-{tag}" not in a.runtime.text.streams._live:
                 break
             await asyncio.sleep(0.05)
-        assert (await on_b.delete("/v1/streams/dur-done")).status_code == 200
-        assert (await on_a.get("/v1/streams/dur-done")).status_code == 404
+        assert f"dur-done-{tag}" not in a.runtime.text.streams._live
+        assert (await on_b.delete(f"/v1/streams/dur-done-{tag}")).status_code == 200
+        # The drop reaches the store behind the DELETE's answer (the writer's
+        # next batch; until then wa would name wb): once it has, wa says gone.
+        store = b.runtime.durability.store
+        for _ in range(100):
+            if await store.load(f"stream:dur-done-{tag}") is None:
+                break
+            await asyncio.sleep(0.05)
+        assert await store.load(f"stream:dur-done-{tag}") is None
+        assert (await on_a.get(f"/v1/streams/dur-done-{tag}")).status_code == 404
