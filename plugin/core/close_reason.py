@@ -25,7 +25,7 @@ class CloseReason(str, enum.Enum):
         member.code = code
         return member
 
-    CLIENT = ("client", 1000)  # session.close, or the manager's DELETE
+    CLIENT = ("client", 1000)  # session.close, a clean close of its socket (1000/1001), a DELETE
     DISCONNECT = ("disconnect", 1000)  # the socket ended and the session cannot wait for a resume
     EXPIRED = ("expired", 1000)  # the lease lapsed (no resume within the grace window)
     SHUTDOWN = ("shutdown", 1001)  # the server is stopping

@@ -397,12 +397,21 @@ class Runtime:
         self.metrics.resumes.inc(outcome="resync" if replay.resync else "ok")
         return session, att, replay, {**resumed, "generation": generation}
 
-    async def release_socket(self, session: DuplexSession, att: Attachment) -> None:
-        """A socket of ``session`` ended. Without resume (grace 0) its session
-        ends with it; otherwise the session waits, detached, for a resume."""
+    async def release_socket(self, session: DuplexSession, att: Attachment, *,
+                             client_closed: bool = False) -> None:
+        """A socket of ``session`` ended. ``client_closed``: its client closed
+        it cleanly (1000, 1001: the transport decides), which ends the session
+        now, as ``session.close`` would -- a client that said goodbye is not
+        coming back, and a session kept for its resume would hold an admission
+        seat, its vLLM request and its journal through the whole grace. A
+        socket that was lost ends its session only without resume (grace 0);
+        otherwise the session waits, detached, for a resume. A socket another
+        one replaced (not ``current``) ends nothing."""
         current = session.detach(att)
         if session.close_reason is not None:
             await self.end_session(session, session.close_reason)
+        elif current and client_closed:
+            await self.end_session(session, CloseReason.CLIENT)
         elif current and not self.session_limits.survives_disconnect:
             await self.end_session(session, CloseReason.DISCONNECT)
         else:

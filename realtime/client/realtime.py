@@ -33,6 +33,8 @@ Event = dict[str, Any]
 # GA names first; beta (``OpenAI-Beta: realtime=v1``) aliases so a beta session collects too.
 _AUDIO_DELTA = {"response.output_audio.delta", "response.audio.delta"}
 RESUMED = "duplex.output_audio.resumed"  # extension: the reply goes on after a backchannel
+# Closing with this keeps the session for a resume; 1000 ends it (docs/errors.md).
+CLOSE_DETACH = 4000
 _TRANSCRIPT_DELTA = {"response.output_audio_transcript.delta", "response.audio_transcript.delta"}
 _TRANSCRIPT_DONE = {"response.output_audio_transcript.done", "response.audio_transcript.done"}
 _TEXT_DELTA = {"response.output_text.delta", "response.text.delta"}
@@ -224,14 +226,18 @@ class RealtimeClient:
         await self.close()
 
     async def close(self, *, end_session: bool = True) -> None:
-        """Close the socket; ``end_session`` also closes the session (otherwise
-        the server keeps it for ``resume`` during its grace window)."""
+        """Close the socket; ``end_session`` also closes the session. Otherwise
+        the socket closes with 4000 (``detach``), which the server takes as
+        "keep my session": it waits for ``resume`` during its grace window (a
+        clean 1000 close would end it: docs/errors.md)."""
         if end_session:
             try:
                 await self.send({"type": "session.close"})
             except Exception:  # the socket is gone already
                 pass
-        await self.ws.close()
+            await self.ws.close()
+        else:
+            await self.ws.close(code=CLOSE_DETACH, reason="detach")
 
     # -- raw events ---------------------------------------------------------------------
 

@@ -9,8 +9,10 @@ A socket either opens a new session, or — connected with ``?resume=1`` —
 sends ``session.resume`` first and is attached to an existing one: it gets
 ``session.resumed`` (with the rotated token), then exactly the journaled
 events after its ``last_seq``, or ``session.resync_required`` with a snapshot
-when they are no longer all retained, then live events. When a socket ends,
-its session waits detached for the grace window (``limits.resume_grace_s``).
+when they are no longer all retained, then live events. When its client
+closes the socket cleanly (close code 1000 or 1001) the session ends with it;
+when the socket is lost or closed with any other code, the session waits
+detached for the grace window (``limits.resume_grace_s``).
 
 ``?intent=transcription`` opens a transcription session; the key may be a
 client secret (``ek_…``), which opens its own session once.
@@ -54,6 +56,14 @@ log = logging.getLogger(__name__)
 CLOSE_REPLACED = 4002  # another socket resumed the session
 CLOSE_SLOW_CONSUMER = 4008  # this socket stopped reading; the session lives on: resume
 
+# A client's close that ends its session (docs/errors.md): normal closure and
+# going away (a page unloading). Anything else keeps the session for a resume:
+# no close frame (1006), a frame without a code (1005 -- uvicorn reports a lost
+# connection as 1005 too, so the two cannot be told apart), an error code, or
+# an application code such as ``RealtimeClient.close(end_session=False)``'s
+# 4000. A close the server began carries the session's own end already.
+CLEAN_CLOSE_CODES = frozenset({1000, 1001})
+
 
 class RealtimeConnection:
     def __init__(self, runtime: Runtime, ws: WebSocket, calls: Calls | None = None) -> None:
@@ -68,6 +78,7 @@ class RealtimeConnection:
         self._send_lock = asyncio.Lock()
         self.session: DuplexSession | None = None
         self.attachment: Attachment | None = None
+        self.client_close_code: int | None = None  # the disconnect's code, once the socket ended
         self.spans = turn_spans(runtime.clock.now)  # None unless OpenTelemetry is configured
 
     async def _send(self, text: str) -> None:
@@ -134,7 +145,8 @@ class RealtimeConnection:
         try:
             await self._read(session)
         finally:
-            await self.runtime.release_socket(session, att)
+            await self.runtime.release_socket(
+                session, att, client_closed=self.client_close_code in CLEAN_CLOSE_CODES)
             await asyncio.gather(writer, return_exceptions=True)
 
     def _intent(self) -> SessionPatch | None:
@@ -200,6 +212,7 @@ class RealtimeConnection:
         except (WebSocketDisconnect, RuntimeError):
             return None
         if message["type"] == "websocket.disconnect":
+            self.client_close_code = message.get("code")
             return None
         frame = message.get("text")
         return frame if frame is not None else (message.get("bytes") or b"")

@@ -95,7 +95,7 @@ async def test_a_resume_is_never_refused_its_session_holds_its_seat():
     async with serve(scripted_config(max_voice_sessions=1, resume_grace_s=30.0)) as srv:
         async with httpx.AsyncClient(base_url=srv.http_url) as http:
             first = await RealtimeClient.connect(srv.ws_url)
-            await first.ws.close()  # dropped, not ended: it waits for its resume
+            first.ws.transport.abort()  # dropped, not ended: it waits for its resume
             health = await live(http, 1)
             assert health["capacity"]["room"] == 0
             with pytest.raises(RealtimeError) as refused:
