@@ -92,7 +92,7 @@ async def test_the_other_server_adopts_and_the_old_owner_is_fenced():
             BackgroundServer(Runtime(config(), instance_id="b", store=store)) as b:
         c = await text_client(a.ws_url)
         await say(c, "my name is Ada")
-        await c.ws.close()  # dropped: the session waits on a for its resume
+        c.ws.transport.abort()  # dropped: the session waits on a for its resume
         await store.mark_dead(a.runtime.durability.holder)  # as a supervisor that saw it die
         c.url = b.ws_url
         resumed = await c.reconnect()
@@ -143,7 +143,7 @@ async def test_a_resume_that_needs_an_unreachable_store_is_told_to_retry():
             BackgroundServer(Runtime(config(), instance_id="b", store=store)) as b:
         c = await text_client(a.ws_url)
         await say(c, "my color is green")
-        await c.ws.close()
+        c.ws.transport.abort()
         await store.mark_dead(a.runtime.durability.holder)
         store.down = True
         c.url = b.ws_url
@@ -166,7 +166,7 @@ async def test_a_server_that_stops_leaves_its_sessions_to_be_adopted_at_once():
         async with BackgroundServer(Runtime(config(), instance_id="a", store=store)) as a:
             c = await text_client(a.ws_url)
             await say(c, "my dog is Rex")
-            await c.ws.close()
+            c.ws.transport.abort()
         stored = await store.load(c.session_id)
         assert stored.holder is None and stored.head_seq == c.last_seq
         c.url = b.ws_url
@@ -198,7 +198,7 @@ async def test_numbered_input_goes_on_from_where_it_was_after_an_adoption():
             BackgroundServer(Runtime(config(), instance_id="b", store=store)) as b:
         c = await two_chunks_committed(a.ws_url)
         await wait_until(lambda: store._records[c.session_id].state.last_input_seq == 2, timeout=5)
-        await c.ws.close()
+        c.ws.transport.abort()
         await store.mark_dead(a.runtime.durability.holder)
         c.url = b.ws_url
         resumed = await c.reconnect()
@@ -231,7 +231,7 @@ async def test_a_question_half_sent_when_its_owner_died_is_asked_for_again():
         await c.wait_for("session.updated")
         await wait_until(lambda: store._records[c.session_id].state.config.instructions
                          == "Be brief.", timeout=5)
-        await c.ws.close()
+        c.ws.transport.abort()
         await store.mark_dead(a.runtime.durability.holder)
         c.url = b.ws_url
         resumed = await c.reconnect()
@@ -259,7 +259,7 @@ async def test_mcp_credentials_are_kept_for_the_adopter_and_reach_no_event_or_lo
         await c.send({"type": "session.update", "session": {"tools": [tool]}})
         await c.wait_for("mcp_list_tools.failed", timeout=20)  # nothing listens on port 9
         await say(c, "hello")
-        await c.ws.close()
+        c.ws.transport.abort()
         await store.mark_dead(a.runtime.durability.holder)
         c.url = b.ws_url
         resumed = await c.reconnect()
@@ -291,7 +291,7 @@ async def test_the_clients_ack_trims_the_stored_journal_and_the_adopter_starts_a
                          timeout=5)
         await say(c, "my cat is Tom")
         assert store._records[c.session_id].log.first_seq == acked + 1
-        await c.ws.close()
+        c.ws.transport.abort()
         await store.mark_dead(a.runtime.durability.holder)
         c.url = b.ws_url
         resumed = await c.reconnect()

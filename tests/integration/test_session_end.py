@@ -16,6 +16,7 @@ freed: ``test_session_end_vllm.py``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import httpx
@@ -27,6 +28,8 @@ from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks override
     scripted_config,
     serve,
 )
+from vllm_duplex.fleet.redis_server import RedisServer
+from vllm_duplex.host.store_config import StoreConfig
 from vllm_duplex.realtime.client.realtime import RealtimeClient, RealtimeError
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -123,3 +126,44 @@ async def test_a_client_that_detaches_on_purpose_resumes():
             finally:
                 await back.close()
             await sessions_become(http, 0)
+
+
+async def test_with_a_redis_store_a_clean_close_drops_the_session_and_a_drop_keeps_it():
+    """The session's keys in the store go with it (no other worker could
+    adopt what the client ended); a lost connection's stay, for its resume."""
+    redis = RedisServer()
+    await redis.start()
+    try:
+        config = dataclasses.replace(
+            scripted_config(max_voice_sessions=2, resume_grace_s=GRACE_S),
+            durability=StoreConfig(store="redis", url=redis.url))
+        async with serve(config) as srv:
+            store = srv.runtime.durability.store
+
+            async def stored(c: RealtimeClient) -> bool:
+                return await store.load(c.session_id) is not None
+
+            ended = await RealtimeClient.connect(srv.ws_url)
+            kept = await RealtimeClient.connect(srv.ws_url)
+            for c in (ended, kept):
+                await c.update_session({"instructions": "Remember me."})
+            for _ in range(100):  # the writer saves in the background
+                if await stored(ended) and await stored(kept):
+                    break
+                await asyncio.sleep(0.05)
+            assert await stored(ended) and await stored(kept)
+            await ended.ws.close()  # 1000
+            kept.ws.transport.abort()
+            for _ in range(100):
+                if not await stored(ended):
+                    break
+                await asyncio.sleep(0.05)
+            assert not await stored(ended)
+            assert await stored(kept)
+            back = await kept.reconnect()
+            try:
+                await assert_alive(back)
+            finally:
+                await back.close()
+    finally:
+        await redis.stop()
