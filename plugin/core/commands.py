@@ -2,7 +2,8 @@
 
 Every command keeps the client's ``event_id`` so errors can echo it.
 ``urgent`` commands ride the session mailbox's control lane and overtake
-queued audio (a cancel never waits behind audio decoding).
+queued ``media`` (a cancel never waits behind audio decoding), but never an
+earlier command of another kind: a socket's commands take effect in order.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from vllm_duplex.core.session_config import AudioFormat, SessionPatch
 @dataclass(frozen=True)
 class Command:
     event_id: str | None = field(default=None, kw_only=True)
-    # Urgent commands overtake queued audio in the session's mailbox (a
+    # Urgent commands overtake queued media in the session's mailbox (a
     # cancel never waits behind audio decoding).
     urgent: ClassVar[bool] = False
+    # Raw input media (audio, video) that an urgent command may overtake;
+    # every other command keeps its place before a later urgent one.
+    media: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class SessionUpdate(Command):
 class AudioAppend(Command):
     audio: bytes  # raw bytes in the session's input format
     seq: int | None = None
+    media: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
@@ -152,6 +157,7 @@ class VideoFrameIn(Command):
 
     image: bytes
     timestamp_ms: int | None = None  # the client's camera clock; default: arrival time
+    media: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
@@ -161,8 +167,11 @@ class VideoChunkIn(Command):
 
     data: bytes
     container: str  # "webm" | "mp4"
+    media: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
 class VideoDecoded(Command):
     """Internal (never on the wire): the session's video decoder has frames."""
+
+    media: ClassVar[bool] = True

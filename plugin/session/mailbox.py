@@ -1,7 +1,13 @@
 """The session mailbox: one bounded, multi-lane queue feeding a session's single writer.
 
 Lanes (``Lane``) are served strictly by priority, CONTROL > STAGE > DATA, and
-FIFO within a lane, so a ``response.cancel`` never waits behind queued audio. The DATA
+FIFO within a lane, so a ``response.cancel`` never waits behind queued audio.
+An *ordered* CONTROL item (a client's urgent command: ``put_nowait(...,
+ordered=True)``) overtakes only the DATA items the mailbox's ``passable``
+accepts (raw media: audio and video); it waits for every other DATA item that
+arrived before it, so a client's commands take effect in the order sent -- a
+``response.cancel`` right after a ``response.create`` finds that response, as
+OpenAI handles a socket's events in order. The DATA
 lane is bounded (it carries client audio, the one thing a client can flood): a full
 one refuses (``MailboxFull``). The STAGE lane is bounded by ``stage_capacity``: a full
 one makes its producer wait (``put``), after trying to *merge* the new item into the
@@ -65,7 +71,8 @@ class MailboxClosed(Exception):
 
 class Mailbox(Generic[T]):
     def __init__(self, data_capacity: int = 1024, *, priority_capacity: int | None = None,
-                 stage_capacity: int | None = None) -> None:
+                 stage_capacity: int | None = None,
+                 passable: Callable[[T], bool] = lambda item: True) -> None:
         if data_capacity < 1:
             raise ValueError("data_capacity must be >= 1")
         if stage_capacity is not None and stage_capacity < 1:
@@ -77,6 +84,12 @@ class Mailbox(Generic[T]):
         # older DATA items (the "control lane overtakes data lane" metric).
         self._lanes: dict[Lane, deque[tuple[int, T]]] = {lane: deque() for lane in _LANES}
         self._arrival = itertools.count()
+        self._passable = passable
+        # The newest DATA item an ordered CONTROL item may not pass (its arrival
+        # number), and each waiting ordered item's such barrier: while the DATA
+        # lane's oldest item is not newer than it, the ordered item waits.
+        self._newest_fixed = -1
+        self._barriers: dict[int, int] = {}
         self._getters: deque[asyncio.Future[None]] = deque()
         self._putters: dict[Lane, deque[asyncio.Future[None]]] = {lane: deque() for lane in _LANES}
         self._closed = False
@@ -112,13 +125,20 @@ class Mailbox(Generic[T]):
                 fut.set_result(None)
                 return
 
-    def put_nowait(self, item: T, lane: Lane) -> None:
+    def put_nowait(self, item: T, lane: Lane, *, ordered: bool = False) -> None:
+        """Queue ``item``; ``ordered`` (CONTROL only): it overtakes only
+        passable DATA items (see the module docstring)."""
         if self._closed:
             raise MailboxClosed("mailbox is closed")
         if self._full(lane):
             raise MailboxFull(lane, self._capacity(lane) or 0)
         q = self._lanes[lane]
-        q.append((next(self._arrival), item))
+        arrival = next(self._arrival)
+        if lane is Lane.DATA and not self._passable(item):
+            self._newest_fixed = arrival
+        elif ordered and lane is Lane.CONTROL and self._newest_fixed >= 0:
+            self._barriers[arrival] = self._newest_fixed
+        q.append((arrival, item))
         if len(q) > self.peak[lane]:
             self.peak[lane] = len(q)
         self.enqueued += 1
@@ -159,13 +179,28 @@ class Mailbox(Generic[T]):
             for lane in _LANES:
                 q = self._lanes[lane]
                 if q and lane not in self._paused:
-                    arrival, item = q.popleft()
+                    at = self._first_due(q) if lane is Lane.CONTROL else 0
+                    if at is None:
+                        continue  # every CONTROL item waits for DATA sent before it
+                    arrival, item = q[at]
+                    del q[at]
+                    self._barriers.pop(arrival, None)
                     data = self._lanes[Lane.DATA]
                     if lane is not Lane.DATA and data and data[0][0] < arrival:
                         self.overtaken += 1
                     self._wake_one(self._putters[lane])
                     return lane, item
             await self._wait(self._getters)
+
+    def _first_due(self, q: deque[tuple[int, T]]) -> int | None:
+        """The index of the first CONTROL item that waits for no DATA item."""
+        data = self._lanes[Lane.DATA]
+        oldest_data = data[0][0] if data else None
+        for i, (arrival, _) in enumerate(q):
+            barrier = self._barriers.get(arrival)
+            if barrier is None or oldest_data is None or oldest_data > barrier:
+                return i
+        return None
 
     async def _wait(self, waiters: deque[asyncio.Future[None]]) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -191,6 +226,7 @@ class Mailbox(Generic[T]):
         dropped = self.qsize()
         for q in self._lanes.values():
             q.clear()
+        self._barriers.clear()
         for waiters in (self._getters, *self._putters.values()):
             while waiters:
                 fut = waiters.popleft()

@@ -132,7 +132,8 @@ class DuplexSession:
         self.metrics = metrics
         self.limits = limits
         self.mailbox: Mailbox[tuple[float, Any]] = Mailbox(
-            data_capacity=limits.mailbox_capacity, stage_capacity=limits.stage_capacity)
+            data_capacity=limits.mailbox_capacity, stage_capacity=limits.stage_capacity,
+            passable=lambda queued: getattr(queued[1], "media", False))
         self.outbox = Outbox(
             Journal(max_events=limits.journal_events, max_bytes=limits.journal_bytes,
                     max_age_s=limits.journal_age_s, budget=journal_budget),
@@ -273,7 +274,7 @@ class DuplexSession:
             raise DuplexError("session_closed", "the session is closed", event_id=command.event_id)
         try:
             at = self.clock.now() if received_at is None else received_at
-            self.mailbox.put_nowait((at, command), lane_of(command))
+            self.mailbox.put_nowait((at, command), lane_of(command), ordered=True)
         except MailboxFull:
             raise DuplexError("resource_exhausted", "too many queued input events",
                               event_id=command.event_id) from None

@@ -197,6 +197,28 @@ async def test_cancel_of_another_response_id_is_not_active(rt):
     assert (await rt.collect_response()).status == "completed"
 
 
+async def test_commands_sent_back_to_back_take_effect_in_order(rt):
+    # LiveKit's realtime test sends these four at once after connecting: a
+    # cancel must find the response the create before it started, never
+    # overtake the create (response_cancel_not_active) and leave the second
+    # create refused (conversation_already_has_active_response).
+    sent = [{"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}},
+            {"type": "response.create"}, {"type": "response.cancel"},
+            {"type": "response.create", "response": {"output_modalities": ["text"]}}]
+    for event in sent:
+        await rt.send(event)
+    first = await rt.collect_response()
+    second = await rt.collect_response()
+    assert "error" not in types(rt.events)
+    order = [t for t in types(rt.events) if t in ("session.updated", "response.created",
+                                                   "response.done")]
+    assert order == ["session.updated", "response.created", "response.done",
+                     "response.created", "response.done"]
+    assert first.status == "cancelled"
+    assert first.done["response"]["status_details"]["reason"] == "client_cancelled"
+    assert second.status == "completed"
+
+
 # ---- 16: barge-in ----------------------------------------------------------------------------
 
 

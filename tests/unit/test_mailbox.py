@@ -7,7 +7,14 @@ import asyncio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vllm_duplex.core.commands import AudioAppend, ResponseCancel
+from vllm_duplex.core.commands import (
+    AudioAppend,
+    AudioCommit,
+    ResponseCancel,
+    ResponseCreate,
+    SessionUpdate,
+)
+from vllm_duplex.core.session_config import SessionPatch
 from vllm_duplex.session.mailbox import (
     Lane,
     Mailbox,
@@ -73,6 +80,64 @@ async def test_control_behind_100_data_items_is_delivered_first() -> None:
     assert mb.qsize(Lane.DATA) == 100
     rest = await drain(mb)
     assert [c.seq for _, c in rest] == list(range(100))
+
+
+def client_mailbox() -> Mailbox[object]:
+    """The session's rule: an urgent command passes only queued media."""
+    return Mailbox(passable=lambda item: getattr(item, "media", False))
+
+
+def deliver(mb: Mailbox[object], command: object) -> None:
+    mb.put_nowait(command, lane_of(command), ordered=True)
+
+
+async def test_a_cancel_never_overtakes_an_earlier_command() -> None:
+    # LiveKit's test sends these back to back: the cancel must find the
+    # response the create before it started (OpenAI handles a socket's events
+    # in order), and the second create comes after the cancel.
+    mb = client_mailbox()
+    update, create = SessionUpdate(patch=SessionPatch()), ResponseCreate(event_id="c1")
+    cancel, again = ResponseCancel(event_id="x"), ResponseCreate(event_id="c2")
+    for command in (update, create, cancel, again):
+        deliver(mb, command)
+    assert [item for _, item in await drain(mb)] == [update, create, cancel, again]
+    assert mb.overtaken == 0
+
+
+async def test_a_cancel_passes_audio_but_waits_for_the_command_before_it() -> None:
+    mb = client_mailbox()
+    audio = [AudioAppend(audio=b"\0\0", seq=i) for i in range(3)]
+    commit, cancel = AudioCommit(), ResponseCancel()
+    for command in (audio[0], audio[1], commit, audio[2], cancel):
+        deliver(mb, command)
+    # audio 0 and 1 go before the commit that holds them, then the cancel
+    # passes audio 2 (a cancel never waits behind audio decoding)
+    assert [item for _, item in await drain(mb)] == [audio[0], audio[1], commit, cancel,
+                                                      audio[2]]
+
+
+async def test_a_waiting_cancel_lets_internal_control_items_pass() -> None:
+    # a timer is not a client command: it never waits for one
+    mb = client_mailbox()
+    create, cancel = ResponseCreate(), ResponseCancel()
+    deliver(mb, create)
+    deliver(mb, cancel)
+    mb.put_nowait("timer", Lane.CONTROL)
+    assert [item for _, item in await drain(mb)] == ["timer", create, cancel]
+
+
+async def test_a_waiting_cancel_goes_once_a_paused_data_lane_resumes() -> None:
+    mb = client_mailbox()
+    create, cancel = ResponseCreate(), ResponseCancel()
+    mb.pause(Lane.DATA)
+    deliver(mb, create)
+    deliver(mb, cancel)
+    getter = asyncio.ensure_future(mb.get())
+    await asyncio.sleep(0)
+    assert not getter.done()  # the cancel waits for the create, whose lane is paused
+    mb.resume(Lane.DATA)
+    assert await getter == (Lane.DATA, create)
+    assert await mb.get() == (Lane.CONTROL, cancel)
 
 
 async def test_data_lane_is_bounded_other_lanes_are_not() -> None:

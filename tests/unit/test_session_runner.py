@@ -61,13 +61,14 @@ async def test_cancel_behind_100_appends_is_applied_first(runtime):
     session = await manual_session(runtime)
     session.deliver(cmd.ResponseCreate())
     await next_event(session, "response.created")
-    # Queue 100 audio appends and a commit, then the cancel, without letting
-    # the session run in between: the cancel must still be handled first.
+    # Queue 100 audio appends, then the cancel, then a commit, without letting
+    # the session run in between: the cancel passes the audio (it never waits
+    # behind audio decoding) but not the commit after it.
     chunk = pcm16(0.02)
     for _ in range(100):
         session.deliver(cmd.AudioAppend(audio=chunk))
-    session.deliver(cmd.AudioCommit(event_id="commit-1"))
     session.deliver(cmd.ResponseCancel(event_id="cancel-1"))
+    session.deliver(cmd.AudioCommit(event_id="commit-1"))
     order = []
     while "input_audio_buffer.committed" not in order:
         env = await next_event(session, "response.done", "input_audio_buffer.committed")
