@@ -9,8 +9,10 @@ no close frame at all (the connection lost), or another code, such as the
 detached for a resume within ``limits.resume_grace_s`` (docs/usage.md,
 "Resume"). Before this, a clean close held its seat for the whole grace: of
 sessions opened one after another on a server of two seats, the third was
-refused ``at_capacity``. The same on the real engine, with the vLLM request
-freed: ``test_session_end_vllm.py``.
+refused ``at_capacity``. A WebRTC call the caller hangs up frees its seat at
+once too (a call has no resume). With a Redis store the session's keys go
+with it. The same on the real engine, with the vLLM request freed:
+``test_session_end_vllm.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks override
     scripted_config,
     serve,
 )
+from support.webrtc import RtcClient
 from vllm_duplex.fleet.redis_server import RedisServer
 from vllm_duplex.host.store_config import StoreConfig
 from vllm_duplex.realtime.client.realtime import RealtimeClient, RealtimeError
@@ -126,6 +129,20 @@ async def test_a_client_that_detaches_on_purpose_resumes():
             finally:
                 await back.close()
             await sessions_become(http, 0)
+
+
+async def test_a_webrtc_call_the_caller_hangs_up_frees_its_seat_at_once():
+    """A call has no resume: its end is the session's, whatever the grace."""
+    async with serve(scripted_config(max_voice_sessions=1, resume_grace_s=GRACE_S)) as srv:
+        async with httpx.AsyncClient(base_url=srv.http_url) as http:
+            for _ in range(5):
+                call = RtcClient(srv.http_url)  # a sixth call past one seat: CallRefused 429
+                try:
+                    await call.connect()
+                    await call.event("session.created")
+                finally:
+                    await call.close()
+                await sessions_become(http, 0)
 
 
 async def test_with_a_redis_store_a_clean_close_drops_the_session_and_a_drop_keeps_it():
