@@ -48,7 +48,7 @@ async def test_a_new_session_finds_the_worker_with_room_and_is_refused_when_all_
     parked = await RealtimeClient.connect(router.ws)
     full = owner(parked)
     other = "w2" if full == "w1" else "w1"
-    await parked.ws.close()  # detached: it keeps its seat on its worker, with no connection
+    parked.ws.transport.abort()  # detached: it keeps its seat on its worker, with no connection
     await wait_until(lambda: room(router, full) == 0
                      and router.health()["workers"][full]["health"]["sessions"] == 1)
     for _ in range(6):  # least_conn ties: nginx picks the full worker too; its 429 moves on
