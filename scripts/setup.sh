@@ -45,6 +45,11 @@ if ! .venv-clients/bin/python -c "import livekit.plugins.openai, pipecat, agents
   .venv-clients/bin/python -m pip install -q --upgrade pip 2>&1 | quiet
   .venv-clients/bin/python -m pip install -q -r tests/clients/requirements.txt 2>&1 | quiet
 fi
+# What the peer projects' own test suites need there (tests/peers: LiveKit
+# Agents' realtime tests run by their pytest, tests/clients/test_peer_livekit.py).
+if ! .venv-clients/bin/python -c "import pytest_asyncio_concurrent, livekit.plugins.xai" >/dev/null 2>&1; then
+  .venv-clients/bin/python -m pip install -q -r tests/peers/requirements.txt 2>&1 | quiet
+fi
 
 need=()
 command -v npm >/dev/null 2>&1 || need+=(npm)  # the browser SDK's install (below)
