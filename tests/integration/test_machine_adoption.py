@@ -62,7 +62,7 @@ async def test_a_live_owner_on_another_machine_is_named_not_taken_over(machines)
     _, m1, m2 = machines
     c = await open_text(m1.ws)
     await say(c, "my colour is blue")
-    await c.ws.close()
+    c.ws.transport.abort()
     with pytest.raises(RealtimeError) as refused:
         await RealtimeClient.resume(m2.ws, c.session_id, c.resume_token, c.last_seq)
     assert refused.value.code == "wrong_instance"
@@ -121,7 +121,7 @@ async def test_a_machine_killed_its_sessions_resume_on_the_other_through_the_edg
             f"You said before: my number is {n}.")
         assert_lossless(c, resumed)
         # and again, now naming its new owner (&owner=m2w…): straight to it
-        await resumed.ws.close()
+        resumed.ws.transport.abort()
         again = await resumed.reconnect()
         assert again.owner == resumed.owner
         assert_lossless(c, resumed, again)

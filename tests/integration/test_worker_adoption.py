@@ -177,7 +177,7 @@ async def test_a_worker_stopped_past_its_lease_leaves_the_routing_is_fenced_and_
     victim = owner(c)
     info = worker(fleet, victim)
     other = next(w for w in fleet.health()["workers"] if w != victim)
-    await c.ws.close()  # the caller's socket dropped (its session waits for a resume)
+    c.ws.transport.abort()  # the caller's socket dropped (its session waits for a resume)
     os.kill(info["pid"], signal.SIGSTOP)
     t0 = time.monotonic()
     try:
