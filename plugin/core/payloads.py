@@ -239,7 +239,13 @@ class TranscriptPartial(InputObservation):
 
 @dataclass(frozen=True)
 class TranscriptFinal(InputObservation):
+    """The final transcript of one utterance. ``onset_ms``: where on the
+    session's input timeline the utterance began (None: the ASR does not
+    say), so the session puts it on the item that holds that speech even when
+    another commit came between (``UserTurn.transcript_item``)."""
+
     text: str
+    onset_ms: int | None = None
 
 
 @dataclass(frozen=True)

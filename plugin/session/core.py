@@ -279,7 +279,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         audio, errors = self.input.commit()
         for err in errors:  # e.g. an odd PCM16 byte count: reported, the turn is kept
             self.error(err)
-        item, committed = self.user.commit(audio)
+        item, committed = self.user.commit(audio, self.input.written_ms)
         self.latency.committed(self.out.now)
         previous = self.conversation.insert(item)
         self.emit(ev.InputAudioBufferCommitted(item_id=item.id, previous_item_id=previous))

@@ -87,11 +87,13 @@ def _transcript_delta(s: Scope, p: TranscriptDelta) -> Events:
 
 def _transcript_final(s: Scope, p: TranscriptFinal) -> Events:
     s.latency.transcript_final(s.now)
-    item_id = s.user.transcript_item(s.conversation)
+    item_id = s.user.transcript_item(s.conversation, p.onset_ms)
     audio_ms = s.conversation.transcribed(item_id, p.text)
     if audio_ms is None:  # not committed yet: the commit takes it (and its audio length)
         s.user.early_transcript = (item_id, p.text)
         audio_ms = s.user.spoken_ms
+    else:
+        s.user.transcribed(item_id)
     return [ev.InputTranscriptionCompleted(
         item_id=item_id, content_index=0, transcript=p.text,
         usage={"type": "duration", "seconds": round(audio_ms / 1000, 3)})]

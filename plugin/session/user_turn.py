@@ -8,6 +8,7 @@ events and the committed item all name the same item (OpenAI's order:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -18,6 +19,9 @@ from vllm_duplex.core.payloads import INTERNAL_RATE, VadConfig
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.turn_end import PAUSE_DETECT_MS
+
+
+MAX_OWED = 8  # committed items awaiting their final: more than any ASR lags
 
 
 class UserTurn:
@@ -32,6 +36,11 @@ class UserTurn:
         self._started_ms = 0  # the VAD's span of the turn being heard (its length
         self.spoken_ms = 0  # before the commit says it exactly)
         self.onsets = 0  # speech onsets heard in the session (the idle timeout's clock)
+        # Committed items whose final transcript has not come yet, oldest
+        # first: (item id, where on the input timeline its audio ended). A
+        # client's commit may follow server VAD's before the ASR's final for
+        # the speech lands; the final then names its onset (``transcript_item``).
+        self._owed: deque[tuple[str, int]] = deque(maxlen=MAX_OWED)
 
     def _pending(self) -> str:
         if self.pending_item is None:
@@ -53,9 +62,16 @@ class UserTurn:
         self.spoken_ms = max(0, audio_ms - self._started_ms)
         return ev.SpeechStopped(audio_end_ms=audio_ms, item_id=self._pending())
 
-    def transcript_item(self, conversation: ItemStore) -> str:
-        """The item a transcript belongs to: the turn being heard, else the
-        user item just committed (the final transcript lands after it)."""
+    def transcript_item(self, conversation: ItemStore, onset_ms: int | None = None) -> str:
+        """The item a transcript belongs to: with ``onset_ms`` (a final's),
+        the oldest committed item still owed its final whose audio reaches
+        past that onset -- the item that holds the speech, whatever was
+        committed after it; else the turn being heard, else the user item just
+        committed (the final transcript lands after it)."""
+        if onset_ms is not None:
+            for item_id, end_ms in self._owed:
+                if end_ms > onset_ms and any(item.id == item_id for item in conversation):
+                    return item_id
         if self.pending_item is None:
             # The reply may already follow it (semantic_vad releases a reply
             # at the commit, before the final transcript).
@@ -67,18 +83,28 @@ class UserTurn:
                 return last.id
         return self._pending()
 
-    def commit(self, audio: np.ndarray) -> tuple[ConversationItem, TurnCommitted]:
-        """The turn's audio became a user item; the next turn gets a new id."""
+    def commit(self, audio: np.ndarray, end_ms: int) -> tuple[ConversationItem, TurnCommitted]:
+        """The turn's audio (ending at ``end_ms`` of the input timeline)
+        became a user item; the next turn gets a new id."""
         item_id = self._pending()
         self.pending_item = None
         self.committed_item = item_id
         early, self.early_transcript = self.early_transcript, None
         audio_ms = int(audio.size * 1000 // INTERNAL_RATE)
         transcript = early[1] if early is not None and early[0] == item_id else None
+        if transcript is None:
+            self._owed.append((item_id, end_ms))
         item = ConversationItem(id=item_id, type=ItemType.MESSAGE, role=Role.USER,
                                 content=[ContentPart(type="input_audio", audio_ms=audio_ms,
                                                      transcript=transcript)])
         return item, TurnCommitted(item_id, audio)
+
+    def transcribed(self, item_id: str) -> None:
+        """``item_id`` has its final transcript: it is owed nothing more."""
+        for owed in self._owed:
+            if owed[0] == item_id:
+                self._owed.remove(owed)
+                return
 
     def dismiss(self) -> None:
         """The speech heard was not a turn (a backchannel, noise): the next

@@ -59,7 +59,7 @@ def test_a_vad_utterance_is_decoded_from_its_onset_with_a_tail():
     lis.speech_started(600)  # the event comes after the audio it describes
     feed(lis, 1000, 1000)
     out = lis.speech_stopped(1500)
-    assert out == [TranscriptFinal("12 words")]
+    assert out == [TranscriptFinal("12 words", 600)]
     # from the onset (prebuffered audio) to the stop point plus the tail
     assert final.calls == [(timeline(600, 1)[0], (1800 - 600) * MS)]
     assert not lis.in_utterance
@@ -70,7 +70,7 @@ def test_the_tail_is_what_has_arrived_nothing_waits_for_more():
     lis = WhisperListener(final, None, vad_gated=True, tail_ms=300)
     lis.speech_started(0)
     feed(lis, 0, 1000)
-    assert lis.speech_stopped(900) == [TranscriptFinal("10 words")]
+    assert lis.speech_stopped(900) == [TranscriptFinal("10 words", 0)]
     assert final.calls[-1][1] == 1000 * MS
 
 
@@ -83,7 +83,7 @@ def test_partials_follow_the_audio_grid_and_change_only():
     # first at 300 ms of audio, then every 400 ms: 300, 700, 1100, 1500, 1900
     assert [n // MS for _, n in partial.calls] == [300, 700, 1100, 1500, 1900]
     assert [p.text for p in out] == ["3 words", "7 words", "11 words", "15 words", "19 words"]
-    assert lis.end_of_utterance() == [TranscriptFinal("20 words")]
+    assert lis.end_of_utterance() == [TranscriptFinal("20 words", 0)]
 
 
 def test_a_partial_never_takes_more_than_its_budget_of_real_time():
@@ -183,7 +183,7 @@ def test_a_pause_without_partials_uses_the_final_decoder_and_none_without_speech
     assert lis.pause(700) == [TranscriptPartial("8 words", at_pause=True)]
     assert final.calls == [(timeline(0, 1)[0], 800 * MS)]
     assert lis.in_utterance  # a pause does not end the utterance: its final is still to come
-    assert lis.speech_stopped(700) == [TranscriptFinal("8 words")]
+    assert lis.speech_stopped(700) == [TranscriptFinal("8 words", 0)]
 
 
 def test_long_utterances_stop_getting_partials_but_the_final_has_it_all():
@@ -192,7 +192,7 @@ def test_long_utterances_stop_getting_partials_but_the_final_has_it_all():
                           schedule=PartialSchedule(interval_ms=1000, max_partial_s=3))
     feed(lis, 0, 10_000, chunk_ms=100)
     assert max(n for _, n in partial.calls) <= 3000 * MS
-    assert lis.end_of_utterance() == [TranscriptFinal("100 words")]
+    assert lis.end_of_utterance() == [TranscriptFinal("100 words", 0)]
     assert final.calls == [(timeline(0, 1)[0], 10_000 * MS)]
 
 
@@ -275,7 +275,7 @@ def test_a_confident_answer_at_the_pause_is_the_final_without_a_second_decode():
     lis = paused_utterance(final, Sure(-0.1))
     assert not lis.final_pending
     feed(lis, 1400, 400, loud=False)
-    assert lis.speech_stopped(1300) == [TranscriptFinal("14 words")]
+    assert lis.speech_stopped(1300) == [TranscriptFinal("14 words", 0)]
     assert final.calls == [] and lis.finals_from_pause == 1 and not lis.in_utterance
 
 
@@ -288,7 +288,7 @@ def test_a_loop_the_partial_decoder_could_not_leave_is_never_the_final():
     assert lis.final_pending
     lis.final_at_pause()
     feed(lis, 1400, 400, loud=False)
-    assert lis.speech_stopped(1300) == [TranscriptFinal("14 words")]
+    assert lis.speech_stopped(1300) == [TranscriptFinal("14 words", 0)]
     assert len(final.calls) == 1 and lis.finals_from_pause == 0
 
 
@@ -299,7 +299,7 @@ def test_an_unsure_answer_has_the_final_decoder_hear_the_pause_while_the_silence
     lis.final_at_pause()  # the port runs it right after the answer went out
     assert final.calls == [(timeline(0, 1)[0], 1400 * MS)] and not lis.final_pending
     feed(lis, 1400, 400, loud=False)
-    assert lis.speech_stopped(1300) == [TranscriptFinal("14 words")]
+    assert lis.speech_stopped(1300) == [TranscriptFinal("14 words", 0)]
     assert len(final.calls) == 1  # the end of speech took it: no decode on the critical path
 
 
@@ -307,7 +307,7 @@ def test_speech_after_the_pause_makes_its_answer_void():
     final = Decoder()
     lis = paused_utterance(final, Sure(-0.1))
     feed(lis, 1400, 1000)  # the user goes on
-    assert lis.speech_stopped(2300) == [TranscriptFinal("24 words")]
+    assert lis.speech_stopped(2300) == [TranscriptFinal("24 words", 0)]
     assert final.calls == [(timeline(0, 1)[0], 2400 * MS)]  # all of it, decoded at the end
 
 
@@ -316,7 +316,7 @@ def test_without_a_confidence_threshold_the_final_decoder_always_decides():
     lis = paused_utterance(final, Sure(-0.01), confident_logprob=None)
     assert lis.final_pending
     feed(lis, 1400, 400, loud=False)
-    assert lis.speech_stopped(1300) == [TranscriptFinal("16 words")]  # decoded at the end, with the tail
+    assert lis.speech_stopped(1300) == [TranscriptFinal("16 words", 0)]  # decoded at the end, with the tail
     assert len(final.calls) == 1
 
 
@@ -331,7 +331,7 @@ def test_a_pause_heard_by_the_final_decoder_is_the_final_with_no_second_decode()
     assert lis.pause(1300) == [TranscriptPartial("14 words", at_pause=True)]
     assert len(now.calls) == 1 and not lis.final_pending
     feed(lis, 1400, 400, loud=False)
-    assert lis.speech_stopped(1300) == [TranscriptFinal("14 words")]
+    assert lis.speech_stopped(1300) == [TranscriptFinal("14 words", 0)]
     assert final.calls == []
 
 
@@ -350,5 +350,5 @@ def test_a_grid_partial_that_heard_the_pause_is_not_taken_for_the_final_decoders
     assert lis.pause(1100) == [TranscriptPartial("11 words", at_pause=True)]
     assert now.calls == [] and lis.final_pending
     lis.final_at_pause()
-    assert lis.speech_stopped(1100) == [TranscriptFinal("13 words")]
+    assert lis.speech_stopped(1100) == [TranscriptFinal("13 words", 0)]
     assert len(final.calls) == 1

@@ -375,14 +375,16 @@ class WhisperListener:
 
     def _finish(self, end: int) -> list[Any]:
         at, self._at_pause = self._at_pause, None
+        assert self._onset is not None
+        onset_ms = self._onset // SPMS
         if at is not None and end - self._tail <= at.end:  # the speech ended at the pause
             if at.confident:
                 self._onset = None
                 self.finals_from_pause += 1
-                return [TranscriptFinal(at.text)]
+                return [TranscriptFinal(at.text, onset_ms)]
             if at.final is not None:
                 self._onset = None
-                return [TranscriptFinal(at.final)]
+                return [TranscriptFinal(at.final, onset_ms)]
         audio = self._utterance_audio(end)  # what has arrived of it
         self._onset = None
-        return [TranscriptFinal(self._final(audio) if len(audio) else "")]
+        return [TranscriptFinal(self._final(audio) if len(audio) else "", onset_ms)]
