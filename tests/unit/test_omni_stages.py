@@ -444,6 +444,58 @@ async def test_barge_in_aborts_the_reply_and_replays_the_context():
     await port.close()
 
 
+async def test_a_long_cut_reply_stays_in_the_context_of_a_short_next_reply():
+    """The omni barge-in flake (issue 42): a reply asked for many tokens is cut
+    late, then the session asks the next one for 8. The user's next units
+    must not leave the cut exchange out to make room for a reply as large as
+    the last one's max_tokens (half the context, here): the 8-token reply
+    fits beside all of it. Before, whether the model still held the first
+    exchange depended on how far the first reply got before the barge-in."""
+    pytest.importorskip("vllm")
+    from vllm_duplex.stages.omni.vllm_omni import VllmOmniStage
+
+    engine = FakeEngine(reply=(1, 2) * 100 + (END,), hold_after=80)
+    stage = VllmOmniStage(engine=engine, dialect="qwen_omni", clock=MonotonicClock(),
+                          max_model_len=1000, default_max_tokens=16, stop_loops=False)
+    port = stage.port("s1")
+    await port.open(FENCE)
+    try:
+        await port.submit(item(OmniInstructions("Be brief.")))
+        await port.submit(item(unit(frames=())))
+        await port.submit(item(gen_request("resp_1", max_tokens=4000)))
+        it = port.outputs().__aiter__()
+        heard = ""
+        async with asyncio.timeout(5):
+            while len(heard) < 400:  # 80 tokens of "Hello there": 440 characters
+                heard += (await it.__anext__()).payload.text
+        newer = FENCE.next_epoch()
+        await port.cancel(newer)  # the barge-in
+        engine.gate.set()
+        for u in (unit(frames=()), unit(frames=()), unit(0.3, (), final=True)):
+            await port.submit(item(u, fence=newer))
+            # Units come a second apart: the new request has rendered what it
+            # replayed (the cut reply's tokens are known) before the next one.
+            async with asyncio.timeout(5):
+                while port.live is None or len(port.live.rendered) < port.live.sent:
+                    await asyncio.sleep(0.01)
+        context = (ContextMessage("system", "Be brief."), ContextMessage("assistant", heard))
+        await port.submit(item(gen_request("resp_2", max_tokens=8, context=context), fence=newer))
+        async with asyncio.timeout(5):
+            while not isinstance((out := await it.__anext__()).payload, GenerationDone):
+                pass
+        assert out.payload.response_id == "resp_2"
+        history = port.prompt.history
+        kinds = [c.kind for c in history]
+        # About 700 of the 1000 tokens: all of it stays, the cut reply as it was heard.
+        assert kinds == ["system", "unit", "generation", "reply", "unit", "unit", "unit", "generation",
+                         "reply"]
+        assert history[3].text == heard and port.truncations == 0
+        held = sum(len(c.text) for c in history[:-1])  # a token per character
+        assert out.payload.input_tokens == held < 1000 - 8
+    finally:
+        await port.close()
+
+
 async def test_units_during_a_reply_wait_and_survive_an_epoch_bump():
     engine = FakeEngine(hold_after=1)
     _, port = await open_port(engine)

@@ -419,7 +419,14 @@ class VllmOmniPort(LivePort):
     async def _make_room(self) -> None:
         """Before a user's unit or words go out: when the context is nearly
         full (what it holds, and room for a chunk or two more like the
-        largest yet), fit it to the room a reply will need."""
+        largest yet), fit it to the room a reply will need.
+
+        That reply's size is only a guess here (the session may ask the next
+        one for fewer tokens: a ``session.update``, a ``response.create``),
+        and what is dropped on a guess is lost although that reply would have
+        kept it: the guess is the last reply's ``max_tokens``, at most the
+        stage's default. A larger reply makes its own room when it is asked
+        for (``_generate``), as the cascade's LLM stage does."""
         if self._truncation.type == "disabled":
             return
         history = self.prompt.history
@@ -432,6 +439,6 @@ class VllmOmniPort(LivePort):
                 known += n
                 if c.kind in ("unit", "text"):
                     self._largest = max(self._largest, n)
-        room = self._room(self._reply_tokens) - GENERATION_TOKENS
+        room = self._room(min(self._reply_tokens, self._omni.default_max_tokens)) - GENERATION_TOKENS
         if known + (unknown + 1) * self._largest >= room:
             await self._fit(room, asking=False)
