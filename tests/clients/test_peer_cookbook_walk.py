@@ -15,11 +15,13 @@ from ``response.create``). Its clips are spoken here by Flite from each
 example's ``user_text`` and μ-law encoded, as its generate_audio.py does with
 OpenAI's TTS.
 
-What must hold is the wire: each example completes, every event parses, a
-call the model makes names one of the tools with JSON arguments, the latency
-of each example is recorded. Whether the right tool was called with the right
+What must hold is the wire: each example completes, every event parses, the
+latency of each example is recorded. Whether the right tool was called with the right
 arguments (the harness's grade) is the model's; those are expected failures
-with what SmolLM2-135M said.
+with what SmolLM2-135M said: it calls no tool on these instructions (4,500
+characters of them) and answers every example alike, "You can use the
+following steps to help: 1. **Call the tool**: ..." (build/peers/cookbook_walk/
+results.json has each answer and latency).
 """
 
 from __future__ import annotations
@@ -133,13 +135,6 @@ async def test_each_example_s_latency_is_recorded(walked, example_id):
         assert 0 < seen["latency_first_audio_ms"] <= seen["latency_response_done_ms"], seen
 
 
-async def test_a_call_the_model_makes_names_a_tool_with_json_arguments(walked):
-    names = {t["name"] for t in TOOLS}
-    for seen in walked.values():
-        for call in seen["calls"]:
-            assert call["name"] in names and isinstance(json.loads(call["arguments"]), dict), seen
-
-
 def _normalized(value: str) -> str:
     return "".join(ch for ch in str(value).lower() if ch.isalnum())
 
@@ -147,8 +142,8 @@ def _normalized(value: str) -> str:
 @pytest.mark.parametrize("example", [
     pytest.param(e, id=e["example_id"], marks=pytest.mark.xfail(
         strict=False, reason="the harness's grade (the expected tool, its arguments) is the "
-        "model's: SmolLM2-135M rarely calls a tool; what it said is in the failure and in "
-        "build/peers/cookbook_walk/results.json"))
+        "model's: SmolLM2-135M called no tool and said 'You can use the following steps to "
+        "help: 1. **Call the tool**: ...' to each example (the three that expect no call pass)"))
     for e in EXAMPLES])
 async def test_model_graded(walked, example):
     """The harness's grade: the expected tool (or none) with the expected arguments."""

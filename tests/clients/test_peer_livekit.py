@@ -39,28 +39,34 @@ WIRE = [
     "test_remote_item_added_event",
 ]
 
-# Their tests whose assertion is about the answer; what SmolLM2-135M said
-# (measured on the 2-core Xeon; greedy decoding, so mostly the same each run).
+# Their tests whose assertion is about the answer, with what SmolLM2-135M said
+# (greedy: the same in each of three runs on the 2-core Xeon, 2026-12-06).
+# Five of them pass on these answers; that proves nothing about the server.
 MODEL = {
     "test_generate_reply_with_instructions":
-        "asserts 'pineapple' for 'Say exactly: pineapple'; SmolLM2 often says it",
+        "asserts 'pineapple' for 'Say exactly: pineapple'; SmolLM2 said 'Pineapple is a "
+        "fruit that is native to the tropical region of the Pacific Island of the Philippines.'",
     "test_generate_reply_preserves_session_instructions":
-        "asserts 'kelly' for 'Your name is Kelly' + 'Tell the user what your name is.'; "
-        "SmolLM2 said \"I'm Emily Thompson. I'm a creative writing assistant, ...\"",
+        "asserts 'kelly' for instructions 'Your name is Kelly...' and 'Tell the user what your "
+        "name is.'; SmolLM2 said \"I'm Emily Thompson. I'm a creative writing assistant, ...\"",
     "test_update_chat_ctx":
-        "asserts 'seven' or '7' recalled from a chat context; SmolLM2 often recalls it",
+        "asserts 'seven' recalled from the chat context; SmolLM2 said \"The user's favorite "
+        "number is seven.\"",
     "test_update_chat_ctx_replaces_history":
-        "asserts 'blue' after the history was replaced; SmolLM2 often says it",
+        "asserts 'blue' after the history was replaced; SmolLM2 said 'The user mentioned "
+        "\"blue\" in the context of the original sentence. ...'",
     "test_generate_reply_cancellation":
-        "after a cancelled generate_reply, asserts 'pineapple' for 'Say exactly: pineapple'",
+        "after a cancelled generate_reply, asserts 'pineapple' for 'Say exactly: pineapple'; "
+        "SmolLM2 said 'Pineapple is a fruit ...'",
     "test_function_tool":
         "asserts a get_weather call for \"What's the weather in Paris? Use the tool.\"; "
-        "SmolLM2 answers in words, no call",
+        "SmolLM2 called nothing and said 'The weather in Paris is quite unusual. ...'",
     "test_function_tool_reply":
-        "asserts a get_capital call, then 'paris' in the reply to its output; SmolLM2 calls nothing",
+        "asserts a get_capital call for 'What is the capital of France? Use the tool.'; "
+        "SmolLM2 called nothing and said 'The capital of France is Paris.'",
     "test_reuse_session_across_handoff":
-        "asserts '4' for 'What is 2 + 2?' after four handoffs, each reply within 15 s; "
-        "SmolLM2's answers run long",
+        "asserts '4' for 'What is 2 + 2?' in each of four handoffs; SmolLM2 said '2 + 2 = 4 ...' "
+        "in the first and 'Two is a combination of two and two.' in the second",
 }
 
 

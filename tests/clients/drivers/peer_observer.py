@@ -28,6 +28,8 @@ def _note(direction: str, event: dict[str, Any]) -> None:
     kind = event.get("type", "?")
     if kind == "input_audio_buffer.append" or kind.endswith(".delta"):
         return  # thousands of them; the sequence is for reading
+    if kind == "response.done":  # cancelled or completed is half the story of a cancel
+        kind = f"response.done({event.get('response', {}).get('status')})"
     seen["sequence"].append(f"{direction} {kind}")
     if kind in ("response.output_audio_transcript.done", "response.output_text.done"):
         seen["said"].append(event.get("transcript", event.get("text", "")))
