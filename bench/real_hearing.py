@@ -1,0 +1,271 @@
+"""Real voices heard through the streaming path, against the same models'
+offline decode of the same audio, in one process (issue 42).
+
+Each recording (``real_corpus.py``: people; and, beside them, a few of the
+synthetic bench's Flite / eSpeak NG utterances) is streamed in 20 ms chunks
+through the default pipeline's listening path -- the Silero VAD under
+server VAD's settings (threshold 0.5, 300 ms prefix padding, 500 ms of
+silence ends a turn, a pause reported at 100 ms), whose events reach the
+Whisper stage as the session and the cascade policy forward them (the
+pause as ``UserPaused``), and the Whisper stage built from
+``configs/cascade-cpu.yaml`` (tiny.en partials, tiny.en beam 5 at each
+pause and for each final) -- in virtual time: each chunk is processed
+before the next is sent (a worker that keeps up with real time), so the
+figures do not depend on the machine's load. Every final transcript of a
+recording is kept, in order; their words joined are scored against what
+was said. The offline side decodes the whole recording once with the
+stage's final model and options (``WhisperModel.transcribe``), the way a
+file is transcribed.
+
+Reported per part (tune / held-out) and kind (real / synthetic): WER
+offline and streamed and their ratio (issue 42's target: streamed <= 1.1 x
+offline), empty finals (a turn the VAD heard that came back with no words),
+lost recordings (no words at all), and split recordings (more than one
+turn, with the WER of those). ``--show`` prints every recording.
+
+    .venv/bin/python bench/real_hearing.py [--sides before@6d4a117 now] [--parts tune,held-out]
+        [--synthetic 4] [--show]
+
+``--sides``: the code each side runs (``now``: this tree; ``NAME@REF``: a
+git worktree of REF, made for the run as ``fast_turns.py`` makes them,
+imported in place of this tree in a child process that runs this file); the
+corpus and the scoring are this tree's for every side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
+from real_corpus import RATE, RECORDINGS  # noqa: E402
+from speech_corpus import (  # noqa: E402
+    ASR_QUESTIONS,
+    HELD_OUT_SENTENCES,
+    HELD_OUT_VOICES,
+    VOICES,
+    WerCount,
+    pct,
+)
+from vllm_duplex.core.clock import MonotonicClock  # noqa: E402
+from vllm_duplex.core.fence import Fence  # noqa: E402
+from vllm_duplex.core.payloads import (  # noqa: E402
+    AudioIn,
+    StageInput,
+    TranscriptFinal,
+    UserPaused,
+    VadConfig,
+    VadPaused,
+    VadSpeechStarted,
+    VadSpeechStopped,
+)
+from vllm_duplex.stages.listening.silero_vad import SileroVad, load_model  # noqa: E402
+from vllm_duplex.stages.listening.whisper import WhisperAsrStage  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+LEAD_S, TAIL_S = 0.5, 1.5  # the microphone is open before and after the words
+CHUNK = 320  # 20 ms
+# What a session under server_vad's defaults asks of its VAD (session/user_turn.py):
+# 0.5, 300 ms padding, 500 ms of silence ends the turn, and a pause reported at
+# 100 ms, which the cascade policy passes to the ASR as ``UserPaused`` (the
+# words up to it are heard while the silence accrues).
+SERVER_VAD = VadConfig(pause_ms=100)
+
+
+@dataclass
+class Heard:
+    side: str
+    name: str
+    part: str
+    kind: str  # "real" / "synthetic"
+    text: str
+    offline: str = ""
+    finals: list[str] = field(default_factory=list)
+
+    @property
+    def streamed(self) -> str:
+        return " ".join(f for f in self.finals if f.strip())
+
+    @property
+    def empty_finals(self) -> int:
+        return sum(not f.strip() for f in self.finals)
+
+
+def default_stage(config: Path = ROOT / "configs" / "cascade-cpu.yaml") -> WhisperAsrStage:
+    """The Whisper stage as the default config builds it."""
+    spec = next(s for s in yaml.safe_load(config.read_text())["stages"] if s["type"] == "whisper")
+    options = {k: v for k, v in spec.items() if k != "type"}
+    return WhisperAsrStage(clock=MonotonicClock(), warm_up=False, **options)
+
+
+def padded(pcm: np.ndarray) -> np.ndarray:
+    return np.concatenate([np.zeros(int(LEAD_S * RATE), np.int16), pcm,
+                           np.zeros(int(TAIL_S * RATE), np.int16)])
+
+
+async def stream(stage: WhisperAsrStage, pcm: np.ndarray, session: str = "s1",
+                 vad_config: VadConfig = SERVER_VAD) -> list[str]:
+    """The final transcripts the listening path makes of ``pcm`` (int16 16 kHz,
+    with its silences), streamed in 20 ms chunks."""
+    fence = Fence(session)
+    vad = SileroVad(load_model(), config=vad_config)
+    port = stage.port(session)
+    await port.open(fence)
+    finals: list[str] = []
+
+    async def read() -> None:
+        async for out in port.outputs():
+            if isinstance(out.payload, TranscriptFinal):
+                finals.append(out.payload.text)
+
+    reader = asyncio.create_task(read())
+
+    async def submit(payload: object) -> None:
+        await port.submit(StageInput(fence, fence.request_id("in"), payload))
+
+    for i in range(0, len(pcm), CHUNK):
+        chunk, start_ms = pcm[i:i + CHUNK], i * 1000 // RATE
+        events = vad.feed(chunk, start_ms)
+        await submit(AudioIn(chunk, start_ms))  # the policy sends audio to both at once
+        for event in events:  # the VAD's events reach the ASR after the session saw them
+            if isinstance(event, (VadSpeechStarted, VadSpeechStopped)):
+                await submit(event)
+            elif isinstance(event, VadPaused):  # session/pauses.py, then the policy's _on_pause
+                await submit(UserPaused(event.audio_ms))
+        await port.drained()
+    await port.drained()
+    await port.close()
+    await reader
+    return finals
+
+
+def offline(stage: WhisperAsrStage, pcm: np.ndarray) -> str:
+    return stage.model.transcribe(pcm, stage.options).text
+
+
+def synthetic(n: int) -> list[tuple[str, str, str, np.ndarray]]:
+    """(name, part, text, audio) of the synthetic bench's first ``n`` sentences
+    in each of its voices (tuned and held-out)."""
+    out = [(f"{v.name}: {t}", "tune", t, v.speak(t)) for v in VOICES for t in ASR_QUESTIONS[:n]]
+    out += [(f"{v.name}: {t}", "held-out", t, v.speak(t))
+            for v in HELD_OUT_VOICES for t in HELD_OUT_SENTENCES[:n]]
+    return out
+
+
+async def hear_all(stage: WhisperAsrStage, items: list[tuple[str, str, str, str, np.ndarray]],
+                   show: bool, side: str) -> list[Heard]:
+    heard = []
+    for n, (name, part, kind, text, pcm) in enumerate(items):
+        audio = padded(pcm)
+        h = Heard(side, name, part, kind, text, offline=offline(stage, audio))
+        h.finals = await stream(stage, audio, session=f"s{n}")
+        heard.append(h)
+        if show:
+            print(f"{side:6} {part:8} {name[:44]:44} offline {h.offline!r}\n{'':60} streamed {h.finals!r}",
+                  flush=True)
+    return heard
+
+
+def wer(rows: list[Heard], side: str) -> WerCount:
+    count = WerCount()
+    for h in rows:
+        count.add(h.text, h.offline if side == "offline" else h.streamed)
+    return count
+
+
+def report(heard: list[Heard], sides: list[str]) -> None:
+    print("\n| part | voices | code | recordings | WER offline | WER streamed | ratio "
+          "| empty finals | lost | split (WER streamed of those) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for part in ("tune", "held-out"):
+        for kind in ("real", "synthetic"):
+            for side in sides:
+                rows = [h for h in heard if h.part == part and h.kind == kind and h.side == side]
+                if not rows:
+                    continue
+                off, on = wer(rows, "offline").wer, wer(rows, "streamed").wer
+                split = [h for h in rows if sum(bool(f.strip()) for f in h.finals) > 1]
+                lost = sum(not h.streamed.strip() for h in rows)
+                ratio = f"{on / off:.2f}" if off else "-"
+                split_wer = f" ({pct(wer(split, 'streamed').wer).strip()})" if split else ""
+                print(f"| {part} | {kind} | {side} | {len(rows)} | {pct(off).strip()} "
+                      f"| {pct(on).strip()} | {ratio} | {sum(h.empty_finals for h in rows)} "
+                      f"| {lost} | {len(split)}{split_wer} |")
+
+
+def run_here(args: argparse.Namespace, side: str) -> list[Heard]:
+    """This process's code heard on the corpus."""
+    parts = args.parts.split(",")
+    items: list[tuple[str, str, str, str, np.ndarray]] = [
+        (r.name, r.part, "real", r.text, r.audio()) for r in RECORDINGS if r.part in parts]
+    items += [(name, part, "synthetic", text, pcm)
+              for name, part, text, pcm in synthetic(args.synthetic) if part in parts]
+    stage = default_stage()
+    stage.model.warm_up()
+    if stage.partial_model is not None:
+        stage.partial_model.warm_up()
+    try:
+        return asyncio.run(hear_all(stage, items, args.show, side))
+    finally:
+        stage.shutdown_workers()
+
+
+def run_tree(args: argparse.Namespace, side: str, ref: str) -> list[Heard]:
+    """A worktree of ``ref``'s code heard on this tree's corpus (a child process)."""
+    sys.path.insert(0, str(ROOT / "tests"))  # fast_turns.py's imports
+    from fast_turns import TREE_IMPORTS, before_tree
+
+    tree = before_tree(ref)
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        boot = TREE_IMPORTS + f"import runpy; runpy.run_path({str(Path(__file__))!r}, run_name='__main__')"
+        argv = [sys.executable, "-c", boot, str(tree), "--sides", side, "--json", out.name,
+                "--parts", args.parts, "--synthetic", str(args.synthetic)]
+        subprocess.run(argv + (["--show"] if args.show else []), check=True)
+        return [Heard(**row) for row in json.loads(Path(out.name).read_text())]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sides", nargs="+", default=["before@6d4a117", "now"],
+                   help="NAME[@REF] each: REF's code, or this tree's")
+    p.add_argument("--parts", default="tune,held-out")
+    p.add_argument("--synthetic", type=int, default=4,
+                   help="sentences per synthetic voice (0: real voices only)")
+    p.add_argument("--show", action="store_true", help="print every recording's transcripts")
+    p.add_argument("--json", help=argparse.SUPPRESS)  # a side's rows, for the parent
+    args = p.parse_args(argv)
+    t0, load0 = time.monotonic(), os.getloadavg()
+    heard: list[Heard] = []
+    names = []
+    for spec in args.sides:
+        name, _, ref = spec.partition("@")
+        names.append(name)
+        if ref and not args.json:
+            heard += run_tree(args, name, ref)
+        else:
+            heard += run_here(args, name)
+    if args.json:
+        Path(args.json).write_text(json.dumps([dataclasses.asdict(h) for h in heard]))
+        return 0
+    print(f"\n{machine.line()} (at start {load0[0]:.1f}); {time.monotonic() - t0:.0f} s")
+    report(heard, names)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
