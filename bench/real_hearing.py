@@ -67,13 +67,14 @@ from vllm_duplex.core.fence import Fence  # noqa: E402
 from vllm_duplex.core.payloads import (  # noqa: E402
     AudioIn,
     StageInput,
+    StageOutput,
     TranscriptFinal,
     UserPaused,
     VadConfig,
     VadPaused,
-    VadSpeechStarted,
-    VadSpeechStopped,
 )
+from vllm_duplex.core.session_config import SessionConfig, TurnDetection  # noqa: E402
+from vllm_duplex.models.cascade import CascadePolicy  # noqa: E402
 from vllm_duplex.stages.listening.silero_vad import SileroVad, load_model  # noqa: E402
 from vllm_duplex.stages.listening.whisper import WhisperAsrStage  # noqa: E402
 
@@ -106,6 +107,44 @@ class Heard:
         return sum(not f.strip() for f in self.finals)
 
 
+@dataclass
+class _View:
+    """The read-only session view a policy decides with (``policy.SessionView``)."""
+
+    config: SessionConfig
+    items: list = field(default_factory=list)
+    active_response_id: str | None = None
+    user_speaking: bool = False
+    policy_state: object = None
+    fence: Fence = field(default_factory=lambda: Fence("bench"))
+    output_paused: bool = False
+
+    @property
+    def output_modalities(self) -> tuple[str, ...]:
+        return tuple(self.config.output_modalities)
+
+
+class Policy:
+    """The cascade policy on a server_vad session: what it sends the ASR stage
+    for each output it decides (a VAD event forwarded, a pause's ``UserPaused``)."""
+
+    def __init__(self, vad: VadConfig) -> None:
+        self.policy = CascadePolicy()
+        td = TurnDetection(type="server_vad", threshold=vad.threshold,
+                           prefix_padding_ms=vad.prefix_padding_ms,
+                           silence_duration_ms=vad.silence_duration_ms)
+        config = SessionConfig(model="m", policy="cascade", turn_detection=td)
+        self.view = _View(config, policy_state=self.policy.new_state())
+
+    def route(self, payload: object, stage: str) -> list[object]:
+        decision = self.policy.decide_output(
+            self.view, StageOutput(self.view.fence, self.view.fence.request_id("in"), stage, payload))
+        asked = [payload] if decision.forward == "asr" else []
+        if decision.plan is not None:
+            asked += [s.payload for s in decision.plan.submissions if s.stage == "asr"]
+        return asked
+
+
 def default_stage(config: Path = ROOT / "configs" / "cascade-cpu.yaml") -> WhisperAsrStage:
     """The Whisper stage as the default config builds it."""
     spec = next(s for s in yaml.safe_load(config.read_text())["stages"] if s["type"] == "whisper")
@@ -128,8 +167,11 @@ async def stream(stage: WhisperAsrStage, pcm: np.ndarray, session: str = "s1",
     await port.open(fence)
     finals: list[str] = []
 
+    policy = Policy(vad_config)
+
     async def read() -> None:
         async for out in port.outputs():
+            policy.route(out.payload, "asr")  # the policy sees every output, as in a session
             if isinstance(out.payload, TranscriptFinal):
                 finals.append(out.payload.text)
 
@@ -143,10 +185,10 @@ async def stream(stage: WhisperAsrStage, pcm: np.ndarray, session: str = "s1",
         events = vad.feed(chunk, start_ms)
         await submit(AudioIn(chunk, start_ms))  # the policy sends audio to both at once
         for event in events:  # the VAD's events reach the ASR after the session saw them
-            if isinstance(event, (VadSpeechStarted, VadSpeechStopped)):
-                await submit(event)
-            elif isinstance(event, VadPaused):  # session/pauses.py, then the policy's _on_pause
-                await submit(UserPaused(event.audio_ms))
+            # The session makes a pause report the policy's UserPaused (session/pauses.py).
+            payload = UserPaused(event.audio_ms) if isinstance(event, VadPaused) else event
+            for asked in policy.route(payload, "vad"):
+                await submit(asked)
         await port.drained()
     await port.drained()
     await port.close()

@@ -299,6 +299,11 @@ class CascadePolicy(PolicyBase[CascadeState]):
         hypothesis = unclosed(state.utterance.previous)
         decision = self._on_stable(view, state.utterance, hypothesis, hypothesis,
                                    extend=_judged(view))
+        td = view.config.turn_detection
+        if td is not None and not td.semantic:
+            # The turn ends only after server_vad's silence: time enough for
+            # the ASR to hear the words again with the audio after them.
+            pause = replace(pause, turn_end_silence_ms=td.silence_duration_ms)
         ask = StageSubmission(ASR, pause, "in")
         plan = decision.plan
         plan = (AppendPlan(InputMode.APPEND_AUDIO_CHUNK, (ask,)) if plan is None

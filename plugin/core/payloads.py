@@ -197,6 +197,11 @@ class UserPaused(InputObservation):
     judges the pause on that answer, not on an older hypothesis."""
 
     audio_ms: int
+    # Under server_vad the VAD ends the turn only after this much silence (its
+    # ``silence_duration_ms``), so the ASR has that long to hear the words up to
+    # the pause again with the audio after them; None: the session may end the
+    # turn at any moment (semantic_vad).
+    turn_end_silence_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,21 @@ def test_a_pause_pushes_the_last_word_only_where_the_words_are_judged(mode):
     assert paused.render == TranscriptDelta(" capital of France")
 
 
+@pytest.mark.parametrize("mode", ["semantic_vad", "server_vad"])
+def test_the_asr_learns_whether_the_turn_can_end_at_the_pause(mode):
+    """server_vad ends the turn only after its silence: the ASR is told so,
+    and hears the words again with the audio after them while it accrues
+    (its final is not cut at the last loud frame); under semantic_vad the
+    turn may end at once, and the answer at the pause stays the final."""
+    view = CascadeView()
+    view.config = dataclasses.replace(
+        view.config, turn_detection=TurnDetection(type=mode, silence_duration_ms=700))
+    policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
+    paused = policy.decide_output(view, out(UserPaused(1900), "vad"))
+    [asked] = [s.payload for s in paused.plan.submissions if s.stage == "asr"]
+    assert asked == UserPaused(1900, turn_end_silence_ms=700 if mode == "server_vad" else None)
+
+
 def test_a_revised_pushed_word_rolls_back_to_the_turn_start():
     view = CascadeView()
     policy.decide_output(view, out(VadSpeechStarted(0), "vad"))

@@ -352,3 +352,40 @@ def test_a_grid_partial_that_heard_the_pause_is_not_taken_for_the_final_decoders
     lis.final_at_pause()
     assert lis.speech_stopped(1100) == [TranscriptFinal("13 words", 0)]
     assert len(final.calls) == 1
+
+
+def test_under_server_vad_the_final_at_a_pause_hears_the_audio_after_the_words():
+    """The answer made as the audio went quiet (40 ms in) stops at the last
+    loud frame, cutting a soft last consonant (a real speech's "Americans"
+    was heard "American"). When the turn cannot end for a while (server_vad's
+    silence, ``final_can_wait``), the final decoder hears everything held at
+    the pause again while the silence accrues, and that is the final."""
+    final, now = Decoder(), Sure(-0.1)
+    lis = WhisperListener(final, Sure(-0.1), partial_now=now, now_is_final=True, vad_gated=True,
+                          tail_ms=300, timer=Clock(),
+                          schedule=PartialSchedule(interval_ms=5000, first_after_ms=300))
+    lis.speech_started(0)
+    feed(lis, 0, 1300)
+    feed(lis, 1300, 60, loud=False)  # 40 ms quiet: the early answer, decoded up to 1340 ms
+    assert now.calls == [(timeline(0, 1)[0], 1340 * MS)]
+    feed(lis, 1360, 140, loud=False)  # the pause is reported with 1500 ms held
+    assert lis.pause(1300, final_can_wait=True) == [TranscriptPartial("13 words", at_pause=True)]
+    assert lis.final_pending
+    lis.final_at_pause()
+    assert final.calls == [(timeline(0, 1)[0], 1500 * MS)]
+    feed(lis, 1500, 300, loud=False)
+    assert lis.speech_stopped(1300) == [TranscriptFinal("15 words", 0)]
+    assert len(final.calls) == 1  # nothing left to decode at the end of speech
+
+
+def test_a_pause_the_session_may_end_at_once_keeps_its_answer_as_the_final():
+    final, now = Decoder(), Sure(-0.1)
+    lis = WhisperListener(final, Sure(-0.1), partial_now=now, now_is_final=True, vad_gated=True,
+                          tail_ms=300, timer=Clock(),
+                          schedule=PartialSchedule(interval_ms=5000, first_after_ms=300))
+    lis.speech_started(0)
+    feed(lis, 0, 1300)
+    feed(lis, 1300, 200, loud=False)
+    lis.pause(1300)  # semantic_vad: no second decode on the turn's critical path
+    assert not lis.final_pending
+    assert lis.speech_stopped(1300) == [TranscriptFinal("13 words", 0)] and final.calls == []

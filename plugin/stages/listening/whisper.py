@@ -63,6 +63,7 @@ from vllm_duplex.core.payloads import (
 )
 from vllm_duplex.stages.listening.base import ListeningPort, ListeningStage
 from vllm_duplex.stages.listening.whisper_model import (
+    MAX_WINDOW_S,
     DecodeOptions,
     Transcription,
     WhisperModel,
@@ -82,6 +83,13 @@ log = logging.getLogger(__name__)
 # Inputs queued per session: a final decode of a long utterance (seconds) must
 # not block the session on a full queue; 1024 x 20 ms chunks = 20 s of audio.
 WHISPER_INBOX = 1024
+
+# A pause under server_vad whose turn can end no sooner than this after the
+# speech: the final is decoded again, with the audio after the words, while
+# the silence accrues (whisper_stream.WhisperListener.pause). The pause is
+# reported ~100 ms into the silence, and a tiny.en beam 5 decode takes
+# 110-240 ms on 2 cores: with server_vad's 500 ms it is done before the turn ends.
+FINAL_WAIT_MIN_SILENCE_MS = 400
 
 __all__ = ["WhisperAsrStage"]
 
@@ -129,8 +137,10 @@ class WhisperAsrStage(ListeningStage):
         final_dir = whisper_model_dir(model)
         partial_dir = whisper_model_dir(partial_model) if partial_model is not None else None
         super().__init__(name, clock, workers=workers)
+        # A final the gate would drop is heard again in Whisper's own 30 s
+        # window first: a short real phrase is no noise (whisper_model.py).
         self.options = DecodeOptions(beam_size=beam_size, min_window_s=min_window_s,
-                                     language=language)
+                                     language=language, recheck_window_s=MAX_WINDOW_S)
         # Partials are a first pass: greedy is enough, and twice as cheap.
         self.partial_options = DecodeOptions(beam_size=1, min_window_s=min_window_s,
                                              language=language)
@@ -250,7 +260,9 @@ class _WhisperPort(ListeningPort):
         if isinstance(payload, VadSpeechStopped):
             return listener.speech_stopped(payload.audio_ms)
         if isinstance(payload, UserPaused):
-            return listener.pause(payload.audio_ms)
+            silence = payload.turn_end_silence_ms
+            return listener.pause(payload.audio_ms, final_can_wait=silence is not None
+                                  and silence >= FINAL_WAIT_MIN_SILENCE_MS)
         return listener.end_of_utterance()
 
     def _completed(self, payload: Any, outputs: list[Any]) -> int:

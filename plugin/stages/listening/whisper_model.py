@@ -12,7 +12,16 @@ search), called the way faster-whisper calls it, with its two safeguards:
 - no speech: the no-speech gate (``no_speech.py``: the no-speech
   probability, known hallucinations, the log-probability) says the window is
   silence or noise (Whisper would otherwise write "you" or "Thank you." for
-  it): the transcript is empty;
+  it): the transcript is empty. A shortened window makes Whisper doubt short
+  real speech: people's short phrases (FSDD's 8 kHz digits, "eight zero",
+  "three one four") scored a no-speech probability of 0.3-0.7 in a 10 s window
+  and 0.1-0.4 in its own 30 s one, where every noise of ``bench/no_speech.py``
+  stays at 0.64 or more. So with ``recheck_window_s`` (the stage's finals) the
+  gate's "silence" in a shorter window is only believed once the same audio,
+  decoded again in that window, is silence to that window's gate too
+  (``no_speech.WHOLE_WINDOW_GATE``; issue 42, ``bench/real_hearing.py``): the
+  second decode costs only what the gate would have dropped, noise the VAD
+  let through and such short phrases;
 - repetition: a transcript that compresses too well (gzip ratio > 2.4) is
   decoded again with sampling at rising temperatures. A short one never
   compresses that well, loop or not, so a transcript that says a run of two or
@@ -42,7 +51,7 @@ from typing import Any
 import numpy as np
 from vllm_duplex.core.devices import CPU, Device
 from vllm_duplex.core.words import spoken, written_words
-from vllm_duplex.stages.listening.no_speech import DEFAULT_GATE, NoSpeechGate
+from vllm_duplex.stages.listening.no_speech import DEFAULT_GATE, WHOLE_WINDOW_GATE, NoSpeechGate
 
 SAMPLE_RATE = 16000
 MAX_WINDOW_S = 30.0  # Whisper's positional embeddings end here
@@ -61,6 +70,11 @@ class DecodeOptions:
     compression_ratio_threshold: float = 2.4
     language: str = "en"
     max_tokens_per_s: float = 12.0  # a bound on runaway output (speech is ~3-5 tokens/s)
+    # The gate's "no speech" in a shorter window is checked in this one, by
+    # ``recheck_gate``, before the words are dropped (the module docstring);
+    # None: believed at once.
+    recheck_window_s: float | None = None
+    recheck_gate: NoSpeechGate = WHOLE_WINDOW_GATE
 
     def __post_init__(self) -> None:
         if self.beam_size < 1 or not 1.0 <= self.min_window_s <= MAX_WINDOW_S or self.window_pad_s < 0:
@@ -193,6 +207,13 @@ class WhisperModel:
             candidate = Transcription(text, result.no_speech_prob, avg_logprob, window)
             why = options.gate.silence(candidate)
             if why is not None:
+                recheck = options.recheck_window_s
+                if recheck is not None and window < recheck:
+                    again = self._short_form(
+                        audio, recheck, dataclasses.replace(options, gate=options.recheck_gate),
+                        prompt_text)
+                    if again.silenced is None:
+                        return again
                 return Transcription("", result.no_speech_prob, avg_logprob, window,
                                      silenced=why, dropped=text)
             if compression_ratio(text) <= options.compression_ratio_threshold and not looped(text):

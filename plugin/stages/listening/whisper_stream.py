@@ -220,8 +220,14 @@ class WhisperListener:
             return []
         return self._finish(max(end_ms * SPMS, self._onset) + self._tail)
 
-    def pause(self, end_ms: int) -> list[Any]:
-        """A pause after speech that ended at ``end_ms`` (see the module docstring)."""
+    def pause(self, end_ms: int, *, final_can_wait: bool = False) -> list[Any]:
+        """A pause after speech that ended at ``end_ms`` (see the module docstring).
+        ``final_can_wait``: the turn cannot end for a while (server_vad's
+        silence): the final is not the answer made as the audio went quiet
+        (40 ms into the quiet: a soft last consonant below the quiet bar is
+        cut off -- "Americans" was heard "American" on a real speech), but the
+        final decoder's hearing of everything held now (``final_at_pause``),
+        which the end of speech takes."""
         self._at_pause = None
         if self._onset is None:
             return [TranscriptPartial("", at_pause=True)]
@@ -247,6 +253,10 @@ class WhisperListener:
                 confident = (limit is not None and bool(self._last_partial)
                              and self._last_logprob is not None and self._last_logprob >= limit)
                 self._at_pause = _AtPause(end, self._last_partial, confident)
+            at = self._at_pause
+            if final_can_wait and self._partial_from < self._end:
+                # Heard before the audio after the words came: hear it all again.
+                at.final, at.confident = None, False
         return [TranscriptPartial(self._last_partial, at_pause=True)]
 
     @property
