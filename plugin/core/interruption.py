@@ -8,10 +8,12 @@ real words, or speech longer than ``min_speech_ms``, cancel it
 (``turn_detected``, the heard part kept); a backchannel ("okay", "mm-hmm")
 or a noise burst is dismissed and the reply resumes where it paused.
 
-``pacing``: ``realtime`` sends audio at playback speed plus at most
-``lead_ms`` ahead, so the server knows what was heard and an interruption has
-little already-sent audio to take back; ``none`` sends it as fast as it is
-made (what OpenAI does).
+``pacing``: ``none`` (the socket's default) sends audio as fast as it is
+made, as OpenAI does: the client plays it and truncates what it did not play.
+``realtime`` sends audio at playback speed plus at most ``lead_ms`` ahead, so
+the server knows what was heard and an interruption has little already-sent
+audio to take back: the default where the server itself plays the audio (a
+WebRTC track, a phone call: ``PACED``).
 """
 
 from __future__ import annotations
@@ -50,11 +52,17 @@ class Interruption:
 
 @dataclass(frozen=True)
 class OutputPacing:
-    type: str = "realtime"
-    lead_ms: int = 300  # the most audio the client may hold unplayed
+    type: str = "none"
+    lead_ms: int = 300  # with "realtime": the most audio the client may hold unplayed
 
     def wire(self) -> dict:
         return {"type": self.type, "lead_ms": self.lead_ms}
+
+
+# Where the server plays the reply itself (WebRTC's track, SIP's RTP, Twilio's
+# media stream), it paces it: the call's player knows what was heard, and an
+# adaptive interruption's pause holds audio that was not yet sent.
+PACED = OutputPacing("realtime")
 
 
 def is_backchannel(text: str | Sequence[str], backchannels: Iterable[str]) -> bool:

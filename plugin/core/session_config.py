@@ -13,7 +13,7 @@ from typing import Any
 
 from vllm_duplex.core.contracts import Capabilities
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.interruption import Interruption, OutputPacing
+from vllm_duplex.core.interruption import PACED, Interruption, OutputPacing
 from vllm_duplex.core.mcp import redacted
 from vllm_duplex.core.truncation import Truncation
 
@@ -149,6 +149,11 @@ class SessionPatch:
 
     def without(self, *names: str) -> SessionPatch:
         return replace(self, **{n: _UNSET for n in names})
+
+    @classmethod
+    def played_here(cls) -> SessionPatch:
+        """The defaults of a call whose audio the server plays (``PACED``)."""
+        return cls(pacing=PACED)
 
     def over(self, base: SessionPatch) -> SessionPatch:
         """``base`` with what this patch sets on top."""

@@ -264,12 +264,15 @@ class Runtime:
         return value, secret, config
 
     async def open_realtime_session(self, api_key: str | None,
-                                    patch: SessionPatch | None = None) -> DuplexSession:
+                                    patch: SessionPatch | None = None, *,
+                                    transport: SessionPatch | None = None) -> DuplexSession:
         """Admit (may raise ``resource_exhausted``) and start a session; it is
         pinned while its socket is attached. ``api_key`` may be a client
         secret (``ek_…``): it is redeemed (once), its session config comes
         first, and the session is its minting key's. ``patch``: what the
-        opening request asks for (``?intent=transcription``, a call's session)."""
+        opening request asks for (``?intent=transcription``, a call's session);
+        ``transport``: the transport's own defaults, under both (a call whose
+        audio the server plays is paced: ``SessionPatch.played_here``)."""
         secret: ClientSecret | None = None
         if is_client_secret(api_key):
             assert api_key is not None
@@ -278,7 +281,7 @@ class Runtime:
             if secret is not None:
                 _check_secret_fits(secret, patch)
                 api_key = secret.owner_key
-            config = self.session_config(secret.patch if secret else None, patch)
+            config = self.session_config(transport, secret.patch if secret else None, patch)
             self.check_voice_room()  # with admit below, no await between: no race
 
             def factory(session_id: str) -> DuplexSession:

@@ -1,8 +1,10 @@
 """Speech over the assistant's reply on the real default pipeline (Silero,
 Whisper, vLLM, Piper), spoken by Flite at real time into the socket: a
 backchannel is forgiven and the reply goes on to its end; a new question
-cancels the reply and is answered. Paced output, adaptive interruptions:
-the defaults."""
+cancels the reply and is answered. Adaptive interruptions (the default) of
+paced output (asked for, as a call has it by default: the socket's default
+sends a reply as fast as it is made, so a short one is done before the user
+can speak over it)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ async def server(vllm_stage):  # noqa: F811
 
 
 async def reply_playing(client: RealtimeClient, question: str) -> str:
-    await client.update_session({"max_output_tokens": 96})
+    await client.update_session({"max_output_tokens": 96,
+                                 "audio": {"output": {"pacing": {"type": "realtime"}}}})
     await say(client, speak(question, tail_s=0.8))
     created = await client.wait_for("response.created", timeout=60)
     await client.wait_for("response.output_audio.delta", timeout=60)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
-from vllm_duplex.core.interruption import Interruption, OutputPacing, is_backchannel
+from vllm_duplex.core.interruption import PACED, Interruption, OutputPacing, is_backchannel
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import (
     AudioOut,
@@ -36,6 +36,9 @@ class Client:
     a virtual clock, and every event with the time it was sent."""
 
     def __init__(self, **config) -> None:
+        # paced unless a test says otherwise: what a call whose audio the
+        # server plays gets (a socket's default is unpaced, as OpenAI's)
+        config.setdefault("pacing", PACED)
         n = iter(range(1, 10_000))
         self.core = SessionCore(
             # output at the TTS rate: no resampler holding back milliseconds
@@ -120,7 +123,7 @@ def test_unpaced_output_goes_out_as_fast_as_it_is_made():
 
 
 def test_a_backchannel_is_dismissed_and_the_reply_resumes_where_it_was_heard():
-    client = Client()  # defaults: adaptive, paced 300 ms
+    client = Client()  # adaptive, paced 300 ms: a call's defaults
     rid = speak(client, 3.0, "one two three four five six seven eight nine ten")
     client.advance(1.0)
     mark = len(client.sent)

@@ -119,7 +119,8 @@ class SipCall:
                    dialog: Dialog, on_end: Callable[[SipCall], None]) -> SipCall:
         """Open the call's session and its RTP socket; the typed error of
         what failed, with nothing left open."""
-        session = await runtime.open_realtime_session(key, with_phone_formats(patch, offer.encoding))
+        session = await runtime.open_realtime_session(key, with_phone_formats(patch, offer.encoding),
+                                                      transport=SessionPatch.played_here())
         call = cls(runtime, call_id, session, offer, dialog, on_end=on_end)
         try:
             loop = asyncio.get_running_loop()

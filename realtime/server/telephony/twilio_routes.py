@@ -146,7 +146,8 @@ def twilio_routes(runtime: Runtime, calls: Calls,
             if profile and profile not in profiles:
                 raise DuplexError("invalid_value", f"no session profile {profile!r}",
                                   param="profile")
-            session = await runtime.open_realtime_session(api_key, phone_patch(profiles.get(profile)))
+            session = await runtime.open_realtime_session(api_key, phone_patch(profiles.get(profile)),
+                                                          transport=SessionPatch.played_here())
         except Refused as refused:
             await refuse(ws, refused.err, metrics)
             return

@@ -88,7 +88,8 @@ class RtcCall:
                      ) -> tuple[RtcCall, str]:
         """Open the call's session and answer ``offer``; the typed error of
         what failed, with nothing left open."""
-        session = await runtime.open_realtime_session(key, patch)
+        session = await runtime.open_realtime_session(key, patch,
+                                                      transport=SessionPatch.played_here())
         call = cls(runtime, call_id, session, on_end=on_end)
         try:
             sdp = await call._negotiate(offer)
