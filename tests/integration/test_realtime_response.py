@@ -197,6 +197,22 @@ async def test_cancel_of_another_response_id_is_not_active(rt):
     assert (await rt.collect_response()).status == "completed"
 
 
+async def test_a_sockets_reply_audio_comes_faster_than_it_plays(rt):
+    # OpenAI's socket is unpaced: the client plays and truncates what it did
+    # not play; a client waiting for response.done (LiveKit's test: 15 s) is
+    # not held for the reply's playing time
+    assert rt.session["audio"]["output"]["pacing"]["type"] == "none"
+    await rt.update_session({"audio": {"input": {"turn_detection": None}}})
+    await rt.create_response()
+    created = await rt.wait_for("response.created")
+    result = await rt.collect_response()
+    took = result.done["_recv_t"] - created["_recv_t"]
+    played = len(result.audio) / 48000  # PCM16 at 24 kHz
+    # at response.done the client holds more than a second it has not played
+    # yet (paced output: at most its 300 ms lead)
+    assert result.status == "completed" and played - took > 1.0, (played, took)
+
+
 async def test_commands_sent_back_to_back_take_effect_in_order(rt):
     # LiveKit's realtime test sends these four at once after connecting: a
     # cancel must find the response the create before it started, never

@@ -75,6 +75,8 @@ async def test_an_offer_gets_an_answer_on_loopback_and_the_session_starts(server
         candidates = [line for line in answer.splitlines() if line.startswith("a=candidate")]
         assert candidates and all(" 127.0.0.1 " in c for c in candidates), candidates
         assert created["session"]["type"] == "realtime" and created["seq"] == 1
+        # the server plays the call's audio: paced, where a socket's is not
+        assert created["session"]["audio"]["output"]["pacing"]["type"] == "realtime"
 
 
 async def test_a_spoken_turn_is_answered_on_the_audio_track(server):
