@@ -491,8 +491,11 @@ def test_under_server_vad_the_reply_starts_in_the_pause_and_goes_out_when_the_fi
     # The client hears of no pause, only of the last word, no longer being heard.
     assert emits(effects) == ["conversation.item.input_audio_transcription.delta"]
     # Nothing pushed (nothing is judged under server_vad): the ASR is asked
-    # for every word up to the pause, and the reply carries the last one.
-    assert [e.payload for e in effects if isinstance(e, Submit)] == [UserPaused(audio_ms=1000)]
+    # for every word up to the pause (told the turn lasts the VAD's silence:
+    # time to hear them again with the audio after them), and the reply
+    # carries the last one.
+    assert [e.payload for e in effects if isinstance(e, Submit)] == [
+        UserPaused(audio_ms=1000, turn_end_silence_ms=500)]
     effects = tl.at(2.2, TranscriptPartial("What is the capital of France?", at_pause=True), "asr")
     # Heard: the reply starts at once, no P(end) needed (the VAD's silence ends the turn).
     [req] = [e for e in effects if isinstance(e, Submit) and isinstance(e.payload, GenerateRequest)]
