@@ -496,6 +496,85 @@ async def test_a_long_cut_reply_stays_in_the_context_of_a_short_next_reply():
         await port.close()
 
 
+@dataclass
+class SlowToTake(FakeEngine):
+    """vLLM's input task sends each chunk to the engine after the renderer
+    made it (and marked its audio as held by the engine): here the second
+    request's chunk ``slow`` waits for ``take`` before it is added; what each
+    aborted request had been given is kept in ``given``."""
+
+    slow: int = 4
+    take: asyncio.Event = field(default_factory=asyncio.Event)
+    given: dict[str, int] = field(default_factory=dict)
+
+    async def abort(self, ids: Any) -> None:
+        await super().abort(ids)
+        for rid, chunks in self.calls:
+            if rid in (ids if isinstance(ids, list) else [ids]):
+                self.given[rid] = len(chunks)
+
+    async def generate(self, prompt: Any, params: Any, request_id: str):
+        if not inspect.isasyncgen(prompt):
+            async for out in super().generate(prompt, params, request_id):
+                yield out
+            return
+        second = len(self.calls) == 1
+
+        async def gated():
+            n = 0
+            async for inp in prompt:
+                if second and n == self.slow:
+                    await self.take.wait()
+                n += 1
+                yield inp
+
+        async for out in super().generate(gated(), params, request_id):
+            yield out
+
+
+async def test_a_request_is_replaced_only_once_the_engine_has_every_chunk_sent():
+    """The second omni barge-in flake (issue 42): the request that replayed a
+    cut reply is replaced when the client heard less of it; a unit queued on
+    it just before had been rendered (its audio marked as held by the engine)
+    but not yet sent, the abort cancelled it, and the new request's copy
+    failed with vLLM's "Multi-modal cache miss": the unit never reached the
+    model and the next reply lost its first token (7 of 8). The port now
+    waits until the engine took every chunk queued before it aborts."""
+    engine = SlowToTake(hold_after=2)
+    _, port = await open_port(engine)
+    try:
+        await port.submit(item(unit(frames=())))
+        await port.submit(item(gen_request("resp_1")))
+        it = port.outputs().__aiter__()
+        released = [(await asyncio.wait_for(it.__anext__(), 5)).payload for _ in range(2)]
+        assert released == [TextDelta("resp_1", "Hello"), TextDelta("resp_1", " there")]
+        newer = FENCE.next_epoch()
+        await port.cancel(newer)  # the barge-in: the client got "Hello" only
+        engine.gate.set()
+        await port.submit(item(unit(frames=()), fence=newer))  # replays into a second request
+        heard = (ContextMessage("assistant", "Hello"),)
+
+        async def take_later() -> None:
+            await asyncio.sleep(0.2)
+            engine.take.set()
+
+        taker = asyncio.create_task(take_later())
+        await port.submit(item(gen_request("resp_2", context=heard), fence=newer))
+        async with asyncio.timeout(5):
+            while not isinstance((out := await it.__anext__()).payload, GenerationDone):
+                pass
+        await taker
+        assert port.heard_replays == 1 and out.payload.response_id == "resp_2"
+        # The request replaced (the second) had every chunk queued on it in the engine.
+        second = engine.aborted[1]
+        assert engine.given.get(second, 0) == 5
+        replayed = texts(engine.calls[-1][1])
+        assert replayed[3] == "Hello" and len(replayed) == 6
+        assert out.payload.output_tokens == 4  # every token of the reply is the reply's
+    finally:
+        await port.close()
+
+
 async def test_units_during_a_reply_wait_and_survive_an_epoch_bump():
     engine = FakeEngine(hold_after=1)
     _, port = await open_port(engine)

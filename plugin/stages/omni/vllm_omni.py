@@ -172,6 +172,9 @@ class _Replayed(LiveRequest):
     replies: dict[int, Reply] = field(default_factory=dict)  # by the index of the chunk that asks
     pushed: int = 0
     progress: asyncio.Event = field(default_factory=asyncio.Event)  # set as each chunk is counted
+    # Set while vLLM has taken every chunk queued (its input task came back
+    # for the next one, so the last one went to the engine); cleared as more are queued.
+    taken: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def stream(self, render: Callable[[Any], Awaitable[Any]]) -> AsyncIterator[StreamingInput]:
         async def counted(chunk: Any) -> Any:
@@ -192,6 +195,8 @@ class _Replayed(LiveRequest):
 
         async for chunk in super().stream(counted):
             yield chunk
+            if self.inputs.empty():
+                self.taken.set()
 
 
 # Room kept for the assistant prefix when a user's chunk is fitted (ChatML's
@@ -278,6 +283,8 @@ class VllmOmniPort(LivePort):
                 live.replies[live.pushed] = reply  # type: ignore[assignment]
             live.pushed += 1
             self._push(live, item, history[i], reply if last else None, params if last else None)
+        if live.sent < len(history):
+            live.taken.clear()
         live.sent = len(history)
         self._held = max(self._held, live.sent)
 
@@ -310,11 +317,29 @@ class VllmOmniPort(LivePort):
         heard = next((m.text for m in reversed(context) if m.role == "assistant"), None)
         if cut and heard is not None and self.prompt.cut_reply(heard) and self._live is not None:
             self.heard_replays += 1
-            await self._abort([self._live])
+            await self._replace(self._live)
+
+    async def _replace(self, live: LiveRequest) -> None:
+        """Abort ``live`` (its context is replayed into a new request) once
+        vLLM has taken every chunk queued on it. The renderer marks a chunk's
+        audio and images as held by the engine when it makes them; an abort
+        that cancels the request's input before that chunk reached the engine
+        leaves the mark without the items, and the replayed chunk then fails
+        with vLLM's "Multi-modal cache miss" (no token: the unit is lost to
+        the model, and the next reply's first token is taken for that chunk's)."""
+        assert isinstance(live, _Replayed)
+        while (live is self._live and not live.taken.is_set() and live.task is not None
+               and not live.task.done()):
+            try:
+                await asyncio.wait_for(live.taken.wait(), 0.1)
+            except TimeoutError:
+                pass
+        if live is self._live:
+            await self._abort([live])
 
     async def _set_system(self, text: str) -> None:
         if self.prompt.set_system(text) and self._live is not None:
-            await self._abort([self._live])  # the next chunk replays under the new prompt
+            await self._replace(self._live)  # the next chunk replays under the new prompt
 
     async def _generate(self, item: StageInput, req: GenerateRequest) -> None:
         system = next((m.text for m in req.context if m.role == "system"), None)
@@ -413,7 +438,7 @@ class VllmOmniPort(LivePort):
             self._tokens.pop(chunk, None)
         self.truncations += 1
         if self._live is not None:
-            await self._abort([self._live])  # the next chunk replays what is kept
+            await self._replace(self._live)  # the next chunk replays what is kept
         return tokens((0, len(history)))
 
     async def _make_room(self) -> None:
