@@ -113,7 +113,11 @@ async def test_first_audio_comes_before_the_reply_text_is_complete(server):
 
 async def test_barge_in_stops_the_reply_and_keeps_only_heard_words(server):
     async with await RealtimeClient.connect(server.ws_url) as client:
-        await client.update_session({"max_output_tokens": 96})
+        # Paced output (a call's default; the socket's is unpaced, as OpenAI's):
+        # the server knows what was heard, and the reply is still playing when
+        # the user speaks over it.
+        await client.update_session({"max_output_tokens": 96,
+                                     "audio": {"output": {"pacing": {"type": "realtime"}}}})
         await say(client, speak("Tell me a long story about a dragon.", tail_s=0.8))
         await client.wait_for("response.created", timeout=60)
         delta = await client.wait_for("response.output_audio.delta", timeout=60)
