@@ -328,12 +328,13 @@ class VllmOmniPort(LivePort):
         with vLLM's "Multi-modal cache miss" (no token: the unit is lost to
         the model, and the next reply's first token is taken for that chunk's)."""
         assert isinstance(live, _Replayed)
-        while (live is self._live and not live.taken.is_set() and live.task is not None
-               and not live.task.done()):
+        if not live.taken.is_set() and live.task is not None and not live.task.done():
+            # taken, or the request ended on its own (its input task is gone)
+            taken = asyncio.ensure_future(live.taken.wait())
             try:
-                await asyncio.wait_for(live.taken.wait(), 0.1)
-            except TimeoutError:
-                pass
+                await asyncio.wait((taken, live.task), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                taken.cancel()
         if live is self._live:
             await self._abort([live])
 
