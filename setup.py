@@ -92,9 +92,12 @@ setup(
         ],
         # The OpenEngine gRPC surface (`serve --grpc-port`, realtime/server/openengine)
         # and its client; grpcio-tools regenerates the stubs (scripts/gen_protos.py).
+        # The generator is pinned exactly: the checked-in stubs name its version
+        # (GRPC_GENERATED_VERSION), and tests/unit/test_grpc_stubs.py compares them
+        # with a fresh generation (1.85.4, released meanwhile, made a fresh clone fail).
         "grpc": [
-            "grpcio>=1.85,<1.86",
-            "grpcio-tools>=1.85,<1.86",
+            "grpcio>=1.85.1,<1.86",
+            "grpcio-tools==1.85.1",
             "grpcio-health-checking>=1.85,<1.86",
             "grpcio-reflection>=1.85,<1.86",
             "grpcio-status>=1.85,<1.86",
