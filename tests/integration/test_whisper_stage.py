@@ -33,7 +33,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStopped,
 )
 from vllm_duplex.stages.listening.whisper import WhisperAsrStage
-from vllm_duplex.stages.listening.whisper_model import loop_start, looped, unlooped
+from vllm_duplex.stages.listening.whisper_model import loop_start, looped, tail_loop, unlooped
 from vllm_duplex.stages.speech.subprocess_tts import parse_wav
 from vllm_duplex.testing import noise
 
@@ -311,3 +311,12 @@ def test_a_loop_is_found_and_cut_where_it_starts():
     assert unlooped("What is the capital? What is the capital?") == "What is the capital?"
     for fine in ("What is the capital of France?", "no no no", "bye bye, see you", ""):
         assert not looped(fine) and unlooped(fine) == fine
+
+
+def test_a_loop_to_the_end_is_the_utterance_said_again_into_the_silence():
+    # Whisper on short real phrases: the first run is what it heard (kept, cut there)
+    assert tail_loop("3, 1, 4, 3, 1, 4,") and unlooped("3, 1, 4, 3, 1, 4,") == "3, 1, 4,"
+    assert tail_loop("Tell me about the Eiffel tour Tell me about the Eiffel tour Tell me about the Eiff")
+    # words after the loop that are not the run again: a decoder lost, decoded again
+    assert not tail_loop("the the cat the the cat sat on the mat today")
+    assert not tail_loop("What is the capital of France?") and not tail_loop("no no no")

@@ -28,7 +28,12 @@ search), called the way faster-whisper calls it, with its two safeguards:
   more words again right after itself (``looped``: tiny.en greedy heard "Tell
   me about the Eiffel Tower" in Flite's awb voice as "Tell me about the Eiffel
   tour Tell me about the Eiffel tour Tell me about the E", average
-  log-probability -0.16) is decoded again the same way. A transcript that
+  log-probability -0.16) is decoded again the same way -- unless the loop
+  runs to the end (``tail_loop``: the utterance said again into the silence
+  after it, as above), which is cut where it starts and kept (``suspect``):
+  sampling is seeded per process, so a decode that reached it gave another
+  transcript on every run (a real speaker's "I'm Abigail Claflin", eight
+  runs, seven answers). A transcript that
   fails these checks at every temperature is marked (``suspect``): the best of
   them is kept, cut where its loop starts, and never taken as a sure answer.
 
@@ -88,7 +93,7 @@ class Transcription:
     no_speech_prob: float = 0.0
     avg_logprob: float = 0.0
     window_s: float = 0.0  # the encoder window used (30 per window in long form)
-    suspect: bool = False  # failed the repetition checks at every temperature
+    suspect: bool = False  # a loop: cut at its start, never a sure answer
     silenced: str | None = None  # why the no-speech gate dropped the words (no_speech.py)
     dropped: str = ""  # the words it dropped
 
@@ -109,6 +114,24 @@ def loop_start(text: str) -> int | None:
 
 def looped(text: str) -> bool:
     return loop_start(text) is not None
+
+
+def tail_loop(text: str) -> bool:
+    """The loop runs to the end: after its first run the words only say that
+    run again (the last time cut short, perhaps) -- Whisper writing the
+    utterance again into the window's silence after the speech ended, as it
+    does for short real phrases ("3, 1, 4, 3, 1, 4,"; "I'm Abigail ... You can
+    call me Abby. I'm Abigail ..."). The first run is what it heard."""
+    words = [spoken(w) for w in written_words(text)]
+    for end in range(4, len(words) + 1):  # loop_start's run
+        for u in range(2, end // 2 + 1):
+            run = words[end - 2 * u:end - u]
+            if run == words[end - u:end]:
+                rest, again = words[end - u:], (run * (len(words) // u + 1))
+                # (max_length may stop it mid-word: "Tell me about the Eiff")
+                return (rest[:-1] == again[:len(rest) - 1]
+                        and again[len(rest) - 1].startswith(rest[-1]))
+    return False
 
 
 def unlooped(text: str) -> str:
@@ -218,6 +241,11 @@ class WhisperModel:
                                      silenced=why, dropped=text)
             if compression_ratio(text) <= options.compression_ratio_threshold and not looped(text):
                 return candidate
+            if temperature == 0.0 and tail_loop(text):
+                # The beam's words, once: sampling again at a temperature
+                # would answer differently on every run (CTranslate2 seeds it
+                # per process) and no better. Never taken as a sure answer.
+                return dataclasses.replace(candidate, text=unlooped(text), suspect=True)
             best = best if best is not None and best.avg_logprob >= avg_logprob else candidate
         assert best is not None
         return dataclasses.replace(best, text=unlooped(best.text), suspect=True)
