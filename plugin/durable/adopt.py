@@ -113,13 +113,11 @@ async def adopt(durability: Durability, make_session: Callable[[Stored], DuplexS
     state = stored.state
     items = list(state.items)
     closing = cut_reply(items, events)
-    core = session.core
-    for item in items:
-        core.conversation.append(item)
-    core.gate.advance(Fence(session_id, state.incarnation + 1, state.epoch + 1))
-    # Numbered input goes on from the last chunk the store saw with the state:
-    # a resend of it is a duplicate, a chunk past the next one a gap, as before.
-    core.commands.input_seq.next_seq = state.last_input_seq + 1
+    # Through the core's restore, not its parts: it starts one incarnation past
+    # the fence the owner reached, and numbered input goes on after the last
+    # chunk the store saw with the state.
+    session.core.restore(items, Fence(session_id, state.incarnation, state.epoch),
+                         state.last_input_seq)
     journal = session.journal
     journal.log.restart_after(events[0].seq - 1 if events else stored.head_seq)
     now = session.clock.now()

@@ -9,7 +9,8 @@ the stages work; a test drives it with messages and a clock value and
 checks the exact effects (``tests/unit/test_session_core.py``), the way
 python-websockets tests its ``Protocol`` with bytes.
 
-It is the single writer of the session's state -- fence gate, config, the
+It is the single writer of the session's state -- the fence (moved by its
+one ``FenceMover``, ``fences.py``, which it lends the floor), config, the
 policy's per-session state -- and it is the ``SessionView`` the policy
 reads. The parts own the rest and never hold the core: the turn's phase and
 the one reply (``Floor``, ``floor.py``, which it alone calls), the input
@@ -32,13 +33,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.close_reason import CloseReason
 from vllm_duplex.core.contracts import AppendPlan, FenceBump, OutputDecision
+from vllm_duplex.core.conversation import ConversationItem
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.gate import FenceGate
@@ -52,7 +54,6 @@ from vllm_duplex.session.client_commands import COMMANDS, ClientCommands
 from vllm_duplex.session.decisions import OutputChain
 from vllm_duplex.session.effects import (
     AckEvents,
-    Cancel,
     Close,
     Effect,
     EffectLog,
@@ -67,6 +68,7 @@ from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session import mcp_calls
+from vllm_duplex.session.fences import FenceMover
 from vllm_duplex.session.floor import Floor
 from vllm_duplex.session.pauses import Pauses
 from vllm_duplex.session.replies import (
@@ -117,6 +119,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         self.extra_wire = extra_wire or {}
         self.make_id = make_id
         self.gate = FenceGate(Fence(session_id))
+        self.fences = FenceMover(self.gate, metrics)  # the one mover: the core's plans, the floor
         self.stage_names = frozenset(stage_names)
         needs = policy.stage_needs()
         self._generator = needs.generator
@@ -134,7 +137,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         self.pauses = Pauses(latency=self.latency, metrics=metrics, session_id=session_id)
         self.idle = idle.IdleTimer()  # server_vad's idle_timeout_ms
         # The turn's phase and the one reply (held or shown).
-        self.floor = Floor(self.out, self.gate, config=config, metrics=metrics,
+        self.floor = Floor(self.out, self.fences, config=config, metrics=metrics,
                            latency=self.latency, conversation=self.conversation, user=self.user,
                            pause=self.pauses.pause, idle_timer=self.idle, make_id=make_id,
                            session_id=session_id)
@@ -176,6 +179,19 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         """What a client that must resync starts again from."""
         return {"session": self.session_object(), "items": [i.wire() for i in self.conversation],
                 "active_response_id": self.active_response_id}
+
+    def restore(self, items: Iterable[ConversationItem], fence: Fence, last_input_seq: int) -> None:
+        """Rebuild a session whose owner died from its stored state, before
+        ``start``: its conversation as the client got it (the LLM context is
+        built from it again at the next reply), one incarnation past the
+        ``fence`` the owner reached (whatever the old owner's stages still
+        make is stale here), and numbered input going on after
+        ``last_input_seq`` (a resend of it is a duplicate, a chunk past the
+        next one a gap, as before)."""
+        for item in items:
+            self.conversation.append(item)
+        self.fences.restore(fence.next_incarnation())
+        self.commands.input_seq.next_seq = last_input_seq + 1
 
     # ---- messages in, effects out -----------------------------------------
 
@@ -254,7 +270,6 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         ``ingest``: the plan answers client input (its latency is measured)."""
         if plan.bump is FenceBump.INCARNATION:
             self._advance(self.fence.next_incarnation())
-            self.metrics.incarnation_bumps.inc()
         elif plan.bump is FenceBump.EPOCH:
             self._advance(self.fence.next_epoch())
         fence = self.gate.fence
@@ -268,9 +283,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         drops it, the stages abort it), and so is the reply: a held one ends
         unseen, a shown one is cut to what was heard (its context changed
         under it) -- never left waiting for outputs the gate now drops."""
-        self.gate.advance(fence)
-        self.metrics.epoch_bumps.inc()
-        self.out.add(Cancel(fence))
+        self.out.add(self.fences.bump(fence))
         if self.floor.reply is not None:
             self.floor.end(End.TURN_DETECTED if self.floor.shown else End.DISCARDED, voided=True)
 

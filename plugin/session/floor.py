@@ -15,7 +15,8 @@ one way, ``end(End...)``:
   the ``Cancel`` of its stage requests, its timers; a completed reply arms
   the idle timeout.
 
-What it needs of the session it is given once (the effect log, the gate,
+What it needs of the session it is given once (the effect log, the fence
+mover -- ``fences.py``: the core's own, so the fence moves in one place --,
 the metrics, the latency tracker, the conversation, the user's turn, the
 pause, the idle timer) or per call; it never holds the core, and what it
 does comes back as effects in the log.
@@ -27,12 +28,12 @@ from collections.abc import Callable
 
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.contracts import InterruptReason, OutputDecision
-from vllm_duplex.core.gate import FenceGate
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import AudioOut, ContextMessage, StageOutput
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.session import barge_in, idle, pacing, rendering
-from vllm_duplex.session.effects import Cancel, CancelTimer, EffectLog
+from vllm_duplex.session.effects import CancelTimer, EffectLog
+from vllm_duplex.session.fences import FenceMover
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.phase import Phase, TurnPhase
@@ -46,7 +47,7 @@ Held = list[tuple[StageOutput, OutputDecision]]
 
 
 class Floor:
-    def __init__(self, out: EffectLog, gate: FenceGate, *, config: SessionConfig,
+    def __init__(self, out: EffectLog, fences: FenceMover, *, config: SessionConfig,
                  metrics: Metrics, latency: TurnLatency, conversation: ItemStore, user: UserTurn,
                  pause: Pause, idle_timer: idle.IdleTimer, make_id: Callable[[str], str],
                  session_id: str) -> None:
@@ -54,7 +55,7 @@ class Floor:
         self.reply: Reply | None = None  # held (speculated) or shown
         self.config = config  # the session's; the core sets it on session.update
         self._out = out
-        self._gate = gate
+        self._fences = fences
         self._metrics = metrics
         self._latency = latency
         self._conversation = conversation
@@ -116,7 +117,7 @@ class Floor:
         times = self._latency.response_created(self._out.now)
         new = reply is None
         if reply is None:
-            reply = Reply(response.id, self._gate.fence.request_id("llm"))
+            reply = Reply(response.id, self._fences.fence.request_id("llm"))
             self._latency.reply_started(reply.id, self._out.now, times.trace)
         self.reply = reply
         audio = "audio" in response.output_modalities
@@ -241,19 +242,17 @@ class Floor:
         self.reply = None
         barge_paused = self.phase.value is Phase.BARGE_PAUSED
         self.phase.to(self._at_rest())
-        fence = None
-        if end.voids and not voided:
-            fence = self._gate.fence.next_epoch()
-            self._gate.advance(fence)
-            self._metrics.epoch_bumps.inc()
+        cancel = None
+        if end.voids and not voided:  # moved now, its Cancel placed after the reply's end
+            cancel = self._fences.bump(self._fences.fence.next_epoch())
         self._count(end, barge_paused)
         out = self._out
         ending = reply.finish(end, out.now, error)
         out.emit_all(ending.events)
         if end.interrupt is not None:
             self._metrics.cancel_latency.observe(out.now - out.received_at)
-        if fence is not None:
-            out.add(Cancel(fence))
+        if cancel is not None:
+            out.add(cancel)
         for timer in ending.timers:
             out.add(timer)
         if barge_paused:

@@ -51,3 +51,22 @@ def test_no_session_part_holds_the_core() -> None:
     assert not holders, (f"{holders} import the session core: a part owns its state, is given "
                          "what it reads, and returns what only the core may do as asks "
                          "(plugin/session/asks.py), which SessionCore.carry carries out")
+
+
+# The fence moves in one place (plugin/session/fences.py): a move's count and
+# its Cancel are said once, and adoption restores through SessionCore.restore
+# instead of moving a gate it reached into.
+_MOVER = Path("plugin") / "session" / "fences.py"
+
+
+def test_one_place_moves_the_fence() -> None:
+    import ast
+
+    movers = []
+    for folder in ("plugin", "models", "realtime"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and node.func.attr == "advance" and "gate" in ast.unparse(node.func.value):
+                    movers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert movers and all(m.startswith(f"{_MOVER}:") for m in movers), movers

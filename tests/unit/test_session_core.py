@@ -82,6 +82,32 @@ def test_seq_is_dense_across_messages_and_fences():
     assert {e.fence for e in envelopes} == {F0, F0.next_epoch()}
 
 
+def test_a_restored_session_goes_on_from_its_stored_state():
+    """Adoption (``durable/adopt.py``) rebuilds a session through ``restore``:
+    the conversation is there and in the next reply's context, what the dead
+    owner's stages still make is stale, and numbered input resumes after the
+    last stored seq. Not a bump: nothing ran under the old fence here."""
+    core = manual(output_modalities=("text",))
+    said = ConversationItem("item_a", ItemType.MESSAGE, Role.USER,
+                            content=[ContentPart(type="input_text", text="hi")])
+    owners = Fence("s", 2, 5)
+    core.restore([said], owners, last_input_seq=4)
+    assert core.fence == owners.next_incarnation() == Fence("s", 3, 6)
+    assert core.snapshot()["items"] == [said.wire()] and core.last_input_seq == 4
+    assert core.metrics.epoch_bumps.get() == 0 and core.metrics.incarnation_bumps.get() == 0
+    assert {e.envelope.fence for e in core.start("tok", 0.0) if isinstance(e, Emit)} == {
+        core.fence}
+    assert output(core, TextDelta("resp_old", "late"), fence=owners) == []
+    assert core.gate.dropped == 1
+    assert core.handle(cmd.AudioAppend(audio=TEN_MS * 10, seq=4), 0.0) == []  # a resend
+    assert core.input.samples == 0
+    assert core.handle(cmd.AudioAppend(audio=TEN_MS * 10, seq=5), 0.0) == []
+    [err] = emitted(core.handle(cmd.AudioAppend(audio=TEN_MS * 10, seq=7), 0.0))
+    assert err.error.code == "sequence_gap" and core.last_input_seq == 5
+    [req] = [e.payload for e in core.handle(cmd.ResponseCreate(), 0.0) if isinstance(e, Submit)]
+    assert isinstance(req, GenerateRequest) and "hi" in str(req.context)
+
+
 # ---- input --------------------------------------------------------------------------
 
 
@@ -221,6 +247,8 @@ def test_stale_outputs_are_dropped_by_the_gate_and_counted():
     assert output(core, TextDelta(rid, "late"), fence=F0) == []
     assert output(core, GenerationDone(rid, "stop"), fence=F0) == []
     assert core.gate.dropped == 2 and core.metrics.stale_dropped.get(stage="llm") == 2
+    # The cancel moved the fence once (the floor's move, counted by the one mover).
+    assert core.metrics.epoch_bumps.get() == 1 and core.metrics.incarnation_bumps.get() == 0
 
 
 def test_barge_in_during_speech_cuts_the_reply_to_what_was_heard():

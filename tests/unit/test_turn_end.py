@@ -549,6 +549,9 @@ def test_a_reply_held_under_an_older_fence_is_never_claimed():
     # A late hypothesis revises a word the model holds: a rollback, a new incarnation.
     effects = tl.at(2.3, TranscriptPartial("What was the capital of France?"), "asr")
     assert any(isinstance(e, Submit) and isinstance(e.payload, ResetContext) for e in effects)
+    # One move (the plan's), counted once; the held reply it voided adds none.
+    m = tl.core.metrics
+    assert (m.epoch_bumps.get(), m.incarnation_bumps.get()) == (1, 1)
     tl.at(2.5, VadSpeechStopped(audio_ms=1000), "vad")
     # The final says the words the held reply answers -- but that reply is cancelled.
     effects = tl.at(2.51, TranscriptFinal("What is the capital of France?"), "asr")
