@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from machine import line as machine_line  # noqa: E402
+from lib.machine import line as machine_line  # noqa: E402
 from vllm_duplex.fleet.redis_server import RedisServer  # noqa: E402
 from vllm_duplex.host.deploy import load_config  # noqa: E402
 from vllm_duplex.host.runtime import Runtime  # noqa: E402

@@ -6,7 +6,7 @@ One ``vllm-duplex serve`` subprocess per side on the default pipeline
 (``max_output_tokens`` raised), streams silence while the reply plays for
 ``--after`` seconds (alternating through the list: early, while the LLM and
 Piper are busy making the reply's next pieces, and later), then speaks an
-interruption at real time (``voice_scenarios.py``'s ``Conn`` and
+interruption at real time (``lib/voice_scenarios.py``'s ``Conn`` and
 ``run_barge``). From the slot of the first chunk holding speech (the onset):
 
 * **speech_started**: the client's ``input_audio_buffer.speech_started``;
@@ -35,8 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fast_turns import QUESTIONS, Server, Side, ask, machine_line, side_servers  # noqa: E402
-from voice_scenarios import INTERRUPTION, STORY, Barge, run_barge, utterance  # noqa: E402
+from lib.sides import Server, Side, machine_line, side_servers  # noqa: E402
+from lib.turns import QUESTIONS, ask  # noqa: E402
+from lib.voice_scenarios import INTERRUPTION, STORY, Barge, run_barge, utterance  # noqa: E402
 
 STORY_TOKENS = 400
 

@@ -47,9 +47,10 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fast_turns import LOUD, REPO, Server, Side, before_tree  # noqa: E402
-from serve_process import http_get, machine, scrape  # noqa: E402
-from speech_corpus import right_answer  # noqa: E402
+from lib.serve_process import REPO, http_get, machine, scrape  # noqa: E402
+from lib.sides import Server, Side, before_tree  # noqa: E402
+from lib.speech_corpus import right_answer  # noqa: E402
+from lib.turns import LOUD  # noqa: E402
 from support.speech_fixtures import RATE, chunks, speak  # noqa: E402
 from vllm_duplex.realtime.client.realtime import RealtimeClient, RealtimeError  # noqa: E402
 

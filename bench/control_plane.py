@@ -47,7 +47,7 @@ import psutil
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from serve_process import (  # bench/, the script's directory
+from lib.serve_process import (  # bench/lib/ (bench/ is the script's directory)
     REPO,
     CpuWindow,
     ServerProcess,

@@ -87,7 +87,7 @@ def main() -> None:
         return
     names = list(SETTINGS) if args.settings == "all" else args.settings.split(",")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import machine
+    from lib import machine
     from vllm_duplex.core.machine import choose, detect
 
     print(machine.line(), flush=True)

@@ -46,14 +46,10 @@ from typing import Any
 
 import numpy as np
 
-# speech_fixtures (Flite speech) lives in tests/support/; voice_scenarios imports it too.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import machine  # noqa: E402
-from voice_scenarios import CHUNK_S, ONSET_DBFS, RATE, SILENCE, Conn  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the lib package
+from lib import machine  # noqa: E402
+from lib.voice_scenarios import CHUNK_S, Conn, Speech, joined, utter  # noqa: E402
 
-from speech_fixtures import chunks as pcm_chunks  # noqa: E402
-from speech_fixtures import speak  # noqa: E402
 from vllm_duplex.host.deploy import load_config  # noqa: E402
 from vllm_duplex.host.runtime import Runtime  # noqa: E402
 from vllm_duplex.realtime.server.serving import BackgroundServer  # noqa: E402
@@ -80,38 +76,6 @@ PUBLISHED = {
     "GPT-Realtime": {"pause_tor": "not found", "turn_gap": "not found", "interrupt": "not found",
                      "backchannel_kept": "not found"},
 }
-
-
-@dataclass(frozen=True)
-class Speech:
-    text: str
-    chunks: tuple[bytes, ...]
-    onset: int  # first chunk holding speech
-    end: int  # last chunk holding speech
-
-
-def utter(text: str, voice: str, lead_s: float = 0.3, tail_s: float = 1.2) -> Speech:
-    cs = tuple(pcm_chunks(speak(text, rate=RATE, lead_s=lead_s, tail_s=tail_s, voice=voice),
-                          rate=RATE))
-    floor = 32768.0 * 10 ** (ONSET_DBFS / 20)
-    loud = [i for i, c in enumerate(cs)
-            if math.sqrt(np.mean(np.frombuffer(c, "<i2").astype(np.float64) ** 2)) > floor]
-    return Speech(text, cs, loud[0], loud[-1])
-
-
-def joined(*parts: Speech, gaps_ms: tuple[int, ...]) -> tuple[tuple[bytes, ...], int]:
-    """Speech parts with silence between them; returns the chunks and the
-    index of the last speech chunk."""
-    out: list[bytes] = []
-    last = 0
-    for i, part in enumerate(parts):
-        body = part.chunks[:part.end + 1] if i < len(parts) - 1 else part.chunks
-        start = len(out)
-        out += body
-        last = start + part.end
-        if i < len(gaps_ms):
-            out += [SILENCE] * (gaps_ms[i] // int(CHUNK_S * 1000))
-    return tuple(out), last
 
 
 @dataclass

@@ -25,8 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import machine  # noqa: E402
-from speech_corpus import WerCount, pct  # noqa: E402
+from lib import machine  # noqa: E402
+from lib.speech_corpus import WerCount, pct  # noqa: E402
 from vllm_duplex.assets.locate import whisper_model_dir  # noqa: E402
 from vllm_duplex.core.clock import MonotonicClock  # noqa: E402
 from vllm_duplex.core.fence import Fence  # noqa: E402

@@ -40,7 +40,7 @@ with atheris.instrument_imports(include=["vllm_duplex"]):
     from vllm_duplex.text.requests import parse_control, parse_generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import machine  # noqa: E402
+from lib import machine  # noqa: E402
 
 MODEL = "m"
 EVENT_TYPES = sorted(CLIENT_EVENT_TYPES) + ["bogus"]

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import machine  # noqa: E402
+from lib import machine  # noqa: E402
 
 PHRASE = "what is the capital of france and how many people live there today"
 

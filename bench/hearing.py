@@ -3,7 +3,7 @@ real time, this tree against the code before it, in one run.
 
 Two ``vllm-duplex serve`` subprocesses on the default pipeline
 (``configs/cascade-cpu.yaml`` of each tree; ``fast_turns.py``'s sides). Each
-utterance of the speech bench (``speech_corpus.py``) is spoken into its own
+utterance of the speech bench (``lib/speech_corpus.py``) is spoken into its own
 realtime session at real time with the server's default turn detection, an
 open microphone (silence keeps flowing), and the session's
 ``conversation.item.input_audio_transcription.completed`` is scored against
@@ -36,9 +36,9 @@ import soxr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from fast_turns import Server, Side, last_loud_s, machine_line, side_servers  # noqa: E402
-from speech_corpus import RATE as CORPUS_RATE  # noqa: E402
-from speech_corpus import (  # noqa: E402
+from lib.sides import Server, Side, machine_line, side_servers  # noqa: E402
+from lib.speech_corpus import RATE as CORPUS_RATE  # noqa: E402
+from lib.speech_corpus import (  # noqa: E402
     ASR_QUESTIONS,
     HELD_OUT_SENTENCES,
     HELD_OUT_VOICES,
@@ -47,6 +47,7 @@ from speech_corpus import (  # noqa: E402
     WerCount,
     pct,
 )
+from lib.turns import last_loud_s  # noqa: E402
 from support.speech_fixtures import RATE, chunks  # noqa: E402
 from vllm_duplex.realtime.client.realtime import RealtimeClient  # noqa: E402
 

@@ -174,7 +174,7 @@ def measure(root: str) -> None:
 def run_side(spec: str) -> dict:
     name, _, ref = spec.partition("@")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fast_turns import TREE_IMPORTS, before_tree  # as the benches with sides run theirs
+    from lib.sides import TREE_IMPORTS, before_tree  # as the benches with sides run theirs
     root = before_tree(ref) if ref else REPO
     proc = subprocess.run([sys.executable, "-c", TREE_IMPORTS + _MEASURE, str(root), __file__],
                           cwd=REPO, capture_output=True, text=True,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import machine  # noqa: E402
+from lib import machine  # noqa: E402
 from vllm_duplex.core.contracts import SamplingConfig  # noqa: E402
 from vllm_duplex.core.fence import Fence  # noqa: E402
 from vllm_duplex.core.payloads import (  # noqa: E402

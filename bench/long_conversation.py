@@ -47,8 +47,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from serve_process import ServerProcess, machine  # noqa: E402
-from speech_corpus import right_answer  # noqa: E402
+from lib.serve_process import ServerProcess, machine  # noqa: E402
+from lib.speech_corpus import right_answer  # noqa: E402
 from support.speech_fixtures import RATE, speak  # noqa: E402
 from vllm_duplex.realtime.client.realtime import RealtimeClient  # noqa: E402
 

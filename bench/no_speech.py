@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import machine
-from speech_corpus import ASR_QUESTIONS, VOICES, espeak, flite
+from lib import machine
+from lib.speech_corpus import ASR_QUESTIONS, VOICES, espeak, flite
 from vllm_duplex.testing import noise
 
 LEVELS = (-50, -35, -25, -15)

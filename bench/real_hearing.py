@@ -1,7 +1,7 @@
 """Real voices heard through the streaming path, against the same models'
 offline decode of the same audio, in one process (issue 42).
 
-Each recording (``real_corpus.py``: people; and, beside them, a few of the
+Each recording (``lib/real_corpus.py``: people; and, beside them, a few of the
 synthetic bench's Flite / eSpeak NG utterances) is streamed in 20 ms chunks
 through the default pipeline's listening path -- the Silero VAD under
 server VAD's settings (threshold 0.5, 300 ms prefix padding, 500 ms of
@@ -52,9 +52,9 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import machine  # noqa: E402
-from real_corpus import RATE, RECORDINGS  # noqa: E402
-from speech_corpus import (  # noqa: E402
+from lib import machine  # noqa: E402
+from lib.real_corpus import RATE, RECORDINGS  # noqa: E402
+from lib.speech_corpus import (  # noqa: E402
     ASR_QUESTIONS,
     HELD_OUT_SENTENCES,
     HELD_OUT_VOICES,
@@ -291,8 +291,7 @@ def run_here(args: argparse.Namespace, side: str) -> list[Heard]:
 
 def run_tree(args: argparse.Namespace, side: str, ref: str) -> list[Heard]:
     """A worktree of ``ref``'s code heard on this tree's corpus (a child process)."""
-    sys.path.insert(0, str(ROOT / "tests"))  # fast_turns.py's imports
-    from fast_turns import TREE_IMPORTS, before_tree
+    from lib.sides import TREE_IMPORTS, before_tree
 
     tree = before_tree(ref)
     with tempfile.NamedTemporaryFile(suffix=".json") as out:

@@ -41,8 +41,8 @@ from websockets.frames import Frame, Opcode
 from websockets.uri import parse_uri
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import machine  # noqa: E402
-from churn import churn, rss_bytes, settle  # noqa: E402
+from lib import machine  # noqa: E402
+from lib.churn import churn, rss_bytes, settle  # noqa: E402
 from vllm_duplex.core.close_reason import CloseReason  # noqa: E402
 from vllm_duplex.host.deploy import StageSpec, load_config  # noqa: E402
 from vllm_duplex.host.runtime import Runtime  # noqa: E402

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import machine  # noqa: E402
+from lib import machine  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Water boils at", "One, two, three,"]
 

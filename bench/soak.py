@@ -46,9 +46,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duplex_bench import Speech, joined, utter  # noqa: E402
-from serve_process import REPO, ServerProcess, machine, scrape  # noqa: E402
-from voice_scenarios import CHUNK_S, SILENCE, Conn  # noqa: E402
+from lib.serve_process import REPO, ServerProcess, machine, scrape  # noqa: E402
+from lib.voice_scenarios import CHUNK_S, SILENCE, Conn, Speech, joined, utter  # noqa: E402
 
 HEALTH_EVERY_S = 0.25
 HEALTH_TARGET_S = 0.25

@@ -5,7 +5,7 @@ the spoken QA of the new default against the old one, in one run.
                                   [--qa-questions 36] [--qa-voices 3] [--fast] [--json out.json]
 
 Parts (all on the CPU, models from the installed packages, audio from Flite
-and eSpeak NG; see ``speech_corpus.py`` for the texts and voices):
+and eSpeak NG; see ``lib/speech_corpus.py`` for the texts and voices):
 
 asr       every ASR option on 20 questions x 6 voices: word error rate per voice
           and overall, real-time factor (decode time / audio), end-of-utterance
@@ -62,8 +62,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import machine
-from speech_corpus import (
+from lib import machine
+from lib.speech_corpus import (
     ASR_QUESTIONS,
     HELD_OUT_SENTENCES,
     HELD_OUT_VOICES,
@@ -396,7 +396,7 @@ async def with_llm(args: argparse.Namespace, results: dict[str, Any]) -> None:
     stage = VllmLlmStage()
     await stage.start()
     try:
-        from speech_qa import INSTRUCTIONS, part_prompt, part_qa
+        from lib.speech_qa import INSTRUCTIONS, part_prompt, part_qa
 
         if "prompt" in args.parts:
             print("[prompt] the QA set typed, per instruction candidate", flush=True)

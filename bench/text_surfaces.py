@@ -41,8 +41,8 @@ from vllm_duplex.core.payloads import ContextMessage
 from vllm_duplex.host.deploy import load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.serving import BackgroundServer
-import machine  # noqa: E402  (bench/, the script's directory)
-from voice_llm_ttft import HISTORY, SYSTEM  # noqa: E402  (same long context as the voice bench)
+from lib import machine  # noqa: E402  (bench/lib/; bench/ is the script's directory)
+from lib.voice_llm_ttft import HISTORY, SYSTEM  # noqa: E402  (same long context as the voice bench)
 
 QUESTION = "And how much does it cost to take a second checked bag on that flight?"
 OPTIONS = {"max_tokens": 4, "temperature": 0.0}

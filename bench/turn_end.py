@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import machine  # noqa: E402
+from lib import machine  # noqa: E402
 from support.speech_fixtures import RATE, chunks, speak  # noqa: E402
 from vllm_duplex.host.deploy import load_config  # noqa: E402
 from vllm_duplex.host.runtime import Runtime  # noqa: E402

@@ -41,7 +41,7 @@ from vllm_duplex.realtime.server.serving import BackgroundServer
 from vllm_duplex.stages.vision.scene import SceneAnalyzer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import machine  # noqa: E402
+from lib import machine  # noqa: E402
 
 
 def camera(sign: str) -> np.ndarray:

@@ -38,8 +38,8 @@ through the same server code and client, i.e. the control-plane floor; Part B's 
 full prefill. Targets are reported PASS/MISS, never asserted. See bench/README.md.
 
 This file is the entry point: arguments, the machine/load checks, the phases and the
-printed report. Part A's audio and scenarios are in ``voice_scenarios.py``, Part B's
-driver in ``voice_llm_ttft.py`` (siblings, imported from this directory).
+printed report. Part A's audio and scenarios are in ``lib/voice_scenarios.py``, Part B's
+driver in ``lib/voice_llm_ttft.py`` (the benches' shared parts, ``bench/lib/``).
 """
 
 from __future__ import annotations
@@ -69,12 +69,12 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below
 
-import serve_process  # noqa: E402
+from lib import serve_process  # noqa: E402
 from vllm_duplex.host.deploy import DeployConfig, load_config, resolve_config_path  # noqa: E402
 from vllm_duplex.host.runtime import Runtime  # noqa: E402
 from vllm_duplex.realtime.server.serving import BackgroundServer  # noqa: E402
-from voice_llm_ttft import END_OF_TURN_SILENCE_S, WORD_INTERVAL_S, run_part_b  # noqa: E402
-from voice_scenarios import (  # noqa: E402
+from lib.voice_llm_ttft import END_OF_TURN_SILENCE_S, WORD_INTERVAL_S, run_part_b  # noqa: E402
+from lib.voice_scenarios import (  # noqa: E402
     CHUNK_S,
     INTERRUPTION,
     QUESTIONS,

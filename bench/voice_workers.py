@@ -39,8 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_process import CpuWindow, ServerProcess, http_get, machine, scrape, worst_quantile
-from voice_scenarios import QUESTIONS, Turn, run_turns, utterance
+from lib.serve_process import CpuWindow, ServerProcess, http_get, machine, scrape, worst_quantile
+from lib.voice_scenarios import QUESTIONS, Turn, run_turns, utterance
 from vllm_duplex.host.deploy import resolve_config_path
 
 

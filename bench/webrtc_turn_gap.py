@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import machine  # noqa: E402
+from lib import machine  # noqa: E402
 from support.audio import silence, tone  # noqa: E402
 from support.webrtc import RtcClient  # noqa: E402
 from vllm_duplex.host.deploy import load_config  # noqa: E402

@@ -26,9 +26,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import machine  # noqa: E402
+from lib import machine  # noqa: E402
 import numpy as np  # noqa: E402
-from speech_corpus import ASR_QUESTIONS, RATE, VOICES  # noqa: E402
+from lib.speech_corpus import ASR_QUESTIONS, RATE, VOICES  # noqa: E402
 
 MODELS = (("whisper-tiny.en", 1), ("whisper-base", 5))
 WINDOW_S = 10.0

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import machine
-from speech_corpus import ASR_QUESTIONS, RATE, VOICES, WerCount
+from lib import machine
+from lib.speech_corpus import ASR_QUESTIONS, RATE, VOICES, WerCount
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = (("whisper-base", 5), ("whisper-tiny.en", 1))

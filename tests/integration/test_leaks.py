@@ -19,7 +19,7 @@ from vllm_duplex.realtime.server.serving import BackgroundServer
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from churn import FATES, churn, rss_bytes, settle  # noqa: E402
+from lib.churn import FATES, churn, rss_bytes, settle  # noqa: E402
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -2,7 +2,7 @@
 
 The default config's Whisper stage and Silero VAD under server VAD's
 settings hear a few recordings of the real-voice corpus
-(``bench/real_corpus.py``) streamed in 20 ms chunks, as
+(``bench/lib/real_corpus.py``) streamed in 20 ms chunks, as
 ``bench/real_hearing.py`` streams them: the issue's "five five", a speech
 with natural pauses (JFK: four turns under server VAD), and short number
 phrases at 8 kHz that the no-speech gate took for silence. No turn may come
@@ -25,9 +25,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from real_corpus import RECORDINGS  # noqa: E402
+from lib.real_corpus import RECORDINGS  # noqa: E402
+from lib.speech_corpus import WerCount, normalize  # noqa: E402
 from real_hearing import default_stage, offline, padded, stream  # noqa: E402
-from speech_corpus import WerCount, normalize  # noqa: E402
 
 CHOSEN = ("cmu-cards-004", "jfk-inaugural", "fsdd-theo-314", "fsdd-theo-80",
           "fsdd-yweweler-55", "lj-LJ002-0035")
@@ -74,7 +74,7 @@ async def test_a_speech_with_pauses_is_heard_turn_by_turn_without_losing_a_word(
 HEAR_ONCE = """
 import sys
 sys.path.insert(0, {bench!r})
-from real_corpus import RECORDINGS
+from lib.real_corpus import RECORDINGS
 from real_hearing import default_stage, offline, padded
 stage = default_stage()
 by_name = {{r.name: r for r in RECORDINGS}}

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 # support.speech_fixtures (Flite speech, PocketSphinx) lives in the repository's tests/.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from support.speech_fixtures import chunks as pcm_chunks  # noqa: E402
 from support.speech_fixtures import speak  # noqa: E402
@@ -98,6 +98,41 @@ def vad_floor_s(utt: Utterance, kind: str) -> float:
         if any(isinstance(e, VadSpeechStarted) for e in events):
             return (k - utt.onset) * CHUNK_S
     return math.nan
+
+
+# ---- duplex_bench.py's speech (Full-Duplex-Bench trials; soak.py's too) -----------------
+
+
+@dataclass(frozen=True)
+class Speech:
+    text: str
+    chunks: tuple[bytes, ...]
+    onset: int  # first chunk holding speech
+    end: int  # last chunk holding speech
+
+
+def utter(text: str, voice: str, lead_s: float = 0.3, tail_s: float = 1.2) -> Speech:
+    cs = tuple(pcm_chunks(speak(text, rate=RATE, lead_s=lead_s, tail_s=tail_s, voice=voice),
+                          rate=RATE))
+    floor = 32768.0 * 10 ** (ONSET_DBFS / 20)
+    loud = [i for i, c in enumerate(cs)
+            if math.sqrt(np.mean(np.frombuffer(c, "<i2").astype(np.float64) ** 2)) > floor]
+    return Speech(text, cs, loud[0], loud[-1])
+
+
+def joined(*parts: Speech, gaps_ms: tuple[int, ...]) -> tuple[tuple[bytes, ...], int]:
+    """Speech parts with silence between them; returns the chunks and the
+    index of the last speech chunk."""
+    out: list[bytes] = []
+    last = 0
+    for i, part in enumerate(parts):
+        body = part.chunks[:part.end + 1] if i < len(parts) - 1 else part.chunks
+        start = len(out)
+        out += body
+        last = start + part.end
+        if i < len(gaps_ms):
+            out += [SILENCE] * (gaps_ms[i] // int(CHUNK_S * 1000))
+    return tuple(out), last
 
 
 # ---- one realtime connection ------------------------------------------------------------------

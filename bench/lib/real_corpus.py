@@ -26,7 +26,7 @@ import soundfile as sf
 import soxr
 
 RATE = 16000
-AUDIO = Path(__file__).resolve().parent / "real_voices" / "audio"
+AUDIO = Path(__file__).resolve().parents[1] / "real_voices" / "audio"
 DIGITS = "zero one two three four five six seven eight nine".split()
 DIGIT_GAP_S = 0.15  # between the digits of a number phrase (FSDD's files are trimmed)
 

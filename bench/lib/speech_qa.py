@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import psutil
-from speech_corpus import QA, QA_VOICES, RATE, ms, normalize, pct, right_answer
+from .speech_corpus import QA, QA_VOICES, RATE, ms, normalize, pct, right_answer
 
 
 def tree_rss() -> int:

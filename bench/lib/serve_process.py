@@ -1,7 +1,7 @@
 """The pieces a benchmark needs around a ``vllm-duplex serve`` subprocess: the
 machine it ran on, the server itself (a fresh one on a free port, always
 stopped), its ``/metrics`` scraped, and CPU time measured over a window.
-Shared by control_plane.py and voice_workers.py."""
+Shared by control_plane.py, voice_workers.py and the benches with sides."""
 
 from __future__ import annotations
 
@@ -19,19 +19,20 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import machine as bench_machine  # bench/machine.py; bench/ is on sys.path for every caller
 import numpy as np
 import psutil
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from . import machine as bench_machine  # bench/lib/machine.py
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---- machine and server process ---------------------------------------------------------
 
 
 def machine() -> dict[str, Any]:
-    """``machine.info()`` (bench/machine.py: CPU model, cores, ISA, memory, load) with the
+    """``machine.info()`` (bench/lib/machine.py: CPU model, cores, ISA, memory, load) with the
     Python and kernel versions."""
     return {**bench_machine.info(), "python": platform.python_version(), "kernel": platform.release()}
 

@@ -1,6 +1,6 @@
 """Session churn against a live server: open, use, close, abandon and let
 expire many realtime sessions — gracefully and abruptly — and report what is
-left behind. Used by ``bench/reliability.py`` and ``tests/test_leaks.py``.
+left behind. Used by ``bench/reliability.py`` and ``tests/integration/test_leaks.py``.
 
 Each session gets one of five fates (its index mod 5):
 
