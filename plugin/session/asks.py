@@ -23,15 +23,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.contracts import InterruptReason, OutputDecision
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.payloads import StageOutput
 
-# What a part returns: asks and effects, in the order they are to happen.
-Steps = list[Any]
+if TYPE_CHECKING:  # (mcp_calls.py imports this module)
+    from vllm_duplex.core.events import ServerEvent
+    from vllm_duplex.session.effects import Effect
+    from vllm_duplex.session.mcp_calls import McpStep
+
+# What a part returns: its steps, in the order they are to happen -- asks (the
+# ones below, and the MCP calls' own, ``mcp_calls.McpStep``), events for the
+# client, and effects for the runner (``effects.Effect``).
+Step: TypeAlias = "Ask | McpStep | ServerEvent | Effect"
+Steps: TypeAlias = "list[Step]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +128,8 @@ class Fail:
     """A stage failed: the client hears of it, and the reply shown fails."""
 
     error: DuplexError
+
+
+# Every ask above (``carrying.py`` carries each out by its type).
+Ask: TypeAlias = (Plan | Decide | Observe | Hold | Speculate | Discard | Rest | CommitInput | Respond
+                  | Interrupt | ItemGone | Fail)

@@ -11,7 +11,7 @@ state and the reply's start; the names it uses are the core's.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vllm_duplex.core import events as ev
@@ -19,7 +19,7 @@ from vllm_duplex.core.contracts import OutputDecision
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.payloads import StageOutput
 from vllm_duplex.session import asks, mcp_calls
-from vllm_duplex.session.asks import Steps
+from vllm_duplex.session.asks import Step, Steps
 from vllm_duplex.session.effects import Forward
 
 
@@ -36,7 +36,7 @@ class CarriesAsks:
     apply: Callable[..., None]
     create_response: Callable[..., None]
 
-    def carry(self, steps: Steps) -> None:
+    def carry(self, steps: Iterable[Step]) -> None:
         """Carry out what a part returned, in order: an ask (``asks.py``) by
         the core, with its follow-ups before the next step; an event to the
         client; any other effect to the runner."""
@@ -73,7 +73,8 @@ class CarriesAsks:
             self.out.add(Forward(a.out, decision.forward))
 
     def _discard(self, a: asks.Discard) -> Steps | None:
-        discarded = self.floor.discard()
+        discarded, steps = self.floor.discard()
+        self.carry(steps)
         return a.then(discarded) if a.then is not None else None
 
     def _offer_mcp_tools(self, tools: tuple[tuple[str, dict[str, Any]], ...]) -> None:

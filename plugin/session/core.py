@@ -152,8 +152,8 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         # What a fired timer (effects.ArmTimer) runs, by name.
         self.timers: dict[str, Callable[[], None]] = {
             turn_end.TIMER: lambda: self.carry(self.pauses.due(self._config, self.now)),
-            pacing.PACING: self.floor.send_due,
-            barge_in.BARGE_IN: self.floor.barge_in_due,
+            pacing.PACING: lambda: self.carry(self.floor.send_due()),
+            barge_in.BARGE_IN: lambda: self.carry(self.floor.barge_in_due()),
             idle.IDLE: self._idle_due,
             lifetime.WARNING: lambda: self.emit(lifetime.warning(self.limits)),
             lifetime.END: self._expired}
@@ -263,7 +263,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         """A stage failed: the client hears of it, and the reply shown fails."""
         self.error(err)
         if self.floor.shown is not None:
-            self.floor.end(End.FAILED, error=err.to_wire())
+            self.carry(self.floor.end(End.FAILED, error=err.to_wire()))
 
     def execute(self, plan: AppendPlan, *, ingest: bool = False) -> None:
         """Carry out a policy plan: move the fence first, then submit.
@@ -285,7 +285,8 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         under it) -- never left waiting for outputs the gate now drops."""
         self.out.add(self.fences.bump(fence))
         if self.floor.reply is not None:
-            self.floor.end(End.TURN_DETECTED if self.floor.shown else End.DISCARDED, voided=True)
+            self.carry(self.floor.end(End.TURN_DETECTED if self.floor.shown else End.DISCARDED,
+                                      voided=True))
 
     def commit_input(self) -> None:
         """The input buffer becomes a user item (a commit, or server VAD's end of turn)."""
@@ -392,11 +393,11 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         if decision.emit:
             self.show(payload if decision.render is None else decision.render)
         if decision.pause_output:
-            floor.pause()
+            self.carry(floor.pause())
         if decision.plan is not None:
             self.execute(decision.plan)
         if decision.interrupt is not None:
-            floor.interrupt(decision.interrupt)
+            self.carry(floor.interrupt(decision.interrupt))
         if decision.forward is not None and not forwarded:
             self.out.add(Forward(out, decision.forward))
         if decision.commit_turn and self.input.samples > 0:
@@ -406,9 +407,9 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         if decision.dismiss is not None:
             self.input.clear()
             self.user.dismiss()
-            floor.dismiss(decision.dismiss, getattr(payload, "text", ""))
+            self.carry(floor.dismiss(decision.dismiss, getattr(payload, "text", "")))
         if decision.finish_response and not self.mcp.holds_finish():
-            floor.finish()  # (a reply whose MCP call runs ends when the call is back)
+            self.carry(floor.finish())  # (a reply whose MCP call runs ends when the call is back)
 
     def show(self, payload: object) -> None:
         """A stage failure is an error that fails the reply; the floor shows the rest."""
@@ -417,7 +418,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         elif type(payload) is ToolCall and (steps := self.mcp.takes(payload)) is not None:
             self.carry(steps)  # a listed MCP tool: the engine calls it (mcp_calls.py)
         else:
-            self.floor.show(payload)
+            self.carry(self.floor.show(payload))
 
     # ---- a reply asked for (the floor starts, claims and ends it) ---------------
 
@@ -437,7 +438,8 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         for effect in idle.void(self.idle):
             self.out.add(effect)
         context = response_context(self.policy, self, self.conversation, options)
-        reply, held, new = self.floor.respond(options, context)
+        reply, held, new, steps = self.floor.respond(options, context)
+        self.carry(steps)
         if new:
             self.out.add(Submit(self._generator, self.fence, "llm", reply_request(
                 self.policy, self, reply.id, context, options, tools)))

@@ -126,9 +126,6 @@ class PollVideo:
     """Take the frames the stream decoder has ready (one ``FrameDecoded`` each)."""
 
 
-Effect = Emit | Submit | Forward | Cancel | Close | AckEvents | DecodeImage | FeedVideo | PollVideo
-
-
 # ---- timers -------------------------------------------------------------------
 # The core asks for a wake-up at a time on the session's clock; the runner
 # sleeps on that clock (the virtual one in tests) and hands back
@@ -159,7 +156,9 @@ class TimerFired:
     name: str
 
 
-Effect = Effect | ArmTimer | CancelTimer
+# What the runner carries out (``runner.py``): the effects above and the timers.
+Effect = (Emit | Submit | Forward | Cancel | Close | AckEvents | DecodeImage | FeedVideo | PollVideo
+          | ArmTimer | CancelTimer)
 
 
 # ---- the effects of one message, in order ------------------------------------
@@ -168,8 +167,8 @@ Effect = Effect | ArmTimer | CancelTimer
 class EffectLog:
     """What handling one message causes, in order, and the message's time.
 
-    The session core and its parts (``floor.Floor``) write here; the core's
-    ``handle`` takes the list. Events are numbered here (``seq``) and stamped
+    The session core alone writes here (its parts return steps, which it
+    carries out, ``carrying.py``); the core's ``handle`` takes the list. Events are numbered here (``seq``) and stamped
     with the gate's fence as it is when they are emitted: an event emitted
     after an epoch bump carries the new epoch."""
 

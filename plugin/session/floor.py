@@ -15,11 +15,12 @@ one way, ``end(End...)``:
   the ``Cancel`` of its stage requests, its timers; a completed reply arms
   the idle timeout.
 
-What it needs of the session it is given once (the effect log, the fence
-mover -- ``fences.py``: the core's own, so the fence moves in one place --,
-the metrics, the latency tracker, the conversation, the user's turn, the
-pause, the idle timer) or per call; it never holds the core, and what it
-does comes back as effects in the log.
+What it needs of the session it is given once (the effect log, read for the
+message's times only; the fence mover -- ``fences.py``: the core's own, so
+the fence moves in one place --, the metrics, the latency tracker, the
+conversation, the user's turn, the pause, the idle timer) or per call; it
+never holds the core, and what it does comes back as steps (``asks.Steps``:
+events and effects, in order), which the core carries out where it called it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import AudioOut, ContextMessage, StageOutput
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.session import barge_in, idle, pacing, rendering
+from vllm_duplex.session.asks import Steps
 from vllm_duplex.session.effects import CancelTimer, EffectLog
 from vllm_duplex.session.fences import FenceMover
 from vllm_duplex.session.items import ItemStore
@@ -54,7 +56,7 @@ class Floor:
         self.phase = TurnPhase()
         self.reply: Reply | None = None  # held (speculated) or shown
         self.config = config  # the session's; the core sets it on session.update
-        self._out = out
+        self._out = out  # read for the message's times only: steps are returned
         self._fences = fences
         self._metrics = metrics
         self._latency = latency
@@ -95,20 +97,22 @@ class Floor:
         self._metrics.speculations.inc(outcome="started")
 
     def respond(self, options: cmd.ResponseOptions,
-                context: tuple[ContextMessage, ...]) -> tuple[Reply, Held, bool]:
+                context: tuple[ContextMessage, ...]) -> tuple[Reply, Held, bool, Steps]:
         """A response asked for with ``context``: the held reply when it may
         be that (the same context, and the session's tools, which it ran with);
         else any held one is discarded -- left running, it would speak unseen
         and hold this response's request behind it -- and a new reply starts. Shown either way. Returns the
-        reply, what it held (to be carried out in order) and whether its
-        request is still to be made."""
+        reply, what it held (to be carried out in order), whether its
+        request is still to be made, and the steps (a discarded held reply's
+        end, the new one's start events), to be carried out before the rest."""
         own_tools = options.tools is not None or options.tool_choice is not None
         in_conversation = options.conversation != "none"
         reply = self.held
+        steps: Steps = []
         if reply is not None and in_conversation and not own_tools and reply.claimable(context):
             self._metrics.speculations.inc(outcome="used")
         else:
-            self.end(End.DISCARDED)
+            steps += self.end(End.DISCARDED)
             reply = None
         response, fmt = new_response(self.config, options, reply.id if reply is not None
                                      else self._make_id("resp"), self._session_id)
@@ -123,8 +127,8 @@ class Floor:
         audio = "audio" in response.output_modalities
         held = reply.show(record, times, pacing.new_pacer(self.config.pacing) if audio else None)
         self.phase.to(Phase.RESPONDING)
-        self._out.emit_all(record.start_events())
-        return reply, held, new
+        steps += record.start_events()
+        return reply, held, new, steps
 
     def keep(self, out: StageOutput, decision: OutputDecision) -> bool:
         """An output of the held reply, with the policy's decision: kept until
@@ -141,104 +145,108 @@ class Floor:
         return rendering.Scope(self._out.now, self._user, self._conversation, self._latency,
                                self.shown)
 
-    def show(self, payload: object) -> None:
+    def show(self, payload: object) -> Steps:
         """Show the client ``payload``: reply audio through the pacer (or at
         once, unpaced), anything else as its events."""
         shown = self.shown
         if type(payload) is AudioOut and shown is not None and shown.pacer is not None:
             if shown.id == payload.response_id:
                 shown.pacer.push(payload)
-                self.send_due()
-            return
-        self._out.emit_all(rendering.render(payload, self._scope()))
+                return self.send_due()
+            return []
+        return list(rendering.render(payload, self._scope()))
 
-    def send_due(self) -> None:
+    def send_due(self) -> Steps:
         """The paced frames due now (also the ``pacing`` timer's work), then
         the timer of the next; the reply completes once all of it went out."""
         shown = self.shown
         if shown is None or shown.pacer is None:
-            return
+            return []
         events, timer = shown.send_due(self._scope())
-        self._out.emit_all(events)
+        steps: Steps = list(events)
         if timer is not None:
-            self._out.add(timer)
+            steps.append(timer)
         elif shown.drained and shown.complete and self.phase.value is Phase.RESPONDING:
-            self.finish()
+            steps += self.finish()
+        return steps
 
-    def pause(self) -> None:
+    def pause(self) -> Steps:
         """Speech over the reply: stop sending it while the words are awaited."""
         shown = self.shown
         if shown is not None and self.phase.value is Phase.RESPONDING:
             self.phase.to(Phase.BARGE_PAUSED)
-            for effect in barge_in.pause(shown, self.config, self._out.now):
-                self._out.add(effect)
+            return list(barge_in.pause(shown, self.config, self._out.now))
+        return []
 
-    def dismiss(self, reason: str, transcript: str) -> None:
+    def dismiss(self, reason: str, transcript: str) -> Steps:
         """The speech over the reply was not a turn: the reply goes on."""
-        self._out.add(CancelTimer(barge_in.BARGE_IN))
+        steps: Steps = [CancelTimer(barge_in.BARGE_IN)]
         shown = self.shown
         if shown is None or self.phase.value is not Phase.BARGE_PAUSED:
-            return
+            return steps
         self._metrics.barge_ins.inc(outcome="dismissed")
         self.phase.to(Phase.RESPONDING)
-        self._out.emit(barge_in.resume(shown, self._out.now, reason, transcript))
+        steps.append(barge_in.resume(shown, self._out.now, reason, transcript))
         if shown.pacer is None and shown.complete:
-            self.finish()
-        self.send_due()
+            steps += self.finish()
+        return steps + self.send_due()
 
-    def barge_in_due(self) -> None:
+    def barge_in_due(self) -> Steps:
         """The ``barge_in`` timer: speech still going is an interruption."""
         if self.phase.value is Phase.BARGE_PAUSED and barge_in.interrupts(
                 user_speaking=self._user.speaking, pause_judged=self._pause.pausing):
-            self.interrupt(InterruptReason.TURN_DETECTED)
+            return self.interrupt(InterruptReason.TURN_DETECTED)
+        return []
 
     # ---- it ends ------------------------------------------------------------------
 
-    def finish(self) -> None:
+    def finish(self) -> Steps:
         """The reply is generated to its end: ``response.done`` goes after its
         last audio, and not while speech over it may still cancel it."""
         shown = self.shown
         if shown is None:
-            return
+            return []
         if self.phase.value is Phase.BARGE_PAUSED or not shown.drained:
             shown.complete = True
-            return
-        self.end(End.COMPLETED)
+            return []
+        return self.end(End.COMPLETED)
 
-    def interrupt(self, reason: InterruptReason) -> None:
+    def interrupt(self, reason: InterruptReason) -> Steps:
         """Barge-in or cancel of the reply shown."""
-        if self.shown is not None:
-            self.end(End.TURN_DETECTED if reason is InterruptReason.TURN_DETECTED
-                     else End.CANCELLED)
+        if self.shown is None:
+            return []
+        return self.end(End.TURN_DETECTED if reason is InterruptReason.TURN_DETECTED
+                        else End.CANCELLED)
 
-    def item_gone(self, item_id: str, *, truncated: bool) -> None:
+    def item_gone(self, item_id: str, *, truncated: bool) -> Steps:
         """The client deleted or truncated ``item_id``; the reply shown may be
         writing it."""
         shown = self.shown
         record = shown.record if shown is not None else None
         if record is None or record.item.id != item_id:
-            return
+            return []
         if not truncated:
             record.in_conversation = False  # no item.done for a deleted item
-            return
+            return []
         # The item is still being generated: the client stopped playing it
         # (the Agents SDK's interrupt() sends only a truncate), so its output
         # stops and its .done events hold the heard part, as for a cancel.
         record.truncated()
-        self.interrupt(InterruptReason.CLIENT_CANCELLED)
+        return self.interrupt(InterruptReason.CLIENT_CANCELLED)
 
-    def discard(self) -> bool:
-        """The held reply ends unseen; False: there was none."""
+    def discard(self) -> tuple[bool, Steps]:
+        """The held reply ends unseen (False: there was none), and its end's steps."""
         if self.held is None:
-            return False
-        self.end(End.DISCARDED)
-        return True
+            return False, []
+        return True, self.end(End.DISCARDED)
 
-    def end(self, end: End, *, error: dict | None = None, voided: bool = False) -> None:
-        """The one way a reply ends (``voided``: a plan moved the fence already)."""
+    def end(self, end: End, *, error: dict | None = None, voided: bool = False) -> Steps:
+        """The one way a reply ends (``voided``: a plan moved the fence already).
+        The fence moves now, so the events of its steps, emitted by the core
+        where it called this, carry the moved fence."""
         reply = self.reply
         if reply is None:
-            return
+            return []
         self.reply = None
         barge_paused = self.phase.value is Phase.BARGE_PAUSED
         self.phase.to(self._at_rest())
@@ -246,20 +254,19 @@ class Floor:
         if end.voids and not voided:  # moved now, its Cancel placed after the reply's end
             cancel = self._fences.bump(self._fences.fence.next_epoch())
         self._count(end, barge_paused)
-        out = self._out
-        ending = reply.finish(end, out.now, error)
-        out.emit_all(ending.events)
+        now = self._out.now
+        ending = reply.finish(end, now, error)
+        steps: Steps = list(ending.events)
         if end.interrupt is not None:
-            self._metrics.cancel_latency.observe(out.now - out.received_at)
+            self._metrics.cancel_latency.observe(now - self._out.received_at)
         if cancel is not None:
-            out.add(cancel)
-        for timer in ending.timers:
-            out.add(timer)
+            steps.append(cancel)
+        steps += ending.timers
         if barge_paused:
-            out.add(CancelTimer(barge_in.BARGE_IN))
+            steps.append(CancelTimer(barge_in.BARGE_IN))
         if end is End.COMPLETED:
-            for effect in idle.arm(self._idle, self.config, reply, out.now, self._user.onsets):
-                out.add(effect)
+            steps += idle.arm(self._idle, self.config, reply, now, self._user.onsets)
+        return steps
 
     def _count(self, end: End, barge_paused: bool) -> None:
         m = self._metrics

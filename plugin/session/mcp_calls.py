@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
@@ -154,6 +154,10 @@ class FollowUp:
     ``McpCalls.followed`` which one it is."""
 
     options: cmd.ResponseOptions
+
+
+# What the MCP calls return beside events (``asks.Step``): their asks and effects.
+McpStep: TypeAlias = Offer | Show | Finish | Report | Respond | FollowUp | ListMcpTools | CallMcpTool
 
 
 # ---- the session's MCP state ------------------------------------------------------
