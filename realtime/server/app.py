@@ -35,12 +35,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.host.runtime import Runtime
-from vllm_duplex.realtime.server.auth import bearer_key, check_key
+from vllm_duplex.host.sessions import RealtimeSessions
+from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.client_secrets import client_secret_routes
 from vllm_duplex.realtime.server.connection import RealtimeConnection
 from vllm_duplex.realtime.server.generate_ws import GenerateStream
 from vllm_duplex.realtime.server.http_errors import error_response
 from vllm_duplex.realtime.server.owner_header import OwnerHeader
+from vllm_duplex.realtime.server.port.calls import Calls
 from vllm_duplex.realtime.server.text_routes import text_routes
 
 log = logging.getLogger(__name__)
@@ -53,16 +55,16 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
                ) -> Starlette:
     """``grpc_port``: also serve the OpenEngine gRPC services there, in this
     process and on this runtime (started after it, stopped before it)."""
-    from vllm_duplex.realtime.server.webrtc.call import Calls
     from vllm_duplex.realtime.server.webrtc.routes import call_routes
 
-    calls = Calls(runtime)
-    sip = _sip_agent(runtime, calls)
+    sessions = RealtimeSessions(runtime)  # all a transport gets of the runtime
+    calls = Calls(sessions)
+    sip = _sip_agent(runtime, sessions, calls)
     phone_routes = []
     if runtime.config.twilio is not None:  # the twilio package is the telephony extra's
         from vllm_duplex.realtime.server.telephony.twilio_routes import twilio_routes
 
-        phone_routes = twilio_routes(runtime, calls, error_response)
+        phone_routes = twilio_routes(sessions, runtime.config.twilio, calls, error_response)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -101,7 +103,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
 
     async def models(request: Request):
         try:
-            check_key(runtime, bearer_key(request.headers))
+            sessions.check_key(bearer_key(request.headers))
         except DuplexError as err:
             return error_response(err)
         return JSONResponse({"object": "list", "data": [
@@ -111,7 +113,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
 
     async def capabilities(request: Request):
         try:
-            check_key(runtime, bearer_key(request.headers))
+            sessions.check_key(bearer_key(request.headers))
         except DuplexError as err:
             return error_response(err)
         return JSONResponse(runtime.capabilities())
@@ -120,18 +122,18 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
         return FileResponse(STATIC / "index.html", headers=_NO_CACHE)
 
     async def realtime(ws: WebSocket):
-        await RealtimeConnection(runtime, ws, calls).serve()
+        await RealtimeConnection(sessions, ws, calls).serve()
 
     def authorize(request: Request) -> str | None:
         key = bearer_key(request.headers)
-        check_key(runtime, key)
+        sessions.check_key(key)
         return runtime.caller_key(key)
 
     async def generate_stream(ws: WebSocket):
         await ws.accept()
         key = bearer_key(ws.headers, list(ws.scope.get("subprotocols") or []))
         try:
-            check_key(runtime, key)
+            sessions.check_key(key)
             if runtime.text is None:
                 raise DuplexError("capability_unsupported", "this deployment has no vLLM text stage")
         except DuplexError as err:
@@ -150,8 +152,8 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
             Route("/v1/models", models),
             Route("/v1/capabilities", capabilities),
             WebSocketRoute("/v1/realtime", realtime),
-            *call_routes(runtime, calls, error_response),
-            *_sip_routes(runtime, calls, sip),
+            *call_routes(sessions, runtime.config.webrtc, calls, error_response),
+            *_sip_routes(sessions, calls, sip),
             *client_secret_routes(runtime, error_response),
             *phone_routes,
             # A client given the server's base URL instead of the socket's (Pipecat
@@ -169,18 +171,18 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
     return app
 
 
-def _sip_agent(runtime: Runtime, calls):
+def _sip_agent(runtime: Runtime, sessions: RealtimeSessions, calls: Calls):
     """The SIP user agent when the config has ``sip:`` (telephony/)."""
     if runtime.config.sip is None:
         return None
     from vllm_duplex.realtime.server.telephony.sip_agent import SipAgent
 
-    return SipAgent(runtime, calls, runtime.config.sip)
+    return SipAgent(sessions, calls, runtime.config.sip)
 
 
-def _sip_routes(runtime: Runtime, calls, sip) -> list[Route]:
+def _sip_routes(sessions: RealtimeSessions, calls: Calls, sip) -> list[Route]:
     if sip is None:
         return []
     from vllm_duplex.realtime.server.telephony.sip_routes import sip_routes
 
-    return sip_routes(runtime, calls, lambda: sip, error_response)
+    return sip_routes(sessions, calls, lambda: sip, error_response)

@@ -21,8 +21,9 @@ from starlette.routing import Route
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.session_config import session_wire
 from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.host.sessions import check_api_key
 from vllm_duplex.leases.client_secrets import DEFAULT_TTL_S, is_client_secret
-from vllm_duplex.realtime.server.auth import bearer_key, check_key
+from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 
@@ -60,7 +61,7 @@ def client_secret_routes(runtime: Runtime,
             if is_client_secret(key):
                 raise DuplexError("unauthorized", "a client secret cannot mint client secrets; "
                                   "use an API key (on your server)")
-            check_key(runtime, key)
+            check_api_key(runtime.config.api_keys, runtime.client_secrets, key)
             ttl, session = parse(await request.body())
             patch = codec.session_patch(session) if session is not None else None
             value, secret, config = runtime.mint_client_secret(key, patch, ttl, time.time())

@@ -33,20 +33,20 @@ from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.commands import OutputAudioClear, SessionResume
+from vllm_duplex.core.commands import SessionResume
 from vllm_duplex.core.errors import Capacity, Closed, DuplexError, FramingError
-from vllm_duplex.core.session_config import SessionPatch, SessionType
 from vllm_duplex.core.owner_ids import check_routed_id
-from vllm_duplex.host.runtime import Runtime
-from vllm_duplex.realtime.server.auth import bearer_key, check_key
+from vllm_duplex.core.session_config import SessionPatch, SessionType
+from vllm_duplex.host.sessions import RealtimeSessions
+from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.http_errors import error_response
+from vllm_duplex.realtime.server.port.session_port import Rules, SessionPort
 from vllm_duplex.realtime.server.tracing import turn_spans
 from vllm_duplex.realtime.wire.codec import Dialect, RealtimeCodec
-from vllm_duplex.replay.outbox import Attachment, Notice
-from vllm_duplex.session.runner import DuplexSession
+from vllm_duplex.replay.outbox import Notice
 
 if TYPE_CHECKING:
-    from vllm_duplex.realtime.server.webrtc.call import Calls, RtcCall
+    from vllm_duplex.realtime.server.port.calls import Call, Calls
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +64,27 @@ CLOSE_SLOW_CONSUMER = 4008  # this socket stopped reading; the session lives on:
 # 4000. A close the server began carries the session's own end already.
 CLEAN_CLOSE_CODES = frozenset({1000, 1001})
 
+# The socket's rules over the port: a resume is only its first event, and
+# only a sideband socket has a player to clear (its call's).
+_NO_RESUME = "session.resume starts a ?resume=1 socket"
+_NO_CLEAR = "output_audio_buffer.clear is for WebRTC calls (and their sideband sockets)"
+
 
 class RealtimeConnection:
-    def __init__(self, runtime: Runtime, ws: WebSocket, calls: Calls | None = None) -> None:
-        self.runtime = runtime
+    def __init__(self, sessions: RealtimeSessions, ws: WebSocket,
+                 calls: Calls | None = None) -> None:
+        self.sessions = sessions
         self.ws = ws
         self.calls = calls
-        self.call: RtcCall | None = None  # a sideband socket's call
+        self.call: Call | None = None  # a sideband socket's call
         beta = "realtime=v1" in ws.headers.get("openai-beta", "")
-        self.codec = RealtimeCodec(max_event_bytes=runtime.config.limits.max_event_bytes,
+        self.codec = RealtimeCodec(max_event_bytes=sessions.max_event_bytes,
                                    dialect=Dialect.BETA if beta else Dialect.GA,
-                                   model_aliases={n: runtime.model for n in runtime.config.model_names})
+                                   model_aliases=sessions.model_aliases)
         self._send_lock = asyncio.Lock()
-        self.session: DuplexSession | None = None
-        self.attachment: Attachment | None = None
+        self.port: SessionPort | None = None
         self.client_close_code: int | None = None  # the disconnect's code, once the socket ended
-        self.spans = turn_spans(runtime.clock.now)  # None unless OpenTelemetry is configured
+        self.spans = turn_spans(sessions.now)  # None unless OpenTelemetry is configured
 
     async def _send(self, text: str) -> None:
         async with self._send_lock:
@@ -98,8 +103,8 @@ class RealtimeConnection:
         if params.get("call_id") is not None or params.get("resume") in ("1", "true"):
             return False
         try:
-            check_key(self.runtime, key)
-            self.runtime.check_voice_room()
+            self.sessions.check_key(key)
+            self.sessions.check_room()
         except DuplexError as err:
             if not isinstance(err, Capacity):
                 return False
@@ -117,36 +122,35 @@ class RealtimeConnection:
         if await self._refused_at_capacity(key):
             return
         await self.ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+        sessions = self.sessions
         try:
-            check_key(self.runtime, key)
+            sessions.check_key(key)
             model = self.ws.query_params.get("model")
-            if model and not self.runtime.config.serves(model):
+            if model and not sessions.serves(model):
                 raise DuplexError("model_not_found",
                                   f"model {model!r} is not served here; this server serves "
-                                  f"{', '.join(map(repr, self.runtime.config.model_names))}",
+                                  f"{', '.join(map(repr, sessions.model_names))}",
                                   param="model")
             call_id = self.ws.query_params.get("call_id")
             if call_id is not None:
                 await self._sideband(call_id, key)
                 return
             if self.ws.query_params.get("resume") in ("1", "true"):
-                if not await self._resume(self.runtime.caller_key(key)):
+                if not await self._resume(sessions.caller_key(key)):
                     return
             else:
-                self.session = await self.runtime.open_realtime_session(key, self._intent())
-                self.attachment = self.session.attachment
+                self.port = await SessionPort.open(sessions, self.codec, key, self._intent())
         except DuplexError as err:
             await self._refuse(err, 1013 if isinstance(err, Capacity) else 1008)
             return
-        session, att = self.session, self.attachment
-        assert session is not None and att is not None
-        writer = asyncio.create_task(self._write(session, att),
-                                     name=f"duplex-ws-writer-{session.session_id}")
+        port = self.port
+        assert port is not None
+        writer = asyncio.create_task(self._write(port),
+                                     name=f"duplex-ws-writer-{port.session.session_id}")
         try:
-            await self._read(session)
+            await self._read(port, Rules(_NO_RESUME, no_clear=_NO_CLEAR))
         finally:
-            await self.runtime.release_socket(
-                session, att, client_closed=self.client_close_code in CLEAN_CLOSE_CODES)
+            await port.release(client_closed=self.client_close_code in CLEAN_CLOSE_CODES)
             await asyncio.gather(writer, return_exceptions=True)
 
     def _intent(self) -> SessionPatch | None:
@@ -163,17 +167,15 @@ class RealtimeConnection:
         if self.calls is None:
             raise DuplexError("call_not_found", f"no call {call_id!r}", param="call_id")
         call = self.calls.get(call_id, key)
-        session = call.session
-        att = session.watch()
+        port = SessionPort.watch(self.sessions, self.codec, call.session)
         self.call = call
         call.sidebands.add(self._send)
-        writer = asyncio.create_task(self._write(session, att),
-                                     name=f"duplex-ws-sideband-{call_id}")
+        writer = asyncio.create_task(self._write(port), name=f"duplex-ws-sideband-{call_id}")
         try:
-            await self._read(session)
+            await self._read(port, Rules(_NO_RESUME, clear=call.clear_output))
         finally:
             call.sidebands.discard(self._send)
-            session.unwatch(att)
+            port.unwatch()
             await asyncio.gather(writer, return_exceptions=True)
 
     async def _resume(self, key: str | None) -> bool:
@@ -189,7 +191,8 @@ class RealtimeConnection:
                     raise DuplexError("invalid_event", "a ?resume=1 socket starts with "
                                       "session.resume", param="type", event_id=command.event_id)
                 check_routed_id(self.ws.query_params.get("session_id"), command.session_id)
-                session, att, replay, resumed = await self.runtime.resume_or_adopt(key, command)
+                port, replay, resumed = await SessionPort.resume(self.sessions, self.codec, key,
+                                                                 command)
             except DuplexError as err:
                 if isinstance(err, FramingError):
                     await self._send(self.codec.render_error(err))
@@ -197,7 +200,8 @@ class RealtimeConnection:
                 await self._refuse(err, 1008)
                 return False
             break
-        self.session, self.attachment = session, att
+        self.port = port
+        session = port.session
         fence = session.fence
         await self._send(self.codec.render_notice("session.resumed", fence, **resumed))
         if replay.resync:
@@ -217,52 +221,37 @@ class RealtimeConnection:
         frame = message.get("text")
         return frame if frame is not None else (message.get("bytes") or b"")
 
-    async def _read(self, session: DuplexSession) -> None:
-        clock = self.runtime.clock
+    async def _read(self, port: SessionPort, rules: Rules) -> None:
         while (frame := await self._receive()) is not None:
-            received_at = clock.now()
             try:
-                command = self.codec.parse(frame)
-                if isinstance(command, SessionResume):
-                    raise DuplexError("invalid_event", "session.resume starts a ?resume=1 socket",
-                                      param="type", event_id=command.event_id)
-                if isinstance(command, OutputAudioClear):
-                    if self.call is None:
-                        raise DuplexError("capability_unsupported", "output_audio_buffer.clear "
-                                          "is for WebRTC calls (and their sideband sockets)",
-                                          param="type", event_id=command.event_id)
-                    self.call.clear_output()
-                    continue
-                session.deliver(command, received_at)
+                port.feed(frame, rules)
             except DuplexError as err:
-                self.runtime.metrics.errors.inc(code=err.code)
                 try:
-                    await self._send(self.codec.render_error(err, session.fence))
+                    await self._send(port.error(err))
                 except Exception:
                     return
                 if isinstance(err, Closed):
                     return
 
-    async def _write(self, session: DuplexSession, att: Attachment) -> None:
+    async def _write(self, port: SessionPort) -> None:
+        session = port.session
         try:
-            while True:
-                item = await att.get()
-                if item is None or isinstance(item, Notice):
-                    break
+            async for item in port.events():
                 if self.spans is not None:
-                    self.spans.observe(item.event, self.runtime.clock.now())
+                    self.spans.observe(item.event, self.sessions.now())
                 text = self.codec.render(item)
                 if text is not None:
                     await self._send(text)
-            if item is Notice.REPLACED:
+            ended = port.ended_by
+            if ended is Notice.REPLACED:
                 await self._send(self.codec.render_notice(
                     "session.replaced", session.fence, session_id=session.session_id))
                 await self.ws.close(code=CLOSE_REPLACED, reason="replaced")
-            elif item is Notice.SLOW_CONSUMER:  # 4008: resume; 1008: the session ended too
+            elif ended is Notice.SLOW_CONSUMER:  # 4008: resume; 1008: the session ended too
                 resumable = session.limits.survives_disconnect
-                ended = CloseReason.SLOW_CONSUMER
-                await self.ws.close(code=CLOSE_SLOW_CONSUMER if resumable else ended.code,
-                                    reason=ended.value)
+                reason = CloseReason.SLOW_CONSUMER
+                await self.ws.close(code=CLOSE_SLOW_CONSUMER if resumable else reason.code,
+                                    reason=reason.value)
             else:
                 reason = session.close_reason or CloseReason.CLIENT
                 await self.ws.close(code=reason.code, reason=reason.value)
@@ -270,4 +259,4 @@ class RealtimeConnection:
             log.debug("writer for %s stopped", session.session_id, exc_info=True)
         finally:
             if self.spans is not None:
-                self.spans.close(self.runtime.clock.now())
+                self.spans.close(self.sessions.now())

@@ -70,3 +70,28 @@ def test_one_place_moves_the_fence() -> None:
                         and node.func.attr == "advance" and "gate" in ast.unparse(node.func.value):
                     movers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert movers and all(m.startswith(f"{_MOVER}:") for m in movers), movers
+
+
+# Every transport stands on the session port and is handed ``RealtimeSessions``
+# (plugin/host/sessions.py), never the Runtime: ``.importlinter``'s transports
+# contract keeps the import out; this keeps the object out -- no shell names a
+# runtime, nor reaches for the one the service keeps to itself.
+_TRANSPORTS = [Path("realtime/server/connection.py"), Path("realtime/server/port"),
+               Path("realtime/server/webrtc"), Path("realtime/server/telephony")]
+
+
+def test_no_transport_reaches_the_runtime() -> None:
+    import ast
+
+    reaches = []
+    for place in _TRANSPORTS:
+        paths = [ROOT / place] if place.suffix else sorted((ROOT / place).rglob("*.py"))
+        assert paths and all(p.exists() for p in paths), place
+        for path in paths:
+            for node in ast.walk(ast.parse(path.read_text())):
+                name = (node.id if isinstance(node, ast.Name) else node.attr
+                        if isinstance(node, ast.Attribute) else node.arg
+                        if isinstance(node, ast.arg) else None)
+                if name is not None and name.lstrip("_").lower() == "runtime":
+                    reaches.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert not reaches, reaches

@@ -24,7 +24,8 @@ import grpc
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.realtime.server.auth import bearer_key, check_key
+from vllm_duplex.host.sessions import check_api_key
+from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.openengine import convert
 from vllm_duplex.realtime.server.openengine.status import abort
 from vllm_duplex.realtime.wire.openengine.v1 import engine_pb2 as e
@@ -56,7 +57,7 @@ class Call:
         meta = {k.lower(): v for k, v in (context.invocation_metadata() or ())
                 if isinstance(v, str)}
         self.api_key = bearer_key(meta)
-        check_key(runtime, self.api_key)
+        check_api_key(runtime.config.api_keys, runtime.client_secrets, self.api_key)
         service = runtime.text
         if service is None:
             raise DuplexError("capability_unsupported", "this deployment has no vLLM text stage")

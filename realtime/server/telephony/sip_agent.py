@@ -26,9 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_duplex.core.errors import Capacity, DuplexError
-from vllm_duplex.core.owner_ids import mint
 from vllm_duplex.core.session_config import SessionPatch
-from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.host.sip import Sip
 from vllm_duplex.realtime.server.telephony import sdp
 from vllm_duplex.realtime.server.telephony import sip_message as sm
@@ -109,13 +108,13 @@ class _Tcp(asyncio.Protocol):
 
 
 class SipAgent:
-    def __init__(self, runtime: Runtime, calls: Any, config: Sip) -> None:
-        self.runtime, self.calls, self.config = runtime, calls, config
-        self.codec = RealtimeCodec(model_aliases={n: runtime.model for n in runtime.config.model_names})
+    def __init__(self, sessions: RealtimeSessions, calls: Any, config: Sip) -> None:
+        self.sessions, self.calls, self.config = sessions, calls, config
+        self.codec = RealtimeCodec(model_aliases=sessions.model_aliases)
         self.port = config.port
         self.tls_port = config.tls_port
         self.malformed: Counter[int] = Counter()  # by the status they were answered with
-        self._malformed_metric = runtime.metrics.counter(
+        self._malformed_metric = sessions.counter(
             "duplex_sip_malformed_total", "SIP messages that could not be parsed, by the status "
             "they were answered with")
         self.ringing: dict[str, SipDialog] = {}  # our call id -> a dialog not yet accepted
@@ -311,7 +310,7 @@ class SipAgent:
         if len(self.ringing) >= self.config.max_ringing:
             send(sm.response(req, 486).encode())
             return
-        call_id = mint("sip", self.runtime.manager.instance_id)
+        call_id = self.sessions.mint_id("sip")
         host = self.config.advertised_address
         port = self.tls_port if transport == "tls" else self.port
         dialog = SipDialog(call_id, req, offer, send=send, reliable=transport != "udp",
@@ -334,7 +333,7 @@ class SipAgent:
         self._rings[call_id] = ring
 
     async def _accept_at_once(self, call_id: str) -> None:
-        key = self.config.api_key or (self.runtime.config.api_keys[:1] or (None,))[0]
+        key = self.config.api_key or (self.sessions.api_keys[:1] or (None,))[0]
         try:
             await self.accept(call_id, key, self._auto)
         except DuplexError as err:
@@ -406,7 +405,7 @@ class SipAgent:
         dialog = self._ringing(call_id)
         del self.ringing[call_id]  # no second accept while this one opens
         try:
-            call = await SipCall.open(self.runtime, call_id, key, patch, dialog.offer,
+            call = await SipCall.open(self.sessions, call_id, key, patch, dialog.offer,
                                       self.config.host, dialog, on_end=self._ended)
         except DuplexError as err:
             self.ringing[call_id] = dialog

@@ -1,8 +1,8 @@
 """One accepted SIP call: a thin I/O shell around a realtime session, as
 ``webrtc/call.py``'s ``RtcCall`` is for a WebRTC call.
 
-The session is opened through the runtime exactly as a socket's (the same
-admission, capacity ceiling, keys and codec); its audio formats default to
+The session is opened through the same ``SessionPort`` as a socket's (the
+same admission, capacity ceiling, keys and codec); its audio formats default to
 the G.711 law the call negotiated, so the RTP payload is the session's
 input as it arrives, and the reply's deltas are already G.711 at 8 kHz.
 
@@ -19,7 +19,8 @@ input as it arrives, and the reply's deltas are already G.711 at 8 kHz.
   cuts the reply and truncates its item to what was sent.
 - The call ends with its session: the caller's BYE, ``POST …/hangup``
   (we send BYE), the session closing, or a transfer (REFER) completing.
-  Every task and the RTP socket end in ``hangup``.
+  Every task and the RTP socket end in ``hangup`` (``port/calls.py``'s
+  ``Call``: what every call does the same way).
 """
 
 from __future__ import annotations
@@ -28,20 +29,20 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.commands import AudioAppend, ItemTruncate
 from vllm_duplex.core.errors import Closed, DuplexError
+from vllm_duplex.core.events import Envelope
 from vllm_duplex.core.session_config import AudioEncoding, AudioFormat, SessionPatch
-from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.media.audio import AudioEncoder, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from vllm_duplex.realtime.server.telephony import rtp, sdp
+from vllm_duplex.realtime.server.port.calls import Call
+from vllm_duplex.realtime.server.port.session_port import SessionPort
 from vllm_duplex.realtime.server.reply_player import ReplyPlayer
+from vllm_duplex.realtime.server.telephony import rtp, sdp
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
-from vllm_duplex.replay.outbox import Notice
-from vllm_duplex.session.runner import DuplexSession
 
 log = logging.getLogger(__name__)
 
@@ -80,48 +81,47 @@ class _RtpProtocol(asyncio.DatagramProtocol):
         log.debug("call %s: RTP error %s", self.call.call_id, exc)
 
 
-class SipCall:
-    def __init__(self, runtime: Runtime, call_id: str, session: DuplexSession, offer: sdp.Offer,
-                 dialog: Dialog, *, on_end: Callable[[SipCall], None]) -> None:
-        self.runtime = runtime
-        self.call_id = call_id
-        self.session = session
+class SipCall(Call):
+    task_prefix = "sip"
+
+    def __init__(self, port: SessionPort, call_id: str, offer: sdp.Offer, dialog: Dialog,
+                 dropped_metric: Any, *, on_end: Callable[[SipCall], None]) -> None:
+        super().__init__(port, call_id, on_end=on_end)
         self.offer = offer
         self.dialog = dialog
-        self.codec = RealtimeCodec(max_event_bytes=runtime.config.limits.max_event_bytes,
-                                   model_aliases={n: runtime.model for n in runtime.config.model_names})
+        self.codec = port.codec
         self.player = ReplyPlayer(self._buffer_event, RATE)
-        self.sidebands: set[Callable[[str], Awaitable[None]]] = set()
         self.dropped = 0  # RTP packets dropped: malformed, unknown payload, stranger
         self.digits: list[str] = []  # DTMF received, in order
         self._law = offer.encoding
         self._sender = rtp.RtpSender(offer.payload_type)
         self._dtmf = rtp.DtmfReceiver()
         self._order = rtp.SequenceGate()
-        self._dropped_metric = runtime.metrics.counter(
-            "duplex_rtp_dropped_total", "RTP packets of calls dropped before the session, by reason")
+        self._dropped_metric = dropped_metric
         self._remote = (offer.address, offer.port)
         # Media may come from the SDP's address or the signalling peer's (a
         # phone on loopback announces its LAN address): from no one else.
         self._speakers = {offer.address, dialog.peer_host}
         self._encoder: tuple[AudioFormat, AudioEncoder] | None = None
         self._transport: asyncio.DatagramTransport | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._on_end = on_end
-        self._ended: asyncio.Task[None] | None = None
-        self.ended = asyncio.Event()
+        self._send_bye = True  # the first hang-up decides: a caller's BYE needs none back
 
     # ---- set-up -----------------------------------------------------------------
 
     @classmethod
-    async def open(cls, runtime: Runtime, call_id: str, key: str | None,
+    async def open(cls, sessions: RealtimeSessions, call_id: str, key: str | None,
                    patch: SessionPatch | None, offer: sdp.Offer, media_host: str,
                    dialog: Dialog, on_end: Callable[[SipCall], None]) -> SipCall:
         """Open the call's session and its RTP socket; the typed error of
         what failed, with nothing left open."""
-        session = await runtime.open_realtime_session(key, with_phone_formats(patch, offer.encoding),
-                                                      transport=SessionPatch.played_here())
-        call = cls(runtime, call_id, session, offer, dialog, on_end=on_end)
+        codec = RealtimeCodec(max_event_bytes=sessions.max_event_bytes,
+                              model_aliases=sessions.model_aliases)
+        port = await SessionPort.open(sessions, codec, key,
+                                      with_phone_formats(patch, offer.encoding),
+                                      transport=SessionPatch.played_here())
+        dropped = sessions.counter(
+            "duplex_rtp_dropped_total", "RTP packets of calls dropped before the session, by reason")
+        call = cls(port, call_id, offer, dialog, dropped, on_end=on_end)
         try:
             loop = asyncio.get_running_loop()
             call._transport, _ = await loop.create_datagram_endpoint(
@@ -129,7 +129,7 @@ class SipCall:
         except BaseException:
             await call.hangup(send_bye=False)
             raise
-        call._spawn(call._write(), "writer")
+        call._spawn(call._deliver(), "writer")
         call._spawn(call._send_audio(), "rtp-out")
         return call
 
@@ -137,12 +137,6 @@ class SipCall:
     def rtp_port(self) -> int:
         assert self._transport is not None
         return self._transport.get_extra_info("sockname")[1]
-
-    def _spawn(self, coro: Awaitable[Any], what: str) -> None:
-        task = asyncio.ensure_future(coro)
-        task.set_name(f"duplex-sip-{what}-{self.call_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # ---- RTP in -----------------------------------------------------------------------
 
@@ -176,8 +170,7 @@ class SipCall:
         self._append(packet.payload)
 
     def _append(self, payload: bytes) -> None:
-        session = self.session
-        fmt = session.config.input_format
+        fmt = self.port.config.input_format
         if fmt.encoding is not self._law or fmt.rate != RATE:  # a sideband changed it
             if self._encoder is None or self._encoder[0] != fmt:
                 self._encoder = (fmt, AudioEncoder(fmt, in_rate=RATE))
@@ -186,11 +179,11 @@ class SipCall:
             if not payload:
                 return
         try:
-            session.deliver(AudioAppend(audio=payload), self.runtime.clock.now())
+            self.port.append_audio(payload)
         except Closed:
             self._hang_up_soon()
-        except DuplexError as err:  # e.g. resource_exhausted: the session lags
-            self.runtime.metrics.errors.inc(code=err.code)
+        except DuplexError:  # e.g. resource_exhausted: the session lags (counted)
+            pass
 
     def dtmf(self, digit: str) -> None:
         """A key the caller pressed: to the sideband sockets, in order."""
@@ -217,41 +210,18 @@ class SipCall:
 
     # ---- the session's events ----------------------------------------------------------
 
-    async def _write(self) -> None:
-        session, player = self.session, self.player
-        att = session.attachment
-        if att is None:
-            return
-        while True:
-            item = await att.get()
-            if item is None or isinstance(item, Notice):
-                break
-            player.follow(item.event, session.config)  # what the phone plays
-        self._hang_up_soon()  # the session ended
+    async def _follow(self, item: Envelope) -> None:
+        self.player.follow(item.event, self.port.config)  # what the phone plays
 
     def _buffer_event(self, kind: str, response_id: str) -> None:
         self._notify(kind, response_id=response_id)
 
-    def _notify(self, kind: str, **fields: Any) -> None:
-        """A call-only event (no seq): to every sideband socket."""
-        if not self.sidebands:
-            return
-        text = self.codec.render_notice(kind, self.session.fence, **fields)
-        for send in list(self.sidebands):
-            self._spawn(send(text), "sideband")
-
-    def clear_output(self) -> None:
-        """``output_audio_buffer.clear``: cut the reply where the caller is,
-        and keep only that much of its item."""
+    def _cut_output(self) -> tuple[str, int] | None:
         cut = self.player.clear()
         if cut is None:
-            return
+            return None
         _, item_id, heard_ms = cut
-        try:
-            self.session.deliver(ItemTruncate(item_id=item_id, content_index=0,
-                                              audio_end_ms=heard_ms), self.runtime.clock.now())
-        except DuplexError:
-            pass  # the session is closing
+        return item_id, heard_ms
 
     async def refer(self, target_uri: str) -> int:
         """Transfer the caller (SIP REFER); the status the caller's side answered."""
@@ -259,33 +229,22 @@ class SipCall:
 
     # ---- the end ------------------------------------------------------------------------
 
-    def _hang_up_soon(self) -> None:
-        if self._ended is None:
-            self._ended = asyncio.ensure_future(self.hangup())
-
     async def hangup(self, *, send_bye: bool = True,
                      reason: CloseReason = CloseReason.HANGUP) -> None:
         """Idempotent: end the session (with ``reason``, unless it already
         closed with its own), say BYE unless the caller did, close the RTP
         socket, stop every task of the call."""
-        if self.ended.is_set():
-            return
-        current = asyncio.current_task()
-        if self._ended is not None and self._ended is not current:
-            await self._ended
-            return
-        self._ended = self._ended or current
-        self._on_end(self)
-        await self.runtime.end_session(self.session, self.session.close_reason or reason)
+        if self._hanging_up_here():
+            self._send_bye = send_bye
+        await super().hangup(reason)
+
+    async def _close_wire(self, reason: CloseReason) -> None:
         if self._transport is not None:
             self._transport.close()
-        tasks = [t for t in self._tasks if t is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if send_bye:
+
+    async def _after_stop(self, reason: CloseReason) -> None:
+        if self._send_bye:
             try:
                 await self.dialog.bye()
             except Exception:  # the caller is unreachable: the call is over anyway
                 log.info("call %s: BYE failed", self.call_id, exc_info=True)
-        self.ended.set()

@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.host.runtime import Runtime
-from vllm_duplex.realtime.server.auth import bearer_key, check_key
+from vllm_duplex.host.sessions import RealtimeSessions
+from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.telephony.sip_agent import SipAgent
 from vllm_duplex.realtime.server.telephony.sip_call import SipCall
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
@@ -31,9 +31,9 @@ from vllm_duplex.realtime.wire.codec import RealtimeCodec
 _MAX_BODY = 1 << 20
 
 
-def sip_routes(runtime: Runtime, calls: Any, agent: Callable[[], SipAgent | None],
+def sip_routes(sessions: RealtimeSessions, calls: Any, agent: Callable[[], SipAgent | None],
                error_response: Callable[[DuplexError], JSONResponse]) -> list[Route]:
-    codec = RealtimeCodec(model_aliases={n: runtime.model for n in runtime.config.model_names})
+    codec = RealtimeCodec(model_aliases=sessions.model_aliases)
 
     def the_agent() -> SipAgent:
         sip = agent()
@@ -57,7 +57,7 @@ def sip_routes(runtime: Runtime, calls: Any, agent: Callable[[], SipAgent | None
 
     def authorized(request: Request) -> str | None:
         key = bearer_key(request.headers)
-        check_key(runtime, key)
+        sessions.check_key(key)
         return key
 
     async def accept(request: Request):
@@ -67,7 +67,7 @@ def sip_routes(runtime: Runtime, calls: Any, agent: Callable[[], SipAgent | None
             patch = codec.session_patch(raw) if raw else None
             await the_agent().accept(request.path_params["call_id"], key, patch)
         except DuplexError as err:
-            runtime.metrics.errors.inc(code=err.code)
+            sessions.count_error(err.code)
             return error_response(err)
         return Response(status_code=200)
 

@@ -26,9 +26,11 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 from twilio.twiml.voice_response import Connect, Stream, VoiceResponse
 from vllm_duplex.core.errors import Capacity, DuplexError
-from vllm_duplex.core.owner_ids import mint
 from vllm_duplex.core.session_config import SessionPatch
-from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.host.sessions import RealtimeSessions
+from vllm_duplex.host.twilio import Twilio
+from vllm_duplex.realtime.server.port.calls import Calls
+from vllm_duplex.realtime.server.port.session_port import SessionPort
 from vllm_duplex.realtime.server.telephony.twilio_auth import TwilioAuth
 from vllm_duplex.realtime.server.telephony.twilio_stream import (
     Refused,
@@ -37,7 +39,6 @@ from vllm_duplex.realtime.server.telephony.twilio_stream import (
     phone_patch,
     refuse,
 )
-from vllm_duplex.realtime.server.webrtc.call import Calls
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 log = logging.getLogger(__name__)
@@ -47,24 +48,23 @@ STREAM_PATH = "/v1/telephony/twilio/stream"
 MAX_WEBHOOK_BYTES = 64 << 10  # Twilio's form is a few dozen short fields
 
 
-def twilio_routes(runtime: Runtime, calls: Calls,
+def twilio_routes(sessions: RealtimeSessions, settings: Twilio | None, calls: Calls,
                   error_response: Callable[[DuplexError], JSONResponse]) -> list[Route | WebSocketRoute]:
-    settings = runtime.config.twilio
     if settings is None:
         return []
-    config = runtime.config
-    api_key = settings.api_key or (config.api_keys[0] if config.api_keys else None)
-    if config.api_keys and api_key not in config.api_keys:
+    api_keys = sessions.api_keys
+    api_key = settings.api_key or (api_keys[0] if api_keys else None)
+    if api_keys and api_key not in api_keys:
         raise ValueError("twilio.api_key must be one of api_keys")
-    codec = RealtimeCodec(model_aliases={n: runtime.model for n in config.model_names})
+    codec = RealtimeCodec(model_aliases=sessions.model_aliases)
     profiles: dict[str, SessionPatch] = {}
     for name, raw in settings.profiles.items():
         try:
             profiles[name] = codec.session_patch(raw, param=f"twilio.profiles.{name}")
         except DuplexError as err:
             raise ValueError(f"twilio.profiles.{name}: {err.message}") from None
-    auth = TwilioAuth(settings.auth_token, require_token=bool(config.api_keys))
-    metrics = runtime.metrics
+    auth = TwilioAuth(settings.auth_token, require_token=bool(api_keys))
+    count_error = sessions.count_error
 
     def signed_url(request: Request) -> str:
         """The URL Twilio requested, which its signature covers."""
@@ -99,16 +99,16 @@ def twilio_routes(runtime: Runtime, calls: Calls,
                 raise DuplexError("invalid_value", "the webhook has no CallSid: is it Twilio's "
                                   "voice webhook?", param="CallSid")
         except DuplexError as err:
-            metrics.errors.inc(code=err.code)
+            count_error(err.code)
             return error_response(err)
         response = VoiceResponse()
         try:
-            runtime.check_voice_room()
+            sessions.check_room()
         except Capacity:
             log.info("twilio call %s refused: at capacity", call_sid)
             response.reject(reason="busy")
             return Response(str(response), media_type="application/xml")
-        call_id = mint("tw", runtime.manager.instance_id)
+        call_id = sessions.mint_id("tw")
         stream = Stream(url=stream_url(request))
         stream.parameter(name="call_id", value=call_id)
         stream.parameter(name="token", value=auth.stream_token(call_sid, call_id, profile,
@@ -126,8 +126,10 @@ def twilio_routes(runtime: Runtime, calls: Calls,
 
     async def media_stream(ws: WebSocket) -> None:
         await ws.accept()
+        # The call's events for its sideband sockets; Twilio's own frames are twilio_codec's.
+        sideband_codec = RealtimeCodec(max_event_bytes=sessions.max_event_bytes)
         try:
-            start = await await_start(ws, metrics)
+            start = await await_start(ws, count_error)
             if start is None:  # a stop (or the socket's end) before any start
                 try:
                     await ws.close()
@@ -146,19 +148,19 @@ def twilio_routes(runtime: Runtime, calls: Calls,
             if profile and profile not in profiles:
                 raise DuplexError("invalid_value", f"no session profile {profile!r}",
                                   param="profile")
-            session = await runtime.open_realtime_session(api_key, phone_patch(profiles.get(profile)),
-                                                          transport=SessionPatch.played_here())
+            port = await SessionPort.open(sessions, sideband_codec, api_key,
+                                          phone_patch(profiles.get(profile)),
+                                          transport=SessionPatch.played_here())
         except Refused as refused:
-            await refuse(ws, refused.err, metrics)
+            await refuse(ws, refused.err, count_error)
             return
         except DuplexError as err:
-            await refuse(ws, err, metrics)
+            await refuse(ws, err, count_error)
             return
-        call = TwilioCall(runtime, ws, start, call_id or mint("tw", runtime.manager.instance_id),
-                          session, on_end=calls.remove)
-        calls.add(call)  # type: ignore[arg-type]  # a sideband needs what RtcCall and it share
+        call = TwilioCall(port, ws, start, call_id or sessions.mint_id("tw"), on_end=calls.remove)
+        calls.add(call)
         log.info("twilio call %s (%s): session %s", call.call_id, start.call_sid,
-                 session.session_id)
+                 port.session.session_id)
         await call.run()
 
     return [Route(VOICE_PATH, voice, methods=["POST"]),

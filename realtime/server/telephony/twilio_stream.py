@@ -3,8 +3,8 @@ shell around a realtime session, as ``webrtc/call.py`` is for a WebRTC call.
 
 Twilio connects, says ``connected``, then ``start``; the start's stream token
 (``twilio_auth``) names the call and its session profile, and the session
-opens then -- through the runtime like a socket's, so the same admission,
-capacity ceiling and config -- in ``audio/pcmu`` both ways: Twilio's μ-law
+opens then -- through the same ``SessionPort`` as a socket's, so the same
+admission, capacity ceiling and config -- in ``audio/pcmu`` both ways: Twilio's μ-law
 goes into ``input_audio_buffer.append`` as it comes, and the reply's μ-law
 goes out as it comes, with no transcoding.
 
@@ -23,7 +23,8 @@ goes out as it comes, with no transcoding.
   drives the session as for a WebRTC call, and its
   ``output_audio_buffer.clear`` clears Twilio's buffer and truncates there.
 - ``stop``, the socket closing, or the session closing ends the call; the
-  session closes with ``hangup`` (or its own reason).
+  session closes with ``hangup`` (or its own reason: ``port/calls.py``'s
+  ``Call``, what every call does the same way).
 
 A frame we cannot read (not JSON, an unknown event, bad base64, oversized)
 is counted in ``duplex_errors_total`` by its code, logged, and dropped: one
@@ -38,23 +39,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.commands import AudioAppend, ItemTruncate
 from vllm_duplex.core.errors import Capacity, Closed, DuplexError
+from vllm_duplex.core.events import Envelope
 from vllm_duplex.core.session_config import AudioEncoding, AudioFormat, SessionPatch
-from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.media.audio import AudioDecoder, AudioEncoder
+from vllm_duplex.realtime.server.port.calls import Call
+from vllm_duplex.realtime.server.port.session_port import SessionPort
 from vllm_duplex.realtime.server.reply_player import wire_format
 from vllm_duplex.realtime.server.telephony import twilio_codec as tw
-from vllm_duplex.realtime.server.telephony.twilio_playout import Playout
-from vllm_duplex.realtime.wire.codec import RealtimeCodec
-from vllm_duplex.replay.outbox import Notice
-from vllm_duplex.session.runner import DuplexSession
+from vllm_duplex.realtime.server.telephony.twilio_playout import Cut, Playout
 
 log = logging.getLogger(__name__)
 
@@ -73,53 +72,46 @@ class Refused(Exception):
         self.err = err
 
 
-class TwilioCall:
+class TwilioCall(Call):
     """One stream's call (see the module docstring). ``call_id``,
     ``session``, ``sidebands``, ``clear_output`` and ``hangup`` are what a
-    sideband socket uses, as of a WebRTC call."""
+    sideband socket uses, as of every call."""
 
-    def __init__(self, runtime: Runtime, ws: WebSocket, start: tw.Start, call_id: str,
-                 session: DuplexSession, on_end: Callable[[TwilioCall], None]) -> None:
-        self.runtime = runtime
+    task_prefix = "twilio"
+
+    def __init__(self, port: SessionPort, ws: WebSocket, start: tw.Start, call_id: str,
+                 on_end: Callable[[TwilioCall], None]) -> None:
+        super().__init__(port, call_id, on_end=on_end)
         self.ws = ws
         self.start = start
-        self.call_id = call_id
-        self.session = session
-        self.sidebands: set[Callable[[str], Awaitable[None]]] = set()
-        self.codec = RealtimeCodec(max_event_bytes=runtime.config.limits.max_event_bytes)
+        self.codec = port.codec
         self.playout = Playout()
-        self.ended = asyncio.Event()
-        self._on_end = on_end
         self._send_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._formats: dict[str, AudioFormat] = {}  # response id -> its output format
         self._transcoders: dict[str, tuple[AudioDecoder, AudioEncoder]] = {}
         self._started: set[str] = set()  # responses whose audio went out
         self._finished: set[str] = set()  # responses whose audio is all out
         self._cut: set[str] = set()  # responses cleared: their audio is dropped until resumed
         self._heard: dict[str, int] = {}  # item cut by a clear -> ms the caller heard
-        self._ending: asyncio.Task[None] | None = None
 
     # ---- the stream ---------------------------------------------------------
 
     async def run(self) -> None:
         """Until the call ends: Twilio's frames in, the session's audio out."""
-        writer = asyncio.create_task(self._write(), name=f"duplex-twilio-writer-{self.call_id}")
-        self._tasks.add(writer)
-        writer.add_done_callback(lambda _: self._hang_up_soon())
+        writer = self._spawn(self._deliver(), "writer")
+        writer.add_done_callback(lambda _: self._hang_up_soon())  # a failed send ends it too
         try:
             await self._read()
         finally:
             await self.hangup()  # the caller hung up, unless the session ended first
 
     async def _read(self) -> None:
-        clock, session = self.runtime.clock, self.session
         while (frame := await receive(self.ws)) is not None:
             try:
                 message = tw.parse(frame)
                 if isinstance(message, tw.Media):
                     if message.track.startswith("inbound") and message.audio:
-                        session.deliver(AudioAppend(audio=message.audio), clock.now())
+                        self._media(message.audio)
                 elif isinstance(message, tw.Mark):
                     self._echoed(message.name)
                 elif isinstance(message, tw.Dtmf):
@@ -135,10 +127,23 @@ class TwilioCall:
             except DuplexError as err:
                 self._bad_frame(err)
 
+    def _media(self, audio: bytes) -> None:
+        try:
+            self.port.append_audio(audio)
+        except Closed:
+            raise
+        except DuplexError as err:  # e.g. resource_exhausted: counted by the port
+            self._dropped(err)
+
     def _bad_frame(self, err: DuplexError) -> None:
-        self.runtime.metrics.errors.inc(code=err.code)
+        """A frame Twilio's codec could not take: counted, then dropped."""
+        self.port.sessions.count_error(err.code)
+        self._dropped(err)
+
+    def _dropped(self, err: DuplexError) -> None:
+        """One frame dropped, not the call: logged, told to the sidebands."""
         log.warning("twilio call %s: dropped a frame: %s (%s)", self.call_id, err.code, err.message)
-        self._to_sidebands(self.codec.render_error(err, self.session.fence))
+        self._to_sidebands(self.port.error(err))
 
     async def _send(self, text: str) -> None:
         async with self._send_lock:
@@ -146,36 +151,29 @@ class TwilioCall:
 
     # ---- the session's events -----------------------------------------------
 
-    async def _write(self) -> None:
+    async def _follow(self, item: Envelope) -> None:
         session = self.session
-        att = session.attachment
-        if att is None:
-            return
-        while True:
-            item = await att.get()
-            if item is None or isinstance(item, Notice):
-                break
-            event = item.event
-            if isinstance(event, ev.OutputAudioDelta):
-                await self._play(event)
-            elif isinstance(event, ev.ResponseCreated):
-                raw = (event.response.get("audio") or {}).get("output") or {}
-                self._formats[event.response["id"]] = wire_format(raw.get("format"),
-                                                                  session.config.output_format)
-            elif isinstance(event, ev.ResponseDone):
-                self._response_done(event.response)
-            elif isinstance(event, ev.SpeechStarted):
-                td = session.config.turn_detection
-                if td is None or td.interrupt_response:
-                    await self._clear()  # the caller stops hearing the reply at once
-            elif isinstance(event, ev.OutputAudioResumed):
-                self._cut.discard(event.response_id)
-                self._heard.pop(event.item_id, None)
-                self.playout.seek(event.item_id, event.audio_start_ms)
-            elif isinstance(event, ev.ConversationItemTruncated):
-                heard = self._heard.pop(event.item_id, None)
-                if heard is not None and heard < event.audio_end_ms:
-                    self._truncate(event.item_id, heard)
+        event = item.event
+        if isinstance(event, ev.OutputAudioDelta):
+            await self._play(event)
+        elif isinstance(event, ev.ResponseCreated):
+            raw = (event.response.get("audio") or {}).get("output") or {}
+            self._formats[event.response["id"]] = wire_format(raw.get("format"),
+                                                              session.config.output_format)
+        elif isinstance(event, ev.ResponseDone):
+            self._response_done(event.response)
+        elif isinstance(event, ev.SpeechStarted):
+            td = session.config.turn_detection
+            if td is None or td.interrupt_response:
+                await self._clear()  # the caller stops hearing the reply at once
+        elif isinstance(event, ev.OutputAudioResumed):
+            self._cut.discard(event.response_id)
+            self._heard.pop(event.item_id, None)
+            self.playout.seek(event.item_id, event.audio_start_ms)
+        elif isinstance(event, ev.ConversationItemTruncated):
+            heard = self._heard.pop(event.item_id, None)
+            if heard is not None and heard < event.audio_end_ms:
+                self.port.truncate(event.item_id, heard)
 
     async def _play(self, event: ev.OutputAudioDelta) -> None:
         response_id = event.response_id
@@ -194,7 +192,7 @@ class TwilioCall:
     def _mulaw(self, response_id: str, data: bytes) -> bytes:
         """A delta as Twilio's μ-law at 8 kHz (as it is, in a phone session,
         unless a response asked for another output format)."""
-        fmt = self._formats.get(response_id, self.session.config.output_format)
+        fmt = self._formats.get(response_id, self.port.config.output_format)
         if fmt == PCMU_8K:
             return data
         pair = self._transcoders.get(response_id)
@@ -229,39 +227,36 @@ class TwilioCall:
     async def _clear(self) -> None:
         """Barge-in: Twilio drops what it has not played; the cut item's
         heard length waits for the session's own truncation (see above)."""
-        cut = self.playout.clear()
+        cut = self._stop_playing()
         if cut is None:
             return
-        self._cut.add(cut.response_id)
         self._heard[cut.item_id] = cut.heard_ms
-        self._started.discard(cut.response_id)
-        self._finished.discard(cut.response_id)
         await self._send(tw.clear(self.start.stream_sid))
         self._notice("output_audio_buffer.cleared", cut.response_id)
 
-    def clear_output(self) -> None:
-        """A sideband's ``output_audio_buffer.clear``: cut the reply where the
-        caller is, and keep only that much of its item (what a client's
-        truncate does)."""
-        cut = self.playout.clear()
+    def _cut_output(self) -> tuple[str, int] | None:
+        """A sideband's ``output_audio_buffer.clear``: Twilio drops what it
+        has not played, and the item keeps what the marks say was heard."""
+        cut = self._stop_playing()
         if cut is None:
-            return
-        self._cut.add(cut.response_id)
-        self._started.discard(cut.response_id)
-        self._finished.discard(cut.response_id)
+            return None
         self._spawn(self._send(tw.clear(self.start.stream_sid)), "clear")
         self._notice("output_audio_buffer.cleared", cut.response_id)
-        self._truncate(cut.item_id, cut.heard_ms)
+        return cut.item_id, cut.heard_ms
 
-    def _truncate(self, item_id: str, heard_ms: int) -> None:
-        try:
-            self.session.deliver(ItemTruncate(item_id=item_id, content_index=0,
-                                              audio_end_ms=heard_ms), self.runtime.clock.now())
-        except DuplexError:
-            pass  # the session is closing, or the item is gone: nothing to keep short
+    def _stop_playing(self) -> Cut | None:
+        """The reply's audio stops here (its later deltas are dropped until
+        the session resumes it); the cut, if anything was playing."""
+        cut = self.playout.clear()
+        if cut is not None:
+            self._cut.add(cut.response_id)
+            self._started.discard(cut.response_id)
+            self._finished.discard(cut.response_id)
+        return cut
 
     def _dtmf(self, digit: str) -> None:
         log.info("twilio call %s: dtmf %s", self.call_id, digit)
+        # No fence on Twilio's keypad event (SIP's carries one): as it always was.
         self._to_sidebands(self.codec.render_notice(
             "input_audio_buffer.dtmf_event_received", event=digit, received_at=int(time.time())))
 
@@ -269,49 +264,18 @@ class TwilioCall:
 
     def _notice(self, kind: str, response_id: str) -> None:
         """A call-only ``output_audio_buffer.*`` event, for the sidebands."""
-        if self.sidebands:
-            self._to_sidebands(self.codec.render_notice(kind, self.session.fence,
-                                                        response_id=response_id))
-
-    def _to_sidebands(self, text: str) -> None:
-        for send in list(self.sidebands):
-            self._spawn(send(text), "sideband")
-
-    def _spawn(self, coro: Awaitable[Any], what: str) -> None:
-        task = asyncio.ensure_future(coro)
-        task.set_name(f"duplex-twilio-{what}-{self.call_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._notify(kind, response_id=response_id)
 
     # ---- the end ----------------------------------------------------------------
 
-    def _hang_up_soon(self) -> None:
-        if self._ending is None and not self.ended.is_set():
-            self._ending = asyncio.ensure_future(self.hangup())
-
-    async def hangup(self, reason: CloseReason = CloseReason.HANGUP) -> None:
-        """Idempotent: end the session, close the stream, stop every task."""
-        if self.ended.is_set():
-            return
-        current = asyncio.current_task()
-        if self._ending is not None and self._ending is not current:
-            await self._ending
-            return
-        self._ending = self._ending or current
-        self._on_end(self)
-        session = self.session
-        await self.runtime.end_session(session, session.close_reason or reason)
-        closing = session.close_reason or reason
+    async def _close_wire(self, reason: CloseReason) -> None:
         try:
-            await self.ws.close(code=closing.code, reason=closing.value)
+            await self.ws.close(code=reason.code, reason=reason.value)
         except Exception:  # the socket is already gone: nothing to tell
             pass
-        tasks = [t for t in self._tasks if t is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        log.info("twilio call %s (%s) ended: %s", self.call_id, self.start.call_sid, closing.value)
-        self.ended.set()
+
+    async def _after_stop(self, reason: CloseReason) -> None:
+        log.info("twilio call %s (%s) ended: %s", self.call_id, self.start.call_sid, reason.value)
 
 
 async def receive(ws: WebSocket) -> str | bytes | None:
@@ -326,7 +290,7 @@ async def receive(ws: WebSocket) -> str | bytes | None:
     return text if text is not None else (message.get("bytes") or b"")
 
 
-async def await_start(ws: WebSocket, metrics: Any) -> tw.Start | None:
+async def await_start(ws: WebSocket, count_error: Callable[[str], None]) -> tw.Start | None:
     """Frames up to ``start`` (``connected`` and unreadable frames are
     passed over); None when the socket ended first. Media, or anything else
     that needs a call, before it: ``Refused``."""
@@ -335,7 +299,7 @@ async def await_start(ws: WebSocket, metrics: Any) -> tw.Start | None:
             try:
                 message = tw.parse(frame)
             except DuplexError as err:
-                metrics.errors.inc(code=err.code)
+                count_error(err.code)
                 log.warning("twilio stream: dropped a frame before start: %s (%s)",
                             err.code, err.message)
                 continue
@@ -361,8 +325,8 @@ def phone_patch(profile: SessionPatch | None) -> SessionPatch:
     return phone.over(profile) if profile is not None else phone
 
 
-async def refuse(ws: WebSocket, err: DuplexError, metrics: Any) -> None:
-    metrics.errors.inc(code=err.code)
+async def refuse(ws: WebSocket, err: DuplexError, count_error: Callable[[str], None]) -> None:
+    count_error(err.code)
     code = 1013 if isinstance(err, Capacity) else _CLOSE_FOR.get(err.code, 1008)
     log.warning("twilio stream refused: %s (%s)", err.code, err.message)
     try:

@@ -1,8 +1,9 @@
 """One WebRTC call: a thin I/O shell around a realtime session, as
 ``RealtimeConnection`` is for a WebSocket.
 
-``POST /v1/realtime/calls`` opens the session (the same runtime call as a
-socket's, so the same admission, keys, client secrets and config), applies
+``POST /v1/realtime/calls`` opens the session (through the same
+``SessionPort`` as a socket's, so the same admission, keys, client secrets
+and config), applies
 the caller's SDP offer to an aiortc peer connection and answers it. Then:
 
 - the data channel ``oai-events`` carries exactly the socket's events, both
@@ -23,14 +24,15 @@ the caller's SDP offer to an aiortc peer connection and answers it. Then:
   closes, or the peer never connects within ``webrtc.connect_timeout_s``.
   A call has no resume: its session ends with it.
 
-Every task, the peer connection and its UDP sockets end in ``hangup``.
+Every task, the peer connection and its UDP sockets end in ``hangup``
+(``port/calls.py``'s ``Call``: what every call does the same way).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from aiortc import (
@@ -42,15 +44,16 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.commands import AudioAppend, ItemTruncate, OutputAudioClear, SessionResume
 from vllm_duplex.core.errors import Closed, DuplexError
+from vllm_duplex.core.events import Envelope
 from vllm_duplex.core.session_config import SessionPatch
-from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.host.deploy import WebRtc
+from vllm_duplex.host.sessions import RealtimeSessions
+from vllm_duplex.realtime.server.port.calls import Call
+from vllm_duplex.realtime.server.port.session_port import Rules, SessionPort
 from vllm_duplex.realtime.server.webrtc.media import MicrophoneEncoder, ReplyTrack, mono_int16
 from vllm_duplex.realtime.server.webrtc.offer import Offer
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
-from vllm_duplex.replay.outbox import Notice
-from vllm_duplex.session.runner import DuplexSession
 
 log = logging.getLogger(__name__)
 
@@ -58,39 +61,38 @@ CHANNEL = "oai-events"
 _HIGH_WATER, _LOW_WATER = 1 << 20, 256 << 10  # data channel bytes buffered by SCTP
 
 
-class RtcCall:
-    def __init__(self, runtime: Runtime, call_id: str, session: DuplexSession,
+class RtcCall(Call):
+    task_prefix = "rtc"
+
+    def __init__(self, port: SessionPort, settings: WebRtc, call_id: str,
                  *, on_end: Callable[[RtcCall], None]) -> None:
-        self.runtime = runtime
-        self.call_id = call_id
-        self.session = session
-        self.codec = RealtimeCodec(max_event_bytes=runtime.config.limits.max_event_bytes,
-                                   model_aliases={n: runtime.model for n in runtime.config.model_names})
-        webrtc = runtime.config.webrtc
+        super().__init__(port, call_id, on_end=on_end)
+        self.settings = settings
+        self.codec = port.codec
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[
             RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
-            for s in webrtc.ice_servers]))
+            for s in settings.ice_servers]))
         self.track = ReplyTrack(self._buffer_event)
         self.channel: Any = None
-        self.sidebands: set[Callable[[str], Awaitable[None]]] = set()
+        # The data channel's rules over the port: a call has no resume, and
+        # its clear cuts the track.
+        self.rules = Rules("a call has no resume: its session ends with it", clear=self.clear_output)
         self._channel_ready = asyncio.Event()
         self._connected = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._on_end = on_end
-        self._ended: asyncio.Task[None] | None = None
-        self.ended = asyncio.Event()
 
     # ---- set-up ---------------------------------------------------------------
 
     @classmethod
-    async def answer(cls, runtime: Runtime, call_id: str, key: str | None, offer: Offer,
-                     patch: SessionPatch | None, on_end: Callable[[RtcCall], None]
-                     ) -> tuple[RtcCall, str]:
+    async def answer(cls, sessions: RealtimeSessions, settings: WebRtc, call_id: str,
+                     key: str | None, offer: Offer, patch: SessionPatch | None,
+                     on_end: Callable[[RtcCall], None]) -> tuple[RtcCall, str]:
         """Open the call's session and answer ``offer``; the typed error of
         what failed, with nothing left open."""
-        session = await runtime.open_realtime_session(key, patch,
-                                                      transport=SessionPatch.played_here())
-        call = cls(runtime, call_id, session, on_end=on_end)
+        codec = RealtimeCodec(max_event_bytes=sessions.max_event_bytes,
+                              model_aliases=sessions.model_aliases)
+        port = await SessionPort.open(sessions, codec, key, patch,
+                                      transport=SessionPatch.played_here())
+        call = cls(port, settings, call_id, on_end=on_end)
         try:
             sdp = await call._negotiate(offer)
         except BaseException:
@@ -123,14 +125,8 @@ class RtcCall:
         return pc.localDescription.sdp
 
     def _start(self) -> None:
-        self._spawn(self._write(), "writer")
+        self._spawn(self._deliver(), "writer")
         self._spawn(self._watch_connect(), "connect")
-
-    def _spawn(self, coro: Awaitable[Any], what: str) -> None:
-        task = asyncio.ensure_future(coro)
-        task.set_name(f"duplex-rtc-{what}-{self.call_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # ---- the peer's events ----------------------------------------------------
 
@@ -164,60 +160,43 @@ class RtcCall:
 
     def _on_message(self, message: str | bytes) -> None:
         """One data-channel message: the same rules as a socket's frame."""
-        session = self.session
         try:
-            command = self.codec.parse(message)
-            if isinstance(command, SessionResume):
-                raise DuplexError("invalid_event", "a call has no resume: its session ends "
-                                  "with it", param="type", event_id=command.event_id)
-            if isinstance(command, OutputAudioClear):
-                self.clear_output()
-                return
-            session.deliver(command, self.runtime.clock.now())
+            self.port.feed(message, self.rules)
         except DuplexError as err:
-            self.runtime.metrics.errors.inc(code=err.code)
-            self._send_now(self.codec.render_error(err, session.fence))
+            self._send_now(self.port.error(err))
 
     # ---- the microphone ----------------------------------------------------------
 
     async def _microphone(self, track: MediaStreamTrack) -> None:
         encoder = MicrophoneEncoder()
-        session, clock = self.session, self.runtime.clock
+        port = self.port
         while True:
             try:
                 frame = await track.recv()
             except MediaStreamError:
                 return  # the caller's track ended
-            audio = encoder.encode(mono_int16(frame), session.config.input_format)
+            audio = encoder.encode(mono_int16(frame), port.config.input_format)
             if not audio:
                 continue
             try:
-                session.deliver(AudioAppend(audio=audio), clock.now())
+                port.append_audio(audio)
             except Closed:
                 return
             except DuplexError as err:  # e.g. resource_exhausted: the session lags
-                self.runtime.metrics.errors.inc(code=err.code)
-                self._send_now(self.codec.render_error(err, session.fence))
+                self._send_now(port.error(err))
 
     # ---- the session's events ----------------------------------------------------
 
-    async def _write(self) -> None:
-        session = self.session
-        att = session.attachment
+    async def _deliver(self) -> None:
         await self._channel_ready.wait()
-        if att is None:
-            return
-        track = self.track
-        while True:
-            item = await att.get()
-            if item is None or isinstance(item, Notice):
-                break
-            if track.player.follow(item.event, session.config):
-                continue  # reply audio: on the track, not the channel
-            text = self.codec.render(item)
-            if text is not None:
-                await self._send(text)
-        self._hang_up_soon()  # the session ended (or this call was cut off)
+        await super()._deliver()
+
+    async def _follow(self, item: Envelope) -> None:
+        if self.track.player.follow(item.event, self.port.config):
+            return  # reply audio: on the track, not the channel
+        text = self.codec.render(item)
+        if text is not None:
+            await self._send(text)
 
     async def _send(self, text: str) -> None:
         channel = self.channel
@@ -235,94 +214,29 @@ class RtcCall:
             channel.send(text)
 
     def _buffer_event(self, kind: str, response_id: str) -> None:
-        """From the reply track: a WebRTC-only ``output_audio_buffer.*`` event."""
-        text = self.codec.render_notice(kind, self.session.fence, response_id=response_id)
+        """From the reply track: a WebRTC-only ``output_audio_buffer.*`` event,
+        on the data channel and to the sidebands."""
+        text = self.codec.render_notice(kind, self.port.fence, response_id=response_id)
         self._send_now(text)
-        for send in list(self.sidebands):
-            self._spawn(send(text), "sideband")
+        self._to_sidebands(text)
 
-    def clear_output(self) -> None:
-        """``output_audio_buffer.clear``: cut the reply off where the caller is,
-        and keep only that much of its item (what a client's truncate does)."""
+    def _cut_output(self) -> tuple[str, int] | None:
         cut = self.track.player.clear()
         if cut is None:
-            return
-        response_id, item_id, heard_ms = cut
-        try:
-            self.session.deliver(ItemTruncate(item_id=item_id, content_index=0,
-                                              audio_end_ms=heard_ms), self.runtime.clock.now())
-        except DuplexError:
-            pass  # the session is closing
+            return None
+        _, item_id, heard_ms = cut
+        return item_id, heard_ms
 
     # ---- the end -------------------------------------------------------------------
 
     async def _watch_connect(self) -> None:
         try:
-            await asyncio.wait_for(self._connected.wait(),
-                                   self.runtime.config.webrtc.connect_timeout_s)
+            await asyncio.wait_for(self._connected.wait(), self.settings.connect_timeout_s)
         except asyncio.TimeoutError:
             log.info("call %s: the peer did not connect; hanging up", self.call_id)
             self._hang_up_soon()
 
-    def _hang_up_soon(self) -> None:
-        if self._ended is None:
-            self._ended = asyncio.ensure_future(self.hangup())
-
-    async def hangup(self) -> None:
-        """Idempotent: end the session, close the peer connection (its UDP
-        sockets), stop every task of the call."""
-        if self.ended.is_set():
-            return
-        current = asyncio.current_task()
-        if self._ended is not None and self._ended is not current:
-            await self._ended
-            return
-        self._ended = self._ended or current
-        self._on_end(self)
-        await self.runtime.end_session(self.session, self.session.close_reason or CloseReason.HANGUP)
+    async def _close_wire(self, reason: CloseReason) -> None:
+        """The peer connection and its UDP sockets."""
         self.track.stop()
         await self.pc.close()
-        tasks = [t for t in self._tasks if t is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self.ended.set()
-
-
-class Calls:
-    """The live calls of this process, by call id: WebRTC calls, and SIP calls
-    (``telephony/sip_call.py``, the same surface: ``call_id``, ``session``,
-    ``sidebands``, ``clear_output``, ``hangup``), so sideband sockets and
-    ``…/hangup`` reach both."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self._calls: dict[str, RtcCall] = {}
-
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def add(self, call: RtcCall) -> None:
-        self._calls[call.call_id] = call
-
-    def remove(self, call: RtcCall) -> None:
-        if self._calls.get(call.call_id) is call:
-            del self._calls[call.call_id]
-
-    def get(self, call_id: str, api_key: str | None) -> RtcCall:
-        """The call, for the key that owns its session (a client secret acts
-        as its minting key); any other key, an unknown or ended call:
-        ``call_not_found`` (no existence leak)."""
-        call = self._calls.get(call_id)
-        try:
-            if call is None:
-                raise DuplexError("session_not_found", "no such call")
-            self.runtime.manager.get(call.session.session_id, self.runtime.caller_key(api_key))
-        except DuplexError:
-            raise DuplexError("call_not_found", f"no call {call_id!r} for this key",
-                              param="call_id") from None
-        return call
-
-    async def close(self) -> None:
-        await asyncio.gather(*(c.hangup() for c in list(self._calls.values())),
-                             return_exceptions=True)

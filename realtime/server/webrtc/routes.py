@@ -19,20 +19,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.owner_ids import mint
 from vllm_duplex.core.session_config import SessionPatch
-from vllm_duplex.host.runtime import Runtime
-from vllm_duplex.realtime.server.auth import bearer_key, check_key
-from vllm_duplex.realtime.server.webrtc.call import Calls, RtcCall
+from vllm_duplex.host.deploy import WebRtc
+from vllm_duplex.host.sessions import RealtimeSessions
+from vllm_duplex.realtime.server.auth import bearer_key
+from vllm_duplex.realtime.server.port.calls import Calls
+from vllm_duplex.realtime.server.webrtc.call import RtcCall
 from vllm_duplex.realtime.server.webrtc.ice import use_host_addresses
 from vllm_duplex.realtime.server.webrtc.offer import MAX_OFFER_BYTES, check_offer
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 
-def call_routes(runtime: Runtime, calls: Calls,
+def call_routes(sessions: RealtimeSessions, settings: WebRtc, calls: Calls,
                 error_response: Callable[[DuplexError], JSONResponse]) -> list[Route]:
-    use_host_addresses(runtime.config.webrtc.host_addresses)
-    codec = RealtimeCodec(model_aliases={n: runtime.model for n in runtime.config.model_names})
+    use_host_addresses(settings.host_addresses)
+    codec = RealtimeCodec(model_aliases=sessions.model_aliases)
 
     async def read_offer(request: Request) -> tuple[str, SessionPatch | None]:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -69,19 +70,19 @@ def call_routes(runtime: Runtime, calls: Calls,
     async def create_call(request: Request):
         try:
             key = bearer_key(request.headers)
-            check_key(runtime, key)
+            sessions.check_key(key)
             model = request.query_params.get("model")
-            if model is not None and not runtime.config.serves(model):
+            if model is not None and not sessions.serves(model):
                 raise DuplexError("model_not_found", f"model {model!r} is not served here",
                                   param="model")
-            runtime.check_voice_room()  # before any ICE work; the open checks again
+            sessions.check_room()  # before any ICE work; the open checks again
             sdp, patch = await read_offer(request)
-            offer = check_offer(sdp, runtime.config.webrtc.host_addresses)
-            call_id = mint("rtc", runtime.manager.instance_id)
-            call, answer = await RtcCall.answer(runtime, call_id, key, offer, patch,
+            offer = check_offer(sdp, settings.host_addresses)
+            call_id = sessions.mint_id("rtc")
+            call, answer = await RtcCall.answer(sessions, settings, call_id, key, offer, patch,
                                                 on_end=calls.remove)
         except DuplexError as err:
-            runtime.metrics.errors.inc(code=err.code)
+            sessions.count_error(err.code)
             return error_response(err)
         if not call.ended.is_set():
             calls.add(call)
@@ -91,7 +92,7 @@ def call_routes(runtime: Runtime, calls: Calls,
     async def hangup(request: Request):
         try:
             key = bearer_key(request.headers)
-            check_key(runtime, key)
+            sessions.check_key(key)
             call = calls.get(request.path_params["call_id"], key)
         except DuplexError as err:
             return error_response(err)
