@@ -17,7 +17,9 @@ Routes:
   files (``static/``) are all served here -- no build step, nothing from elsewhere
 - with a ``grpc_port``, the OpenEngine gRPC services beside them (``openengine``)
 
-A realtime socket is a ``RealtimeConnection`` (``connection``).
+A realtime socket is a ``RealtimeConnection`` (``connection``). Every
+transport stands on the session port (``port/``) and is given
+``RealtimeSessions`` (``host/sessions.py``), not the runtime.
 """
 
 from __future__ import annotations

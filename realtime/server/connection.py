@@ -1,9 +1,11 @@
-"""One realtime WebSocket: a thin I/O loop around a session's attachment.
+"""One realtime WebSocket: a thin I/O loop around its ``SessionPort``
+(``port/session_port.py``, the same port every transport stands on).
 
-Each socket has two tasks: the reader parses frames and delivers commands to
-the session; the writer drains the socket's ``Attachment`` (see
-``vllm_duplex.replay.outbox``). Framing errors (bad JSON, oversized events) are
-answered directly and are not journaled.
+Each socket has two tasks: the reader hands frames to the port (parsed by
+the codec, delivered to the session); the writer sends what the port's
+``events`` yield (the socket's ``Attachment``, ``vllm_duplex.replay.outbox``).
+Framing errors (bad JSON, oversized events) are answered directly and are
+not journaled.
 
 A socket either opens a new session, or — connected with ``?resume=1`` —
 sends ``session.resume`` first and is attached to an existing one: it gets
