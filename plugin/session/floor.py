@@ -3,8 +3,9 @@ may hold it.
 
 The session core owns one ``Floor`` and is its only caller. The floor is the
 single writer of the turn's phase (``phase.py``) and of the reply slot: a
-reply is started (``speculate``: held; ``respond``: shown, or the held one
-claimed), goes out (``show``, ``send_due``: paced), is paused by speech over
+reply is started here (``speculate``: held; ``respond``: shown, or the held
+one claimed -- the reply made with its trace, its request submitted; the core
+builds the request, as only it is the policy's view), goes out (``show``, ``send_due``: paced), is paused by speech over
 it and resumed or cut (``pause``, ``dismiss``, ``barge_in_due``), and ends
 one way, ``end(End...)``:
 
@@ -25,16 +26,16 @@ events and effects, in order), which the core carries out where it called it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.contracts import InterruptReason, OutputDecision
+from vllm_duplex.core.contracts import InterruptReason, PolicyStep
 from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import AudioOut, ContextMessage, StageOutput
+from vllm_duplex.core.payloads import AudioOut, ContextMessage, GenerateRequest, StageOutput
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.session import barge_in, idle, pacing, rendering
 from vllm_duplex.session.asks import Steps
-from vllm_duplex.session.effects import CancelTimer, EffectLog
+from vllm_duplex.session.effects import CancelTimer, EffectLog, Submit
 from vllm_duplex.session.fences import FenceMover
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import TurnLatency
@@ -45,12 +46,13 @@ from vllm_duplex.session.responses import ResponseRecord
 from vllm_duplex.session.turn_end import Pause
 from vllm_duplex.session.user_turn import UserTurn
 
-Held = list[tuple[StageOutput, OutputDecision]]
+Held = list[tuple[StageOutput, Sequence[PolicyStep]]]
 
 
 class Floor:
     def __init__(self, out: EffectLog, fences: FenceMover, *, config: SessionConfig,
-                 metrics: Metrics, latency: TurnLatency, conversation: ItemStore, user: UserTurn,
+                 metrics: Metrics, generator: str, latency: TurnLatency, conversation: ItemStore,
+                 user: UserTurn,
                  pause: Pause, idle_timer: idle.IdleTimer, make_id: Callable[[str], str],
                  session_id: str) -> None:
         self.phase = TurnPhase()
@@ -59,6 +61,7 @@ class Floor:
         self._out = out  # read for the message's times only: steps are returned
         self._fences = fences
         self._metrics = metrics
+        self._generator = generator  # the stage that writes replies
         self._latency = latency
         self._conversation = conversation
         self._user = user
@@ -89,22 +92,32 @@ class Floor:
 
     # ---- a reply starts ---------------------------------------------------------
 
-    def speculate(self, reply: Reply) -> None:
-        """A reply started at the pause: held until a response claims it."""
+    def speculate(self, words: str, context: tuple[ContextMessage, ...],
+                  request: Callable[[str], GenerateRequest]) -> Steps:
+        """A reply to ``words`` (the user's turn so far) started at the pause
+        on ``context``: held until a response claims it. ``request`` makes its
+        LLM request, given its id; returns its submission."""
         assert self.reply is None
-        self.reply = reply
+        fence = self._fences.fence
+        reply_id = self._make_id("resp")
+        submit = Submit(self._generator, fence, "llm", request(reply_id))
+        # Traced on the turn being heard: a reply started at its pause.
+        self.reply = Reply(reply_id, fence.request_id("llm"), answers=words, context=context,
+                           trace=self._latency.reply_started(reply_id, self._out.now))
         self.phase.to(Phase.ANSWER_HELD)
         self._metrics.speculations.inc(outcome="started")
+        return [submit]
 
-    def respond(self, options: cmd.ResponseOptions,
-                context: tuple[ContextMessage, ...]) -> tuple[Reply, Held, bool, Steps]:
+    def respond(self, options: cmd.ResponseOptions, context: tuple[ContextMessage, ...],
+                request: Callable[[str], GenerateRequest]) -> tuple[Held, Steps]:
         """A response asked for with ``context``: the held reply when it may
         be that (the same context, and the session's tools, which it ran with);
         else any held one is discarded -- left running, it would speak unseen
-        and hold this response's request behind it -- and a new reply starts. Shown either way. Returns the
-        reply, what it held (to be carried out in order), whether its
-        request is still to be made, and the steps (a discarded held reply's
-        end, the new one's start events), to be carried out before the rest."""
+        and hold this response's request behind it -- and a new reply starts,
+        its request made by ``request`` (given its id). Shown either way.
+        Returns what the reply held (its outputs with the policy's steps, to
+        be carried out in order) and the steps to carry out before them (a
+        discarded held reply's end, the new one's start events, its request)."""
         own_tools = options.tools is not None or options.tool_choice is not None
         in_conversation = options.conversation != "none"
         reply = self.held
@@ -119,24 +132,28 @@ class Floor:
         record = ResponseRecord.after(response, self._make_id("item"), self._conversation,
                                       in_conversation=in_conversation, output_format=fmt)
         times = self._latency.response_created(self._out.now)
-        new = reply is None
+        submit = None
         if reply is None:
-            reply = Reply(response.id, self._fences.fence.request_id("llm"))
-            self._latency.reply_started(reply.id, self._out.now, times.trace)
+            fence = self._fences.fence
+            reply = Reply(response.id, fence.request_id("llm"),
+                          trace=self._latency.reply_started(response.id, self._out.now, times.trace))
+            submit = Submit(self._generator, fence, "llm", request(reply.id))
         self.reply = reply
         audio = "audio" in response.output_modalities
         held = reply.show(record, times, pacing.new_pacer(self.config.pacing) if audio else None)
         self.phase.to(Phase.RESPONDING)
         steps += record.start_events()
-        return reply, held, new, steps
+        if submit is not None:
+            steps.append(submit)
+        return held, steps
 
-    def keep(self, out: StageOutput, decision: OutputDecision) -> bool:
-        """An output of the held reply, with the policy's decision: kept until
-        the reply is claimed. False: no reply is held."""
+    def keep(self, out: StageOutput, steps: Sequence[PolicyStep]) -> bool:
+        """An output of the held reply, with the policy's steps for it: kept
+        until the reply is claimed. False: no reply is held."""
         reply = self.held
         if reply is None:
             return False
-        reply.keep(out, decision)
+        reply.keep(out, steps)
         return True
 
     # ---- its way out --------------------------------------------------------------

@@ -34,10 +34,11 @@ session's ``"required"`` (or named) choice: the call it asked for was made.
 
 ``McpCalls`` is a part like the others (``asks.py``): it owns this state,
 reads the reply shown from the floor, puts its items in the conversation, and
-returns events, effects and the asks only the core carries out (``Offer`` the
-listed tools, ``Show`` an item through the floor -- ``render_item`` -- ,
-``Finish`` the reply, ``Report`` an error, make a held response -- ``Respond``
--- or the ``FollowUp``).
+returns events, effects and the asks only the core carries out: the shared
+ones (``Show`` an item as the floor shows an output of the reply,
+``McpItemShown``; ``FinishReply`` once its calls are back) and its own
+(``Offer`` the listed tools, ``Report`` an error, make a held response --
+``Respond`` -- or the ``FollowUp``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core import mcp
+from vllm_duplex.core.contracts import FinishReply, Show
 from vllm_duplex.core.conversation import ConversationItem, ItemType, ResponseStatus
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.payloads import ToolCall
@@ -119,18 +121,6 @@ class Offer:
 
 
 @dataclass(frozen=True, slots=True)
-class Show:
-    """Show ``payload`` as the floor shows an output of the reply (``render_item``)."""
-
-    payload: object
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """The reply shown, held while its calls ran, is generated to its end."""
-
-
-@dataclass(frozen=True, slots=True)
 class Report:
     """An ``error`` event for the client (counted like every error)."""
 
@@ -157,7 +147,7 @@ class FollowUp:
 
 
 # What the MCP calls return beside events (``asks.Step``): their asks and effects.
-McpStep: TypeAlias = Offer | Show | Finish | Report | Respond | FollowUp | ListMcpTools | CallMcpTool
+McpStep: TypeAlias = Offer | Report | Respond | FollowUp | ListMcpTools | CallMcpTool
 
 
 # ---- the session's MCP state ------------------------------------------------------
@@ -333,7 +323,7 @@ class McpCalls:
 
     def holds_finish(self) -> bool:
         """The reply shown is generated to its end: True when a call of it still
-        runs (``Finish`` comes when the last one is back)."""
+        runs (``FinishReply`` comes when the last one is back)."""
         shown = self._floor.shown
         if shown is None or not any(c.response_id == shown.id for c in self.calls.values()):
             return False
@@ -366,7 +356,7 @@ class McpCalls:
         if not running and call.response_id in self._finish_wanted:
             self._finish_wanted.discard(call.response_id)
             if own:  # (a reply cut meanwhile has ended already)
-                steps.append(Finish())
+                steps.append(FinishReply())
         return steps
 
     def _before(self, item_id: str) -> str | None:
