@@ -7,8 +7,9 @@ and the asks that need more than one call of the core are its methods here.
 A policy's steps are about the stage output it decided (``about``): ``Show``
 renders it, ``ForwardTo`` sends it on, ``Dismiss`` quotes its words. Where a
 step may do nothing (a policy's ``Respond`` while a reply is shown, an
-``Interrupt`` with none, a ``CommitTurn`` of an empty buffer) is decided
-here and in the floor, from the session's state, so no policy keeps a copy
+``Interrupt`` with none, a ``CommitTurn`` of an empty buffer, a
+``FinishReply`` while the reply's MCP call runs) is decided here and in the
+floor, from the session's state, so no policy keeps a copy
 of it.
 
 A part of the core's class (``SessionCore`` inherits it, as it inherits its
@@ -120,11 +121,6 @@ class CarriesAsks:
         words = getattr(about.payload, "text", "") if about is not None else ""
         return self.floor.dismiss(a.reason, words)
 
-    def _finish_reply(self) -> Steps:
-        if self.mcp.holds_finish():
-            return []  # a reply whose MCP call runs ends when the call is back
-        return self.floor.finish()
-
     # ---- the MCP calls' own asks -------------------------------------------------------
 
     def _offer_mcp_tools(self, tools: tuple[tuple[str, dict[str, Any]], ...]) -> None:
@@ -158,7 +154,7 @@ _ASKS: dict[type, Callable[[CarriesAsks, Any, StageOutput | None], Steps | None]
     policy_steps.CommitTurn: lambda core, a, about: core._commit_turn(),
     policy_steps.Respond: lambda core, a, about: core._respond(a),
     policy_steps.Dismiss: CarriesAsks._dismiss,
-    policy_steps.FinishReply: lambda core, a, about: core._finish_reply(),
+    policy_steps.FinishReply: lambda core, a, about: core.floor.finish(),
     asks.Plan: lambda core, a, about: core.execute(core.policy.plan_append(core, a.payload),
                                                    ingest=a.ingest),
     asks.Decide: lambda core, a, about: core.decide(a.out) and None,
@@ -170,6 +166,8 @@ _ASKS: dict[type, Callable[[CarriesAsks, Any, StageOutput | None], Steps | None]
     asks.ItemGone: lambda core, a, about: core.floor.item_gone(a.item_id, truncated=a.truncated),
     asks.Fail: lambda core, a, about: core.fail(a.error),
     mcp_calls.Offer: lambda core, a, about: core._offer_mcp_tools(a.tools),
+    mcp_calls.Awaited: lambda core, a, about: core.floor.await_call(a.item_id),
+    mcp_calls.Returned: lambda core, a, about: core.floor.call_returned(a.item_id),
     mcp_calls.Report: lambda core, a, about: core.error(a.error),
     mcp_calls.FollowUp: lambda core, a, about: core._mcp_follow_up(a),
     mcp_calls.Respond: lambda core, a, about: core._mcp_respond(a),

@@ -47,6 +47,7 @@ from vllm_duplex.session.turn_end import Pause
 from vllm_duplex.session.user_turn import UserTurn
 
 Held = list[tuple[StageOutput, Sequence[PolicyStep]]]
+_SHOWN = (Phase.RESPONDING, Phase.BARGE_PAUSED)  # the phases of a reply the client sees
 
 
 class Floor:
@@ -70,17 +71,18 @@ class Floor:
         self._make_id = make_id
         self._session_id = session_id
 
+    # Whether the reply is held or shown is the phase's to say (no flag of the
+    # reply mirrors it): it is moved with the slot, in this class alone.
+
     @property
     def shown(self) -> Reply | None:
         """The reply the client sees (None: none, or one still held)."""
-        reply = self.reply
-        return reply if reply is not None and reply.visible else None
+        return self.reply if self.phase.value in _SHOWN else None
 
     @property
     def held(self) -> Reply | None:
         """The reply started at a pause, not shown yet."""
-        reply = self.reply
-        return reply if reply is not None and not reply.visible else None
+        return self.reply if self.phase.value is Phase.ANSWER_HELD else None
 
     def rest(self) -> None:
         """With no reply, the phase follows the pause: judged, or listening."""
@@ -219,14 +221,29 @@ class Floor:
 
     def finish(self) -> Steps:
         """The reply is generated to its end: ``response.done`` goes after its
-        last audio, and not while speech over it may still cancel it."""
+        last audio and once its MCP calls are back, and not while speech over
+        it may still cancel it."""
         shown = self.shown
         if shown is None:
             return []
-        if self.phase.value is Phase.BARGE_PAUSED or not shown.drained:
+        if self.phase.value is Phase.BARGE_PAUSED or not shown.drained or shown.calls:
             shown.complete = True
             return []
         return self.end(End.COMPLETED)
+
+    def await_call(self, item_id: str) -> None:
+        """The reply shown made MCP call ``item_id``: it ends only once it is back."""
+        if self.shown is not None:
+            self.shown.calls.add(item_id)
+
+    def call_returned(self, item_id: str) -> Steps:
+        """MCP call ``item_id`` is back: the reply that made it ends if it was
+        generated to its end meanwhile."""
+        shown = self.shown
+        if shown is None or item_id not in shown.calls:
+            return []
+        shown.calls.discard(item_id)
+        return self.finish() if shown.complete else []
 
     def interrupt(self, reason: InterruptReason) -> Steps:
         """Barge-in or cancel of the reply shown."""

@@ -15,8 +15,8 @@ the session's loop or its audio.
 * **A call.** The model's ``ToolCall`` naming a listed tool becomes an
   ``mcp_call`` item of the response (``response.mcp_call_arguments.delta`` /
   ``.done``, ``response.mcp_call.in_progress``) and the ``CallMcpTool``
-  effect; the response is not finished while the call runs (its end is held,
-  ``holds_finish``). ``McpToolCalled`` back: ``response.mcp_call.completed``
+  effect; the response is not finished while the call runs (the reply
+  waits on it: ``Reply.calls``, ``Floor.finish``). ``McpToolCalled`` back: ``response.mcp_call.completed``
   (the item's ``output``) or ``.failed`` (its ``error``: ``http_error``,
   ``protocol_error`` or ``tool_execution_error``), the item done, the
   response finished -- and then a follow-up response, in which the model
@@ -35,10 +35,11 @@ session's ``"required"`` (or named) choice: the call it asked for was made.
 ``McpCalls`` is a part like the others (``asks.py``): it owns this state,
 reads the reply shown from the floor, puts its items in the conversation, and
 returns events, effects and the asks only the core carries out: the shared
-ones (``Show`` an item as the floor shows an output of the reply,
-``McpItemShown``; ``FinishReply`` once its calls are back) and its own
-(``Offer`` the listed tools, ``Report`` an error, make a held response --
-``Respond`` -- or the ``FollowUp``).
+one (``Show`` an item as the floor shows an output of the reply,
+``McpItemShown``) and its own (``Offer`` the listed tools; tell the reply it
+waits on a call, ``Awaited``, and that the call is back, ``Returned``;
+``Report`` an error; make a held response -- ``Respond`` -- or the
+``FollowUp``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core import mcp
-from vllm_duplex.core.contracts import FinishReply, Show
+from vllm_duplex.core.contracts import Show
 from vllm_duplex.core.conversation import ConversationItem, ItemType, ResponseStatus
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.payloads import ToolCall
@@ -121,6 +122,22 @@ class Offer:
 
 
 @dataclass(frozen=True, slots=True)
+class Awaited:
+    """The reply shown made MCP call ``item_id``: it ends only once the call is
+    back (``Floor.await_call``)."""
+
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """MCP call ``item_id`` is back: the reply that made it may end now, if it
+    was generated to its end meanwhile (``Floor.call_returned``)."""
+
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """An ``error`` event for the client (counted like every error)."""
 
@@ -147,7 +164,8 @@ class FollowUp:
 
 
 # What the MCP calls return beside events (``asks.Step``): their asks and effects.
-McpStep: TypeAlias = Offer | Report | Respond | FollowUp | ListMcpTools | CallMcpTool
+McpStep: TypeAlias = (Offer | Awaited | Returned | Report | Respond | FollowUp | ListMcpTools
+                      | CallMcpTool)
 
 
 # ---- the session's MCP state ------------------------------------------------------
@@ -198,7 +216,6 @@ class McpCalls:
         self._by_key: dict[tuple, _Server] = {}
         self._held: list[cmd.ResponseCreate] = []
         self._response_offered: dict[str, dict[str, tuple[dict[str, Any], dict[str, Any] | None]]] = {}
-        self._finish_wanted: set[str] = set()  # responses whose end waits on a call
         self._follow = _Follow()
 
     def _previous(self) -> str | None:
@@ -318,25 +335,15 @@ class McpCalls:
                                 name=call.name, arguments=call.arguments)
         index = len(reply.record.response.output)  # where the floor shows it, next
         self.calls[item.id] = _Call(item, reply.id, index, reply.record.in_conversation)
-        return [Show(McpItemShown(reply.id, item)),
+        return [Awaited(item.id), Show(McpItemShown(reply.id, item)),
                 CallMcpTool(item.id, tool, call.name, call.arguments)]
-
-    def holds_finish(self) -> bool:
-        """The reply shown is generated to its end: True when a call of it still
-        runs (``FinishReply`` comes when the last one is back)."""
-        shown = self._floor.shown
-        if shown is None or not any(c.response_id == shown.id for c in self.calls.values()):
-            return False
-        self._finish_wanted.add(shown.id)
-        return True
 
     def called(self, m: McpToolCalled) -> Steps:
         """A call came back: its item done with the output or the error; the
-        reply it held finishes; the model will answer (``after``)."""
+        reply that waited on it may end; the model will answer (``after``)."""
         call = self.calls.pop(m.item_id, None)
         if call is None:
             return []
-        running = any(c.response_id == call.response_id for c in self.calls.values())
         item = call.item
         item.output, item.error = m.output, m.error
         event = ev.McpCallCompleted if m.error is None else ev.McpCallFailed
@@ -353,10 +360,8 @@ class McpCalls:
             self._follow.due, self._follow.after = True, None
         elif own and call.in_conversation:
             self._follow.due, self._follow.after = True, shown
-        if not running and call.response_id in self._finish_wanted:
-            self._finish_wanted.discard(call.response_id)
-            if own:  # (a reply cut meanwhile has ended already)
-                steps.append(FinishReply())
+        if own:  # (a reply cut meanwhile has ended already)
+            steps.append(Returned(item.id))
         return steps
 
     def _before(self, item_id: str) -> str | None:

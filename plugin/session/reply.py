@@ -18,7 +18,8 @@ it answers, its held outputs, what the client has seen of it
 client received), its pacer (paced audio and what was heard), its latency
 figures (``ResponseTimes``) and the trace of the turn it answers (its
 outputs stamp the critical path, ``critical_path.py``), when its first audio went out, and whether it
-is complete and waits only for its audio to play out.
+is complete and waits only for its audio to play out and its MCP calls
+(``mcp_calls.py``) to come back.
 
 It ends one way, ``Floor.end(End...)`` (``floor.py``) -- completed, cancelled
 by the client, cut by the user's speech (barge-in, or words that changed
@@ -92,11 +93,8 @@ class Reply:
         self.pacer: OutputPacer | None = None  # paced audio (None: as fast as made)
         self.times = ResponseTimes(created_at=0.0, turn_end_at=None)
         self.first_audio_at: float | None = None  # when the client got its first audio
-        self.complete = False  # generated to the end; response.done waits for its audio
-
-    @property
-    def visible(self) -> bool:
-        return self.record is not None
+        self.complete = False  # generated to the end; response.done waits for its audio ...
+        self.calls: set[str] = set()  # ... and for the MCP calls it made (their item ids)
 
     # ---- held (speculated) ------------------------------------------------------
 
@@ -113,7 +111,7 @@ class Reply:
     def claimable(self, context: tuple[ContextMessage, ...]) -> bool:
         """A response asked with ``context`` may be this held reply (the same
         conversation, and the words it answers are the ones heard)."""
-        return not self.visible and same_context(self.context, context)
+        return same_context(self.context, context)
 
     def show(self, record: ResponseRecord, times: ResponseTimes,
              pacer: OutputPacer | None) -> list[tuple[StageOutput, Sequence[PolicyStep]]]:
