@@ -88,7 +88,15 @@ VAD, ASR, LLM, TTS, VISION = "vad", "asr", "llm", "tts", "vision"
 
 @dataclass
 class CascadeState:
-    """What the cascade remembers of one session."""
+    """What the cascade remembers of one session. None of it copies the
+    session's phase (the policy reads that: ``view.active_response_id``,
+    ``view.output_paused``, ``view.user_speaking``): ``turn_open`` is the live
+    LLM request's content; ``paused`` lasts from the pause to the final
+    transcript, past the session's pause (closed at the end of speech), so a
+    late answer of the ASR to the pause is still taken whole;
+    ``awaiting_final`` is a VAD commit only (a client's commit gets no reply
+    from the policy); ``deferred_commit`` is speech that ended over a paused
+    reply, not committed yet."""
 
     utterance: Utterance = field(default_factory=Utterance)  # the user's words in flight
     turn_open: bool = False  # the live LLM request holds the start of a user turn

@@ -127,7 +127,7 @@ class CarriesAsks:
         """The tools the session's MCP servers listed, offered to the model from now on."""
         self._config = self.floor.config = dataclasses.replace(self._config, mcp_tools=tools)
 
-    def _mcp_respond(self, a: mcp_calls.Respond) -> None:
+    def _mcp_respond(self, a: mcp_calls.RespondWhenListed) -> None:
         """A response.create held while its own MCP servers were listed."""
         try:
             self.create_response(a.options)
@@ -170,5 +170,5 @@ _ASKS: dict[type, Callable[[CarriesAsks, Any, StageOutput | None], Steps | None]
     mcp_calls.Returned: lambda core, a, about: core.floor.call_returned(a.item_id),
     mcp_calls.Report: lambda core, a, about: core.error(a.error),
     mcp_calls.FollowUp: lambda core, a, about: core._mcp_follow_up(a),
-    mcp_calls.Respond: lambda core, a, about: core._mcp_respond(a),
+    mcp_calls.RespondWhenListed: lambda core, a, about: core._mcp_respond(a),
 }

@@ -38,8 +38,8 @@ returns events, effects and the asks only the core carries out: the shared
 one (``Show`` an item as the floor shows an output of the reply,
 ``McpItemShown``) and its own (``Offer`` the listed tools; tell the reply it
 waits on a call, ``Awaited``, and that the call is back, ``Returned``;
-``Report`` an error; make a held response -- ``Respond`` -- or the
-``FollowUp``).
+``Report`` an error; make a held response -- ``RespondWhenListed`` -- or
+the ``FollowUp``).
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class Report:
 
 
 @dataclass(frozen=True, slots=True)
-class Respond:
+class RespondWhenListed:
     """Make the response a client asked for once its own MCP servers are
     listed (``options``: their tools as function tools); the core tells
     ``McpCalls.responding`` which one it is (``event_id``: the request's)."""
@@ -164,8 +164,8 @@ class FollowUp:
 
 
 # What the MCP calls return beside events (``asks.Step``): their asks and effects.
-McpStep: TypeAlias = (Offer | Awaited | Returned | Report | Respond | FollowUp | ListMcpTools
-                      | CallMcpTool)
+McpStep: TypeAlias = (Offer | Awaited | Returned | Report | RespondWhenListed | FollowUp
+                      | ListMcpTools | CallMcpTool)
 
 
 # ---- the session's MCP state ------------------------------------------------------
@@ -400,7 +400,7 @@ class McpCalls:
     def hold(self, message: object) -> Steps | None:
         """A ``response.create`` whose ``tools`` name MCP servers waits until
         they are listed (listed once per session and definition, then reused):
-        the listings it needs, then the response (``Respond``). None: any
+        the listings it needs, then the response (``RespondWhenListed``). None: any
         other message, handled as it is. A ``response.cancel`` with no response
         shown drops the held ones (never created: nothing to end)."""
         if type(message) is cmd.ResponseCancel and self._held and self._floor.shown is None:
@@ -453,7 +453,7 @@ class McpCalls:
                     offered[t["name"]] = (tool, t.get("annotations"))
                     model.append(function_tool(t, tool.get("server_description")))
             options = dataclasses.replace(c.options, tools=tuple(model))
-            out.append(Respond(options, offered, c.event_id))
+            out.append(RespondWhenListed(options, offered, c.event_id))
         return out
 
     def responding(self, reply: Reply | None, offered: dict[str, Any]) -> None:
