@@ -128,18 +128,12 @@ class CarriesAsks:
         self._config = self.floor.config = dataclasses.replace(self._config, mcp_tools=tools)
 
     def _mcp_respond(self, a: mcp_calls.RespondWhenListed) -> None:
-        """A response.create held while its own MCP servers were listed."""
+        """A response.create held while its own MCP servers were listed: its
+        reply offers only their tools (and its function tools)."""
         try:
-            self.create_response(a.options)
+            self.create_response(a.options, mcp_tools=a.offered)
         except DuplexError as err:
             self.error(err.with_event_id(a.event_id))
-            return
-        self.mcp.responding(self.floor.shown, a.offered)
-
-    def _mcp_follow_up(self, a: mcp_calls.FollowUp) -> None:
-        """The response that answers with the MCP calls' results."""
-        self.create_response(a.options)
-        self.mcp.followed(self.floor.shown)
 
 
 # How the core carries out each ask, by its exact type (with the output the
@@ -167,8 +161,9 @@ _ASKS: dict[type, Callable[[CarriesAsks, Any, StageOutput | None], Steps | None]
     asks.Fail: lambda core, a, about: core.fail(a.error),
     mcp_calls.Offer: lambda core, a, about: core._offer_mcp_tools(a.tools),
     mcp_calls.Awaited: lambda core, a, about: core.floor.await_call(a.item_id),
-    mcp_calls.Returned: lambda core, a, about: core.floor.call_returned(a.item_id),
+    mcp_calls.Returned: lambda core, a, about: core.floor.call_returned(a.item_id, a.answer),
+    mcp_calls.Answer: lambda core, a, about: core.mcp.answer(),
     mcp_calls.Report: lambda core, a, about: core.error(a.error),
-    mcp_calls.FollowUp: lambda core, a, about: core._mcp_follow_up(a),
+    mcp_calls.FollowUp: lambda core, a, about: core.create_response(a.options, follows_up=True),
     mcp_calls.RespondWhenListed: lambda core, a, about: core._mcp_respond(a),
 }

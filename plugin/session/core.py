@@ -390,7 +390,10 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
 
     # ---- a reply asked for (the floor starts, claims and ends it) ---------------
 
-    def create_response(self, options: cmd.ResponseOptions) -> None:
+    def create_response(self, options: cmd.ResponseOptions, *,
+                        mcp_tools: dict[str, Any] | None = None, follows_up: bool = False) -> None:
+        """A response (``mcp_tools``: what its own MCP servers offer;
+        ``follows_up``: it answers MCP calls' results; ``mcp_calls.py``)."""
         if not self._config.responds:
             raise DuplexError("capability_unsupported", "a transcription session makes no "
                               "responses (open a realtime session to get answers)",
@@ -407,7 +410,8 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
             self.out.add(effect)
         context = response_context(self.policy, self, self.conversation, options)
         held, steps = self.floor.respond(options, context, lambda reply_id: reply_request(
-            self.policy, self, reply_id, context, options, tools))
+            self.policy, self, reply_id, context, options, tools), mcp_tools=mcp_tools,
+            follows_up=follows_up)
         self.carry(steps)
         self.release(held)  # its held outputs go out now, the rest as they come
 

@@ -27,13 +27,14 @@ events and effects, in order), which the core carries out where it called it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core.contracts import InterruptReason, PolicyStep
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import AudioOut, ContextMessage, GenerateRequest, StageOutput
 from vllm_duplex.core.session_config import SessionConfig
-from vllm_duplex.session import barge_in, idle, pacing, rendering
+from vllm_duplex.session import barge_in, idle, mcp_calls, pacing, rendering
 from vllm_duplex.session.asks import Steps
 from vllm_duplex.session.effects import CancelTimer, EffectLog, Submit
 from vllm_duplex.session.fences import FenceMover
@@ -111,7 +112,9 @@ class Floor:
         return [submit]
 
     def respond(self, options: cmd.ResponseOptions, context: tuple[ContextMessage, ...],
-                request: Callable[[str], GenerateRequest]) -> tuple[Held, Steps]:
+                request: Callable[[str], GenerateRequest], *,
+                mcp_tools: dict[str, Any] | None = None,
+                follows_up: bool = False) -> tuple[Held, Steps]:
         """A response asked for with ``context``: the held reply when it may
         be that (the same context, and the session's tools, which it ran with);
         else any held one is discarded -- left running, it would speak unseen
@@ -119,7 +122,8 @@ class Floor:
         its request made by ``request`` (given its id). Shown either way.
         Returns what the reply held (its outputs with the policy's steps, to
         be carried out in order) and the steps to carry out before them (a
-        discarded held reply's end, the new one's start events, its request)."""
+        discarded held reply's end, the new one's start events, its request).
+        ``mcp_tools``, ``follows_up``: its MCP side (``Reply``)."""
         own_tools = options.tools is not None or options.tool_choice is not None
         in_conversation = options.conversation != "none"
         reply = self.held
@@ -141,6 +145,7 @@ class Floor:
                           trace=self._latency.reply_started(response.id, self._out.now, times.trace))
             submit = Submit(self._generator, fence, "llm", request(reply.id))
         self.reply = reply
+        reply.mcp_tools, reply.follows_up = mcp_tools, follows_up
         audio = "audio" in response.output_modalities
         held = reply.show(record, times, pacing.new_pacer(self.config.pacing) if audio else None)
         self.phase.to(Phase.RESPONDING)
@@ -236,13 +241,15 @@ class Floor:
         if self.shown is not None:
             self.shown.calls.add(item_id)
 
-    def call_returned(self, item_id: str) -> Steps:
+    def call_returned(self, item_id: str, answer: bool) -> Steps:
         """MCP call ``item_id`` is back: the reply that made it ends if it was
-        generated to its end meanwhile."""
+        generated to its end meanwhile (``answer``: once it completes, a
+        follow-up answers with the result)."""
         shown = self.shown
         if shown is None or item_id not in shown.calls:
             return []
         shown.calls.discard(item_id)
+        shown.answered = shown.answered or answer
         return self.finish() if shown.complete else []
 
     def interrupt(self, reason: InterruptReason) -> Steps:
@@ -300,6 +307,8 @@ class Floor:
             steps.append(CancelTimer(barge_in.BARGE_IN))
         if end is End.COMPLETED:
             steps += idle.arm(self._idle, self.config, reply, now, self._user.onsets)
+            if reply.answered:
+                steps.append(mcp_calls.Answer())  # the model answers its calls' results
         return steps
 
     def _count(self, end: End, barge_paused: bool) -> None:

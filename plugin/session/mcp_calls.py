@@ -16,11 +16,12 @@ the session's loop or its audio.
   ``mcp_call`` item of the response (``response.mcp_call_arguments.delta`` /
   ``.done``, ``response.mcp_call.in_progress``) and the ``CallMcpTool``
   effect; the response is not finished while the call runs (the reply
-  waits on it: ``Reply.calls``, ``Floor.finish``). ``McpToolCalled`` back: ``response.mcp_call.completed``
-  (the item's ``output``) or ``.failed`` (its ``error``: ``http_error``,
-  ``protocol_error`` or ``tool_execution_error``), the item done, the
-  response finished -- and then a follow-up response, in which the model
-  answers with the result in its context, as OpenAI's does.
+  waits on it: ``Reply.calls``, ``Floor.finish``). ``McpToolCalled`` back:
+  ``response.mcp_call.completed`` (the item's ``output``) or ``.failed`` (its
+  ``error``: ``http_error``, ``protocol_error`` or ``tool_execution_error``),
+  the item done, the response finished -- and once it completed (``Answer``,
+  from its end) a follow-up response, in which the model answers with the
+  result in its context, as OpenAI's does.
 * **Approval.** A tool that ``require_approval`` names (OpenAI's default:
   all of them) makes an ``mcp_approval_request`` item instead, and nothing
   runs. The client's ``mcp_approval_response`` item (``conversation.item.create``)
@@ -46,14 +47,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core import mcp
 from vllm_duplex.core.contracts import Show
-from vllm_duplex.core.conversation import ConversationItem, ItemType, ResponseStatus
+from vllm_duplex.core.conversation import ConversationItem, ItemType
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.payloads import ToolCall
 from vllm_duplex.core.session_config import SessionConfig
@@ -63,7 +64,6 @@ from vllm_duplex.session.mcp_render import McpItemShown, function_tool
 
 if TYPE_CHECKING:
     from vllm_duplex.session.floor import Floor
-    from vllm_duplex.session.reply import Reply
 
 MAX_ROUNDS = 4  # follow-ups in a row that may call a tool again
 MAX_RESPONSE_SERVERS = 16  # responses' own MCP servers kept listed
@@ -132,9 +132,17 @@ class Awaited:
 @dataclass(frozen=True, slots=True)
 class Returned:
     """MCP call ``item_id`` is back: the reply that made it may end now, if it
-    was generated to its end meanwhile (``Floor.call_returned``)."""
+    was generated to its end meanwhile (``Floor.call_returned``); ``answer``:
+    once it completes, a follow-up answers with the result."""
 
     item_id: str
+    answer: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A reply whose MCP calls are back completed (``Floor.end``): the model
+    answers with their results (``McpCalls.answer``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +156,8 @@ class Report:
 class RespondWhenListed:
     """Make the response a client asked for once its own MCP servers are
     listed (``options``: their tools as function tools); the core tells
-    ``McpCalls.responding`` which one it is (``event_id``: the request's)."""
+    the floor that the reply offers ``offered`` (``Reply.mcp_tools``;
+    ``event_id``: the request's)."""
 
     options: cmd.ResponseOptions
     offered: dict[str, tuple[dict[str, Any], dict[str, Any] | None]]
@@ -157,14 +166,14 @@ class RespondWhenListed:
 
 @dataclass(frozen=True, slots=True)
 class FollowUp:
-    """Make the response that answers with the calls' results; the core tells
-    ``McpCalls.followed`` which one it is."""
+    """Make the response that answers with the calls' results (a follow-up:
+    ``Reply.follows_up``)."""
 
     options: cmd.ResponseOptions
 
 
 # What the MCP calls return beside events (``asks.Step``): their asks and effects.
-McpStep: TypeAlias = (Offer | Awaited | Returned | Report | RespondWhenListed | FollowUp
+McpStep: TypeAlias = (Offer | Awaited | Returned | Answer | Report | RespondWhenListed | FollowUp
                       | ListMcpTools | CallMcpTool)
 
 
@@ -189,12 +198,6 @@ class _Call:
     in_conversation: bool = True
 
 
-@dataclass
-class _Follow:
-    due: bool = False
-    after: Reply | None = None  # the reply whose completion brings it (None: at once)
-    ids: set[str] = field(default_factory=set)  # the follow-ups made
-    rounds: int = 0
 
 
 class McpCalls:
@@ -212,11 +215,14 @@ class McpCalls:
         self.calls: dict[str, _Call] = {}  # running, by item id
         self.approvals: dict[str, tuple[dict[str, Any], str, str]] = {}  # request id -> (server, name, args)
         # A response's own MCP servers (response.create's tools), by listing key,
-        # the responses waiting for them, and what each such response offers.
+        # and the responses waiting for them (what one offers is its reply's,
+        # ``Reply.mcp_tools``).
         self._by_key: dict[tuple, _Server] = {}
         self._held: list[cmd.ResponseCreate] = []
-        self._response_offered: dict[str, dict[str, tuple[dict[str, Any], dict[str, Any] | None]]] = {}
-        self._follow = _Follow()
+        # The follow-up: due (an approved call is back, or a reply whose calls
+        # are back completed: ``Answer``), and how many ran in a row.
+        self._follow_due = False
+        self._rounds = 0
 
     def _previous(self) -> str | None:
         last = self._conversation.last
@@ -314,7 +320,7 @@ class McpCalls:
         reply = self._floor.shown
         if reply is None or reply.id != call.response_id or reply.record is None:
             return None
-        own = self._response_offered.get(reply.id)
+        own = reply.mcp_tools
         if own is not None:  # a response with its own tools offers only those
             owner = own.get(call.name)
         else:
@@ -322,8 +328,8 @@ class McpCalls:
             owner = None if session is None else (self.servers[session[0]].tool, session[1])
         if owner is None:
             return None
-        if call.response_id not in self._follow.ids:
-            self._follow.rounds = 0  # a new exchange: the follow-ups count again
+        if not reply.follows_up:
+            self._rounds = 0  # a new exchange: the follow-ups count again
         tool, annotations = owner
         label = tool["server_label"]
         if mcp.needs_approval(tool, call.name, annotations):
@@ -357,11 +363,9 @@ class McpCalls:
             steps.append(ev.ConversationItemDone(item=item.wire(),
                                                  previous_item_id=self._before(item.id)))
         if call.response_id is None:  # an approved call: the model answers next
-            self._follow.due, self._follow.after = True, None
-        elif own and call.in_conversation:
-            self._follow.due, self._follow.after = True, shown
-        if own:  # (a reply cut meanwhile has ended already)
-            steps.append(Returned(item.id))
+            self._follow_due = True
+        elif own:  # (a reply cut meanwhile has ended already, and its follow-up with it)
+            steps.append(Returned(item.id, answer=call.in_conversation))
         return steps
 
     def _before(self, item_id: str) -> str | None:
@@ -456,44 +460,29 @@ class McpCalls:
             out.append(RespondWhenListed(options, offered, c.event_id))
         return out
 
-    def responding(self, reply: Reply | None, offered: dict[str, Any]) -> None:
-        """The core made a held response: ``reply`` offers ``offered``."""
-        if reply is None:
-            return
-        self._response_offered[reply.id] = offered
-        while len(self._response_offered) > 8:  # only a recent reply can still call
-            del self._response_offered[next(iter(self._response_offered))]
-
     # ---- the follow-up --------------------------------------------------------------
 
     def after(self, message: object, config: SessionConfig) -> Steps:
         """After every message the core handled: an approval to act on, a
-        follow-up whose reply has just ended."""
+        follow-up that became due."""
         steps: Steps = []
         if type(message) is cmd.ItemCreate and message.item.type is ItemType.MCP_APPROVAL_RESPONSE:
             steps += self._approval(message.item)
         return steps + self._follow_up(config)
 
-    def _follow_up(self, config: SessionConfig) -> Steps:
-        """Ask for the answer to the calls once the reply that made them has
-        completed (a reply cut or cancelled meanwhile takes the follow-up with it)."""
-        follow = self._follow
-        if not follow.due or self.calls:
-            return []
-        shown = self._floor.shown
-        if follow.after is not None and shown is follow.after:
-            return []  # still going out (its audio), or held by speech over it
-        after, follow.due, follow.after = follow.after, False, None
-        if shown is not None:
-            return []  # another reply came first: it sees the results already
-        if after is not None and (after.record is None
-                                  or after.record.response.status is not ResponseStatus.COMPLETED):
-            return []
-        follow.rounds += 1
-        last = follow.rounds >= MAX_ROUNDS or config.tool_choice == "none"
-        return [FollowUp(cmd.ResponseOptions(tool_choice="none" if last else "auto"))]
+    def answer(self) -> None:
+        """A reply whose calls are back completed (``Answer``): the follow-up is due."""
+        self._follow_due = True
 
-    def followed(self, reply: Reply | None) -> None:
-        """The core made the follow-up: ``reply``."""
-        if reply is not None:
-            self._follow.ids.add(reply.id)
+    def _follow_up(self, config: SessionConfig) -> Steps:
+        """Ask for the answer to the calls once every call is back (a reply
+        cut or cancelled meanwhile took its follow-up with it: it never asks,
+        ``Answer``)."""
+        if not self._follow_due or self.calls:
+            return []
+        self._follow_due = False
+        if self._floor.shown is not None:
+            return []  # another reply came first: it sees the results already
+        self._rounds += 1
+        last = self._rounds >= MAX_ROUNDS or config.tool_choice == "none"
+        return [FollowUp(cmd.ResponseOptions(tool_choice="none" if last else "auto"))]

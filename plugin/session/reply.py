@@ -19,7 +19,9 @@ client received), its pacer (paced audio and what was heard), its latency
 figures (``ResponseTimes``) and the trace of the turn it answers (its
 outputs stamp the critical path, ``critical_path.py``), when its first audio went out, and whether it
 is complete and waits only for its audio to play out and its MCP calls
-(``mcp_calls.py``) to come back.
+(``mcp_calls.py``) to come back, and its MCP side: whether a follow-up
+answers their results once it completes, whether it is one, and what its own
+MCP servers offer.
 
 It ends one way, ``Floor.end(End...)`` (``floor.py``) -- completed, cancelled
 by the client, cut by the user's speech (barge-in, or words that changed
@@ -36,6 +38,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.contracts import InterruptReason, PolicyStep
@@ -94,7 +97,14 @@ class Reply:
         self.times = ResponseTimes(created_at=0.0, turn_end_at=None)
         self.first_audio_at: float | None = None  # when the client got its first audio
         self.complete = False  # generated to the end; response.done waits for its audio ...
-        self.calls: set[str] = set()  # ... and for the MCP calls it made (their item ids)
+        # Its MCP side (mcp_calls.py): the calls it made that its end waits on
+        # (their item ids), whether a follow-up answers their results once it
+        # completes, whether it is such a follow-up, and what its own MCP
+        # servers offer (None: the session's, by tool name -> server, annotations).
+        self.calls: set[str] = set()
+        self.answered = False
+        self.follows_up = False
+        self.mcp_tools: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] | None = None
 
     # ---- held (speculated) ------------------------------------------------------
 
