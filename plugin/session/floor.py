@@ -184,8 +184,8 @@ class Floor:
         """The paced frames due now (also the ``pacing`` timer's work), then
         the timer of the next; the reply completes once all of it went out."""
         shown = self.shown
-        if shown is None or shown.pacer is None:
-            return []
+        if shown is None or shown.pacer is None or self.phase.value is Phase.BARGE_PAUSED:
+            return []  # (paused by speech over it: the client stopped playing it)
         events, timer = shown.send_due(self._scope())
         steps: Steps = list(events)
         if timer is not None:

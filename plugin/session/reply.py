@@ -143,7 +143,7 @@ class Reply:
     def send_due(self, scope: Scope) -> tuple[list[ev.ServerEvent], ArmTimer | None]:
         """Its paced frames due now, rendered (a frame keeps its events: resent
         as they were after a resume), and the timer of the next frame (None:
-        none due -- drained, or paused)."""
+        none due: drained)."""
         assert self.pacer is not None
         frames, timer = due_frames(self.pacer, scope.now)
         events: list[ev.ServerEvent] = []
