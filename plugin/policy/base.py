@@ -1,9 +1,9 @@
 """``PolicyBase``: the optional half of ``ModelPolicy``, written once.
 
 A policy that subclasses it writes only what is particular to its model
-(capabilities, the stages it needs, sampling, plans and decisions); the
-session calls every hook directly and never probes a policy for what it
-happens to define.
+(capabilities, the stages it needs, sampling, plans and the steps it answers
+outputs with); the session calls every hook directly and never probes a
+policy for what it happens to define.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The cascade policy is pure: drive it with a fake session view and typed
-stage outputs, and check its plans and decisions."""
+stage outputs, and check its plans and the steps it answers with."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The omni policy is pure: drive it with a fake session view, 20 ms audio
 chunks, camera frames and typed stage outputs, and check the units it forms
-and the decisions it makes."""
+and the steps it answers outputs with."""
 
 from __future__ import annotations
 

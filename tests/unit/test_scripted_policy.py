@@ -1,4 +1,4 @@
-"""The scripted policy's decisions, its registration, and the energy VAD."""
+"""The scripted policy's steps, its registration, and the energy VAD."""
 
 from __future__ import annotations
 
