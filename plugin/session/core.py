@@ -375,9 +375,10 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         options = cmd.ResponseOptions()
         context = reply_context(self.policy, self, self.conversation.snapshot(),
                                 config.instructions, (ContextMessage("user", words),))
-        tools = reply_tools(config, options)
-        self.carry(self.floor.speculate(words, context, lambda reply_id: reply_request(
-            self.policy, self, reply_id, context, options, tools)))
+        reply_id = self.make_id("resp")
+        request = reply_request(self.policy, self, reply_id, context, options,
+                                reply_tools(config, options))
+        self.carry(self.floor.speculate(reply_id, request, words, context))
 
     def show(self, payload: object) -> None:
         """A stage failure is an error that fails the reply; the floor shows the rest."""

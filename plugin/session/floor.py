@@ -95,15 +95,14 @@ class Floor:
 
     # ---- a reply starts ---------------------------------------------------------
 
-    def speculate(self, words: str, context: tuple[ContextMessage, ...],
-                  request: Callable[[str], GenerateRequest]) -> Steps:
-        """A reply to ``words`` (the user's turn so far) started at the pause
-        on ``context``: held until a response claims it. ``request`` makes its
-        LLM request, given its id; returns its submission."""
+    def speculate(self, reply_id: str, request: GenerateRequest, words: str,
+                  context: tuple[ContextMessage, ...]) -> Steps:
+        """Reply ``reply_id`` to ``words`` (the user's turn so far) started at
+        the pause on ``context`` with ``request``: held until a response claims
+        it. Returns its submission."""
         assert self.reply is None
         fence = self._fences.fence
-        reply_id = self._make_id("resp")
-        submit = Submit(self._generator, fence, "llm", request(reply_id))
+        submit = Submit(self._generator, fence, "llm", request)
         # Traced on the turn being heard: a reply started at its pause.
         self.reply = Reply(reply_id, fence.request_id("llm"), answers=words, context=context,
                            trace=self._latency.reply_started(reply_id, self._out.now))
