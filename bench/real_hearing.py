@@ -143,11 +143,18 @@ class Policy:
         self.view = _View(config, policy_state=self.policy.new_state())
 
     def route(self, payload: object, stage: str) -> list[object]:
-        decision = self.policy.decide_output(
+        steps = self.policy.decide_output(
             self.view, StageOutput(self.view.fence, self.view.fence.request_id("in"), stage, payload))
-        asked = [payload] if decision.forward == "asr" else []
-        if decision.plan is not None:
-            asked += [s.payload for s in decision.plan.submissions if s.stage == "asr"]
+        asked: list[object] = []
+        if hasattr(steps, "forward"):  # an older tree's OutputDecision (``--sides NAME@REF``)
+            asked += [payload] if steps.forward == "asr" else []
+            steps = [steps.plan] if steps.plan is not None else []
+        for step in steps:  # (by name: an older tree has no ForwardTo to import)
+            kind = type(step).__name__
+            if kind == "ForwardTo" and step.stage == "asr":
+                asked.append(payload)
+            elif kind == "AppendPlan":
+                asked += [s.payload for s in step.submissions if s.stage == "asr"]
         return asked
 
 

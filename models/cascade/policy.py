@@ -19,20 +19,29 @@ camera context.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm_duplex.core.commands import DuplexInput, ResponseOptions
 from vllm_duplex.core.contracts import (
     DROP,
+    SHOW,
     AppendPlan,
     Capabilities,
+    CommitTurn,
+    Dismiss,
     FenceBump,
+    FinishReply,
+    ForwardTo,
     InputMode,
+    Interrupt,
     InterruptReason,
-    OutputDecision,
+    PauseReply,
+    PolicyStep,
+    Respond,
     SamplingConfig,
+    Show,
     StageNeeds,
     StageSubmission,
     TurnCommitted,
@@ -79,7 +88,15 @@ VAD, ASR, LLM, TTS, VISION = "vad", "asr", "llm", "tts", "vision"
 
 @dataclass
 class CascadeState:
-    """What the cascade remembers of one session."""
+    """What the cascade remembers of one session. None of it copies the
+    session's phase (the policy reads that: ``view.active_response_id``,
+    ``view.output_paused``, ``view.user_speaking``): ``turn_open`` is the live
+    LLM request's content; ``paused`` lasts from the pause to the final
+    transcript, past the session's pause (closed at the end of speech), so a
+    late answer of the ASR to the pause is still taken whole;
+    ``awaiting_final`` is a VAD commit only (a client's commit gets no reply
+    from the policy); ``deferred_commit`` is speech that ended over a paused
+    reply, not committed yet."""
 
     utterance: Utterance = field(default_factory=Utterance)  # the user's words in flight
     turn_open: bool = False  # the live LLM request holds the start of a user turn
@@ -196,11 +213,11 @@ class CascadePolicy(PolicyBase[CascadeState]):
 
     # ---- output --------------------------------------------------------------
 
-    def decide_output(self, view: View, output: StageOutput) -> OutputDecision:
+    def decide_output(self, view: View, output: StageOutput) -> Sequence[PolicyStep]:
         decide = _OUTPUTS.get(type(output.payload))
         return decide(self, view, output.payload) if decide is not None else DROP
 
-    def _on_speech_started(self, view: View, p: VadSpeechStarted) -> OutputDecision:
+    def _on_speech_started(self, view: View, p: VadSpeechStarted) -> Sequence[PolicyStep]:
         td = view.config.turn_detection
         if td is None:
             return DROP
@@ -211,54 +228,55 @@ class CascadePolicy(PolicyBase[CascadeState]):
         barge_in = td.interrupt_response and view.active_response_id is not None
         if barge_in and view.config.interruption.mode == "adaptive":
             # pause now; the words (or how long it lasts) decide
-            return OutputDecision(forward=ASR, pause_output=True)
-        return OutputDecision(forward=ASR,
-                              interrupt=InterruptReason.TURN_DETECTED if barge_in else None)
+            return [Show(), PauseReply(), ForwardTo(ASR)]
+        if barge_in:
+            return [Show(), Interrupt(InterruptReason.TURN_DETECTED), ForwardTo(ASR)]
+        return [Show(), ForwardTo(ASR)]
 
-    def _on_speech_stopped(self, view: View, p: VadSpeechStopped) -> OutputDecision:
+    def _on_speech_stopped(self, view: View, p: VadSpeechStopped) -> Sequence[PolicyStep]:
         if view.config.turn_detection is None:
             return DROP
         state = view.policy_state
         state.awaiting_final = True
         if view.output_paused:
             state.deferred_commit = True  # a backchannel must not become a turn
-            return OutputDecision(forward=ASR)
+            return [Show(), ForwardTo(ASR)]
         # Commit now (OpenAI order: speech_stopped, committed); the reply
         # waits for the final transcript, which the ASR sends next.
-        return OutputDecision(forward=ASR, commit_turn=True)
+        return [Show(), ForwardTo(ASR), CommitTurn()]
 
-    def _on_scene(self, view: View, p: SceneDescription) -> OutputDecision:
+    def _on_scene(self, view: View, p: SceneDescription) -> Sequence[PolicyStep]:
         view.policy_state.scene = p.text
-        return OutputDecision()
+        return SHOW
 
-    def _on_resumed(self, view: View, p: UserResumed) -> OutputDecision:
+    def _on_resumed(self, view: View, p: UserResumed) -> Sequence[PolicyStep]:
         view.policy_state.paused = False
         plan = self._rehold(view) if p.speculation_discarded else None
-        return OutputDecision(emit=False, plan=plan)
+        return [plan] if plan is not None else DROP
 
-    def _on_text(self, view: View, p: TextDelta) -> OutputDecision:
-        return OutputDecision(forward=self._speaker(view))
+    def _on_text(self, view: View, p: TextDelta) -> Sequence[PolicyStep]:
+        return self._spoken(view)
 
-    def _on_generation_done(self, view: View, p: GenerationDone) -> OutputDecision:
+    def _on_generation_done(self, view: View, p: GenerationDone) -> Sequence[PolicyStep]:
         view.policy_state.turn_open = False  # the reply closed the turn in the live request
-        return OutputDecision(forward=self._speaker(view), finish_response=not self._speaks(view))
+        return self._spoken(view) + ([] if self._speaks(view) else [FinishReply()])
 
-    def _shown(self, view: View, p: Any) -> OutputDecision:
-        return OutputDecision()  # a tool call, the reply's audio, a stage failure: shown as is
+    def _shown(self, view: View, p: Any) -> Sequence[PolicyStep]:
+        return SHOW  # a tool call, the reply's audio, a stage failure: shown as is
 
-    def _on_speech_done(self, view: View, p: SpeechDone) -> OutputDecision:
-        return OutputDecision(finish_response=True)
+    def _on_speech_done(self, view: View, p: SpeechDone) -> Sequence[PolicyStep]:
+        return [Show(), FinishReply()]
 
     @staticmethod
     def _speaks(view: View) -> bool:
         return "audio" in view.output_modalities
 
     @classmethod
-    def _speaker(cls, view: View) -> str | None:
-        """Where the reply's text goes next: the TTS, when the reply is spoken."""
-        return TTS if cls._speaks(view) else None
+    def _spoken(cls, view: View) -> list[PolicyStep]:
+        """Reply text shown, and sent on to the TTS when the reply is spoken."""
+        return [Show(), ForwardTo(TTS)] if cls._speaks(view) else [Show()]
 
-    def _on_partial(self, view: View, p: TranscriptPartial) -> OutputDecision:
+    def _on_partial(self, view: View, p: TranscriptPartial) -> Sequence[PolicyStep]:
         utt = view.policy_state.utterance
         hypothesis = words(p.text)
         stable = utt.update(hypothesis)
@@ -268,21 +286,29 @@ class CascadePolicy(PolicyBase[CascadeState]):
         return self._on_stable(view, utt, hypothesis, stable, extend=not paused or _judged(view))
 
     def _on_stable(self, view: View, utt: Utterance, hypothesis: list[str],
-                   stable: list[str], *, extend: bool = True) -> OutputDecision:
-        render = None
+                   stable: list[str], *, extend: bool = True,
+                   also: tuple[StageSubmission, ...] = ()) -> list[PolicyStep]:
+        """Show the words that became stable, push them (``also``: more to
+        submit with the push), and cut a paused reply that real words are
+        spoken over."""
+        steps: list[PolicyStep] = []
         if extends(utt.shown, stable):
             new_words = stable[len(utt.shown):]
-            render = TranscriptDelta((" " if utt.shown else "") + " ".join(new_words))
+            steps.append(Show(TranscriptDelta((" " if utt.shown else "") + " ".join(new_words))))
             utt.shown = stable
         plan = self._push(view, utt, hypothesis, stable, extend=extend)
+        if also:
+            plan = (AppendPlan(InputMode.APPEND_AUDIO_CHUNK, also) if plan is None
+                    else replace(plan, submissions=(*plan.submissions, *also)))
+        if plan is not None:
+            steps.append(plan)
         # Words over a paused reply that are not a backchannel: a real turn.
-        interrupt = (InterruptReason.TURN_DETECTED if view.output_paused and stable
-                     and not is_backchannel(stable, view.config.interruption.backchannels)
-                     else None)
-        return OutputDecision(emit=render is not None, render=render, plan=plan,
-                              interrupt=interrupt)
+        if (view.output_paused and stable
+                and not is_backchannel(stable, view.config.interruption.backchannels)):
+            steps.append(Interrupt(InterruptReason.TURN_DETECTED))
+        return steps
 
-    def _on_pause(self, view: View, pause: UserPaused) -> OutputDecision:
+    def _on_pause(self, view: View, pause: UserPaused) -> Sequence[PolicyStep]:
         """The VAD heard a pause: the last word is no longer being heard, so
         the whole newest hypothesis is stable. Under semantic_vad it is pushed
         now: the model judges the whole phrase (its P(end) decides how long
@@ -297,18 +323,13 @@ class CascadePolicy(PolicyBase[CascadeState]):
         state = view.policy_state
         state.paused = True
         hypothesis = unclosed(state.utterance.previous)
-        decision = self._on_stable(view, state.utterance, hypothesis, hypothesis,
-                                   extend=_judged(view))
         td = view.config.turn_detection
         if td is not None and not td.semantic:
             # The turn ends only after server_vad's silence: time enough for
             # the ASR to hear the words again with the audio after them.
             pause = replace(pause, turn_end_silence_ms=td.silence_duration_ms)
-        ask = StageSubmission(ASR, pause, "in")
-        plan = decision.plan
-        plan = (AppendPlan(InputMode.APPEND_AUDIO_CHUNK, (ask,)) if plan is None
-                else replace(plan, submissions=(*plan.submissions, ask)))
-        return replace(decision, plan=plan)
+        return self._on_stable(view, state.utterance, hypothesis, hypothesis,
+                               extend=_judged(view), also=(StageSubmission(ASR, pause, "in"),))
 
     def _rehold(self, view: View) -> AppendPlan | None:
         """A reply started at a pause was discarded, and the live request with
@@ -356,7 +377,7 @@ class CascadePolicy(PolicyBase[CascadeState]):
         utt.pushed = utt.pushed + new
         return AppendPlan(InputMode.APPEND_TOKENS, tuple(subs))
 
-    def _on_final(self, view: View, p: TranscriptFinal) -> OutputDecision:
+    def _on_final(self, view: View, p: TranscriptFinal) -> Sequence[PolicyStep]:
         state = view.policy_state
         utt = state.utterance
         final = words(p.text)
@@ -367,28 +388,28 @@ class CascadePolicy(PolicyBase[CascadeState]):
         td = view.config.turn_detection
         if deferred and view.output_paused:
             if not final or is_backchannel(final, view.config.interruption.backchannels):
-                return OutputDecision(emit=False,
-                                      dismiss="backchannel" if final else "noise")
+                return [Dismiss("backchannel" if final else "noise")]
             respond = bool(td is not None and td.create_response)
-            return OutputDecision(interrupt=InterruptReason.TURN_DETECTED,
-                                  commit_turn=True, create_response=respond)
-        plan = None
-        interrupt = None
-        if utt.pushed and utt.revised(final) and view.active_response_id is not None:
-            # A reply released at the commit (semantic_vad) answered words the
-            # final transcript revised: it is cancelled and the final answered.
-            interrupt = InterruptReason.TURN_DETECTED
-        if utt.pushed and utt.revised(final):
+            return [Show(), Interrupt(InterruptReason.TURN_DETECTED), CommitTurn(),
+                    *([Respond()] if respond else [])]
+        steps: list[PolicyStep] = [Show()]
+        revised = bool(utt.pushed) and utt.revised(final)
+        if revised:
             # The last revision came with the final transcript: the request
             # that answers will rebuild from the corrected conversation.
             state.turn_open = False
-            plan = AppendPlan(InputMode.ROLLBACK_TO_CHECKPOINT, (), bump=FenceBump.INCARNATION,
-                              checkpoint="turn-start")
+            steps.append(AppendPlan(InputMode.ROLLBACK_TO_CHECKPOINT, (),
+                                    bump=FenceBump.INCARNATION, checkpoint="turn-start"))
+        if revised and view.active_response_id is not None:
+            # A reply released at the commit (semantic_vad) answered words the
+            # final transcript revised: it is cancelled and the final answered.
+            steps.append(Interrupt(InterruptReason.TURN_DETECTED))
+        if deferred:
+            steps.append(CommitTurn())  # a deferred commit whose reply was cancelled meanwhile
         # Silence or noise that the VAD took for speech: no words, no reply.
-        respond = awaiting and bool(final) and td is not None and td.create_response
-        # A deferred commit whose reply was cancelled meanwhile: commit it now.
-        return OutputDecision(plan=plan, create_response=respond,
-                              interrupt=interrupt, commit_turn=deferred)
+        if awaiting and final and td is not None and td.create_response:
+            steps.append(Respond())
+        return steps
 
 
 def _judged(view: View) -> bool:
@@ -399,7 +420,7 @@ def _judged(view: View) -> bool:
 
 # What the cascade does with each stage output, by its exact type (anything
 # else is dropped).
-_OUTPUTS: dict[type, Callable[[CascadePolicy, View, Any], OutputDecision]] = {
+_OUTPUTS: dict[type, Callable[[CascadePolicy, View, Any], Sequence[PolicyStep]]] = {
     VadSpeechStarted: CascadePolicy._on_speech_started,
     VadSpeechStopped: CascadePolicy._on_speech_stopped,
     SceneDescription: CascadePolicy._on_scene,

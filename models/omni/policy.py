@@ -37,6 +37,7 @@ configs/omni-scripted.yaml (text replies: no ``tts``).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,12 +45,19 @@ import numpy as np
 from vllm_duplex.core.commands import DuplexInput, ResponseOptions
 from vllm_duplex.core.contracts import (
     DROP,
+    SHOW,
     AppendPlan,
     Capabilities,
+    CommitTurn,
+    FinishReply,
+    ForwardTo,
     InputMode,
+    Interrupt,
     InterruptReason,
-    OutputDecision,
+    PolicyStep,
+    Respond,
     SamplingConfig,
+    Show,
     StageNeeds,
     StageSubmission,
     TurnCommitted,
@@ -105,7 +113,6 @@ class OmniState:
     """One session's input state (``view.policy_state``)."""
 
     builder: UnitBuilder
-    speaking: bool = False  # server VAD: inside a user turn (units stream)
     ready: list[OmniUnit] = field(default_factory=list)  # complete units not yet submitted
     idle: deque[AudioIn] = field(default_factory=deque)  # pre-roll between turns
     idle_samples: int = 0
@@ -209,7 +216,7 @@ class OmniPolicy(PolicyBase[OmniState]):
                 st.manual_samples += payload.pcm.size
                 return AppendPlan(InputMode.TURN_COMMIT_ONLY)
             vad = (StageSubmission(VAD, payload, "in"),)
-            if st.speaking:
+            if view.user_speaking:  # server VAD: inside a user turn, units stream
                 st.ready += st.builder.add_audio(payload.pcm, payload.start_ms)
             else:
                 st.keep_idle(payload, td.prefix_padding_ms + IDLE_SLACK_MS)
@@ -243,7 +250,7 @@ class OmniPolicy(PolicyBase[OmniState]):
             slot = st.manual_samples * b.frames_per_unit // b.unit_samples
             replaced = slot in st.manual_frames
             st.manual_frames[slot] = (st.manual_samples, frame)
-        elif st.speaking:
+        elif view.user_speaking:
             replaced = st.builder.add_frame(frame)
         else:
             replaced, st.idle_frame = st.idle_frame is not None, frame
@@ -262,11 +269,11 @@ class OmniPolicy(PolicyBase[OmniState]):
 
     # ---- output --------------------------------------------------------------
 
-    def _speaker(self, speaks: bool) -> str | None:
-        """Where the reply's text goes next: the TTS stage, when it speaks the reply."""
-        return TTS if speaks and self.audio_out == "tts" else None
+    def _spoken(self, speaks: bool) -> list[PolicyStep]:
+        """Reply text shown, and sent on to the TTS stage when it speaks the reply."""
+        return [Show(), ForwardTo(TTS)] if speaks and self.audio_out == "tts" else [Show()]
 
-    def decide_output(self, view: View, output: StageOutput) -> OutputDecision:
+    def decide_output(self, view: View, output: StageOutput) -> Sequence[PolicyStep]:
         p = output.payload
         td = view.config.turn_detection
         speaks = "audio" in view.output_modalities
@@ -274,32 +281,29 @@ class OmniPolicy(PolicyBase[OmniState]):
             if td is None:
                 return DROP  # turn detection was switched off: a leftover event
             st = view.policy_state
-            st.speaking = True
+            # The user speaks from here (the session shows this event and reads
+            # ``view.user_speaking`` true from then on): units stream.
             # Units of the pre-roll wait for the next audio chunk: a barge-in
             # must first cancel the reply they would queue behind.
             st.start_turn(p.audio_ms)
             barge_in = td.interrupt_response and view.active_response_id is not None
-            return OutputDecision(
-                                  interrupt=InterruptReason.TURN_DETECTED if barge_in else None)
+            return [Show(), Interrupt(InterruptReason.TURN_DETECTED)] if barge_in else SHOW
         if isinstance(p, VadSpeechStopped):
             if td is None:
                 return DROP
             st = view.policy_state
-            st.speaking = False
             st.idle_frame = None  # the turn's frames were seen; the next turn starts afresh
             subs = self._to_omni(view, st, st.take(st.builder.flush()))
-            return OutputDecision(
-                                  plan=AppendPlan(InputMode.APPEND_AUDIO_CHUNK, subs) if subs else None,
-                                  commit_turn=True, create_response=td.create_response)
+            return [Show(), *([AppendPlan(InputMode.APPEND_AUDIO_CHUNK, subs)] if subs else []),
+                    CommitTurn(), *([Respond()] if td.create_response else [])]
         if isinstance(p, TextDelta):
-            return OutputDecision(forward=self._speaker(speaks))
+            return self._spoken(speaks)
         if isinstance(p, GenerationDone):
             # Text-only responses end with the text; spoken ones when the
             # speech ends (SpeechDone, from the TTS or the omni stage itself).
-            return OutputDecision(forward=self._speaker(speaks), finish_response=not speaks)
+            return self._spoken(speaks) + ([] if speaks else [FinishReply()])
         if isinstance(p, SpeechDone):
-            return OutputDecision(finish_response=True)
+            return [Show(), FinishReply()]
         if isinstance(p, (AudioOut, StageFailed, ToolCall, TranscriptDelta, TranscriptFinal)):
-            return OutputDecision()
+            return SHOW
         return DROP
-

@@ -7,17 +7,25 @@ pipeline: ``vad``, ``llm`` (answers responses), ``tts``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from vllm_duplex.core.commands import ResponseOptions
 from vllm_duplex.core.contracts import (
     DROP,
+    SHOW,
     AppendPlan,
     Capabilities,
+    CommitTurn,
+    FinishReply,
+    ForwardTo,
     InputMode,
+    Interrupt,
     InterruptReason,
-    OutputDecision,
+    PolicyStep,
+    Respond,
     SamplingConfig,
+    Show,
     StageNeeds,
     StageSubmission,
     TurnCommitted,
@@ -104,7 +112,7 @@ class ScriptedPolicy(PolicyBase[NoState]):
             f"policy {self.name!r} cannot take {type(payload).__name__} input",
         )
 
-    def decide_output(self, view: SessionView, output: StageOutput) -> OutputDecision:
+    def decide_output(self, view: SessionView, output: StageOutput) -> Sequence[PolicyStep]:
         payload = output.payload
         speaks = "audio" in view.output_modalities
         td = view.config.turn_detection
@@ -112,23 +120,19 @@ class ScriptedPolicy(PolicyBase[NoState]):
             if td is None:
                 return DROP  # turn detection was switched off: a leftover event
             barge_in = td.interrupt_response and view.active_response_id is not None
-            return OutputDecision(
-                interrupt=InterruptReason.TURN_DETECTED if barge_in else None
-            )
+            return [Show(), Interrupt(InterruptReason.TURN_DETECTED)] if barge_in else SHOW
         if isinstance(payload, VadSpeechStopped):
             if td is None:
                 return DROP
-            return OutputDecision(
-                commit_turn=True, create_response=td.create_response
-            )
+            return [Show(), CommitTurn(), *([Respond()] if td.create_response else [])]
         if isinstance(payload, TextDelta):
-            return OutputDecision(forward=TTS if speaks else None)
+            return [Show(), ForwardTo(TTS)] if speaks else SHOW
         if isinstance(payload, GenerationDone):
             # Text-only responses end with the text; spoken ones end when TTS
             # has spoken the last sentence (SpeechDone).
-            return OutputDecision(forward=TTS if speaks else None, finish_response=not speaks)
+            return [Show(), ForwardTo(TTS)] if speaks else [Show(), FinishReply()]
         if isinstance(payload, SpeechDone):
-            return OutputDecision(finish_response=True)
+            return [Show(), FinishReply()]
         if isinstance(payload, (AudioOut, StageFailed, TranscriptDelta, TranscriptFinal, ToolCall)):
-            return OutputDecision()
+            return SHOW
         return DROP

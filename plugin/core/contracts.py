@@ -1,6 +1,10 @@
 """Contracts between the control plane and model policies.
 
-Policies return these plain, immutable values; the session executes them.
+Policies return these plain, immutable values; the session carries them out:
+an ``AppendPlan`` for each input (``plan_append``), a sequence of steps
+(``Show``, ``ForwardTo``, ``AppendPlan``, ``PauseReply``, ``Interrupt``,
+``CommitTurn``, ``Respond``, ``Dismiss``, ``FinishReply``) for each stage
+output (``decide_output``).
 """
 
 from __future__ import annotations
@@ -8,7 +12,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:  # (core/commands.py imports this module)
+    from vllm_duplex.core.commands import ResponseOptions
 
 
 class InputMode(str, enum.Enum):
@@ -56,35 +63,89 @@ class AppendPlan:
     checkpoint: str | None = None
 
 
-@dataclass(frozen=True)
-class OutputDecision:
-    """A policy's answer to one stage output."""
+# ---- what a policy decides about a stage output -------------------------------------
+#
+# ``decide_output`` answers with a sequence of the steps below, carried out in
+# the order given; an empty one drops the output. The session's own parts ask
+# for the same things with the same steps (``Interrupt``, ``CommitTurn``,
+# ``Respond``: plugin/session/asks.py), so one table carries them all out
+# (plugin/session/carrying.py). What a step may do depends on where the
+# session is (is a reply shown? is it paused by speech?); the session checks
+# that, so a policy states what the output means and never mirrors the phase.
 
-    emit: bool = True  # render as client events
-    # The stage (by its name in the pipeline, e.g. "tts") that takes the
-    # output next, with its fence and request id (text deltas -> TTS while
-    # the LLM still writes); None: no stage.
-    forward: str | None = None
-    # Render this payload instead of the output's own (e.g. a transcript delta
-    # computed from a revised ASR hypothesis); None: render the output itself.
+
+@dataclass(frozen=True, slots=True)
+class Show:
+    """Show the output to the client as its events (``render``: show this
+    payload instead, e.g. a transcript delta computed from a revised ASR
+    hypothesis)."""
+
     render: Any = None
-    # Input the output causes (e.g. newly stable words pushed into the live
-    # LLM request, or a rollback when ASR revised a pushed word); executed
-    # after rendering, before commit/response handling.
-    plan: AppendPlan | None = None
-    commit_turn: bool = False  # server VAD end of turn: commit the input buffer
-    create_response: bool = False  # ... and answer it
-    interrupt: InterruptReason | None = None  # cancel the active response, bump epoch
-    finish_response: bool = False  # the active response is complete
-    # Adaptive interruptions (core/interruption.py): speech over the reply
-    # pauses its output until the policy decides; ``dismiss`` ("backchannel"
-    # or "noise") resumes it and forgets that speech.
-    pause_output: bool = False
-    dismiss: str | None = None
 
 
-DROP = OutputDecision(emit=False)
-EMIT = OutputDecision()
+@dataclass(frozen=True, slots=True)
+class ForwardTo:
+    """Send the output on to the stage called ``stage`` (e.g. ``"tts"``: text
+    deltas are spoken while the LLM still writes), under its fence and
+    request id."""
+
+    stage: str
+
+
+@dataclass(frozen=True, slots=True)
+class PauseReply:
+    """Speech over the reply: stop its output until an ``Interrupt`` or a
+    ``Dismiss`` (adaptive interruptions, ``core/interruption.py``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupt:
+    """Cut the reply shown (``reason``: its ``status_details.reason``); the
+    fence moves, so nothing more of it reaches the client. Nothing when no
+    reply is shown."""
+
+    reason: InterruptReason
+
+
+@dataclass(frozen=True, slots=True)
+class CommitTurn:
+    """The input buffer becomes a user item (server VAD's end of turn); the
+    policy hears of it (``TurnCommitted``). Nothing when the buffer is empty."""
+
+
+@dataclass(frozen=True, slots=True)
+class Respond:
+    """Answer the conversation with a response (``options``: None, the
+    session's defaults). A policy's is skipped where a reply is shown already
+    or the session only transcribes; the client's (``response.create``,
+    ``client=True``) is refused there with an error event."""
+
+    options: ResponseOptions | None = None
+    client: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Dismiss:
+    """The speech that paused the reply was no turn (``reason``:
+    ``"backchannel"`` or ``"noise"``): forget it and resume the reply where
+    it was heard."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class FinishReply:
+    """The reply shown is generated to its end: ``response.done`` follows
+    its last audio (and the end of any MCP call it made)."""
+
+
+# One step of a policy's answer (``AppendPlan`` too: input the output causes,
+# e.g. stable words pushed into the live LLM request, or a rollback).
+PolicyStep: TypeAlias = (Show | ForwardTo | AppendPlan | PauseReply | Interrupt | CommitTurn
+                         | Respond | Dismiss | FinishReply)
+
+DROP: tuple[PolicyStep, ...] = ()  # the output is dropped: nothing shown, nothing caused
+SHOW: tuple[PolicyStep, ...] = (Show(),)  # shown as it is, nothing else
 
 
 @dataclass(frozen=True)

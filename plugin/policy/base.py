@@ -1,14 +1,15 @@
 """``PolicyBase``: the optional half of ``ModelPolicy``, written once.
 
 A policy that subclasses it writes only what is particular to its model
-(capabilities, the stages it needs, sampling, plans and decisions); the
-session calls every hook directly and never probes a policy for what it
-happens to define.
+(capabilities, the stages it needs, sampling, plans and the steps it answers
+outputs with); the session calls every hook directly and never probes a
+policy for what it happens to define.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic
 
@@ -16,7 +17,7 @@ from vllm_duplex.core.commands import ResponseOptions
 from vllm_duplex.core.contracts import (
     AppendPlan,
     Capabilities,
-    OutputDecision,
+    PolicyStep,
     SamplingConfig,
     StageNeeds,
 )
@@ -47,7 +48,8 @@ class PolicyBase(abc.ABC, Generic[S]):
     def plan_append(self, view: SessionView[S], payload: Any) -> AppendPlan: ...
 
     @abc.abstractmethod
-    def decide_output(self, view: SessionView[S], output: StageOutput) -> OutputDecision: ...
+    def decide_output(self, view: SessionView[S],
+                      output: StageOutput) -> Sequence[PolicyStep]: ...
 
     def new_state(self) -> S:
         """Override to keep per-session state; the default keeps none."""

@@ -1,7 +1,8 @@
 """The model policy protocol: what a model author writes.
 
 A policy is pure: functions of (session view, input) -> plan and
-(session view, stage output) -> decision. No I/O, no awaits, no engine
+(session view, stage output) -> steps, in the session's own vocabulary
+(``core/contracts.py``). No I/O, no awaits, no engine
 handles. One policy object serves every session of a deployment, so what it
 remembers about one session lives in that session's *policy state*: a
 dataclass the policy makes (``new_state``), the session keeps, and the view
@@ -18,7 +19,7 @@ from vllm_duplex.core.commands import ResponseOptions
 from vllm_duplex.core.contracts import (
     AppendPlan,
     Capabilities,
-    OutputDecision,
+    PolicyStep,
     SamplingConfig,
     StageNeeds,
 )
@@ -86,7 +87,16 @@ class ModelPolicy(Protocol[S]):
 
     def plan_append(self, view: SessionView[S], payload: Any) -> AppendPlan: ...
 
-    def decide_output(self, view: SessionView[S], output: StageOutput) -> OutputDecision: ...
+    def decide_output(self, view: SessionView[S],
+                      output: StageOutput) -> Sequence[PolicyStep]:
+        """What ``output`` means, as steps the session carries out in the
+        order given (``core/contracts.py``): e.g. ``[Show(), ForwardTo("tts")]``
+        for reply text that is spoken, ``[Show(), CommitTurn(), Respond()]`` for
+        server VAD's end of speech, ``DROP`` (no steps) for an output the
+        client never sees. The session checks where it is (a ``Respond`` while
+        a reply is shown, an ``Interrupt`` with none, a ``CommitTurn`` of an
+        empty buffer do nothing), so the policy need not track it."""
+        ...
 
     def shape_context(self, view: SessionView[S],
                       messages: tuple[ContextMessage, ...]) -> tuple[ContextMessage, ...]:

@@ -3,7 +3,9 @@ may carry out, as typed values.
 
 The parts (the pause, ``pauses.py``; the output chain, ``decisions.py``;
 the client's commands, ``client_commands.py``) own their state and never
-hold the core. What they cannot do themselves -- ask the policy (only the
+hold the core. They speak the policies' vocabulary where they ask for the
+same thing (``core/contracts.py``: ``Interrupt``, ``CommitTurn``,
+``Respond``...), and add the asks only the session has. What they cannot do themselves -- ask the policy (only the
 core is its ``SessionView``), move the fence, make a user item or a
 response, touch the floor (the phase's and the reply's only writer is the
 ``Floor``, which only the core calls) -- they return, in order, as *asks*;
@@ -21,12 +23,21 @@ a reply back to the state machine that asked.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.contracts import InterruptReason, OutputDecision
+from vllm_duplex.core.contracts import (
+    CommitTurn,
+    Dismiss,
+    FinishReply,
+    ForwardTo,
+    Interrupt,
+    PauseReply,
+    PolicyStep,
+    Respond,
+    Show,
+)
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.payloads import StageOutput
 
@@ -53,7 +64,7 @@ class Plan:
 
 @dataclass(frozen=True, slots=True)
 class Decide:
-    """Ask the policy about a stage output and carry out its decision."""
+    """Ask the policy about a stage output and carry out its steps."""
 
     out: StageOutput
 
@@ -61,17 +72,18 @@ class Decide:
 @dataclass(frozen=True, slots=True)
 class Observe:
     """Tell the policy about the pause (``UserPaused``, ``UserResumed``) as
-    the VAD's output under the fence of the moment, and carry out what it
-    decides; ``then`` gets the decision."""
+    the VAD's output under the fence of the moment, and carry out its steps;
+    ``then`` gets them."""
 
     observation: object
-    then: Callable[[OutputDecision], Steps] | None = None
+    then: Callable[[Sequence[PolicyStep]], Steps] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """An output of the held reply: the policy decides it now (its text
-    goes on to the TTS), the reply keeps it until it is claimed."""
+    """An output of the held reply: the policy decides it now (its
+    ``ForwardTo`` is carried out at once: its text goes on to the TTS), the
+    reply keeps it with the rest of its steps until it is claimed."""
 
     out: StageOutput
 
@@ -96,25 +108,6 @@ class Rest:
 
 
 @dataclass(frozen=True, slots=True)
-class CommitInput:
-    """The input buffer becomes a user item, and the policy hears of it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Respond:
-    """Make a response (``response.create``)."""
-
-    options: cmd.ResponseOptions
-
-
-@dataclass(frozen=True, slots=True)
-class Interrupt:
-    """End the reply shown (a client's cancel, a truncate of its item)."""
-
-    reason: InterruptReason
-
-
-@dataclass(frozen=True, slots=True)
 class ItemGone:
     """The client deleted (``truncated`` False) or truncated an item; the
     reply shown may be writing it."""
@@ -130,6 +123,12 @@ class Fail:
     error: DuplexError
 
 
-# Every ask above (``carrying.py`` carries each out by its type).
-Ask: TypeAlias = (Plan | Decide | Observe | Hold | Speculate | Discard | Rest | CommitInput | Respond
-                  | Interrupt | ItemGone | Fail)
+# Every ask: the ones above and the policy's steps, which the parts use too
+# (``Interrupt``, ``CommitTurn``, ``Respond``: one vocabulary, core/contracts.py);
+# ``carrying.py`` carries each out by its type.
+Ask: TypeAlias = (Plan | Decide | Observe | Hold | Speculate | Discard | Rest | ItemGone | Fail
+                  | PolicyStep)
+
+__all__ = ["Ask", "CommitTurn", "Decide", "Discard", "Dismiss", "Fail", "FinishReply", "ForwardTo",
+           "Hold", "Interrupt", "ItemGone", "Observe", "PauseReply", "Plan", "Respond", "Rest",
+           "Show", "Speculate", "Step", "Steps"]

@@ -1,7 +1,16 @@
-"""How the session core carries out what its parts return (``asks.py``):
-``carry`` takes the steps in order -- an ask by the table below, with its
+"""How the session core carries out what its parts and its policy return:
+``carry`` takes the steps in order -- an ask (``asks.py``; the policy's steps,
+``core/contracts.py``, are asks too) by the one table below, with its
 follow-ups first; an event to the client; any other effect to the runner --
 and the asks that need more than one call of the core are its methods here.
+
+A policy's steps are about the stage output it decided (``about``): ``Show``
+renders it, ``ForwardTo`` sends it on, ``Dismiss`` quotes its words. Where a
+step may do nothing (a policy's ``Respond`` while a reply is shown, an
+``Interrupt`` with none, a ``CommitTurn`` of an empty buffer, a
+``FinishReply`` while the reply's MCP call runs) is decided here and in the
+floor, from the session's state, so no policy keeps a copy
+of it.
 
 A part of the core's class (``SessionCore`` inherits it, as it inherits its
 ``SessionView``), kept apart so ``core.py`` holds the messages, the session's
@@ -11,11 +20,13 @@ state and the reply's start; the names it uses are the core's.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from vllm_duplex.core import commands as cmd
+from vllm_duplex.core import contracts as policy_steps
 from vllm_duplex.core import events as ev
-from vllm_duplex.core.contracts import OutputDecision
+from vllm_duplex.core.contracts import PolicyStep
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.payloads import StageOutput
 from vllm_duplex.session import asks, mcp_calls
@@ -29,21 +40,26 @@ class CarriesAsks:
     floor: Any
     out: Any
     mcp: Any
+    input: Any
+    user: Any
     _config: Any
     fence: Any
     emit: Callable[[ev.ServerEvent], None]
     error: Callable[[DuplexError], None]
-    apply: Callable[..., None]
+    execute: Callable[..., None]
+    show: Callable[[object], None]
+    commit_input: Callable[[], None]
     create_response: Callable[..., None]
 
-    def carry(self, steps: Iterable[Step]) -> None:
-        """Carry out what a part returned, in order: an ask (``asks.py``) by
+    def carry(self, steps: Iterable[Step], about: StageOutput | None = None) -> None:
+        """Carry out what a part or the policy returned, in order: an ask by
         the core, with its follow-ups before the next step; an event to the
-        client; any other effect to the runner."""
+        client; any other effect to the runner. ``about``: the stage output
+        the policy's steps answer."""
         for step in steps:
             ask = _ASKS.get(type(step))
             if ask is not None:
-                more = ask(self, step)
+                more = ask(self, step, about)
                 if more:
                     self.carry(more)
             elif isinstance(step, ev.ServerEvent):
@@ -51,71 +67,103 @@ class CarriesAsks:
             else:
                 self.out.add(step)
 
-    def apply_decision(self, out: StageOutput) -> OutputDecision:
-        """Ask the policy about ``out`` and carry out its answer."""
-        decision = self.policy.decide_output(self, out)
-        self.apply(out, decision)
-        return decision
+    def decide(self, out: StageOutput) -> Sequence[PolicyStep]:
+        """Ask the policy about ``out`` and carry out its steps."""
+        steps = self.policy.decide_output(self, out)
+        self.carry(steps, about=out)
+        return steps
 
-    def _decide(self, a: asks.Decide) -> None:
-        self.apply_decision(a.out)
+    def release(self, held: Iterable[tuple[StageOutput, Sequence[PolicyStep]]]) -> None:
+        """A claimed reply's held outputs, in order: the steps the policy took
+        for each, but its ``ForwardTo`` -- carried out when it was held."""
+        for out, steps in held:
+            self.carry([s for s in steps if type(s) is not policy_steps.ForwardTo], about=out)
 
     def _observe(self, a: asks.Observe) -> Steps | None:
         fence = self.fence
-        decision = self.apply_decision(
-            StageOutput(fence, fence.request_id("vad"), "vad", a.observation))
-        return a.then(decision) if a.then is not None else None
+        steps = self.decide(StageOutput(fence, fence.request_id("vad"), "vad", a.observation))
+        return a.then(steps) if a.then is not None else None
 
     def _hold(self, a: asks.Hold) -> None:
-        decision = self.policy.decide_output(self, a.out)
-        if self.floor.keep(a.out, decision) and decision.forward is not None:
-            # e.g. its text is synthesized now, into the held buffer
-            self.out.add(Forward(a.out, decision.forward))
+        steps = self.policy.decide_output(self, a.out)
+        if self.floor.keep(a.out, steps):
+            for step in steps:  # e.g. its text is synthesized now, into the held buffer
+                if type(step) is policy_steps.ForwardTo:
+                    self.out.add(Forward(a.out, step.stage))
 
     def _discard(self, a: asks.Discard) -> Steps | None:
         discarded, steps = self.floor.discard()
         self.carry(steps)
         return a.then(discarded) if a.then is not None else None
 
+    # ---- the policy's steps (and the parts' that are the same) -----------------------
+
+    def _show(self, a: policy_steps.Show, about: StageOutput | None) -> None:
+        if a.render is not None:
+            self.show(a.render)
+        else:
+            assert about is not None, "Show() shows the output decided: none here"
+            self.show(about.payload)
+
+    def _commit_turn(self) -> None:
+        if self.input.samples > 0:  # (a client's commit of nothing is refused before)
+            self.commit_input()
+
+    def _respond(self, a: policy_steps.Respond) -> None:
+        options = a.options if a.options is not None else cmd.ResponseOptions()
+        if not a.client and (self.floor.shown is not None or not self._config.responds):
+            return  # the policy's: a reply goes out already, or the session only transcribes
+        self.create_response(options)
+
+    def _dismiss(self, a: policy_steps.Dismiss, about: StageOutput | None) -> Steps:
+        self.input.clear()
+        self.user.dismiss()
+        words = getattr(about.payload, "text", "") if about is not None else ""
+        return self.floor.dismiss(a.reason, words)
+
+    # ---- the MCP calls' own asks -------------------------------------------------------
+
     def _offer_mcp_tools(self, tools: tuple[tuple[str, dict[str, Any]], ...]) -> None:
         """The tools the session's MCP servers listed, offered to the model from now on."""
         self._config = self.floor.config = dataclasses.replace(self._config, mcp_tools=tools)
 
-    def _mcp_respond(self, a: mcp_calls.Respond) -> None:
-        """A response.create held while its own MCP servers were listed."""
+    def _mcp_respond(self, a: mcp_calls.RespondWhenListed) -> None:
+        """A response.create held while its own MCP servers were listed: its
+        reply offers only their tools (and its function tools)."""
         try:
-            self.create_response(a.options)
+            self.create_response(a.options, mcp_tools=a.offered)
         except DuplexError as err:
             self.error(err.with_event_id(a.event_id))
-            return
-        self.mcp.responding(self.floor.shown, a.offered)
-
-    def _mcp_follow_up(self, a: mcp_calls.FollowUp) -> None:
-        """The response that answers with the MCP calls' results."""
-        self.create_response(a.options)
-        self.mcp.followed(self.floor.shown)
 
 
-# How the core carries out each ask, by its exact type; an ask may answer
-# with follow-up steps.
-_ASKS: dict[type, Callable[[CarriesAsks, Any], Steps | None]] = {
-    asks.Plan: lambda core, a: core.execute(core.policy.plan_append(core, a.payload),
-                                            ingest=a.ingest),
-    asks.Decide: CarriesAsks._decide,
-    asks.Observe: CarriesAsks._observe,
-    asks.Hold: CarriesAsks._hold,
-    asks.Speculate: lambda core, a: core.speculate(a.words),
-    asks.Discard: CarriesAsks._discard,
-    asks.Rest: lambda core, a: core.floor.rest(),
-    asks.CommitInput: lambda core, a: core.commit_input(),
-    asks.Respond: lambda core, a: core.create_response(a.options),
-    asks.Interrupt: lambda core, a: core.floor.interrupt(a.reason),
-    asks.ItemGone: lambda core, a: core.floor.item_gone(a.item_id, truncated=a.truncated),
-    asks.Fail: lambda core, a: core.fail(a.error),
-    mcp_calls.Offer: lambda core, a: core._offer_mcp_tools(a.tools),
-    mcp_calls.Show: lambda core, a: core.floor.show(a.payload),
-    mcp_calls.Finish: lambda core, a: core.floor.finish(),
-    mcp_calls.Report: lambda core, a: core.error(a.error),
-    mcp_calls.FollowUp: CarriesAsks._mcp_follow_up,
-    mcp_calls.Respond: CarriesAsks._mcp_respond,
+# How the core carries out each ask, by its exact type (with the output the
+# policy's steps are about); an ask may answer with follow-up steps. The
+# policy's vocabulary first, then the parts' own, then the MCP calls'.
+_ASKS: dict[type, Callable[[CarriesAsks, Any, StageOutput | None], Steps | None]] = {
+    policy_steps.Show: CarriesAsks._show,
+    policy_steps.ForwardTo: lambda core, a, about: core.out.add(Forward(about, a.stage)),
+    policy_steps.AppendPlan: lambda core, a, about: core.execute(a),
+    policy_steps.PauseReply: lambda core, a, about: core.floor.pause(),
+    policy_steps.Interrupt: lambda core, a, about: core.floor.interrupt(a.reason),
+    policy_steps.CommitTurn: lambda core, a, about: core._commit_turn(),
+    policy_steps.Respond: lambda core, a, about: core._respond(a),
+    policy_steps.Dismiss: CarriesAsks._dismiss,
+    policy_steps.FinishReply: lambda core, a, about: core.floor.finish(),
+    asks.Plan: lambda core, a, about: core.execute(core.policy.plan_append(core, a.payload),
+                                                   ingest=a.ingest),
+    asks.Decide: lambda core, a, about: core.decide(a.out) and None,
+    asks.Observe: lambda core, a, about: core._observe(a),
+    asks.Hold: lambda core, a, about: core._hold(a),
+    asks.Speculate: lambda core, a, about: core.speculate(a.words),
+    asks.Discard: lambda core, a, about: core._discard(a),
+    asks.Rest: lambda core, a, about: core.floor.rest(),
+    asks.ItemGone: lambda core, a, about: core.floor.item_gone(a.item_id, truncated=a.truncated),
+    asks.Fail: lambda core, a, about: core.fail(a.error),
+    mcp_calls.Offer: lambda core, a, about: core._offer_mcp_tools(a.tools),
+    mcp_calls.Awaited: lambda core, a, about: core.floor.await_call(a.item_id),
+    mcp_calls.Returned: lambda core, a, about: core.floor.call_returned(a.item_id, a.answer),
+    mcp_calls.Answer: lambda core, a, about: core.mcp.answer(),
+    mcp_calls.Report: lambda core, a, about: core.error(a.error),
+    mcp_calls.FollowUp: lambda core, a, about: core.create_response(a.options, follows_up=True),
+    mcp_calls.RespondWhenListed: lambda core, a, about: core._mcp_respond(a),
 }

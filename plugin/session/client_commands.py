@@ -27,7 +27,7 @@ from vllm_duplex.core.input_sequence import Accepted, InputSequence
 from vllm_duplex.core.payloads import INTERNAL_RATE, TextIn
 from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.media.data_url import data_url_bytes
-from vllm_duplex.session.asks import CommitInput, Interrupt, ItemGone, Plan, Respond, Steps
+from vllm_duplex.session.asks import CommitTurn, Interrupt, ItemGone, Plan, Respond, Steps
 from vllm_duplex.session.effects import DecodeImage, EffectLog, FeedVideo, PollVideo
 from vllm_duplex.session.floor import Floor
 from vllm_duplex.session.input_buffer import InputBuffer
@@ -81,7 +81,7 @@ class ClientCommands:
         if self._input.samples == 0:
             raise DuplexError("input_audio_buffer_empty",
                               "the input audio buffer is empty: append audio before committing")
-        return [CommitInput()]
+        return [CommitTurn()]
 
     def _clear(self, c: cmd.AudioClear, config: SessionConfig) -> Steps:
         self._input.clear()
@@ -90,7 +90,7 @@ class ClientCommands:
     # ---- responses ----------------------------------------------------------------
 
     def _response_create(self, c: cmd.ResponseCreate, config: SessionConfig) -> Steps:
-        return [Respond(c.options)]
+        return [Respond(c.options, client=True)]
 
     def _response_cancel(self, c: cmd.ResponseCancel, config: SessionConfig) -> Steps:
         shown = self._floor.shown

@@ -23,9 +23,9 @@ policy), the reply (``reply.py``), pacing (``pacing.py``), barge-in timers
 length (``lifetime.py``), what an output shows (``rendering.py``) and a
 reply's request (``replies.py``). A part returns what it causes, in order:
 events, effects, and asks (``asks.py``) for what only the core does --
-ask the policy and apply its decision (``apply``), make a user item or a
-response, start, claim or end a reply -- which ``carry`` carries out
-(``carrying.py``).
+ask the policy and carry out its steps, make a user item or a response,
+start, claim or end a reply -- which ``carry`` carries out by one table
+(``carrying.py``), the policy's steps (``core/contracts.py``) among them.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.contracts import AppendPlan, FenceBump, OutputDecision
+from vllm_duplex.core.contracts import AppendPlan, FenceBump
 from vllm_duplex.core.conversation import ConversationItem
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
@@ -58,7 +58,6 @@ from vllm_duplex.session.effects import (
     Effect,
     EffectLog,
     Failed,
-    Forward,
     FrameDecoded,
     Submit,
     TimerFired,
@@ -78,7 +77,7 @@ from vllm_duplex.session.replies import (
     reply_tools,
     response_context,
 )
-from vllm_duplex.session.reply import End, Reply
+from vllm_duplex.session.reply import End
 from vllm_duplex.session.turn_end import Pause
 from vllm_duplex.session.user_turn import UserTurn
 from vllm_duplex.session.video_input import VideoAdmission
@@ -138,6 +137,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         self.idle = idle.IdleTimer()  # server_vad's idle_timeout_ms
         # The turn's phase and the one reply (held or shown).
         self.floor = Floor(self.out, self.fences, config=config, metrics=metrics,
+                           generator=self._generator,
                            latency=self.latency, conversation=self.conversation, user=self.user,
                            pause=self.pauses.pause, idle_timer=self.idle, make_id=make_id,
                            session_id=session_id)
@@ -145,8 +145,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
                                        conversation=self.conversation, user=self.user,
                                        video=self.video, latency=self.latency, caps=self.caps,
                                        policy_name=policy.name, make_id=make_id)
-        self.chain = OutputChain(self.gate, self.floor, self.pauses, metrics=metrics,
-                                 latency=self.latency)
+        self.chain = OutputChain(self.gate, self.floor, self.pauses, metrics=metrics)
         # Remote MCP servers: their listings, calls and approvals (mcp_calls.py).
         self.mcp = mcp_calls.McpCalls(self.floor, conversation=self.conversation, make_id=make_id)
         # What a fired timer (effects.ArmTimer) runs, by name.
@@ -376,40 +375,10 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         options = cmd.ResponseOptions()
         context = reply_context(self.policy, self, self.conversation.snapshot(),
                                 config.instructions, (ContextMessage("user", words),))
-        fence = self.fence
-        reply = Reply(self.make_id("resp"), fence.request_id("llm"), answers=words, context=context)
-        request = reply_request(self.policy, self, reply.id, context, options,
+        reply_id = self.make_id("resp")
+        request = reply_request(self.policy, self, reply_id, context, options,
                                 reply_tools(config, options))
-        self.floor.speculate(reply)
-        self.latency.reply_started(reply.id, self.now)
-        self.out.add(Submit(self._generator, fence, "llm", request))
-
-    def apply(self, out: StageOutput, decision: OutputDecision, *,
-              forwarded: bool = False) -> None:
-        """Carry out the policy's ``decision`` about ``out``, in one fixed
-        order (``forwarded``: a held output, already sent on while held)."""
-        payload = out.payload
-        floor = self.floor
-        if decision.emit:
-            self.show(payload if decision.render is None else decision.render)
-        if decision.pause_output:
-            self.carry(floor.pause())
-        if decision.plan is not None:
-            self.execute(decision.plan)
-        if decision.interrupt is not None:
-            self.carry(floor.interrupt(decision.interrupt))
-        if decision.forward is not None and not forwarded:
-            self.out.add(Forward(out, decision.forward))
-        if decision.commit_turn and self.input.samples > 0:
-            self.commit_input()
-        if decision.create_response and floor.shown is None and self._config.responds:
-            self.create_response(cmd.ResponseOptions())
-        if decision.dismiss is not None:
-            self.input.clear()
-            self.user.dismiss()
-            self.carry(floor.dismiss(decision.dismiss, getattr(payload, "text", "")))
-        if decision.finish_response and not self.mcp.holds_finish():
-            self.carry(floor.finish())  # (a reply whose MCP call runs ends when the call is back)
+        self.carry(self.floor.speculate(reply_id, request, words, context))
 
     def show(self, payload: object) -> None:
         """A stage failure is an error that fails the reply; the floor shows the rest."""
@@ -422,7 +391,10 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
 
     # ---- a reply asked for (the floor starts, claims and ends it) ---------------
 
-    def create_response(self, options: cmd.ResponseOptions) -> None:
+    def create_response(self, options: cmd.ResponseOptions, *,
+                        mcp_tools: dict[str, Any] | None = None, follows_up: bool = False) -> None:
+        """A response (``mcp_tools``: what its own MCP servers offer;
+        ``follows_up``: it answers MCP calls' results; ``mcp_calls.py``)."""
         if not self._config.responds:
             raise DuplexError("capability_unsupported", "a transcription session makes no "
                               "responses (open a realtime session to get answers)",
@@ -438,13 +410,11 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         for effect in idle.void(self.idle):
             self.out.add(effect)
         context = response_context(self.policy, self, self.conversation, options)
-        reply, held, new, steps = self.floor.respond(options, context)
+        held, steps = self.floor.respond(options, context, lambda reply_id: reply_request(
+            self.policy, self, reply_id, context, options, tools), mcp_tools=mcp_tools,
+            follows_up=follows_up)
         self.carry(steps)
-        if new:
-            self.out.add(Submit(self._generator, self.fence, "llm", reply_request(
-                self.policy, self, reply.id, context, options, tools)))
-        for out, decision in held:  # its held output goes out now, the rest as it comes
-            self.apply(out, decision, forwarded=True)
+        self.release(held)  # its held outputs go out now, the rest as they come
 
 
 # What handles each message, by its exact type (the codec and the runner make

@@ -20,15 +20,17 @@ their order, until one takes it:
 
 Each step is given what it reads (the gate, the floor's phase and held
 reply, the pause) and returns what the output asks for (``asks.py``: the
-policy's decision, the held reply's keeping, a failure) or None to pass it
-on; the core carries the asks out. ``SessionCore.apply`` carries out an
-``OutputDecision`` -- for stage outputs, for the pause observations the
-turn-end step hands the policy (``UserPaused``, ``UserResumed``) and for a
-speculated reply's outputs at release -- in one fixed order: show, pause
-the output, the plan, interrupt, forward, commit, respond, dismiss, finish.
-A held output's forward is carried out at once (its text must reach the
-TTS while the reply is held, so its audio is ready at release; ``Hold``)
-and at release ``apply`` does all the rest of it (``forwarded=True``).
+policy's steps, the held reply's keeping, a failure) or None to pass it on;
+the core carries the asks out. The policy answers an output -- a stage
+output, a pause observation the turn-end step hands it (``UserPaused``,
+``UserResumed``), a speculated reply's output -- with steps in the session's
+own vocabulary (``core/contracts.py``: show, pause the reply, a plan,
+interrupt, forward, commit, respond, dismiss, finish), which ``carry``
+carries out in the order the policy gave them, by the same table as every
+part's asks (``carrying.py``). A held output's ``ForwardTo`` is carried out
+at once (its text must reach the TTS while the reply is held, so its audio
+is ready at release; ``Hold``) and at release the rest of its steps
+(``SessionCore.release``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ from vllm_duplex.core.session_config import SessionConfig
 from vllm_duplex.session.asks import Decide, Discard, Fail, Hold, Steps
 from vllm_duplex.session.effects import Close
 from vllm_duplex.session.floor import Floor
-from vllm_duplex.session.latency import TurnLatency
 from vllm_duplex.session.pauses import Pauses
 from vllm_duplex.session.phase import Phase
 
@@ -52,13 +53,11 @@ Step = Callable[[StageOutput, SessionConfig, float], "Steps | None"]
 
 
 class OutputChain:
-    def __init__(self, gate: FenceGate, floor: Floor, pauses: Pauses, *, metrics: Metrics,
-                 latency: TurnLatency) -> None:
+    def __init__(self, gate: FenceGate, floor: Floor, pauses: Pauses, *, metrics: Metrics) -> None:
         self._gate = gate
         self._floor = floor
         self._pauses = pauses
         self._metrics = metrics
-        self._latency = latency
         self.steps: tuple[tuple[str, Step], ...] = (
             ("gate", self._admit),
             ("fatal", self._fatal),
@@ -85,13 +84,18 @@ class OutputChain:
         return []
 
     def _trace(self, p: object, now: float) -> None:
-        """A reply's output as it arrives, held or not: its critical path's
-        steps (``critical_path.py``)."""
+        """The reply's output as it arrives, held or not: its critical path's
+        steps, in its trace (``critical_path.py``). (An output of a reply
+        that ended is not traced: a void one's is dropped before this, and a
+        completed or failed one's figures went out with its end.)"""
         kind = type(p)
+        reply = self._floor.reply
+        if reply is None or getattr(p, "response_id", None) != reply.id:
+            return
         if kind is TextDelta or kind is ToolCall:
-            self._latency.reply_text(p.response_id, now)  # type: ignore[attr-defined]
+            reply.trace.text(reply.id, now)
         elif kind is AudioOut and p.pcm.size:  # type: ignore[attr-defined]
-            self._latency.reply_audio(p.response_id, now)  # type: ignore[attr-defined]
+            reply.trace.audio(reply.id, now)
 
     @staticmethod
     def _fatal(out: StageOutput, config: SessionConfig, now: float) -> Steps | None:

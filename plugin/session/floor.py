@@ -3,8 +3,9 @@ may hold it.
 
 The session core owns one ``Floor`` and is its only caller. The floor is the
 single writer of the turn's phase (``phase.py``) and of the reply slot: a
-reply is started (``speculate``: held; ``respond``: shown, or the held one
-claimed), goes out (``show``, ``send_due``: paced), is paused by speech over
+reply is started here (``speculate``: held; ``respond``: shown, or the held
+one claimed -- the reply made with its trace, its request submitted; the core
+builds the request, as only it is the policy's view), goes out (``show``, ``send_due``: paced), is paused by speech over
 it and resumed or cut (``pause``, ``dismiss``, ``barge_in_due``), and ends
 one way, ``end(End...)``:
 
@@ -25,16 +26,17 @@ events and effects, in order), which the core carries out where it called it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.contracts import InterruptReason, OutputDecision
+from vllm_duplex.core.contracts import InterruptReason, PolicyStep
 from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import AudioOut, ContextMessage, StageOutput
+from vllm_duplex.core.payloads import AudioOut, ContextMessage, GenerateRequest, StageOutput
 from vllm_duplex.core.session_config import SessionConfig
-from vllm_duplex.session import barge_in, idle, pacing, rendering
+from vllm_duplex.session import barge_in, idle, mcp_calls, pacing, rendering
 from vllm_duplex.session.asks import Steps
-from vllm_duplex.session.effects import CancelTimer, EffectLog
+from vllm_duplex.session.effects import CancelTimer, EffectLog, Submit
 from vllm_duplex.session.fences import FenceMover
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import TurnLatency
@@ -45,12 +47,14 @@ from vllm_duplex.session.responses import ResponseRecord
 from vllm_duplex.session.turn_end import Pause
 from vllm_duplex.session.user_turn import UserTurn
 
-Held = list[tuple[StageOutput, OutputDecision]]
+Held = list[tuple[StageOutput, Sequence[PolicyStep]]]
+_SHOWN = (Phase.RESPONDING, Phase.BARGE_PAUSED)  # the phases of a reply the client sees
 
 
 class Floor:
     def __init__(self, out: EffectLog, fences: FenceMover, *, config: SessionConfig,
-                 metrics: Metrics, latency: TurnLatency, conversation: ItemStore, user: UserTurn,
+                 metrics: Metrics, generator: str, latency: TurnLatency, conversation: ItemStore,
+                 user: UserTurn,
                  pause: Pause, idle_timer: idle.IdleTimer, make_id: Callable[[str], str],
                  session_id: str) -> None:
         self.phase = TurnPhase()
@@ -59,6 +63,7 @@ class Floor:
         self._out = out  # read for the message's times only: steps are returned
         self._fences = fences
         self._metrics = metrics
+        self._generator = generator  # the stage that writes replies
         self._latency = latency
         self._conversation = conversation
         self._user = user
@@ -67,17 +72,18 @@ class Floor:
         self._make_id = make_id
         self._session_id = session_id
 
+    # Whether the reply is held or shown is the phase's to say (no flag of the
+    # reply mirrors it): it is moved with the slot, in this class alone.
+
     @property
     def shown(self) -> Reply | None:
         """The reply the client sees (None: none, or one still held)."""
-        reply = self.reply
-        return reply if reply is not None and reply.visible else None
+        return self.reply if self.phase.value in _SHOWN else None
 
     @property
     def held(self) -> Reply | None:
         """The reply started at a pause, not shown yet."""
-        reply = self.reply
-        return reply if reply is not None and not reply.visible else None
+        return self.reply if self.phase.value is Phase.ANSWER_HELD else None
 
     def rest(self) -> None:
         """With no reply, the phase follows the pause: judged, or listening."""
@@ -89,22 +95,34 @@ class Floor:
 
     # ---- a reply starts ---------------------------------------------------------
 
-    def speculate(self, reply: Reply) -> None:
-        """A reply started at the pause: held until a response claims it."""
+    def speculate(self, reply_id: str, request: GenerateRequest, words: str,
+                  context: tuple[ContextMessage, ...]) -> Steps:
+        """Reply ``reply_id`` to ``words`` (the user's turn so far) started at
+        the pause on ``context`` with ``request``: held until a response claims
+        it. Returns its submission."""
         assert self.reply is None
-        self.reply = reply
+        fence = self._fences.fence
+        submit = Submit(self._generator, fence, "llm", request)
+        # Traced on the turn being heard: a reply started at its pause.
+        self.reply = Reply(reply_id, fence.request_id("llm"), answers=words, context=context,
+                           trace=self._latency.reply_started(reply_id, self._out.now))
         self.phase.to(Phase.ANSWER_HELD)
         self._metrics.speculations.inc(outcome="started")
+        return [submit]
 
-    def respond(self, options: cmd.ResponseOptions,
-                context: tuple[ContextMessage, ...]) -> tuple[Reply, Held, bool, Steps]:
+    def respond(self, options: cmd.ResponseOptions, context: tuple[ContextMessage, ...],
+                request: Callable[[str], GenerateRequest], *,
+                mcp_tools: dict[str, Any] | None = None,
+                follows_up: bool = False) -> tuple[Held, Steps]:
         """A response asked for with ``context``: the held reply when it may
         be that (the same context, and the session's tools, which it ran with);
         else any held one is discarded -- left running, it would speak unseen
-        and hold this response's request behind it -- and a new reply starts. Shown either way. Returns the
-        reply, what it held (to be carried out in order), whether its
-        request is still to be made, and the steps (a discarded held reply's
-        end, the new one's start events), to be carried out before the rest."""
+        and hold this response's request behind it -- and a new reply starts,
+        its request made by ``request`` (given its id). Shown either way.
+        Returns what the reply held (its outputs with the policy's steps, to
+        be carried out in order) and the steps to carry out before them (a
+        discarded held reply's end, the new one's start events, its request).
+        ``mcp_tools``, ``follows_up``: its MCP side (``Reply``)."""
         own_tools = options.tools is not None or options.tool_choice is not None
         in_conversation = options.conversation != "none"
         reply = self.held
@@ -119,24 +137,29 @@ class Floor:
         record = ResponseRecord.after(response, self._make_id("item"), self._conversation,
                                       in_conversation=in_conversation, output_format=fmt)
         times = self._latency.response_created(self._out.now)
-        new = reply is None
+        submit = None
         if reply is None:
-            reply = Reply(response.id, self._fences.fence.request_id("llm"))
-            self._latency.reply_started(reply.id, self._out.now, times.trace)
+            fence = self._fences.fence
+            reply = Reply(response.id, fence.request_id("llm"),
+                          trace=self._latency.reply_started(response.id, self._out.now, times.trace))
+            submit = Submit(self._generator, fence, "llm", request(reply.id))
         self.reply = reply
+        reply.mcp_tools, reply.follows_up = mcp_tools, follows_up
         audio = "audio" in response.output_modalities
         held = reply.show(record, times, pacing.new_pacer(self.config.pacing) if audio else None)
         self.phase.to(Phase.RESPONDING)
         steps += record.start_events()
-        return reply, held, new, steps
+        if submit is not None:
+            steps.append(submit)
+        return held, steps
 
-    def keep(self, out: StageOutput, decision: OutputDecision) -> bool:
-        """An output of the held reply, with the policy's decision: kept until
-        the reply is claimed. False: no reply is held."""
+    def keep(self, out: StageOutput, steps: Sequence[PolicyStep]) -> bool:
+        """An output of the held reply, with the policy's steps for it: kept
+        until the reply is claimed. False: no reply is held."""
         reply = self.held
         if reply is None:
             return False
-        reply.keep(out, decision)
+        reply.keep(out, steps)
         return True
 
     # ---- its way out --------------------------------------------------------------
@@ -160,8 +183,8 @@ class Floor:
         """The paced frames due now (also the ``pacing`` timer's work), then
         the timer of the next; the reply completes once all of it went out."""
         shown = self.shown
-        if shown is None or shown.pacer is None:
-            return []
+        if shown is None or shown.pacer is None or self.phase.value is Phase.BARGE_PAUSED:
+            return []  # (paused by speech over it: the client stopped playing it)
         events, timer = shown.send_due(self._scope())
         steps: Steps = list(events)
         if timer is not None:
@@ -202,14 +225,31 @@ class Floor:
 
     def finish(self) -> Steps:
         """The reply is generated to its end: ``response.done`` goes after its
-        last audio, and not while speech over it may still cancel it."""
+        last audio and once its MCP calls are back, and not while speech over
+        it may still cancel it."""
         shown = self.shown
         if shown is None:
             return []
-        if self.phase.value is Phase.BARGE_PAUSED or not shown.drained:
+        if self.phase.value is Phase.BARGE_PAUSED or not shown.drained or shown.calls:
             shown.complete = True
             return []
         return self.end(End.COMPLETED)
+
+    def await_call(self, item_id: str) -> None:
+        """The reply shown made MCP call ``item_id``: it ends only once it is back."""
+        if self.shown is not None:
+            self.shown.calls.add(item_id)
+
+    def call_returned(self, item_id: str, answer: bool) -> Steps:
+        """MCP call ``item_id`` is back: the reply that made it ends if it was
+        generated to its end meanwhile (``answer``: once it completes, a
+        follow-up answers with the result)."""
+        shown = self.shown
+        if shown is None or item_id not in shown.calls:
+            return []
+        shown.calls.discard(item_id)
+        shown.answered = shown.answered or answer
+        return self.finish() if shown.complete else []
 
     def interrupt(self, reason: InterruptReason) -> Steps:
         """Barge-in or cancel of the reply shown."""
@@ -266,6 +306,8 @@ class Floor:
             steps.append(CancelTimer(barge_in.BARGE_IN))
         if end is End.COMPLETED:
             steps += idle.arm(self._idle, self.config, reply, now, self._user.onsets)
+            if reply.answered:
+                steps.append(mcp_calls.Answer())  # the model answers its calls' results
         return steps
 
     def _count(self, end: End, barge_paused: bool) -> None:

@@ -64,7 +64,6 @@ class ResponseTimes:
 
 
 _PAUSE_STEPS = ("speech_end", "vad", "asr_pause", "p_end")
-_TRACED_REPLIES = 4  # replies whose outputs are traced at once (a speculation, its successor...)
 
 
 class TurnLatency:
@@ -75,7 +74,6 @@ class TurnLatency:
         self.trace = TurnTrace()  # the turn being heard
         self._committed_trace: TurnTrace | None = None
         self._final_trace: TurnTrace | None = None  # the committed turn awaiting its final
-        self._by_reply: dict[str, TurnTrace] = {}
         # (end of a chunk on the input timeline in ms, when it arrived); a
         # window of recent chunks is enough: an onset is looked up when found.
         self._arrivals: deque[tuple[int, float]] = deque(maxlen=window)
@@ -152,24 +150,16 @@ class TurnLatency:
             self._final_trace.stamp("asr_final", now)
             self._final_trace = None
 
-    # ---- the reply's outputs, as they arrive (held or not) -----------------------
+    # ---- a reply's request ----------------------------------------------------
 
-    def reply_started(self, response_id: str, now: float, trace: TurnTrace | None = None) -> None:
-        """The request of reply ``response_id`` went to the LLM (``trace``: the
-        response's; by default the turn being heard: a reply started at a pause)."""
+    def reply_started(self, response_id: str, now: float,
+                      trace: TurnTrace | None = None) -> TurnTrace:
+        """The request of reply ``response_id`` went to the LLM: the trace its
+        outputs are stamped in (``trace``: the response's; by default the turn
+        being heard: a reply started at a pause). The reply keeps it."""
         trace = trace if trace is not None else self.trace
         trace.reply_started(response_id, now)
-        self._by_reply[response_id] = trace
-        while len(self._by_reply) > _TRACED_REPLIES:
-            del self._by_reply[next(iter(self._by_reply))]
-
-    def reply_text(self, response_id: str, now: float) -> None:
-        if (trace := self._by_reply.get(response_id)) is not None:
-            trace.text(response_id, now)
-
-    def reply_audio(self, response_id: str, now: float) -> None:
-        if (trace := self._by_reply.get(response_id)) is not None:
-            trace.audio(response_id, now)
+        return trace
 
     # ---- the response ------------------------------------------------------
 

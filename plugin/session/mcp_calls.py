@@ -15,12 +15,13 @@ the session's loop or its audio.
 * **A call.** The model's ``ToolCall`` naming a listed tool becomes an
   ``mcp_call`` item of the response (``response.mcp_call_arguments.delta`` /
   ``.done``, ``response.mcp_call.in_progress``) and the ``CallMcpTool``
-  effect; the response is not finished while the call runs (its end is held,
-  ``holds_finish``). ``McpToolCalled`` back: ``response.mcp_call.completed``
-  (the item's ``output``) or ``.failed`` (its ``error``: ``http_error``,
-  ``protocol_error`` or ``tool_execution_error``), the item done, the
-  response finished -- and then a follow-up response, in which the model
-  answers with the result in its context, as OpenAI's does.
+  effect; the response is not finished while the call runs (the reply
+  waits on it: ``Reply.calls``, ``Floor.finish``). ``McpToolCalled`` back:
+  ``response.mcp_call.completed`` (the item's ``output``) or ``.failed`` (its
+  ``error``: ``http_error``, ``protocol_error`` or ``tool_execution_error``),
+  the item done, the response finished -- and once it completed (``Answer``,
+  from its end) a follow-up response, in which the model answers with the
+  result in its context, as OpenAI's does.
 * **Approval.** A tool that ``require_approval`` names (OpenAI's default:
   all of them) makes an ``mcp_approval_request`` item instead, and nothing
   runs. The client's ``mcp_approval_response`` item (``conversation.item.create``)
@@ -34,23 +35,26 @@ session's ``"required"`` (or named) choice: the call it asked for was made.
 
 ``McpCalls`` is a part like the others (``asks.py``): it owns this state,
 reads the reply shown from the floor, puts its items in the conversation, and
-returns events, effects and the asks only the core carries out (``Offer`` the
-listed tools, ``Show`` an item through the floor -- ``render_item`` -- ,
-``Finish`` the reply, ``Report`` an error, make a held response -- ``Respond``
--- or the ``FollowUp``).
+returns events, effects and the asks only the core carries out: the shared
+one (``Show`` an item as the floor shows an output of the reply,
+``McpItemShown``) and its own (``Offer`` the listed tools; tell the reply it
+waits on a call, ``Awaited``, and that the call is back, ``Returned``;
+``Report`` an error; make a held response -- ``RespondWhenListed`` -- or
+the ``FollowUp``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from vllm_duplex.core import commands as cmd
 from vllm_duplex.core import events as ev
 from vllm_duplex.core import mcp
-from vllm_duplex.core.conversation import ConversationItem, ItemType, ResponseStatus
+from vllm_duplex.core.contracts import Show
+from vllm_duplex.core.conversation import ConversationItem, ItemType
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.payloads import ToolCall
 from vllm_duplex.core.session_config import SessionConfig
@@ -60,7 +64,6 @@ from vllm_duplex.session.mcp_render import McpItemShown, function_tool
 
 if TYPE_CHECKING:
     from vllm_duplex.session.floor import Floor
-    from vllm_duplex.session.reply import Reply
 
 MAX_ROUNDS = 4  # follow-ups in a row that may call a tool again
 MAX_RESPONSE_SERVERS = 16  # responses' own MCP servers kept listed
@@ -119,15 +122,27 @@ class Offer:
 
 
 @dataclass(frozen=True, slots=True)
-class Show:
-    """Show ``payload`` as the floor shows an output of the reply (``render_item``)."""
+class Awaited:
+    """The reply shown made MCP call ``item_id``: it ends only once the call is
+    back (``Floor.await_call``)."""
 
-    payload: object
+    item_id: str
 
 
 @dataclass(frozen=True, slots=True)
-class Finish:
-    """The reply shown, held while its calls ran, is generated to its end."""
+class Returned:
+    """MCP call ``item_id`` is back: the reply that made it may end now, if it
+    was generated to its end meanwhile (``Floor.call_returned``); ``answer``:
+    once it completes, a follow-up answers with the result."""
+
+    item_id: str
+    answer: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A reply whose MCP calls are back completed (``Floor.end``): the model
+    answers with their results (``McpCalls.answer``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +153,11 @@ class Report:
 
 
 @dataclass(frozen=True, slots=True)
-class Respond:
+class RespondWhenListed:
     """Make the response a client asked for once its own MCP servers are
     listed (``options``: their tools as function tools); the core tells
-    ``McpCalls.responding`` which one it is (``event_id``: the request's)."""
+    the floor that the reply offers ``offered`` (``Reply.mcp_tools``;
+    ``event_id``: the request's)."""
 
     options: cmd.ResponseOptions
     offered: dict[str, tuple[dict[str, Any], dict[str, Any] | None]]
@@ -150,14 +166,15 @@ class Respond:
 
 @dataclass(frozen=True, slots=True)
 class FollowUp:
-    """Make the response that answers with the calls' results; the core tells
-    ``McpCalls.followed`` which one it is."""
+    """Make the response that answers with the calls' results (a follow-up:
+    ``Reply.follows_up``)."""
 
     options: cmd.ResponseOptions
 
 
 # What the MCP calls return beside events (``asks.Step``): their asks and effects.
-McpStep: TypeAlias = Offer | Show | Finish | Report | Respond | FollowUp | ListMcpTools | CallMcpTool
+McpStep: TypeAlias = (Offer | Awaited | Returned | Answer | Report | RespondWhenListed | FollowUp
+                      | ListMcpTools | CallMcpTool)
 
 
 # ---- the session's MCP state ------------------------------------------------------
@@ -181,12 +198,6 @@ class _Call:
     in_conversation: bool = True
 
 
-@dataclass
-class _Follow:
-    due: bool = False
-    after: Reply | None = None  # the reply whose completion brings it (None: at once)
-    ids: set[str] = field(default_factory=set)  # the follow-ups made
-    rounds: int = 0
 
 
 class McpCalls:
@@ -204,12 +215,14 @@ class McpCalls:
         self.calls: dict[str, _Call] = {}  # running, by item id
         self.approvals: dict[str, tuple[dict[str, Any], str, str]] = {}  # request id -> (server, name, args)
         # A response's own MCP servers (response.create's tools), by listing key,
-        # the responses waiting for them, and what each such response offers.
+        # and the responses waiting for them (what one offers is its reply's,
+        # ``Reply.mcp_tools``).
         self._by_key: dict[tuple, _Server] = {}
         self._held: list[cmd.ResponseCreate] = []
-        self._response_offered: dict[str, dict[str, tuple[dict[str, Any], dict[str, Any] | None]]] = {}
-        self._finish_wanted: set[str] = set()  # responses whose end waits on a call
-        self._follow = _Follow()
+        # The follow-up: due (an approved call is back, or a reply whose calls
+        # are back completed: ``Answer``), and how many ran in a row.
+        self._follow_due = False
+        self._rounds = 0
 
     def _previous(self) -> str | None:
         last = self._conversation.last
@@ -307,7 +320,7 @@ class McpCalls:
         reply = self._floor.shown
         if reply is None or reply.id != call.response_id or reply.record is None:
             return None
-        own = self._response_offered.get(reply.id)
+        own = reply.mcp_tools
         if own is not None:  # a response with its own tools offers only those
             owner = own.get(call.name)
         else:
@@ -315,8 +328,8 @@ class McpCalls:
             owner = None if session is None else (self.servers[session[0]].tool, session[1])
         if owner is None:
             return None
-        if call.response_id not in self._follow.ids:
-            self._follow.rounds = 0  # a new exchange: the follow-ups count again
+        if not reply.follows_up:
+            self._rounds = 0  # a new exchange: the follow-ups count again
         tool, annotations = owner
         label = tool["server_label"]
         if mcp.needs_approval(tool, call.name, annotations):
@@ -328,25 +341,15 @@ class McpCalls:
                                 name=call.name, arguments=call.arguments)
         index = len(reply.record.response.output)  # where the floor shows it, next
         self.calls[item.id] = _Call(item, reply.id, index, reply.record.in_conversation)
-        return [Show(McpItemShown(reply.id, item)),
+        return [Awaited(item.id), Show(McpItemShown(reply.id, item)),
                 CallMcpTool(item.id, tool, call.name, call.arguments)]
-
-    def holds_finish(self) -> bool:
-        """The reply shown is generated to its end: True when a call of it still
-        runs (``Finish`` comes when the last one is back)."""
-        shown = self._floor.shown
-        if shown is None or not any(c.response_id == shown.id for c in self.calls.values()):
-            return False
-        self._finish_wanted.add(shown.id)
-        return True
 
     def called(self, m: McpToolCalled) -> Steps:
         """A call came back: its item done with the output or the error; the
-        reply it held finishes; the model will answer (``after``)."""
+        reply that waited on it may end; the model will answer (``after``)."""
         call = self.calls.pop(m.item_id, None)
         if call is None:
             return []
-        running = any(c.response_id == call.response_id for c in self.calls.values())
         item = call.item
         item.output, item.error = m.output, m.error
         event = ev.McpCallCompleted if m.error is None else ev.McpCallFailed
@@ -360,13 +363,9 @@ class McpCalls:
             steps.append(ev.ConversationItemDone(item=item.wire(),
                                                  previous_item_id=self._before(item.id)))
         if call.response_id is None:  # an approved call: the model answers next
-            self._follow.due, self._follow.after = True, None
-        elif own and call.in_conversation:
-            self._follow.due, self._follow.after = True, shown
-        if not running and call.response_id in self._finish_wanted:
-            self._finish_wanted.discard(call.response_id)
-            if own:  # (a reply cut meanwhile has ended already)
-                steps.append(Finish())
+            self._follow_due = True
+        elif own:  # (a reply cut meanwhile has ended already, and its follow-up with it)
+            steps.append(Returned(item.id, answer=call.in_conversation))
         return steps
 
     def _before(self, item_id: str) -> str | None:
@@ -405,7 +404,7 @@ class McpCalls:
     def hold(self, message: object) -> Steps | None:
         """A ``response.create`` whose ``tools`` name MCP servers waits until
         they are listed (listed once per session and definition, then reused):
-        the listings it needs, then the response (``Respond``). None: any
+        the listings it needs, then the response (``RespondWhenListed``). None: any
         other message, handled as it is. A ``response.cancel`` with no response
         shown drops the held ones (never created: nothing to end)."""
         if type(message) is cmd.ResponseCancel and self._held and self._floor.shown is None:
@@ -458,47 +457,32 @@ class McpCalls:
                     offered[t["name"]] = (tool, t.get("annotations"))
                     model.append(function_tool(t, tool.get("server_description")))
             options = dataclasses.replace(c.options, tools=tuple(model))
-            out.append(Respond(options, offered, c.event_id))
+            out.append(RespondWhenListed(options, offered, c.event_id))
         return out
-
-    def responding(self, reply: Reply | None, offered: dict[str, Any]) -> None:
-        """The core made a held response: ``reply`` offers ``offered``."""
-        if reply is None:
-            return
-        self._response_offered[reply.id] = offered
-        while len(self._response_offered) > 8:  # only a recent reply can still call
-            del self._response_offered[next(iter(self._response_offered))]
 
     # ---- the follow-up --------------------------------------------------------------
 
     def after(self, message: object, config: SessionConfig) -> Steps:
         """After every message the core handled: an approval to act on, a
-        follow-up whose reply has just ended."""
+        follow-up that became due."""
         steps: Steps = []
         if type(message) is cmd.ItemCreate and message.item.type is ItemType.MCP_APPROVAL_RESPONSE:
             steps += self._approval(message.item)
         return steps + self._follow_up(config)
 
-    def _follow_up(self, config: SessionConfig) -> Steps:
-        """Ask for the answer to the calls once the reply that made them has
-        completed (a reply cut or cancelled meanwhile takes the follow-up with it)."""
-        follow = self._follow
-        if not follow.due or self.calls:
-            return []
-        shown = self._floor.shown
-        if follow.after is not None and shown is follow.after:
-            return []  # still going out (its audio), or held by speech over it
-        after, follow.due, follow.after = follow.after, False, None
-        if shown is not None:
-            return []  # another reply came first: it sees the results already
-        if after is not None and (after.record is None
-                                  or after.record.response.status is not ResponseStatus.COMPLETED):
-            return []
-        follow.rounds += 1
-        last = follow.rounds >= MAX_ROUNDS or config.tool_choice == "none"
-        return [FollowUp(cmd.ResponseOptions(tool_choice="none" if last else "auto"))]
+    def answer(self) -> None:
+        """A reply whose calls are back completed (``Answer``): the follow-up is due."""
+        self._follow_due = True
 
-    def followed(self, reply: Reply | None) -> None:
-        """The core made the follow-up: ``reply``."""
-        if reply is not None:
-            self._follow.ids.add(reply.id)
+    def _follow_up(self, config: SessionConfig) -> Steps:
+        """Ask for the answer to the calls once every call is back (a reply
+        cut or cancelled meanwhile took its follow-up with it: it never asks,
+        ``Answer``)."""
+        if not self._follow_due or self.calls:
+            return []
+        self._follow_due = False
+        if self._floor.shown is not None:
+            return []  # another reply came first: it sees the results already
+        self._rounds += 1
+        last = self._rounds >= MAX_ROUNDS or config.tool_choice == "none"
+        return [FollowUp(cmd.ResponseOptions(tool_choice="none" if last else "auto"))]

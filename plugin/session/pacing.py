@@ -9,10 +9,12 @@ it holds. A frame goes out while that lead is under ``lead_s``: the client
 never holds more than ``lead_s`` unplayed (one frame, if a frame is longer), and what it has
 *heard* at any time is exact (``heard_ms``) -- what a barge-in keeps.
 
-Pausing (speech over the reply) stops the sending and freezes ``heard_ms``;
-``resume`` sends again from the frame holding the heard point, since a
-client that stopped its playback at ``speech_started`` dropped what it held
-(OpenAI clients do). Positions are the item's audio milliseconds, counted
+Pausing (speech over the reply, ``pause``): a client that stopped its
+playback at ``speech_started`` dropped what it held (OpenAI clients do), so
+the pacer's model of its player is emptied at the heard point, and
+``heard_ms`` stays there; ``resume`` sends again from the frame holding it.
+Whether the reply is paused is the turn's phase (``BARGE_PAUSED``), not the
+pacer's: the floor sends nothing in that phase. Positions are the item's audio milliseconds, counted
 as ``ResponseRecord.on_audio`` counts them.
 
 ``new_pacer`` makes a reply's pacer from the session's setting (None:
@@ -56,8 +58,6 @@ class OutputPacer:
         self._made_ms = 0  # item position after the last frame made
         self._sent_end_ms = 0  # item position after the last frame sent
         self.play_end: float | None = None  # when the client's player runs dry
-        self.paused_at: float | None = None
-        self._heard_at_pause = 0
 
     # ---- in ---------------------------------------------------------------
 
@@ -76,10 +76,6 @@ class OutputPacer:
     # ---- out --------------------------------------------------------------
 
     @property
-    def paused(self) -> bool:
-        return self.paused_at is not None
-
-    @property
     def drained(self) -> bool:
         return not self._queue
 
@@ -88,9 +84,9 @@ class OutputPacer:
         return 0.0 if self.play_end is None else max(0.0, self.play_end - now)
 
     def due(self, now: float) -> list[Frame]:
-        """The frames to send now (empty while paused)."""
+        """The frames to send now."""
         out: list[Frame] = []
-        while self._queue and not self.paused and self._may_send(self._queue[0], now):
+        while self._queue and self._may_send(self._queue[0], now):
             frame = self._queue.popleft()
             start = now if self.play_end is None else max(self.play_end, now)
             self.play_end = start + (frame.end_ms - frame.start_ms) / 1000.0
@@ -109,15 +105,14 @@ class OutputPacer:
 
     def next_at(self, now: float) -> float | None:
         """When the next queued frame may go (None: nothing to wait for)."""
-        if not self._queue or self.paused or self.play_end is None:
+        if not self._queue or self.play_end is None:
             return None
         room = max(0.0, self.lead_s - self._queue[0].seconds)
         return max(now, self.play_end - room)
 
     def heard_ms(self, now: float) -> int:
-        """The item position the client has played up to (frozen while paused)."""
-        if self.paused:
-            return self._heard_at_pause
+        """The item position the client has played up to (while paused: where
+        it stopped, its player being empty)."""
         return max(0, self._sent_end_ms - int(round(self.lead(now) * 1000)))
 
     def _forget_heard(self, now: float) -> None:
@@ -128,15 +123,16 @@ class OutputPacer:
     # ---- barge-in -----------------------------------------------------------
 
     def pause(self, now: float) -> None:
-        if not self.paused:
-            self._heard_at_pause = self.heard_ms(now)
-            self.paused_at = now
+        """The client stopped its playback and dropped what it held: its
+        player is empty at the heard point, which stays the heard point
+        until ``resume`` (nothing is sent meanwhile)."""
+        self._sent_end_ms = self.heard_ms(now)
+        self.play_end = None
 
     def resume(self, now: float) -> int:
         """Send again from the frame holding the heard point; returns its
         item position (where the client's playback resumes)."""
         heard = self.heard_ms(now)
-        self.paused_at = None
         unheard = [f for f in self._sent if f.end_ms > heard]
         self._sent.clear()
         self._queue.extendleft(reversed(unheard))
@@ -152,7 +148,7 @@ def new_pacer(pacing: OutputPacing) -> OutputPacer | None:
 
 def due_frames(pacer: OutputPacer, now: float) -> tuple[list[Frame], ArmTimer | None]:
     """The frames to send at ``now``, and the wake-up for the next one (None:
-    nothing queued, or paused)."""
+    nothing queued)."""
     frames = pacer.due(now)
     at = None if pacer.drained else pacer.next_at(now)
     return frames, ArmTimer(PACING, at) if at is not None else None

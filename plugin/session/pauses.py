@@ -28,7 +28,9 @@ comes back as asks (``asks.py``), in order, with the timer effects.
 
 from __future__ import annotations
 
-from vllm_duplex.core.contracts import OutputDecision
+from collections.abc import Sequence
+
+from vllm_duplex.core.contracts import AppendPlan, PolicyStep
 from vllm_duplex.core.metrics import Metrics
 from vllm_duplex.core.payloads import (
     StageOutput,
@@ -143,11 +145,12 @@ class Pauses:
             steps.append(Rest())
         self._latency.paused(out.payload.audio_ms, now)
 
-        def observed(decision: OutputDecision) -> Steps:
+        def observed(decided: Sequence[PolicyStep]) -> Steps:
             # The policy may push the words it held back, and ask its ASR to
             # hear the pause out (UserPaused sent on): then the ASR's answer
             # is judged.
-            asked = decision.plan.submissions if decision.plan is not None else ()
+            asked = [sub for step in decided if type(step) is AppendPlan
+                     for sub in step.submissions]
             hearing = any(type(s.payload) is UserPaused for s in asked)
             pushed = any(type(s.payload) is not UserPaused for s in asked)
             pause.decider.pause(now - PAUSE_DETECT_MS / 1000.0, words_pending=pushed,

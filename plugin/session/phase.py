@@ -8,9 +8,9 @@ its reply -- and the last move says what moved it.
 ``LISTENING``     no reply; the user may be speaking (``UserTurn.speaking``)
 ``PAUSED``        semantic_vad: the VAD's end of speech is held while the pause
                   is judged (``pauses.py``; ``Pause.deadline``); no reply yet
-``ANSWER_HELD``   a reply started at the pause, not shown (``Reply.visible`` is
-                  False): it waits for the final transcript to confirm its
-                  words (the pause may still be judged meanwhile)
+``ANSWER_HELD``   a reply started at the pause, not shown (``Floor.held``; it has
+                  no ``ResponseRecord`` yet): it waits for the final transcript
+                  to confirm its words (the pause may still be judged meanwhile)
 ``RESPONDING``    a reply is shown and going out
 ``BARGE_PAUSED``  speech over the reply paused it; its words (or its length, at
                   the ``barge_in`` timer) decide between resuming and cutting it

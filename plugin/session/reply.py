@@ -1,13 +1,13 @@
 """``Reply``: everything about one reply, from its request to its end.
 
-A session has at most one reply (``SessionCore.reply``). It starts in one of
-two ways:
+A session has at most one reply (``Floor.reply``). It starts in one of two
+ways (``Floor.speculate``, ``Floor.respond``):
 
-* **asked for** (``response.create``, or the policy's ``create_response``):
+* **asked for** (``response.create``, or the policy's ``Respond``):
   shown at once -- ``response.created`` goes out and its outputs follow;
 * **speculated** at a pause (``pauses.py``): *held*, not shown. The policy
   decides each of its outputs as they come (its text goes on to the TTS, so
-  the audio is made too) and the reply keeps them with their decisions.
+  the audio is made too) and the reply keeps them with the policy's steps.
   Claiming it (a response asked for with exactly the context it was started
   on, ``claimable``) shows it: ``response.created``, then the held outputs
   are carried out in order, and the rest streams as usual.
@@ -16,8 +16,12 @@ The reply owns what is about it alone: its request, the words and context
 it answers, its held outputs, what the client has seen of it
 (``ResponseRecord``: the response, its items, their events and the text the
 client received), its pacer (paced audio and what was heard), its latency
-figures (``ResponseTimes``), when its first audio went out, and whether it
-is complete and waits only for its audio to play out.
+figures (``ResponseTimes``) and the trace of the turn it answers (its
+outputs stamp the critical path, ``critical_path.py``), when its first audio went out, and whether it
+is complete and waits only for its audio to play out and its MCP calls
+(``mcp_calls.py``) to come back, and its MCP side: whether a follow-up
+answers their results once it completes, whether it is one, and what its own
+MCP servers offer.
 
 It ends one way, ``Floor.end(End...)`` (``floor.py``) -- completed, cancelled
 by the client, cut by the user's speech (barge-in, or words that changed
@@ -32,13 +36,16 @@ of the reply.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from vllm_duplex.core import events as ev
-from vllm_duplex.core.contracts import InterruptReason, OutputDecision
+from vllm_duplex.core.contracts import InterruptReason, PolicyStep
 from vllm_duplex.core.conversation import ResponseStatus
 from vllm_duplex.core.payloads import AudioOut, ContextMessage, StageFailed, StageOutput
 from vllm_duplex.session.effects import ArmTimer, CancelTimer
+from vllm_duplex.session.critical_path import TurnTrace
 from vllm_duplex.session.latency import ResponseTimes
 from vllm_duplex.session.pacing import PACING, OutputPacer, due_frames
 from vllm_duplex.session.rendering import Scope, audio_going_out
@@ -77,22 +84,27 @@ class Ending:
 
 
 class Reply:
-    def __init__(self, response_id: str, request_id: str, *, answers: str = "",
-                 context: tuple[ContextMessage, ...] = ()) -> None:
+    def __init__(self, response_id: str, request_id: str, *, trace: TurnTrace,
+                 answers: str = "", context: tuple[ContextMessage, ...] = ()) -> None:
         self.id = response_id
         self.request_id = request_id
+        self.trace = trace  # the critical path of the turn it answers, its outputs stamped in
         self.answers = answers  # speculated: the user's words it answers
         self.context = context  # ... and the context it was started on
-        self.held: list[tuple[StageOutput, OutputDecision]] = []  # its outputs while unseen
+        self.held: list[tuple[StageOutput, Sequence[PolicyStep]]] = []  # its outputs while unseen
         self.record: ResponseRecord | None = None  # what the client sees of it, once shown
         self.pacer: OutputPacer | None = None  # paced audio (None: as fast as made)
         self.times = ResponseTimes(created_at=0.0, turn_end_at=None)
         self.first_audio_at: float | None = None  # when the client got its first audio
-        self.complete = False  # generated to the end; response.done waits for its audio
-
-    @property
-    def visible(self) -> bool:
-        return self.record is not None
+        self.complete = False  # generated to the end; response.done waits for its audio ...
+        # Its MCP side (mcp_calls.py): the calls it made that its end waits on
+        # (their item ids), whether a follow-up answers their results once it
+        # completes, whether it is such a follow-up, and what its own MCP
+        # servers offer (None: the session's, by tool name -> server, annotations).
+        self.calls: set[str] = set()
+        self.answered = False
+        self.follows_up = False
+        self.mcp_tools: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] | None = None
 
     # ---- held (speculated) ------------------------------------------------------
 
@@ -102,17 +114,17 @@ class Reply:
         return (getattr(p, "response_id", None) == self.id
                 or (type(p) is StageFailed and out.request_id == self.request_id))
 
-    def keep(self, out: StageOutput, decision: OutputDecision) -> None:
-        """An output of the reply while it is unseen, with the policy's decision."""
-        self.held.append((out, decision))
+    def keep(self, out: StageOutput, steps: Sequence[PolicyStep]) -> None:
+        """An output of the reply while it is unseen, with the policy's steps for it."""
+        self.held.append((out, steps))
 
     def claimable(self, context: tuple[ContextMessage, ...]) -> bool:
         """A response asked with ``context`` may be this held reply (the same
         conversation, and the words it answers are the ones heard)."""
-        return not self.visible and same_context(self.context, context)
+        return same_context(self.context, context)
 
     def show(self, record: ResponseRecord, times: ResponseTimes,
-             pacer: OutputPacer | None) -> list[tuple[StageOutput, OutputDecision]]:
+             pacer: OutputPacer | None) -> list[tuple[StageOutput, Sequence[PolicyStep]]]:
         """The client sees the reply from now on; returns what it held, to be
         carried out in order."""
         self.record, self.times, self.pacer = record, times, pacer
@@ -131,7 +143,7 @@ class Reply:
     def send_due(self, scope: Scope) -> tuple[list[ev.ServerEvent], ArmTimer | None]:
         """Its paced frames due now, rendered (a frame keeps its events: resent
         as they were after a resume), and the timer of the next frame (None:
-        none due -- drained, or paused)."""
+        none due: drained)."""
         assert self.pacer is not None
         frames, timer = due_frames(self.pacer, scope.now)
         events: list[ev.ServerEvent] = []

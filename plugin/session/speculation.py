@@ -17,9 +17,10 @@ is made too); what the client would see of them waits in the reply:
   drops whatever of it is still on the way, and the ``Cancel`` aborts its
   vLLM request); nothing of it ever reached the client.
 
-A speculated reply is a ``Reply`` not yet shown (``reply.py``): the session
-core starts it (``SessionCore.speculate``, asked by ``pauses.py``), claims it
-(``SessionCore.create_response``) or ends it unseen (``End.DISCARDED``), and counts it in
+A speculated reply is a ``Reply`` not yet shown (``reply.py``): the floor
+starts it (``Floor.speculate``, asked by ``pauses.py`` through the core, which
+builds its request), claims it (``Floor.respond``) or ends it unseen
+(``End.DISCARDED``), and counts it in
 ``duplex_speculations_total{outcome=started|used|discarded}``. This module
 holds the rule of when a pause is worth answering ahead, and when a reply
 asked for may be the one speculated.

@@ -1,5 +1,5 @@
 """The cascade policy is pure: drive it with a fake session view and typed
-stage outputs, and check its plans and decisions."""
+stage outputs, and check its plans and the steps it answers with."""
 
 from __future__ import annotations
 
@@ -8,9 +8,21 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.policy_steps import plan_of, render_of, shown
 from support.policy_views import CascadeView
 from vllm_duplex.core.commands import DuplexInput, ResponseOptions
-from vllm_duplex.core.contracts import FenceBump, InputMode, InterruptReason
+from vllm_duplex.core.contracts import (
+    CommitTurn,
+    Dismiss,
+    FenceBump,
+    FinishReply,
+    ForwardTo,
+    InputMode,
+    Interrupt,
+    InterruptReason,
+    PauseReply,
+    Respond,
+)
 from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
@@ -71,16 +83,16 @@ def test_stable_words_become_deltas_and_are_pushed_to_the_live_request():
                                         content=[ContentPart("input_text", text="hi")])])
     policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     d1 = policy.decide_output(view, out(TranscriptPartial("what is")))
-    assert not d1.emit and d1.plan is None  # nothing stable yet
+    assert not shown(d1) and plan_of(d1) is None  # nothing stable yet
     d2 = policy.decide_output(view, out(TranscriptPartial("what is the")))
-    assert d2.render == TranscriptDelta("what is")
-    reset, words = llm_payloads(d2.plan)
+    assert render_of(d2) == TranscriptDelta("what is")
+    reset, words = llm_payloads(plan_of(d2))
     assert isinstance(reset, ResetContext)  # the turn starts on exactly the history
     assert [m.text for m in reset.context] == ["Be brief.", "hi"]
-    assert words == TextIn("what is") and d2.plan.mode is InputMode.APPEND_TOKENS
+    assert words == TextIn("what is") and plan_of(d2).mode is InputMode.APPEND_TOKENS
     d3 = policy.decide_output(view, out(TranscriptPartial("what is the capital of")))
-    assert d3.render == TranscriptDelta(" the")  # "capital" was not in the last hypothesis
-    assert llm_payloads(d3.plan) == [TextIn("the")]  # no second reset
+    assert render_of(d3) == TranscriptDelta(" the")  # "capital" was not in the last hypothesis
+    assert llm_payloads(plan_of(d3)) == [TextIn("the")]  # no second reset
 
 
 @pytest.mark.parametrize("mode", ["semantic_vad", "server_vad"])
@@ -95,18 +107,18 @@ def test_a_pause_pushes_the_last_word_only_where_the_words_are_judged(mode):
     policy.decide_output(view, out(TranscriptPartial("what is the")))
     policy.decide_output(view, out(TranscriptPartial("What is the capital of France?")))
     paused = policy.decide_output(view, out(UserPaused(1900), "vad"))
-    asked = [s for s in paused.plan.submissions if s.stage == "asr"]
+    asked = [s for s in plan_of(paused).submissions if s.stage == "asr"]
     assert [type(s.payload) for s in asked] == [UserPaused]  # every word up to the pause
     answer = policy.decide_output(view, out(TranscriptPartial("What is the capital of France?",
                                                               at_pause=True)))
-    pushed = [p for d in (paused, answer) if d.plan is not None
-              for p in llm_payloads(d.plan) if isinstance(p, TextIn)]
+    pushed = [p for d in (paused, answer) if plan_of(d) is not None
+              for p in llm_payloads(plan_of(d)) if isinstance(p, TextIn)]
     if mode == "semantic_vad":
         assert pushed == [TextIn("capital of France")]
     else:
         assert pushed == []
-    assert answer.render is None  # shown once, at the pause
-    assert paused.render == TranscriptDelta(" capital of France")
+    assert render_of(answer) is None  # shown once, at the pause
+    assert render_of(paused) == TranscriptDelta(" capital of France")
 
 
 @pytest.mark.parametrize("mode", ["semantic_vad", "server_vad"])
@@ -120,7 +132,7 @@ def test_the_asr_learns_whether_the_turn_can_end_at_the_pause(mode):
         view.config, turn_detection=TurnDetection(type=mode, silence_duration_ms=700))
     policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     paused = policy.decide_output(view, out(UserPaused(1900), "vad"))
-    [asked] = [s.payload for s in paused.plan.submissions if s.stage == "asr"]
+    [asked] = [s.payload for s in plan_of(paused).submissions if s.stage == "asr"]
     assert asked == UserPaused(1900, turn_end_silence_ms=700 if mode == "server_vad" else None)
 
 
@@ -130,9 +142,9 @@ def test_a_revised_pushed_word_rolls_back_to_the_turn_start():
     policy.decide_output(view, out(TranscriptPartial("what is the")))
     policy.decide_output(view, out(TranscriptPartial("what is the capitol")))  # pushed: what is the
     d = policy.decide_output(view, out(TranscriptPartial("what was the capital of")))
-    assert d.plan.mode is InputMode.ROLLBACK_TO_CHECKPOINT
-    assert d.plan.bump is FenceBump.INCARNATION
-    reset, words = llm_payloads(d.plan)
+    assert plan_of(d).mode is InputMode.ROLLBACK_TO_CHECKPOINT
+    assert plan_of(d).bump is FenceBump.INCARNATION
+    reset, words = llm_payloads(plan_of(d))
     assert isinstance(reset, ResetContext) and words == TextIn("what")
 
 
@@ -140,9 +152,9 @@ def test_speech_stopped_commits_and_the_final_transcript_answers():
     view = CascadeView()
     policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     stopped = policy.decide_output(view, out(VadSpeechStopped(900), "vad"))
-    assert stopped.commit_turn and not stopped.create_response and stopped.forward
+    assert CommitTurn() in stopped and Respond() not in stopped and (ForwardTo("asr") in stopped)
     final = policy.decide_output(view, out(TranscriptFinal("what is the capital of france")))
-    assert final.emit and final.create_response
+    assert shown(final) and Respond() in final
 
 
 @pytest.mark.parametrize("text", ["", "   "])
@@ -150,34 +162,34 @@ def test_noise_without_words_gets_no_reply(text):
     view = CascadeView()
     policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     policy.decide_output(view, out(VadSpeechStopped(300), "vad"))
-    assert not policy.decide_output(view, out(TranscriptFinal(text))).create_response
+    assert Respond() not in policy.decide_output(view, out(TranscriptFinal(text)))
 
 
 def test_speech_during_a_reply_interrupts_it_in_immediate_mode():
     view = CascadeView(active_response_id="resp_1", config=SessionConfig(
         model="m", policy="cascade", interruption=Interruption("immediate")))
     d = policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
-    assert d.interrupt is InterruptReason.TURN_DETECTED and not d.pause_output
+    assert Interrupt(InterruptReason.TURN_DETECTED) in d and PauseReply() not in d
 
 
 def test_adaptive_speech_over_a_reply_pauses_then_words_decide():
     view = CascadeView(active_response_id="resp_1")  # adaptive is the default
     d = policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
-    assert d.pause_output and d.interrupt is None
+    assert PauseReply() in d and Interrupt(InterruptReason.TURN_DETECTED) not in d
     view.output_paused = True
     # a backchannel: the commit waits for the final, which dismisses it
     d = policy.decide_output(view, out(TranscriptPartial("Okay."), "asr"))
     d = policy.decide_output(view, out(TranscriptPartial("Okay."), "asr"))
-    assert d.interrupt is None
+    assert Interrupt(InterruptReason.TURN_DETECTED) not in d
     d = policy.decide_output(view, out(VadSpeechStopped(400), "vad"))
-    assert not d.commit_turn
+    assert CommitTurn() not in d
     d = policy.decide_output(view, out(TranscriptFinal("Okay."), "asr"))
-    assert d.dismiss == "backchannel" and not d.commit_turn and not d.create_response
+    assert list(d) == [Dismiss("backchannel")]
     # real words: the stable ones interrupt at once
     policy.decide_output(view, out(VadSpeechStarted(900), "vad"))
     policy.decide_output(view, out(TranscriptPartial("wait what"), "asr"))
     d = policy.decide_output(view, out(TranscriptPartial("wait what is"), "asr"))
-    assert d.interrupt is InterruptReason.TURN_DETECTED
+    assert Interrupt(InterruptReason.TURN_DETECTED) in d
 
 
 def test_adaptive_final_decides_when_partials_did_not():
@@ -185,19 +197,20 @@ def test_adaptive_final_decides_when_partials_did_not():
     policy.decide_output(view, out(VadSpeechStarted(0), "vad"))
     policy.decide_output(view, out(VadSpeechStopped(300), "vad"))
     d = policy.decide_output(view, out(TranscriptFinal("stop"), "asr"))
-    assert d.interrupt is InterruptReason.TURN_DETECTED and d.commit_turn and d.create_response
+    assert Interrupt(InterruptReason.TURN_DETECTED) in d and CommitTurn() in d and Respond() in d
     policy.decide_output(view, out(VadSpeechStarted(1000), "vad"))
     policy.decide_output(view, out(VadSpeechStopped(1200), "vad"))
-    assert policy.decide_output(view, out(TranscriptFinal(""), "asr")).dismiss == "noise"
+    assert list(policy.decide_output(view, out(TranscriptFinal(""), "asr"))) == [Dismiss("noise")]
 
 
 def test_reply_text_streams_to_tts_and_speech_done_finishes():
     view = CascadeView()
-    assert policy.decide_output(view, out(TextDelta("r", "Paris."), "llm")).forward
-    assert not policy.decide_output(view, out(GenerationDone("r", "stop"), "llm")).finish_response
-    assert policy.decide_output(view, out(SpeechDone("r"), "tts")).finish_response
+    assert ForwardTo("tts") in policy.decide_output(view, out(TextDelta("r", "Paris."), "llm"))
+    assert FinishReply() not in policy.decide_output(view, out(GenerationDone("r", "stop"), "llm"))
+    assert FinishReply() in policy.decide_output(view, out(SpeechDone("r"), "tts"))
     text_only = CascadeView(config=SessionConfig(model="m", policy="cascade", output_modalities=("text",)))
-    assert policy.decide_output(text_only, out(GenerationDone("r", "stop"), "llm")).finish_response
+    assert FinishReply() in policy.decide_output(text_only, out(GenerationDone("r", "stop"),
+                                                                  "llm"))
 
 
 def test_reencode_rebuilds_the_context_in_a_new_incarnation():

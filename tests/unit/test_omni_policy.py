@@ -1,6 +1,6 @@
 """The omni policy is pure: drive it with a fake session view, 20 ms audio
 chunks, camera frames and typed stage outputs, and check the units it forms
-and the decisions it makes."""
+and the steps it answers outputs with."""
 
 from __future__ import annotations
 
@@ -10,9 +10,21 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.policy_steps import kinds, plan_of
 from support.policy_views import PolicyView
 from vllm_duplex.core.commands import DuplexInput, ResponseOptions
-from vllm_duplex.core.contracts import InputMode, InterruptReason, TurnCommitted
+from vllm_duplex.core.contracts import (
+    AppendPlan,
+    CommitTurn,
+    FinishReply,
+    ForwardTo,
+    InputMode,
+    Interrupt,
+    InterruptReason,
+    Respond,
+    Show,
+    TurnCommitted,
+)
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.omni import OmniInstructions, OmniUnit
@@ -70,6 +82,15 @@ def units(plans: list[Any]) -> list[OmniUnit]:
             if s.stage == "omni" and isinstance(s.payload, OmniUnit)]
 
 
+def decide(policy: OmniPolicy, view: View, payload: Any) -> Any:
+    """The policy's steps for a VAD event; the user speaks from an onset the
+    session shows to the end it shows (``view.user_speaking``, as the session's)."""
+    steps = policy.decide_output(view, out(payload))
+    if Show() in steps and isinstance(payload, (VadSpeechStarted, VadSpeechStopped)):
+        view.user_speaking = isinstance(payload, VadSpeechStarted)
+    return steps
+
+
 class Feeder:
     """Audio in 20 ms chunks on a continuous timeline, frames between them."""
 
@@ -88,9 +109,9 @@ class Feeder:
             self.ms += 20
 
     def event(self, payload: Any) -> Any:
-        d = self.policy.decide_output(self.view, out(payload))
-        self.plans.append(d.plan)
-        return d
+        steps = decide(self.policy, self.view, payload)
+        self.plans.append(plan_of(steps))
+        return steps
 
 
 # ---- registration and capabilities ------------------------------------------------
@@ -147,7 +168,7 @@ def test_server_vad_units_from_20ms_chunks():
     assert [u.start_ms for u in got] == [100, 1100, 2100]
     assert [u.final for u in got] == [False, False, True]
     assert all(u.audio.dtype == np.int16 for u in got)
-    assert stopped.commit_turn and stopped.create_response
+    assert kinds(stopped) == [Show, AppendPlan, CommitTurn, Respond]
     # Every audio chunk also reached the VAD, first in its plan.
     audio_plans = [p for p in f.plans if p is not None and p.submissions and p.submissions[0].stage == "vad"]
     assert len(audio_plans) == (200 + 2500) // 20
@@ -156,13 +177,13 @@ def test_server_vad_units_from_20ms_chunks():
 def test_units_do_not_depend_on_chunking():
     def run(chunk: int) -> list[tuple[int, int]]:
         policy, view = with_state(OmniPolicy(unit_ms=500), View())
-        policy.decide_output(view, out(VadSpeechStarted(0)))
+        decide(policy, view, VadSpeechStarted(0))
         plans, ms = [], 0
         while ms < 1730:
             n = min(chunk, 1730 - ms)
             plans.append(policy.plan_append(view, AudioIn(np.arange(n * 16, dtype=np.int16), ms)))
             ms += n
-        plans.append(policy.decide_output(view, out(VadSpeechStopped(1730))).plan)
+        plans.append(plan_of(decide(policy, view, VadSpeechStopped(1730))))
         return [(u.start_ms, u.samples) for u in units(plans)]
 
     assert run(20) == run(7) == run(333) == [(0, 8000), (500, 8000), (1000, 8000), (1500, 3680)]
@@ -201,13 +222,13 @@ def test_one_frame_per_unit_keeps_the_newest(fps, expected):
 
 def test_a_newer_frame_replaces_the_older_in_the_same_unit():
     policy, view = with_state(OmniPolicy(), View())
-    policy.decide_output(view, out(VadSpeechStarted(0)))
+    decide(policy, view, VadSpeechStarted(0))
     policy.plan_append(view, AudioIn(np.zeros(CHUNK, np.int16), 0))
     first = policy.plan_append(view, frame(64, 48, ts=20, value=1))
     second = policy.plan_append(view, frame(64, 48, ts=40, value=2))
     assert first.mode is InputMode.APPEND_AUDIO_CHUNK and not first.submissions
     assert second.mode is InputMode.REPLACE_LATEST_CHUNK and not second.submissions
-    plan = policy.decide_output(view, out(VadSpeechStopped(60))).plan
+    plan = plan_of(decide(policy, view, VadSpeechStopped(60)))
     (unit,) = units([plan])
     assert len(unit.frames) == 1 and unit.frames[0][0, 0, 0] == 2 and unit.frame_ms == (40,)
 
@@ -276,9 +297,9 @@ def test_flush_at_end_of_turn_carries_frames_only_when_no_audio_is_left():
 
 def test_nothing_pending_at_stop_plans_nothing():
     policy, view = with_state(OmniPolicy(), View())
-    policy.decide_output(view, out(VadSpeechStarted(0)))
-    d = policy.decide_output(view, out(VadSpeechStopped(0)))
-    assert d.plan is None and d.commit_turn
+    decide(policy, view, VadSpeechStarted(0))
+    assert list(decide(policy, view, VadSpeechStopped(0))) == [Show(), CommitTurn(),
+                                                                          Respond()]
 
 
 def test_instructions_lead_the_first_submission_and_follow_changes():
@@ -297,7 +318,7 @@ def test_instructions_lead_the_first_submission_and_follow_changes():
 
 def test_typed_text_follows_what_was_heard():
     policy, view = with_state(OmniPolicy(), View())
-    policy.decide_output(view, out(VadSpeechStarted(0)))
+    decide(policy, view, VadSpeechStarted(0))
     policy.plan_append(view, AudioIn(np.zeros(4800, np.int16), 0))
     plan = policy.plan_append(view, TextIn("and this"))
     assert plan.mode is InputMode.APPEND_TOKENS
@@ -358,65 +379,65 @@ def test_units_of_turn_puts_late_frames_in_the_last_unit():
 
 def test_barge_in_interrupts_the_active_response():
     policy, view = with_state(OmniPolicy(), View(active_response_id="resp_1"))
-    d = policy.decide_output(view, out(VadSpeechStarted(0)))
-    assert d.interrupt is InterruptReason.TURN_DETECTED and not d.forward and d.plan is None
+    barge_in = [Show(), Interrupt(InterruptReason.TURN_DETECTED)]
+    assert list(decide(policy, view, VadSpeechStarted(0))) == barge_in
     quiet = View(active_response_id=None)
-    assert policy.decide_output(quiet, out(VadSpeechStarted(0))).interrupt is None
+    assert list(decide(policy, quiet, VadSpeechStarted(0))) == [Show()]
     no_barge = View(active_response_id="resp_1")
     no_barge.config = dataclasses.replace(no_barge.config, turn_detection=dataclasses.replace(
         no_barge.config.turn_detection, interrupt_response=False))
-    assert policy.decide_output(no_barge, out(VadSpeechStarted(0))).interrupt is None
+    assert list(decide(policy, no_barge, VadSpeechStarted(0))) == [Show()]
 
 
 def test_preroll_units_wait_for_the_next_chunk_after_a_barge_in():
     policy, view = with_state(OmniPolicy(unit_ms=100), View(active_response_id="resp_1"))
     Feeder(policy, view).audio(400)
-    d = policy.decide_output(view, out(VadSpeechStarted(0)))
-    assert d.plan is None  # the interrupt runs first ...
+    d = decide(policy, view, VadSpeechStarted(0))
+    assert plan_of(d) is None  # the interrupt runs first ...
     plan = policy.plan_append(view, AudioIn(np.zeros(CHUNK, np.int16), 400))
     assert len(units([plan])) == 4  # ... then the pre-roll's complete units go
 
 
 def test_vad_events_without_turn_detection_are_dropped():
     policy, view = with_state(OmniPolicy(), manual_view())
-    assert not policy.decide_output(view, out(VadSpeechStarted(0))).emit
-    assert not policy.decide_output(view, out(VadSpeechStopped(0))).emit
+    assert not decide(policy, view, VadSpeechStarted(0))
+    assert not decide(policy, view, VadSpeechStopped(0))
 
 
 def test_create_response_follows_turn_detection():
     policy, view = with_state(OmniPolicy(), View())
     view.config = dataclasses.replace(view.config, turn_detection=dataclasses.replace(
         view.config.turn_detection, create_response=False))
-    policy.decide_output(view, out(VadSpeechStarted(0)))
-    d = policy.decide_output(view, out(VadSpeechStopped(0)))
-    assert d.commit_turn and not d.create_response
+    decide(policy, view, VadSpeechStarted(0))
+    assert list(decide(policy, view, VadSpeechStopped(0))) == [Show(), CommitTurn()]
 
 
 def test_text_reply_finishes_with_generation_done():
     policy, view = with_state(OmniPolicy(), View())
-    assert not policy.decide_output(view, out(TextDelta("r", "hi"), "omni")).forward
+    assert list(policy.decide_output(view, out(TextDelta("r", "hi"), "omni"))) == [Show()]
     done = policy.decide_output(view, out(GenerationDone("r", "stop"), "omni"))
-    assert done.finish_response and not done.forward
+    assert list(done) == [Show(), FinishReply()]
 
 
 def test_spoken_reply_goes_through_tts_and_finishes_with_speech_done():
     policy, view = with_state(OmniPolicy(), View())
     view.config = dataclasses.replace(view.config, output_modalities=("audio",))
-    assert policy.decide_output(view, out(TextDelta("r", "hi"), "omni")).forward
+    spoken = [Show(), ForwardTo("tts")]
+    assert list(policy.decide_output(view, out(TextDelta("r", "hi"), "omni"))) == spoken
     done = policy.decide_output(view, out(GenerationDone("r", "stop"), "omni"))
-    assert done.forward and not done.finish_response
+    assert list(done) == spoken  # the reply finishes when its speech does
     audio = policy.decide_output(view, out(AudioOut("r", np.zeros(10, np.int16)), "tts"))
-    assert audio.emit and not audio.forward
-    assert policy.decide_output(view, out(SpeechDone("r"), "tts")).finish_response
+    assert list(audio) == [Show()]
+    assert list(policy.decide_output(view, out(SpeechDone("r"), "tts"))) == [Show(), FinishReply()]
 
 
 def test_native_audio_out_keeps_text_from_the_tts():
     policy, view = with_state(OmniPolicy(audio_out="native"), View())
     view.config = dataclasses.replace(view.config, output_modalities=("audio",))
-    assert not policy.decide_output(view, out(TextDelta("r", "hi"), "omni")).forward
+    assert list(policy.decide_output(view, out(TextDelta("r", "hi"), "omni"))) == [Show()]
     done = policy.decide_output(view, out(GenerationDone("r", "stop"), "omni"))
-    assert not done.forward and not done.finish_response
-    assert policy.decide_output(view, out(SpeechDone("r"), "omni")).finish_response
+    assert list(done) == [Show()]
+    assert list(policy.decide_output(view, out(SpeechDone("r"), "omni"))) == [Show(), FinishReply()]
 
 
 def test_it_declares_its_stages_and_its_state_follows_its_options():

@@ -1,4 +1,4 @@
-"""The scripted policy's decisions, its registration, and the energy VAD."""
+"""The scripted policy's steps, its registration, and the energy VAD."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ from hypothesis import strategies as st
 from support.policy_views import PolicyView
 from vllm_duplex.core.commands import ResponseOptions
 from vllm_duplex.core.contracts import (
-    DROP,
+    CommitTurn,
+    FinishReply,
+    ForwardTo,
     InputMode,
+    Interrupt,
     InterruptReason,
-    OutputDecision,
+    PolicyStep,
+    Respond,
+    Show,
     StageSubmission,
     TurnCommitted,
 )
@@ -114,57 +119,57 @@ NO_INTERRUPT = TurnDetection(interrupt_response=False, create_response=False)
 @pytest.mark.parametrize(
     ("payload", "modalities", "td", "active", "expected"),
     [
-        (VadSpeechStarted(0), AUDIO, TurnDetection(), None, OutputDecision()),
+        (VadSpeechStarted(0), AUDIO, TurnDetection(), None, [Show()]),
         (
             VadSpeechStarted(0),
             AUDIO,
             TurnDetection(),
             "resp_1",
-            OutputDecision(interrupt=InterruptReason.TURN_DETECTED),
+            [Show(), Interrupt(InterruptReason.TURN_DETECTED)],
         ),
-        (VadSpeechStarted(0), AUDIO, NO_INTERRUPT, "resp_1", OutputDecision()),
-        (VadSpeechStarted(0), AUDIO, None, "resp_1", DROP),
+        (VadSpeechStarted(0), AUDIO, NO_INTERRUPT, "resp_1", [Show()]),
+        (VadSpeechStarted(0), AUDIO, None, "resp_1", []),
         (
             VadSpeechStopped(900),
             AUDIO,
             TurnDetection(),
             None,
-            OutputDecision(commit_turn=True, create_response=True),
+            [Show(), CommitTurn(), Respond()],
         ),
         (
             VadSpeechStopped(900),
             AUDIO,
             NO_INTERRUPT,
             None,
-            OutputDecision(commit_turn=True, create_response=False),
+            [Show(), CommitTurn()],
         ),
-        (VadSpeechStopped(900), AUDIO, None, None, DROP),
-        (TextDelta("r", "hi "), AUDIO, None, "r", OutputDecision(forward="tts")),
-        (TextDelta("r", "hi "), TEXT, None, "r", OutputDecision()),
-        (GenerationDone("r", "stop"), AUDIO, None, "r", OutputDecision(forward="tts")),
+        (VadSpeechStopped(900), AUDIO, None, None, []),
+        (TextDelta("r", "hi "), AUDIO, None, "r", [Show(), ForwardTo("tts")]),
+        (TextDelta("r", "hi "), TEXT, None, "r", [Show()]),
+        (GenerationDone("r", "stop"), AUDIO, None, "r", [Show(), ForwardTo("tts")]),
         (
             GenerationDone("r", "stop"),
             TEXT,
             None,
             "r",
-            OutputDecision(finish_response=True),
+            [Show(), FinishReply()],
         ),
         (
             AudioOut("r", np.zeros(10, np.int16)),
             AUDIO,
             None,
             "r",
-            OutputDecision(),
+            [Show()],
         ),
-        (SpeechDone("r"), AUDIO, None, "r", OutputDecision(finish_response=True)),
+        (SpeechDone("r"), AUDIO, None, "r", [Show(), FinishReply()]),
         (
             StageFailed(DuplexError("stage_failed", "x")),
             AUDIO,
             None,
             "r",
-            OutputDecision(),
+            [Show()],
         ),
-        (object(), AUDIO, None, None, DROP),
+        (object(), AUDIO, None, None, []),
     ],
 )
 def test_decide_output(
@@ -172,11 +177,11 @@ def test_decide_output(
     modalities: tuple[str, ...],
     td: TurnDetection | None,
     active: str | None,
-    expected: OutputDecision,
+    expected: list[PolicyStep],
 ) -> None:
     config = SessionConfig("m", "scripted", output_modalities=modalities, turn_detection=td)
     view = PolicyView(config=config, active_response_id=active)
-    assert ScriptedPolicy().decide_output(view, out(payload)) == expected
+    assert list(ScriptedPolicy().decide_output(view, out(payload))) == expected
 
 
 # ---- energy VAD ------------------------------------------------------------------

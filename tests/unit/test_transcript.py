@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from support.policy_steps import plan_of, render_of
 from support.policy_views import CascadeView
-from vllm_duplex.core.contracts import FenceBump, InputMode
+from vllm_duplex.core.contracts import FenceBump, InputMode, Respond
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.payloads import (
     StageOutput,
@@ -84,11 +85,11 @@ def test_whisper_style_partials_keep_deltas_and_pushes_flowing():
     policy, view = CascadePolicy(), CascadeView()
     d = speak(policy, view, "What is the capital?", "What is the capital of France?",
               "What is the capital of France? And Spain")
-    assert d[1].render == TranscriptDelta("What is the capital")
-    assert pushed_text(d[1].plan) == ["What is the capital"]
-    assert d[2].render == TranscriptDelta(" of France?")
-    assert pushed_text(d[2].plan) == ["of France?"]
-    assert d[2].plan.mode is InputMode.APPEND_TOKENS
+    assert render_of(d[1]) == TranscriptDelta("What is the capital")
+    assert pushed_text(plan_of(d[1])) == ["What is the capital"]
+    assert render_of(d[2]) == TranscriptDelta(" of France?")
+    assert pushed_text(plan_of(d[2])) == ["of France?"]
+    assert plan_of(d[2]).mode is InputMode.APPEND_TOKENS
 
 
 def test_a_final_that_agrees_with_the_pushed_words_answers_without_a_rollback():
@@ -96,7 +97,7 @@ def test_a_final_that_agrees_with_the_pushed_words_answers_without_a_rollback():
     speak(policy, view, "what is the", "what is the capital of")  # pushed: what is the capital
     policy.decide_output(view, out(VadSpeechStopped(2000), "vad"))
     final = policy.decide_output(view, out(TranscriptFinal("What is the capital of France?")))
-    assert final.plan is None and final.create_response
+    assert plan_of(final) is None and Respond() in final
 
 
 def test_a_final_that_heard_a_pushed_word_differently_rolls_back_first():
@@ -106,6 +107,6 @@ def test_a_final_that_heard_a_pushed_word_differently_rolls_back_first():
     speak(policy, view, "What is the capitol", "What is the capitol of")
     policy.decide_output(view, out(VadSpeechStopped(2000), "vad"))
     final = policy.decide_output(view, out(TranscriptFinal("What is the capital of France?")))
-    assert final.plan.mode is InputMode.ROLLBACK_TO_CHECKPOINT
-    assert final.plan.bump is FenceBump.INCARNATION
-    assert final.create_response
+    assert plan_of(final).mode is InputMode.ROLLBACK_TO_CHECKPOINT
+    assert plan_of(final).bump is FenceBump.INCARNATION
+    assert Respond() in final

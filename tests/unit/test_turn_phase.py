@@ -159,10 +159,10 @@ class Walk:
         if phase in (Phase.LISTENING, Phase.PAUSED):
             assert reply is None
             assert (phase is Phase.PAUSED) == self.core.pause.pausing
-        elif phase is Phase.ANSWER_HELD:
-            assert reply is not None and not reply.visible
-        else:
-            assert reply is not None and reply.visible
+        elif phase is Phase.ANSWER_HELD:  # held: the client has seen nothing of it
+            assert reply is not None and reply.record is None
+        else:  # shown: what the client sees of it is recorded
+            assert reply is not None and reply.record is not None
         assert self.core.output_paused == (phase is Phase.BARGE_PAUSED)
 
 
