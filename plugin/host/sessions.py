@@ -19,7 +19,7 @@ import dataclasses
 import hmac
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, overload
 
 from vllm_duplex.core.clock import Clock
 from vllm_duplex.core.close_reason import CloseReason
@@ -130,6 +130,14 @@ class RealtimeSessions:
     def capacity_report(self) -> dict[str, Any]:
         """``/health``'s ``capacity``: the ceiling, the sessions, the room left."""
         return self.capacity.to_json(len(self._manager))
+
+    @overload
+    def admit(self, key: str | None, *, model: str | None = None, room: bool = True,
+              call: str) -> str: ...
+
+    @overload
+    def admit(self, key: str | None, *, model: str | None = None, room: bool = True,
+              call: None = None) -> None: ...
 
     def admit(self, key: str | None, *, model: str | None = None, room: bool = True,
               call: str | None = None) -> str | None:

@@ -110,7 +110,6 @@ def twilio_routes(sessions: RealtimeSessions, settings: Twilio | None, calls: Ca
             log.info("twilio call %s refused: at capacity", call_sid)
             response.reject(reason="busy")
             return Response(str(response), media_type="application/xml")
-        assert call_id is not None
         stream = Stream(url=stream_url(request))
         stream.parameter(name="call_id", value=call_id)
         stream.parameter(name="token", value=auth.stream_token(call_sid, call_id, profile,

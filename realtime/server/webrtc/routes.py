@@ -73,7 +73,6 @@ def call_routes(sessions: RealtimeSessions, settings: WebRtc, calls: Calls,
             # The room before the offer is read or any ICE work (the open asks
             # again as it takes the seat).
             call_id = sessions.admit(key, model=request.query_params.get("model"), call="rtc")
-            assert call_id is not None
             sdp, patch = await read_offer(request)
             offer = check_offer(sdp, settings.host_addresses)
             call, answer = await RtcCall.answer(sessions, settings, call_id, key, offer, patch,
