@@ -80,7 +80,7 @@ async def writer_alone(url: str, deltas: int) -> None:
     store = RedisStore(url)
     runtime = Runtime(load_config("scripted"), instance_id="bench", store=store)
     await runtime.start()
-    session = await runtime.open_realtime_session(None)
+    session = await runtime.sessions.open(None)
     durability: Durability = runtime.durability
     pcm = bytes(4800)  # 100 ms of 24 kHz 16-bit mono
     base = session.journal.head_seq

@@ -219,7 +219,7 @@ async def bench_slow_consumer() -> None:
         cut = metrics.slow_consumers.get() > 0
         journal = session.journal.bytes
         slow.close()
-        await server.runtime.end_session(session, CloseReason.CLIENT)
+        await server.runtime.sessions.end(session, CloseReason.CLIENT)
     print(f"slow consumer: cut off: {cut} (close 4008); queued for it at most {peak / 2**20:.2f} MiB "
           f"(bound {config.limits.outbound_bytes / 2**20:.0f} MiB), journal {journal / 2**20:.1f} MiB "
           f"(bound {config.limits.journal_bytes / 2**20:.0f} MiB); server RSS "

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_duplex.core.clock import Clock, MonotonicClock
-from vllm_duplex.core.commands import SessionResume
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.owner_ids import owner_of
 from vllm_duplex.host.deploy import DeployConfig
@@ -44,16 +43,15 @@ class WorkerRuntime(Runtime):
         self._lost_until = (clock.now() + limits.resume_grace_s + limits.session_ttl_s
                             if life > 1 else float("-inf"))
 
-    def resume_realtime_session(self, api_key: str | None, c: SessionResume):
-        try:
-            return super().resume_realtime_session(api_key, c)
-        except DuplexError as err:
-            if err.code == "session_not_found" and self._lost(c.session_id):
-                raise DuplexError(
-                    "engine_dead", f"session {c.session_id!r} ended: its worker "
-                    f"{self.manager.instance_id!r} died and was restarted", param="session_id",
-                    details={"owner_instance_id": self.manager.instance_id}) from err
-            raise
+    def gone(self, session_id: str) -> DuplexError | None:
+        """A resume that finds no session: ``engine_dead`` when a dead life of
+        this worker may have held it (``RealtimeSessions`` asks)."""
+        if not self._lost(session_id):
+            return None
+        return DuplexError(
+            "engine_dead", f"session {session_id!r} ended: its worker "
+            f"{self.manager.instance_id!r} died and was restarted", param="session_id",
+            details={"owner_instance_id": self.manager.instance_id})
 
     def _lost(self, session_id: str) -> bool:
         return (owner_of(session_id) == self.manager.instance_id

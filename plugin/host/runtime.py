@@ -1,6 +1,9 @@
-"""``Runtime``: everything one server process shares — the deployment
-config, the stages (one engine for all sessions), the policy, the session
-manager, the clock and the metrics. Transports open sessions through it.
+"""``Runtime``: one server process, assembled -- the deployment config, the
+stages (one engine for all sessions), the policy, the session manager and
+store, the clock and the metrics, and the services built on them: the
+realtime sessions (``RealtimeSessions``, ``host/sessions.py``: a session's
+life, and all a transport is given) and the text service. It starts and
+stops them; it opens no session itself.
 """
 
 from __future__ import annotations
@@ -12,38 +15,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_duplex.core.clock import Clock, MonotonicClock
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.commands import SessionResume
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.machine import detect
 from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.owner_ids import mint
-from vllm_duplex.core.session_config import (
-    EAGERNESS,
-    SessionConfig,
-    SessionPatch,
-    TurnDetection,
-    updated_config,
-)
-from vllm_duplex.durable.adopt import adopt
+from vllm_duplex.core.session_config import EAGERNESS, SessionConfig, TurnDetection
 from vllm_duplex.durable.memory import MemoryStore
-from vllm_duplex.durable.store import Bounds, SessionStore, Stored
-from vllm_duplex.durable.takeover import store_reachable
+from vllm_duplex.durable.store import Bounds, SessionStore
 from vllm_duplex.durable.writer import Durability
-from vllm_duplex.host.capacity import VoiceCapacity
 from vllm_duplex.host.deploy import DeployConfig
 from vllm_duplex.host.loop_lag import LoopLagMonitor, freeze_startup_heap
+from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.host.stage_types import build_stage
-from vllm_duplex.leases.client_secrets import ClientSecret, ClientSecrets, is_client_secret
+from vllm_duplex.leases.client_secrets import ClientSecrets
 from vllm_duplex.leases.manager import SessionManager
 from vllm_duplex.policy import ModelPolicy, load_policy
-from vllm_duplex.replay.journal import JournalBudget, Replay
-from vllm_duplex.replay.outbox import Attachment
+from vllm_duplex.replay.journal import JournalBudget
 from vllm_duplex.session.limits import SessionLimits
 from vllm_duplex.session.runner import DuplexSession
 from vllm_duplex.session.video_input import VideoLimits
-from vllm_duplex.stages.pipeline import check_routes
 from vllm_duplex.stages.lifecycle import Lifecycle, MachineTuned, Metered, ServesText, StageCounter
+from vllm_duplex.stages.pipeline import check_routes
 from vllm_duplex.stages.port import Stage
 from vllm_duplex.stages.scheduler import cpu_scheduler, slots_choice
 
@@ -100,16 +91,8 @@ class Runtime:
             clock=self.clock,
             instance_id=instance_id or os.environ.get("VLLM_DUPLEX_INSTANCE_ID"),
         )
-        self.capacity = VoiceCapacity(limits.max_voice_sessions)
-        self._refusals = self.metrics.counter(
-            "duplex_voice_sessions_refused_total",
-            "New voice sessions refused at the measured capacity (limits.max_voice_sessions)")
-        if self.capacity.ceiling is not None:
-            self.metrics.gauge("duplex_voice_sessions_max",
-                               "The ceiling of voice sessions (limits.max_voice_sessions)",
-                               lambda: float(self.capacity.ceiling or 0))
         self.client_secrets = ClientSecrets(self.clock, self.manager.instance_id)
-        self.session_limits = SessionLimits(
+        session_limits = SessionLimits(
             mailbox_capacity=limits.mailbox_capacity, outbound_capacity=limits.outbound_capacity,
             outbound_bytes=limits.outbound_bytes, journal_events=limits.journal_events,
             journal_bytes=limits.journal_bytes, journal_age_s=limits.journal_age_s,
@@ -134,7 +117,13 @@ class Runtime:
             defaults["output_modalities"] = tuple(defaults["output_modalities"])
         if "turn_detection" in defaults:
             defaults["turn_detection"] = _turn_detection(defaults["turn_detection"])
-        self.session_defaults = SessionConfig(model=config.model, policy=config.policy, **defaults)
+        # Every realtime session's life, and all a transport is given of this process.
+        self.sessions = RealtimeSessions(
+            config, defaults=SessionConfig(model=config.model, policy=config.policy, **defaults),
+            policy=self.policy, stages=self.stages, manager=self.manager,
+            durability=self.durability, client_secrets=self.client_secrets,
+            limits=session_limits, journal_budget=self.journal_budget, clock=self.clock,
+            metrics=self.metrics, gone=self.gone)
         self.metrics.gauge("duplex_sessions_live", "Live sessions", lambda: len(self.manager))
         # The HTTP text surfaces need a vLLM text stage (a scripted pipeline has none).
         self.text: Any = None
@@ -235,190 +224,10 @@ class Runtime:
                 await stage.close()
         await self.loop_lag.stop()
 
-    def session_config(self, *patches: SessionPatch | None) -> SessionConfig:
-        """The config a session opens with: the deployment's defaults with
-        ``patches`` applied in order (a client secret's, then the opening
-        request's: ``?intent=``, a call's ``session``). The type is set here,
-        once; a bad value is the typed error of ``session.update``."""
-        config = self.session_defaults
-        caps = self.policy.capabilities()
-        for patch in patches:
-            if patch is None:
-                continue
-            model = patch.get("model")
-            if model is not None and not self.config.serves(model):
-                raise DuplexError("model_not_found", f"model {model!r} is not served here",
-                                  param="session.model")
-            config = dataclasses.replace(config, type=patch.get("type", config.type))
-            config = updated_config(config, patch.without("type", "model"), caps, self.policy.name)
-        return config
-
-    def mint_client_secret(self, api_key: str | None, patch: SessionPatch | None,
-                           ttl_s: float, now_unix: float) -> tuple[str, ClientSecret, SessionConfig]:
-        """A client secret for ``api_key`` (already checked) whose session
-        opens with ``patch`` (checked now: a key that could not open is never
-        handed out)."""
-        config = self.session_config(patch)
-        value, secret = self.client_secrets.mint(
-            api_key, mint("sess", self.manager.instance_id), patch, ttl_s, now_unix)
-        return value, secret, config
-
-    async def open_realtime_session(self, api_key: str | None,
-                                    patch: SessionPatch | None = None, *,
-                                    transport: SessionPatch | None = None) -> DuplexSession:
-        """Admit (may raise ``resource_exhausted``) and start a session; it is
-        pinned while its socket is attached. ``api_key`` may be a client
-        secret (``ek_…``): it is redeemed (once), its session config comes
-        first, and the session is its minting key's. ``patch``: what the
-        opening request asks for (``?intent=transcription``, a call's session);
-        ``transport``: the transport's own defaults, under both (a call whose
-        audio the server plays is paced: ``SessionPatch.played_here``)."""
-        secret: ClientSecret | None = None
-        if is_client_secret(api_key):
-            assert api_key is not None
-            secret = self.client_secrets.redeem(api_key)
-        try:
-            if secret is not None:
-                _check_secret_fits(secret, patch)
-                api_key = secret.owner_key
-            config = self.session_config(transport, secret.patch if secret else None, patch)
-            self.check_voice_room()  # with admit below, no await between: no race
-
-            def factory(session_id: str) -> DuplexSession:
-                return DuplexSession(session_id, config=config, policy=self.policy,
-                                     stages=self.stages, clock=self.clock, metrics=self.metrics,
-                                     limits=self.session_limits, journal_budget=self.journal_budget,
-                                     extra_wire={"owner_instance_id": self.manager.instance_id,
-                                                 **self._expiry(time.time())},
-                                     on_closed=self.manager.release, mirror=self.durability,
-                                     api_key=api_key)
-
-            grace = self.config.limits.resume_grace_s
-            # The id names its owner, so a router sends the resume here (core/owner_ids.py).
-            session_id = secret.session_id if secret else mint("sess", self.manager.instance_id)
-            session, _ = self.manager.admit(factory, api_key=api_key, pinned=True,
-                                            session_id=session_id,
-                                            ttl_s=grace if grace > 0 else None)
-        except BaseException:
-            if secret is not None:
-                secret.used = False  # nothing was opened with it
-            raise
-        session.attach()  # the opening socket
-        self.durability.track(session, generation=1)  # a fresh id: its first save creates it
-        try:
-            await session.start()
-        except BaseException:
-            await self.manager.release(session.session_id, CloseReason.START_FAILED)
-            await session.close(CloseReason.START_FAILED)
-            raise
-        return session
-
-    def _expiry(self, wall_now: float) -> dict[str, int]:
-        """The session object's ``expires_at`` (seconds since the epoch, as
-        OpenAI's), when sessions have a maximum length."""
-        max_s = self.session_limits.max_session_s
-        return {"expires_at": int(wall_now + max_s)} if max_s else {}
-
-    def check_voice_room(self) -> None:
-        """Raise ``at_capacity`` when a new voice session would pass the
-        ceiling (a resume never asks: its session holds its seat)."""
-        try:
-            self.capacity.check(len(self.manager))
-        except DuplexError:
-            self._refusals.inc()
-            raise
-
-    def capacity_report(self) -> dict[str, Any]:
-        """``/health``'s ``capacity``: the ceiling, the sessions, the room left."""
-        return self.capacity.to_json(len(self.manager))
-
-    def caller_key(self, key: str | None) -> str | None:
-        """The API key a request that opens nothing acts as (a resume, a
-        sideband socket): a client secret acts as its minting key."""
-        if is_client_secret(key):
-            assert key is not None
-            return self.client_secrets.owner(key)
-        return key
-
-    async def end_session(self, session: DuplexSession, reason: CloseReason) -> None:
-        await session.close(reason)
-        await self.manager.release(session.session_id, reason)
-
-    async def resume_or_adopt(self, api_key: str | None, c: SessionResume
-                              ) -> tuple[DuplexSession, Attachment, Replay, dict[str, Any]]:
-        """``resume_realtime_session``; a session not here is first looked
-        for in a durable store and adopted when its owner is gone
-        (``vllm_duplex.durable.adopt``)."""
-        if self.durability.store.durable and self.manager.peek(c.session_id) is None:
-            try:
-                with store_reachable("session", c.session_id):
-                    await self._adopt(api_key, c)
-            except DuplexError as err:
-                if err.code != "session_not_found":
-                    self.metrics.resumes.inc(outcome=err.code)
-                    raise
-        session, att, replay, resumed = self.resume_realtime_session(api_key, c)
-        if self.durability.store.durable:
-            resumed["owner_instance_id"] = self.manager.instance_id
-        return session, att, replay, resumed
-
-    async def _adopt(self, api_key: str | None, c: SessionResume) -> DuplexSession:
-        def make(stored: Stored) -> DuplexSession:
-            extra = {**stored.state.extra_wire, "owner_instance_id": self.manager.instance_id}
-            return DuplexSession(c.session_id, config=stored.state.config, policy=self.policy,
-                                 stages=self.stages, clock=self.clock, metrics=self.metrics,
-                                 limits=self.session_limits, journal_budget=self.journal_budget,
-                                 extra_wire=extra, on_closed=self.manager.release,
-                                 mirror=self.durability, api_key=api_key)
-
-        def admit(session: DuplexSession) -> None:
-            grace = self.config.limits.resume_grace_s
-            self.manager.admit(lambda _id: session, api_key=api_key, pinned=False,
-                               session_id=c.session_id, ttl_s=grace if grace > 0 else None)
-
-        session = await adopt(self.durability, make, api_key, c.session_id, c.resume_token, admit)
-        self.metrics.resumes.inc(outcome="adopted")
-        return session
-
-    def resume_realtime_session(self, api_key: str | None, c: SessionResume
-                                ) -> tuple[DuplexSession, Attachment, Replay, dict[str, Any]]:
-        """Attach a reconnecting socket to its session (``session.resume``):
-        another key's session is ``session_not_found``, a lapsed one
-        ``session_expired``; the token is checked in constant time and rotates;
-        ``generation``, when given, is a compare-and-swap on the lease."""
-        try:
-            session, info = self.manager.get(c.session_id, api_key)
-            generation = info.lease.generation
-            if c.generation is not None:
-                generation = self.manager.renew(c.session_id, api_key,
-                                                generation=c.generation).generation
-            att, replay, resumed = session.resume(c.resume_token, c.last_seq)
-        except DuplexError as err:
-            self.metrics.resumes.inc(outcome=err.code)
-            raise
-        self.manager.pin(c.session_id)
-        self.metrics.resumes.inc(outcome="resync" if replay.resync else "ok")
-        return session, att, replay, {**resumed, "generation": generation}
-
-    async def release_socket(self, session: DuplexSession, att: Attachment, *,
-                             client_closed: bool = False) -> None:
-        """A socket of ``session`` ended. ``client_closed``: its client closed
-        it cleanly (1000, 1001: the transport decides), which ends the session
-        now, as ``session.close`` would -- a client that said goodbye is not
-        coming back, and a session kept for its resume would hold an admission
-        seat, its vLLM request and its journal through the whole grace. A
-        socket that was lost ends its session only without resume (grace 0);
-        otherwise the session waits, detached, for a resume. A socket another
-        one replaced (not ``current``) ends nothing."""
-        current = session.detach(att)
-        if session.close_reason is not None:
-            await self.end_session(session, session.close_reason)
-        elif current and client_closed:
-            await self.end_session(session, CloseReason.CLIENT)
-        elif current and not self.session_limits.survives_disconnect:
-            await self.end_session(session, CloseReason.DISCONNECT)
-        else:
-            self.manager.unpin(session.session_id)
+    def gone(self, session_id: str) -> DuplexError | None:
+        """Why a session this process cannot find is gone for good, if it
+        knows (``RealtimeSessions``' ``gone``); a plain process never does."""
+        return None
 
     def capabilities(self) -> dict[str, Any]:
         limits = self.config.limits
@@ -430,7 +239,7 @@ class Runtime:
             "stages": [s.name for s in self.stages],
             "limits": {
                 "max_sessions": limits.max_sessions,
-                "max_voice_sessions": self.capacity.ceiling,
+                "max_voice_sessions": self.sessions.capacity.ceiling,
                 "max_sessions_per_key": limits.max_sessions_per_key,
                 "max_event_bytes": limits.max_event_bytes,
                 "max_frame_bytes": limits.max_frame_bytes,
@@ -457,16 +266,6 @@ def _build_store(config: DeployConfig, clock: Clock) -> SessionStore:
     from vllm_duplex.durable.redis_store import RedisStore  # the redis package: only when used
 
     return RedisStore(url, bounds)
-
-
-def _check_secret_fits(secret: ClientSecret, patch: SessionPatch | None) -> None:
-    """A client secret opens only the kind of session it was minted for."""
-    fixed = secret.patch.get("type") if secret.patch is not None else None
-    asked = patch.get("type") if patch is not None else None
-    if fixed is not None and asked is not None and fixed != asked:
-        raise DuplexError("client_secret_mismatch",
-                          f"this client secret was minted for a {fixed.value} session, "
-                          f"not a {asked.value} one", param="session.type")
 
 
 def _check_stages(config: DeployConfig, policy: ModelPolicy, stages: list[Stage]) -> None:

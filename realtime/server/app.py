@@ -59,7 +59,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
     process and on this runtime (started after it, stopped before it)."""
     from vllm_duplex.realtime.server.webrtc.routes import call_routes
 
-    sessions = RealtimeSessions(runtime)  # all a transport gets of the runtime
+    sessions = runtime.sessions  # all a transport gets of the runtime
     calls = Calls(sessions)
     sip = _sip_agent(runtime, sessions, calls)
     phone_routes = []
@@ -94,7 +94,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
         healthy = all(stages.values())
         return JSONResponse({"status": "ok" if healthy else "unhealthy", "stages": stages,
                              "instance_id": runtime.manager.instance_id,
-                             "sessions": len(runtime.manager), "capacity": runtime.capacity_report(),
+                             "sessions": len(runtime.manager), "capacity": sessions.capacity_report(),
                              "durability": runtime.durability.health(),
                              "machine": runtime.machine()},
                             status_code=200 if healthy else 503)
@@ -129,7 +129,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
     def authorize(request: Request) -> str | None:
         key = bearer_key(request.headers)
         sessions.check_key(key)
-        return runtime.caller_key(key)
+        return sessions.caller_key(key)
 
     async def generate_stream(ws: WebSocket):
         await ws.accept()
@@ -156,7 +156,8 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
             WebSocketRoute("/v1/realtime", realtime),
             *call_routes(sessions, runtime.config.webrtc, calls, error_response),
             *_sip_routes(sessions, calls, sip),
-            *client_secret_routes(runtime, error_response),
+            *client_secret_routes(sessions, runtime.config.limits.max_request_bytes,
+                                  error_response),
             *phone_routes,
             # A client given the server's base URL instead of the socket's (Pipecat
             # takes ``base_url`` as the socket URL itself) reaches the same socket.

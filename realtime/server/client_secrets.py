@@ -20,19 +20,18 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.session_config import session_wire
-from vllm_duplex.host.runtime import Runtime
-from vllm_duplex.host.sessions import check_api_key
+from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.leases.client_secrets import DEFAULT_TTL_S, is_client_secret
 from vllm_duplex.realtime.server.auth import bearer_key
-from vllm_duplex.realtime.wire.codec import RealtimeCodec
+from vllm_duplex.realtime.server.port.session_port import realtime_codec
 
 
-def client_secret_routes(runtime: Runtime,
+def client_secret_routes(sessions: RealtimeSessions, max_request_bytes: int,
                          error_response: Callable[[DuplexError], JSONResponse]) -> list[Route]:
-    codec = RealtimeCodec(model_aliases={n: runtime.model for n in runtime.config.model_names})
+    codec = realtime_codec(sessions)
 
     def parse(body: bytes) -> tuple[float, object]:
-        if len(body) > runtime.config.limits.max_request_bytes:
+        if len(body) > max_request_bytes:
             raise DuplexError("payload_too_large", "the request body is too large")
         try:
             raw = json.loads(body) if body.strip() else {}
@@ -61,12 +60,12 @@ def client_secret_routes(runtime: Runtime,
             if is_client_secret(key):
                 raise DuplexError("unauthorized", "a client secret cannot mint client secrets; "
                                   "use an API key (on your server)")
-            check_api_key(runtime.config.api_keys, runtime.client_secrets, key)
+            sessions.check_key(key)
             ttl, session = parse(await request.body())
             patch = codec.session_patch(session) if session is not None else None
-            value, secret, config = runtime.mint_client_secret(key, patch, ttl, time.time())
+            value, secret, config = sessions.mint_client_secret(key, patch, ttl, time.time())
         except DuplexError as err:
-            runtime.metrics.errors.inc(code=err.code)
+            sessions.count_error(err.code)
             return error_response(err)
         wire = session_wire(config, session_id=secret.session_id)
         return JSONResponse({"value": value, "expires_at": secret.expires_at_unix,

@@ -42,9 +42,9 @@ from vllm_duplex.core.session_config import SessionPatch, SessionType
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.http_errors import error_response
-from vllm_duplex.realtime.server.port.session_port import Rules, SessionPort
+from vllm_duplex.realtime.server.port.session_port import Rules, SessionPort, realtime_codec
 from vllm_duplex.realtime.server.tracing import turn_spans
-from vllm_duplex.realtime.wire.codec import Dialect, RealtimeCodec
+from vllm_duplex.realtime.wire.codec import Dialect
 from vllm_duplex.replay.outbox import Notice
 
 if TYPE_CHECKING:
@@ -80,9 +80,7 @@ class RealtimeConnection:
         self.calls = calls
         self.call: Call | None = None  # a sideband socket's call
         beta = "realtime=v1" in ws.headers.get("openai-beta", "")
-        self.codec = RealtimeCodec(max_event_bytes=sessions.max_event_bytes,
-                                   dialect=Dialect.BETA if beta else Dialect.GA,
-                                   model_aliases=sessions.model_aliases)
+        self.codec = realtime_codec(sessions, Dialect.BETA if beta else Dialect.GA)
         self._send_lock = asyncio.Lock()
         self.port: SessionPort | None = None
         self.client_close_code: int | None = None  # the disconnect's code, once the socket ended
@@ -105,8 +103,7 @@ class RealtimeConnection:
         if params.get("call_id") is not None or params.get("resume") in ("1", "true"):
             return False
         try:
-            self.sessions.check_key(key)
-            self.sessions.check_room()
+            self.sessions.admit(key)  # key, room; a wrong model is an error event after the upgrade
         except DuplexError as err:
             if not isinstance(err, Capacity):
                 return False
@@ -126,13 +123,10 @@ class RealtimeConnection:
         await self.ws.accept(subprotocol="realtime" if "realtime" in offered else None)
         sessions = self.sessions
         try:
-            sessions.check_key(key)
-            model = self.ws.query_params.get("model")
-            if model and not sessions.serves(model):
-                raise DuplexError("model_not_found",
-                                  f"model {model!r} is not served here; this server serves "
-                                  f"{', '.join(map(repr, sessions.model_names))}",
-                                  param="model")
+            # The room was asked before the upgrade (a resume and a sideband
+            # take no seat; a new session's open asks again as it takes one);
+            # an empty ``?model=`` names no model.
+            sessions.admit(key, model=self.ws.query_params.get("model") or None, room=False)
             call_id = self.ws.query_params.get("call_id")
             if call_id is not None:
                 await self._sideband(call_id, key)

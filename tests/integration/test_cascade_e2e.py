@@ -156,7 +156,7 @@ async def test_an_asr_revision_rolls_back_and_the_answer_is_still_right(vllm_sta
     'was' revise words already pushed into the live vLLM request."""
     runtime = cascade_runtime(vllm_stage)
     await runtime.start()
-    session = await runtime.open_realtime_session(None)
+    session = await runtime.sessions.open(None)
     try:
         # Server VAD: the scripted VadSpeechStopped below is the end of the turn
         # (under the default semantic_vad it would be a pause to judge).
@@ -186,7 +186,7 @@ async def test_an_asr_revision_rolls_back_and_the_answer_is_still_right(vllm_sta
         assert runtime.metrics.incarnation_bumps.get() >= 1
         assert "Paris" in text
     finally:
-        await runtime.end_session(session, CloseReason.CLIENT)
+        await runtime.sessions.end(session, CloseReason.CLIENT)
         await runtime.stop()
 
 

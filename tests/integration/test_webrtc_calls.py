@@ -298,6 +298,16 @@ async def test_the_wrong_content_type_and_a_bad_key_are_typed_errors(server):
     assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
 
 
+async def test_a_model_not_served_is_refused_as_on_the_socket(server):
+    """One admission for every route (``RealtimeSessions.admit``): the same
+    ``model_not_found``, naming what is served, before the offer is read."""
+    r = await post_offer(server, "not an offer", params={"model": "gpt-9"})
+    error = r.json()["error"]
+    assert r.status_code == 404 and (error["code"], error["param"]) == ("model_not_found", "model")
+    assert error["message"] == ("model 'gpt-9' is not served here; this server serves "
+                                + ", ".join(map(repr, server.runtime.config.model_names)))
+
+
 async def test_a_data_channel_message_that_is_not_an_event_gets_an_error_event(server):
     async with RtcClient(server.http_url, key=KEY) as call:
         await call.event("session.created")

@@ -75,7 +75,7 @@ def test_one_place_moves_the_fence() -> None:
 # Every transport stands on the session port and is handed ``RealtimeSessions``
 # (plugin/host/sessions.py), never the Runtime: ``.importlinter``'s transports
 # contract keeps the import out; this keeps the object out -- no shell names a
-# runtime, nor reaches for the one the service keeps to itself.
+# runtime (and the service holds none: the Runtime builds it from its parts).
 _TRANSPORTS = [Path("realtime/server/connection.py"), Path("realtime/server/port"),
                Path("realtime/server/webrtc"), Path("realtime/server/telephony")]
 

@@ -654,7 +654,7 @@ async def test_omni_scripted_deployment_answers_a_turn():
     try:
         assert runtime.capabilities()["policies"]["omni"]["input_modalities"] == [
             "audio", "image", "text", "video"]
-        session = await runtime.open_realtime_session(None)
+        session = await runtime.sessions.open(None)
         for _ in range(10):  # 0.2 s of silence, then speech
             session.deliver(cmd.AudioAppend(audio=pcm16(0.02)))
         for _ in range(15):
@@ -676,7 +676,7 @@ async def test_omni_scripted_deployment_answers_a_turn():
         # 2 s of speech and the silence until the VAD's stop: about 2.7 s.
         m = re.fullmatch(r"I heard (\d\.\d) s of audio in 3 units and saw no frames\.", text)
         assert m is not None and 2.6 <= float(m.group(1)) <= 2.8, text
-        await runtime.end_session(session, CloseReason.CLIENT)
+        await runtime.sessions.end(session, CloseReason.CLIENT)
     finally:
         await runtime.stop()
 
@@ -692,7 +692,7 @@ async def test_omni_scripted_deployment_sees_the_camera():
     runtime = Runtime(load_config("omni-scripted"))
     await runtime.start()
     try:
-        session = await runtime.open_realtime_session(None)
+        session = await runtime.sessions.open(None)
         buf = io.BytesIO()
         Image.new("RGB", (64, 48), (10, 200, 30)).save(buf, "PNG")
         for _ in range(15):
@@ -712,6 +712,6 @@ async def test_omni_scripted_deployment_sees_the_camera():
             text += env.event.delta
         m = re.search(r"saw (\d+) frames?, the last 64x48", text)
         assert m is not None and int(m.group(1)) >= 1, text  # how many: tests/test_omni_policy.py
-        await runtime.end_session(session, CloseReason.CLIENT)
+        await runtime.sessions.end(session, CloseReason.CLIENT)
     finally:
         await runtime.stop()

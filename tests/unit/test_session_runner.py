@@ -51,7 +51,7 @@ async def runtime():
 
 
 async def manual_session(runtime):
-    session = await runtime.open_realtime_session(None)
+    session = await runtime.sessions.open(None)
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(turn_detection=None)))
     await next_event(session, "session.updated")
     return session
@@ -79,7 +79,7 @@ async def test_cancel_behind_100_appends_is_applied_first(runtime):
     assert order == ["response.done", "input_audio_buffer.committed"]
     assert session.mailbox.overtaken >= 1
     assert runtime.metrics.control_overtakes.get() >= 1
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 async def test_interrupt_bumps_epoch_once_and_drops_stale_deltas(runtime):
@@ -100,7 +100,7 @@ async def test_interrupt_bumps_epoch_once_and_drops_stale_deltas(runtime):
         if env.event.type == "error":
             assert env.event.error.event_id == "sentinel"
             break
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 class _DeafLlmStage:
@@ -150,7 +150,7 @@ class _DeafPort:
 
 
 async def test_fence_gate_is_the_one_place_stale_outputs_die(runtime):
-    runtime.stages = [runtime.stages[0], _DeafLlmStage()]
+    runtime.stages[1:] = [_DeafLlmStage()]  # in place: the sessions service opens on this list
     session = await manual_session(runtime)
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(output_modalities=("text",))))
     await next_event(session, "session.updated")
@@ -168,24 +168,24 @@ async def test_fence_gate_is_the_one_place_stale_outputs_die(runtime):
         env = session.attachment.get_nowait()
         assert env.event.type != "response.output_text.delta", "a stale delta reached the client"
     assert first.fence.epoch < session.fence.epoch
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 async def test_speech_after_cancel_still_starts_a_turn(runtime):
     """Input-side (VAD) outputs describe the user, not a reply: an epoch bump
     between the audio and its VAD event must not lose the user's turn."""
-    session = await runtime.open_realtime_session(None)
+    session = await runtime.sessions.open(None)
     session.deliver(cmd.ResponseCreate())
     await next_event(session, "response.created")
     session.deliver(cmd.AudioAppend(audio=pcm16(0.3, amplitude=0.3)))
     session.deliver(cmd.ResponseCancel())  # overtakes the audio, bumps the epoch
     started = await next_event(session, "input_audio_buffer.speech_started")
     assert started.event.item_id
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 async def test_fences_only_grow_and_seq_is_dense(runtime):
-    session = await runtime.open_realtime_session(None)
+    session = await runtime.sessions.open(None)
     audio = pcm16(0.1) + pcm16(0.6, amplitude=0.3) + pcm16(1.0)
     for i in range(0, len(audio), 960):
         session.deliver(cmd.AudioAppend(audio=audio[i:i + 960]))
@@ -200,24 +200,24 @@ async def test_fences_only_grow_and_seq_is_dense(runtime):
     assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
     fences = [(e.fence.incarnation, e.fence.epoch) for e in seen]
     assert fences == sorted(fences) and fences[-1][1] == fences[0][1] + 1
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 async def test_immutable_and_unsupported_updates_are_refused(runtime):
-    session = await runtime.open_realtime_session(None)
+    session = await runtime.sessions.open(None)
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(model="other"), event_id="u1"))
     err = await next_event(session, "error")
     assert (err.event.error.code, err.event.error.param, err.event.error.event_id) == (
         "immutable_field", "session.model", "u1")
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(model=session.config.model)))
     await next_event(session, "session.updated")  # unchanged immutable value is fine
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 async def test_close_is_idempotent_and_refuses_later_commands(runtime):
-    session = await runtime.open_realtime_session(None)
-    await runtime.end_session(session, CloseReason.CLIENT)
-    await runtime.end_session(session, CloseReason.CLIENT)
+    session = await runtime.sessions.open(None)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
     assert len(runtime.manager) == 0
     with pytest.raises(Exception) as info:
         session.deliver(cmd.AudioCommit(event_id="late"))
@@ -292,7 +292,7 @@ def test_gate_keeps_listening_outputs_across_fence_bumps():
 
 async def test_a_consumer_that_stops_reading_ends_its_session_with_bounded_memory(runtime):
     """Without resume (grace 0), a socket that stops reading ends its session."""
-    runtime.session_limits = dataclasses.replace(runtime.session_limits, outbound_capacity=8,
+    runtime.sessions.limits = dataclasses.replace(runtime.sessions.limits, outbound_capacity=8,
                                                 survives_disconnect=False)
     session = await manual_session(runtime)  # reads session.created/updated only
     att = session.attachment
@@ -300,12 +300,12 @@ async def test_a_consumer_that_stops_reading_ends_its_session_with_bounded_memor
     await asyncio.wait_for(session.closed.wait(), 5)
     assert session.close_reason is CloseReason.SLOW_CONSUMER
     assert att.qsize() == 1 and att.get_nowait() is Notice.SLOW_CONSUMER  # backlog dropped
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
     assert runtime.metrics.sessions_closed.get(reason="slow_consumer") == 1
 
 
 async def test_with_resume_a_slow_consumer_loses_its_socket_not_its_session(runtime):
-    runtime.session_limits = dataclasses.replace(runtime.session_limits, outbound_capacity=8,
+    runtime.sessions.limits = dataclasses.replace(runtime.sessions.limits, outbound_capacity=8,
                                                 survives_disconnect=True)
     session = await manual_session(runtime)
     att = session.attachment
@@ -318,22 +318,22 @@ async def test_with_resume_a_slow_consumer_loses_its_socket_not_its_session(runt
     new, replay, resumed = session.resume(session.resume_token, 2)
     assert not replay.resync and [e.seq for e in replay.events] == list(range(3, replay.head_seq + 1))
     assert resumed["resume_token"] == session.resume_token
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 async def test_silence_under_server_vad_does_not_grow_the_buffer(runtime):
-    session = await runtime.open_realtime_session(None)
+    session = await runtime.sessions.open(None)
     for _ in range(250):  # 5 s of silence
         session.deliver(cmd.AudioAppend(audio=pcm16(0.02)))
     session.deliver(cmd.ItemRetrieve(item_id="x"))  # a sentinel behind the audio
     await next_event(session, "error")
     td = session.config.turn_detection
     assert session.core.input.samples <= (td.prefix_padding_ms + 1000 + 20) * 16
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 async def test_manual_buffer_is_capped_with_a_typed_error(runtime):
-    runtime.session_limits = dataclasses.replace(runtime.session_limits, max_buffer_ms=100)
+    runtime.sessions.limits = dataclasses.replace(runtime.sessions.limits, max_buffer_ms=100)
     session = await manual_session(runtime)
     for i in range(6):
         session.deliver(cmd.AudioAppend(audio=pcm16(0.02), event_id=f"a{i}"))
@@ -342,7 +342,7 @@ async def test_manual_buffer_is_capped_with_a_typed_error(runtime):
     session.deliver(cmd.AudioCommit())
     committed = await next_event(session, "conversation.item.done")
     assert committed.event.item["role"] == "user"
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
@@ -356,7 +356,7 @@ async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
     clock = VirtualClock()
     runtime = Runtime(load_config("scripted"), clock=clock)
     await runtime.start()
-    session = await runtime.open_realtime_session(None)
+    session = await runtime.sessions.open(None)
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(pacing=OutputPacing("none"))))
     session.deliver(cmd.ResponseCreate())
     while session.core.shown is None or session.core.shown.first_audio_at is None:
@@ -372,7 +372,7 @@ async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
     context = response_context(session.core.policy, session.core, session.core.conversation,
                                cmd.ResponseOptions())
     assert context[-1].role == "assistant" and context[-1].text == "Hello from the scripted"
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
     await runtime.stop()
 
 
@@ -380,7 +380,7 @@ async def test_a_terminal_stage_failure_ends_the_session_with_one_error(runtime)
     from vllm_duplex.core.errors import DuplexError
     from vllm_duplex.core.payloads import StageFailed
 
-    session = await runtime.open_realtime_session(None)
+    session = await runtime.sessions.open(None)
     dead = DuplexError("engine_dead", "the vLLM engine died")
     fence = session.fence
     await session._enqueue_output(StageOutput(fence, fence.request_id("llm"), "llm", StageFailed(dead)))
@@ -388,7 +388,7 @@ async def test_a_terminal_stage_failure_ends_the_session_with_one_error(runtime)
     assert err.event.error.code == "engine_dead" and err.event.error.to_wire()["retryable"]
     await asyncio.wait_for(session.closed.wait(), 5)
     assert session.close_reason is CloseReason.ENGINE_DEAD
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 # ---- a session that lags: bounded, merged, never deadlocked ---------------------------
@@ -422,8 +422,8 @@ class _FloodPort(FencedPort):
 
 async def test_a_flood_of_deltas_is_merged_not_queued_without_bound(runtime):
     words = [f"w{i} " for i in range(2000)]
-    runtime.stages = [runtime.stages[0], _FloodLlmStage(words)]
-    runtime.session_limits = dataclasses.replace(runtime.session_limits, stage_capacity=4)
+    runtime.stages[1:] = [_FloodLlmStage(words)]  # in place: the sessions service opens on this list
+    runtime.sessions.limits = dataclasses.replace(runtime.sessions.limits, stage_capacity=4)
     session = await manual_session(runtime)
     session.deliver(cmd.SessionUpdate(patch=SessionPatch(output_modalities=("text",))))
     await next_event(session, "session.updated")
@@ -438,7 +438,7 @@ async def test_a_flood_of_deltas_is_merged_not_queued_without_bound(runtime):
     assert deltas < len(words) and session.mailbox.merged == len(words) - deltas
     assert session.mailbox.peak[Lane.STAGE] <= 4
     assert env.event.response["status"] == "completed"
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 class _ChattyVadStage(StageBase):
@@ -472,9 +472,9 @@ async def test_a_stage_that_waits_on_its_outputs_cannot_deadlock_the_session(run
     """The session used to await ``submit``; here ``submit`` waits for the
     session to take outputs from a full STAGE lane. It must still finish,
     with every output, and with both the lane and the stage feed bounded."""
-    runtime.stages = [_ChattyVadStage(), *runtime.stages[1:]]
-    runtime.session_limits = dataclasses.replace(runtime.session_limits, stage_capacity=2)
-    session = await runtime.open_realtime_session(None)
+    runtime.stages[0] = _ChattyVadStage()  # in place: the sessions service opens on this list
+    runtime.sessions.limits = dataclasses.replace(runtime.sessions.limits, stage_capacity=2)
+    session = await runtime.sessions.open(None)
     for _ in range(100):  # 100 ms each: every one yields samples past the resampler's delay
         session.deliver(cmd.AudioAppend(audio=pcm16(0.1)))
     got = []
@@ -485,11 +485,11 @@ async def test_a_stage_that_waits_on_its_outputs_cannot_deadlock_the_session(run
     assert session.mailbox.peak[Lane.STAGE] <= 2
     assert session.feed.peak <= HIGH_WATER + 1  # client data paused above the watermark
     assert not session.feed.paused
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 async def test_a_submission_the_stage_refuses_is_an_internal_error_not_a_stall(runtime):
-    session = await runtime.open_realtime_session(None)
+    session = await runtime.sessions.open(None)
     fence = session.fence
     session.feed.submit("llm", fence, "llm", TextDelta("r", "not a request"))  # llm takes GenerateRequest
     err = await next_event(session, "error")
@@ -497,7 +497,7 @@ async def test_a_submission_the_stage_refuses_is_an_internal_error_not_a_stall(r
     session.deliver(cmd.ItemRetrieve(item_id="nope", event_id="after"))
     err = await next_event(session, "error")
     assert err.event.error.event_id == "after"  # the session goes on
-    await runtime.end_session(session, CloseReason.CLIENT)
+    await runtime.sessions.end(session, CloseReason.CLIENT)
 
 
 def test_a_timer_never_wakes_the_core_before_its_time():
@@ -513,7 +513,7 @@ def test_a_timer_never_wakes_the_core_before_its_time():
         runtime = Runtime(load_config("scripted"))
         await runtime.start()
         try:
-            session = await runtime.open_realtime_session(None)
+            session = await runtime.sessions.open(None)
             fired: dict[str, float] = {}  # timer -> the session clock when it woke the core
             put = session.mailbox.put_nowait
 
@@ -530,7 +530,7 @@ def test_a_timer_never_wakes_the_core_before_its_time():
                 at = session.clock.now() + 0.0123
                 await session._timer(f"t{i}", at)  # sleeps, then queues TimerFired
                 early.append(at - fired[f"t{i}"])
-            await runtime.end_session(session, CloseReason.CLIENT)
+            await runtime.sessions.end(session, CloseReason.CLIENT)
             return early
         finally:
             await runtime.stop()

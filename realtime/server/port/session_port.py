@@ -31,6 +31,7 @@ from vllm_duplex.core.events import Envelope
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.session_config import SessionConfig, SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
+from vllm_duplex.realtime.wire.codec import Dialect, RealtimeCodec
 from vllm_duplex.replay.journal import Replay
 from vllm_duplex.replay.outbox import Attachment, Notice
 from vllm_duplex.session.runner import DuplexSession
@@ -46,6 +47,14 @@ class Codec(Protocol):
     def render_error(self, err: DuplexError, fence: Fence | None = None) -> str: ...
 
     def render_notice(self, kind: str, fence: Fence | None = None, **fields: Any) -> str: ...
+
+
+def realtime_codec(sessions: RealtimeSessions, dialect: Dialect = Dialect.GA) -> RealtimeCodec:
+    """The OpenAI Realtime codec of this server (its event size limit, its
+    model names): the one every transport speaks to its clients and parses a
+    route's session config with."""
+    return RealtimeCodec(max_event_bytes=sessions.max_event_bytes, dialect=dialect,
+                         model_aliases=sessions.model_aliases)
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,12 @@ from vllm_duplex.core.errors import Capacity, DuplexError
 from vllm_duplex.core.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.host.sip import Sip
+from vllm_duplex.realtime.server.port.session_port import realtime_codec
 from vllm_duplex.realtime.server.telephony import sdp
 from vllm_duplex.realtime.server.telephony import sip_message as sm
 from vllm_duplex.realtime.server.telephony.sip_call import SipCall
 from vllm_duplex.realtime.server.telephony.sip_dialog import DialogState, SipDialog, allow_header
 from vllm_duplex.realtime.server.telephony.webhooks import WebhookSender, incoming_call
-from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class _Tcp(asyncio.Protocol):
 class SipAgent:
     def __init__(self, sessions: RealtimeSessions, calls: Any, config: Sip) -> None:
         self.sessions, self.calls, self.config = sessions, calls, config
-        self.codec = RealtimeCodec(model_aliases=sessions.model_aliases)
+        self.codec = realtime_codec(sessions)
         self.port = config.port
         self.tls_port = config.tls_port
         self.malformed: Counter[int] = Counter()  # by the status they were answered with

@@ -39,10 +39,9 @@ from vllm_duplex.core.session_config import AudioEncoding, AudioFormat, SessionP
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.media.audio import AudioEncoder, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from vllm_duplex.realtime.server.port.calls import Call
-from vllm_duplex.realtime.server.port.session_port import SessionPort
+from vllm_duplex.realtime.server.port.session_port import SessionPort, realtime_codec
 from vllm_duplex.realtime.server.reply_player import ReplyPlayer
 from vllm_duplex.realtime.server.telephony import rtp, sdp
-from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +113,7 @@ class SipCall(Call):
                    dialog: Dialog, on_end: Callable[[SipCall], None]) -> SipCall:
         """Open the call's session and its RTP socket; the typed error of
         what failed, with nothing left open."""
-        codec = RealtimeCodec(max_event_bytes=sessions.max_event_bytes,
-                              model_aliases=sessions.model_aliases)
-        port = await SessionPort.open(sessions, codec, key,
+        port = await SessionPort.open(sessions, realtime_codec(sessions), key,
                                       with_phone_formats(patch, offer.encoding),
                                       transport=SessionPatch.played_here())
         dropped = sessions.counter(

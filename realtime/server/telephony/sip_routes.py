@@ -24,16 +24,16 @@ from starlette.routing import Route
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
+from vllm_duplex.realtime.server.port.session_port import realtime_codec
 from vllm_duplex.realtime.server.telephony.sip_agent import SipAgent
 from vllm_duplex.realtime.server.telephony.sip_call import SipCall
-from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 _MAX_BODY = 1 << 20
 
 
 def sip_routes(sessions: RealtimeSessions, calls: Any, agent: Callable[[], SipAgent | None],
                error_response: Callable[[DuplexError], JSONResponse]) -> list[Route]:
-    codec = RealtimeCodec(model_aliases=sessions.model_aliases)
+    codec = realtime_codec(sessions)
 
     def the_agent() -> SipAgent:
         sip = agent()
@@ -56,8 +56,11 @@ def sip_routes(sessions: RealtimeSessions, calls: Any, agent: Callable[[], SipAg
         return data
 
     def authorized(request: Request) -> str | None:
+        """The caller's key. No room asked here: ``accept`` opens at once
+        (the open asks as it takes the seat, after the session's config, so
+        a bad body is answered as such); ``reject`` and ``refer`` take none."""
         key = bearer_key(request.headers)
-        sessions.check_key(key)
+        sessions.admit(key, room=False)
         return key
 
     async def accept(request: Request):

@@ -30,7 +30,7 @@ from vllm_duplex.core.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.host.twilio import Twilio
 from vllm_duplex.realtime.server.port.calls import Calls
-from vllm_duplex.realtime.server.port.session_port import SessionPort
+from vllm_duplex.realtime.server.port.session_port import SessionPort, realtime_codec
 from vllm_duplex.realtime.server.telephony.twilio_auth import TwilioAuth
 from vllm_duplex.realtime.server.telephony.twilio_stream import (
     Refused,
@@ -39,7 +39,6 @@ from vllm_duplex.realtime.server.telephony.twilio_stream import (
     phone_patch,
     refuse,
 )
-from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ def twilio_routes(sessions: RealtimeSessions, settings: Twilio | None, calls: Ca
     api_key = settings.api_key or (api_keys[0] if api_keys else None)
     if api_keys and api_key not in api_keys:
         raise ValueError("twilio.api_key must be one of api_keys")
-    codec = RealtimeCodec(model_aliases=sessions.model_aliases)
+    codec = realtime_codec(sessions)
     profiles: dict[str, SessionPatch] = {}
     for name, raw in settings.profiles.items():
         try:
@@ -103,12 +102,14 @@ def twilio_routes(sessions: RealtimeSessions, settings: Twilio | None, calls: Ca
             return error_response(err)
         response = VoiceResponse()
         try:
-            sessions.check_room()
+            # Twilio signs the webhook (checked above); the key is the one the
+            # call's session opens with. The room after the signature, so a
+            # forged webhook never learns it; at capacity the caller hears busy.
+            call_id = sessions.admit(api_key, call="tw")
         except Capacity:
             log.info("twilio call %s refused: at capacity", call_sid)
             response.reject(reason="busy")
             return Response(str(response), media_type="application/xml")
-        call_id = sessions.mint_id("tw")
         stream = Stream(url=stream_url(request))
         stream.parameter(name="call_id", value=call_id)
         stream.parameter(name="token", value=auth.stream_token(call_sid, call_id, profile,
@@ -127,7 +128,7 @@ def twilio_routes(sessions: RealtimeSessions, settings: Twilio | None, calls: Ca
     async def media_stream(ws: WebSocket) -> None:
         await ws.accept()
         # The call's events for its sideband sockets; Twilio's own frames are twilio_codec's.
-        sideband_codec = RealtimeCodec(max_event_bytes=sessions.max_event_bytes)
+        sideband_codec = realtime_codec(sessions)
         try:
             start = await await_start(ws, count_error)
             if start is None:  # a stop (or the socket's end) before any start

@@ -50,10 +50,9 @@ from vllm_duplex.core.session_config import SessionPatch
 from vllm_duplex.host.deploy import WebRtc
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.port.calls import Call
-from vllm_duplex.realtime.server.port.session_port import Rules, SessionPort
+from vllm_duplex.realtime.server.port.session_port import Rules, SessionPort, realtime_codec
 from vllm_duplex.realtime.server.webrtc.media import MicrophoneEncoder, ReplyTrack, mono_int16
 from vllm_duplex.realtime.server.webrtc.offer import Offer
-from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +87,7 @@ class RtcCall(Call):
                      on_end: Callable[[RtcCall], None]) -> tuple[RtcCall, str]:
         """Open the call's session and answer ``offer``; the typed error of
         what failed, with nothing left open."""
-        codec = RealtimeCodec(max_event_bytes=sessions.max_event_bytes,
-                              model_aliases=sessions.model_aliases)
-        port = await SessionPort.open(sessions, codec, key, patch,
+        port = await SessionPort.open(sessions, realtime_codec(sessions), key, patch,
                                       transport=SessionPatch.played_here())
         call = cls(port, settings, call_id, on_end=on_end)
         try:

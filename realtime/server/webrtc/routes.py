@@ -24,16 +24,16 @@ from vllm_duplex.host.deploy import WebRtc
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.port.calls import Calls
+from vllm_duplex.realtime.server.port.session_port import realtime_codec
 from vllm_duplex.realtime.server.webrtc.call import RtcCall
 from vllm_duplex.realtime.server.webrtc.ice import use_host_addresses
 from vllm_duplex.realtime.server.webrtc.offer import MAX_OFFER_BYTES, check_offer
-from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 
 def call_routes(sessions: RealtimeSessions, settings: WebRtc, calls: Calls,
                 error_response: Callable[[DuplexError], JSONResponse]) -> list[Route]:
     use_host_addresses(settings.host_addresses)
-    codec = RealtimeCodec(model_aliases=sessions.model_aliases)
+    codec = realtime_codec(sessions)
 
     async def read_offer(request: Request) -> tuple[str, SessionPatch | None]:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -70,15 +70,11 @@ def call_routes(sessions: RealtimeSessions, settings: WebRtc, calls: Calls,
     async def create_call(request: Request):
         try:
             key = bearer_key(request.headers)
-            sessions.check_key(key)
-            model = request.query_params.get("model")
-            if model is not None and not sessions.serves(model):
-                raise DuplexError("model_not_found", f"model {model!r} is not served here",
-                                  param="model")
-            sessions.check_room()  # before any ICE work; the open checks again
+            # The room before the offer is read or any ICE work (the open asks
+            # again as it takes the seat).
+            call_id = sessions.admit(key, model=request.query_params.get("model"), call="rtc")
             sdp, patch = await read_offer(request)
             offer = check_offer(sdp, settings.host_addresses)
-            call_id = sessions.mint_id("rtc")
             call, answer = await RtcCall.answer(sessions, settings, call_id, key, offer, patch,
                                                 on_end=calls.remove)
         except DuplexError as err:
