@@ -108,6 +108,13 @@ setup(
             "aiortc==1.16.0",
             "av>=14,<20",
         ],
+        # audio.input.echo_cancellation: WebRTC's AEC3 through the livekit
+        # package's AudioProcessingModule (Apache-2.0; its native library is in
+        # the wheel, no network at import), plugin/media/echo.py. Pinned: the
+        # canceller's figures (bench/room_echo.py) are this build's.
+        "echo": [
+            "livekit==1.2.0",
+        ],
         # Phone calls (realtime/server/telephony): Twilio Media Streams use the
         # twilio package's TwiML and its X-Twilio-Signature validator; SIP calls
         # POST their signed realtime.call.incoming webhook with httpx, and
