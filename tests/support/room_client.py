@@ -23,11 +23,17 @@ CHUNK_MS = 20
 
 async def talk_in_room(client: RealtimeClient, room: Room, voice: np.ndarray, *,
                        done: Callable[[list[dict[str, Any]]], bool], max_s: float = 120.0,
-                       tail_s: float = 1.0) -> None:
+                       tail_s: float = 1.0,
+                       over_reply: tuple[float, np.ndarray] | None = None) -> int | None:
     """Stream the room's microphone (the user's ``voice`` from the start,
     then silence) until ``done(events)`` and the speaker ran dry ``tail_s``
-    ago, or ``max_s``."""
+    ago, or ``max_s``. ``over_reply`` = (s, pcm): the user also says ``pcm``
+    ``s`` seconds after the first reply starts playing (double talk);
+    returns the sample where it began (None if no reply played)."""
     rate = room.rate
+    said_at: list[int] = []
+    line = np.zeros(room.played.size, np.float64)  # what the user says, when
+    line[:voice.size] = voice[:line.size]
     step = rate * CHUNK_MS // 1000
     t0 = time.monotonic()
     playing: dict[str, int] = {}  # item id -> the sample its audio started playing
@@ -44,6 +50,10 @@ async def talk_in_room(client: RealtimeClient, room: Room, voice: np.ndarray, *,
                 pcm = np.frombuffer(base64.b64decode(event["delta"]), "<i2")
                 start = room.play(pcm, now())
                 playing.setdefault(event["item_id"], start)
+                if over_reply is not None and not said_at:
+                    said_at.append(start + int(over_reply[0] * rate))
+                    words = over_reply[1][:max(0, line.size - said_at[0])]
+                    line[said_at[0]:said_at[0] + words.size] += words
                 sent[event["item_id"]] = sent.get(event["item_id"], 0) + pcm.size
             elif kind == "input_audio_buffer.speech_started" and room.play_end > now():
                 at = now()
@@ -62,13 +72,12 @@ async def talk_in_room(client: RealtimeClient, room: Room, voice: np.ndarray, *,
             if listener.done():
                 listener.result()  # the socket failed: say why
             start = i * step
-            said = voice[start:start + step] if start < voice.size else None
-            if said is not None and said.size < step:
-                said = np.pad(said, (0, step - said.size))
-            await client.append_audio(room.mic(start, step, said).astype("<i2").tobytes())
+            await client.append_audio(room.mic(start, step, line[start:start + step])
+                                      .astype("<i2").tobytes())
             i += 1
             if done(client.events) and room.play_end + tail_s * rate < start:
-                return
+                break
     finally:
         listener.cancel()
         await asyncio.gather(listener, return_exceptions=True)
+    return said_at[0] if said_at else None
