@@ -21,10 +21,14 @@ Why the model may be rough: the real echo comes later than the model says
 the microphone's trip back -- and AEC3 finds that delay itself (up to about
 a second). What it cannot do is use a reference that comes *after* the
 echo; the model never does, since a client cannot play audio before it was
-sent. A microphone chunk is placed at its arrival time minus its length,
-and the chunks after it follow sample for sample (the capture clock is the
-client's, steady); only a jump of more than ``REANCHOR_S`` (the client
-paused its stream, or sent a burst) places the stream on the clock again.
+sent. The microphone's samples were heard on the client's clock, steady; they
+arrive late by a varying amount (the network, the server's own event loop
+busy with a decode). So each chunk says "my samples were heard no later
+than my arrival minus their length", and the stream is placed by the
+earliest any chunk said (the least delayed one): a late chunk moves
+nothing, so the reference never jumps with jitter. Only a chunk later than
+that by more than ``REANCHOR_S`` (the client paused its microphone) places
+the stream again.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from vllm_duplex.media.audio import AudioDecoder
 from vllm_duplex.media.echo import FRAME, EchoCanceller
 from vllm_duplex.session.effects import Emit
 
-REANCHOR_S = 0.2  # a microphone stream off its clock by more than this is placed again
+REANCHOR_S = 1.0  # a microphone chunk later than its place by more than this places the stream again
 _NO_PCM = np.zeros(0, np.int16)
 
 
@@ -121,7 +125,8 @@ class EchoPath:
         self.playback = ClientPlayback()
         self._fmt = output_format
         self._decoder: tuple[str, AudioDecoder] | None = None  # the item playing's
-        self._next: float | None = None  # the client's clock: when the next mic sample was heard
+        self._offset: float | None = None  # mic sample k was heard at offset + k / rate
+        self._heard = 0  # microphone samples so far
         self._reference: deque[np.ndarray] = deque()  # rendered, its mic samples not yet cancelled
 
     def set_output_format(self, fmt: AudioFormat) -> None:
@@ -153,11 +158,12 @@ class EchoPath:
         played while they were heard."""
         if n == 0:
             return
-        seconds = n / INTERNAL_RATE
-        if self._next is None or abs(at - (self._next + seconds)) > REANCHOR_S:
-            self._next = at - seconds
-        self._reference.append(self.playback.render(self._next, n))
-        self._next += seconds
+        self._heard += n
+        offset = at - self._heard / INTERNAL_RATE  # what this chunk says
+        if self._offset is None or offset < self._offset or offset > self._offset + REANCHOR_S:
+            self._offset = offset
+        start = self._offset + (self._heard - n) / INTERNAL_RATE
+        self._reference.append(self.playback.render(start, n))
 
     def captured_silence(self, n: int) -> None:
         """``n`` microphone samples heard before the speaker was modelled."""

