@@ -141,6 +141,8 @@ setup(
             "psutil>=5",
             "httpx>=0.27",
             "import-linter>=2.1",  # the layering contract (.importlinter)
+            # image-method rooms for the echo canceller's room bench (bench/room_echo.py)
+            "pyroomacoustics==0.10.1",
             "opentelemetry-sdk>=1.26",  # its in-memory exporter (test_turn_spans.py)
             # a published MCP server the MCP tests call (tests/support/mcp_servers.py)
             "mcp-server-time==2026.10.19",
