@@ -244,3 +244,39 @@ def test_echo_cancellation_without_livekit_is_refused(monkeypatch):
         InputBuffer(AudioFormat(), max_ms=5000).set_echo_cancellation("server", AudioFormat())
     assert err.value.code == "capability_unsupported"
     assert err.value.param == "session.audio.input.echo_cancellation"
+
+
+# ---- the session core ------------------------------------------------------------------
+
+
+def test_a_session_update_turns_it_on_and_says_so():
+    from support.session_core import emitted, make_core
+    from vllm_duplex.core import commands as cmd
+    from vllm_duplex.core.session_config import SessionPatch
+
+    core = make_core()
+    [updated] = emitted(core.handle(cmd.SessionUpdate(
+        patch=SessionPatch(echo_cancellation="server")), 0.0))
+    assert updated.session["audio"]["input"]["echo_cancellation"] == {"type": "server"}
+    [updated] = emitted(core.handle(cmd.SessionUpdate(
+        patch=SessionPatch(echo_cancellation=None)), 0.0))
+    assert updated.session["audio"]["input"]["echo_cancellation"] is None
+
+
+def test_without_livekit_the_update_is_refused_whole(monkeypatch):
+    import sys
+
+    from support.session_core import emitted, make_core
+    from vllm_duplex.core import commands as cmd
+    from vllm_duplex.core.session_config import SessionPatch
+
+    monkeypatch.setitem(sys.modules, "livekit.rtc", None)  # as if not installed
+    core = make_core()
+    [err] = emitted(core.handle(cmd.SessionUpdate(
+        patch=SessionPatch(echo_cancellation="server", instructions="be brief"),
+        event_id="u1"), 0.0))
+    assert (err.error.code, err.error.param, err.error.event_id) == (
+        "capability_unsupported", "session.audio.input.echo_cancellation", "u1")
+    session = core.session_object()
+    assert session["audio"]["input"]["echo_cancellation"] is None
+    assert session["instructions"] != "be brief"  # nothing of it applied
