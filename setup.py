@@ -108,6 +108,13 @@ setup(
             "aiortc==1.16.0",
             "av>=14,<20",
         ],
+        # audio.input.echo_cancellation: WebRTC's AEC3 through the livekit
+        # package's AudioProcessingModule (Apache-2.0; its native library is in
+        # the wheel, no network at import), plugin/media/echo.py. Pinned: the
+        # canceller's figures (bench/room_echo.py) are this build's.
+        "echo": [
+            "livekit==1.2.0",
+        ],
         # Phone calls (realtime/server/telephony): Twilio Media Streams use the
         # twilio package's TwiML and its X-Twilio-Signature validator; SIP calls
         # POST their signed realtime.call.incoming webhook with httpx, and
@@ -134,6 +141,8 @@ setup(
             "psutil>=5",
             "httpx>=0.27",
             "import-linter>=2.1",  # the layering contract (.importlinter)
+            # image-method rooms for the echo canceller's room bench (bench/room_echo.py)
+            "pyroomacoustics==0.10.1",
             "opentelemetry-sdk>=1.26",  # its in-memory exporter (test_turn_spans.py)
             # a published MCP server the MCP tests call (tests/support/mcp_servers.py)
             "mcp-server-time==2026.10.19",

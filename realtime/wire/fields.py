@@ -26,6 +26,7 @@ from vllm_duplex.core.interruption import (
 )
 from vllm_duplex.core.session_config import (
     EAGERNESS,
+    ECHO_CANCELLATION_TYPES,
     NOISE_REDUCTION_TYPES,
     AudioEncoding,
     AudioFormat,
@@ -417,6 +418,23 @@ def _noise_reduction(v: Any, p: str) -> str | None:
     return kind
 
 
+def _echo_cancellation(v: Any, p: str) -> str | None:
+    """Duplex extension ``session.audio.input.echo_cancellation``: ``null``
+    (off, the default) or ``{"type": "server"}`` (the server cancels the echo
+    of what it sent: a client that plays the reply on a speaker and streams
+    its microphone, with no echo cancellation of its own)."""
+    if v is None:
+        return None  # off
+    obj = _obj(v, p)
+    kind = obj.get("type")
+    if not isinstance(kind, str) or kind not in ECHO_CANCELLATION_TYPES:
+        raise _bad(f"{p}.type", f'{p}.type must be "server"')
+    for key in obj:
+        if key != "type":
+            raise _bad(f"{p}.{key}", f"{p} takes only type")
+    return kind
+
+
 # GA session path -> (SessionPatch field or None, value parser).
 _SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], Any]]] = {
     ("model",): ("model", _str),
@@ -427,6 +445,7 @@ _SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], An
     ("audio", "input", "transcription"): ("transcription", _transcription),
     ("audio", "input", "turn_detection"): ("turn_detection", _turn_detection),
     ("audio", "input", "noise_reduction"): ("noise_reduction", _noise_reduction),
+    ("audio", "input", "echo_cancellation"): ("echo_cancellation", _echo_cancellation),  # duplex extension
     ("audio", "output", "format"): ("output_format", _audio_format),
     ("audio", "output", "voice"): ("voice", _voice),
     ("audio", "output", "speed"): ("speed", _speed),

@@ -1,0 +1,267 @@
+"""Room bench (issue 44): a reply played back into the microphone as echo, and
+people interrupting over it, with server-side echo cancellation
+(``audio.input.echo_cancellation``) against the same without it.
+
+    python bench/room_echo.py [--replies 20] [--voices 9] [--json out.json]
+
+Rooms are pyroomacoustics image-method shoeboxes (three sizes and
+reverberation times, the speaker 0.5 / 1 / 2 m from the microphone), plus
+the device's own output-to-input latency (60 ms); the echo is scaled so its
+energy at the microphone is -20, -10, 0 or +6 dB against the reply as played
+(the reference), with fan noise at -55 dBFS. The user is close to the
+microphone, as loud there as the reply is at the speaker (their voice at the
+microphone is 20 dB over the echo at -20 dB, 6 dB under it at +6 dB). Everything runs through
+the product's input path, sans-I/O, on a virtual clock: the session's
+``InputBuffer`` (24 kHz socket audio -> 16 kHz; with echo cancellation the
+reference is modelled from reply deltas "sent" faster than real time, as
+an unpaced socket sends them), Silero VAD at the stage's settings (what
+makes ``speech_started``) and Whisper base, beam 5 (the final's model).
+
+- **self-interruptions**: replies (Flite and eSpeak NG voices saying answers)
+  played as echo alone: a reply with any Silero onset is one that would
+  have interrupted itself.
+- **words over the echo**: real people (``bench/real_voices/``) interrupting
+  two seconds into a reply: WER of Whisper on the input over the words,
+  against the same words in the same room without the echo; the barge-in
+  latency is the first Silero onset after the words begin.
+- **CPU**: the canceller's process time per second of audio (one session).
+
+Figures beside a baseline (echo cancellation off) run in the same process.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# ruff: noqa: E402
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soxr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lib import machine
+from lib.real_corpus import part
+from lib.speech_corpus import WerCount, espeak, flite
+from vllm_duplex.core import events as ev
+from vllm_duplex.core.events import Envelope
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.session.effects import Emit
+from vllm_duplex.session.input_buffer import InputBuffer
+from vllm_duplex.testing import noise
+from vllm_duplex.testing.room import Room
+
+RATE = 16000  # the room and the bench's own audio
+WIRE = 24000  # the socket's
+CHUNK = 320  # 20 ms at 16 kHz
+DEVICE_MS = 60  # the device's output + input buffers
+SENT_AT = 1.0  # the reply's deltas are sent from here, 100 ms of audio per ms
+SAY_AT = 2.0  # an interruption starts this long into the reply
+LEVELS = (-20, -10, 0, 6)
+ROOMS = (  # name, size (m), RT60 (s), speaker-microphone distance (m)
+    ("small", (3.0, 3.0, 2.5), 0.25, 0.5),
+    ("medium", (5.0, 4.0, 3.0), 0.45, 1.0),
+    ("large", (8.0, 6.0, 3.5), 0.7, 2.0),
+)
+REPLIES = (
+    "The capital of France is Paris, a city on the river Seine known for its museums.",
+    "A spider has eight legs, and most spiders also have eight eyes.",
+    "On a clear day the sky looks blue because air scatters blue light the most.",
+    "Why did the cat sit on the computer? To keep an eye on the mouse.",
+    "In London today it is cloudy with light rain and a high of twelve degrees.",
+    "William Shakespeare wrote Romeo and Juliet near the end of the sixteenth century.",
+    "The moon is about three hundred and eighty thousand kilometres from the earth.",
+    "The museum opens at nine in the morning and closes at six in the evening.",
+    "The Pacific is the largest ocean, covering about a third of the planet.",
+    "To make green tea, heat water to about eighty degrees and steep for two minutes.",
+)
+VOICES = (flite("slt"), flite("awb"), espeak("en-us"), flite("rms"))
+
+
+def impulse(room: tuple, level_db: float) -> np.ndarray:
+    """An image-method room's response, the device's latency before it,
+    scaled so the echo's energy is ``level_db`` against the reply as played
+    (the echo return loss: the direct path and the reverberation together)."""
+    import pyroomacoustics as pra
+
+    _, dims, rt60, dist = room
+    absorption, order = pra.inverse_sabine(rt60, list(dims))
+    shoebox = pra.ShoeBox(list(dims), fs=RATE, materials=pra.Material(absorption),
+                          max_order=min(order, 30))
+    mic = np.array([dims[0] / 2, dims[1] / 2, 1.2])
+    shoebox.add_source(list(mic + [dist, 0.0, 0.0]))
+    shoebox.add_microphone(list(mic))
+    shoebox.compute_rir()
+    rir = np.asarray(shoebox.rir[0][0], np.float64)
+    rir = rir / np.sqrt(np.sum(rir ** 2)) * 10 ** (level_db / 20)
+    return np.concatenate([np.zeros(RATE * DEVICE_MS // 1000), rir])
+
+
+def run_input(mic: np.ndarray, reply: np.ndarray | None, echo_cancellation: bool
+              ) -> tuple[np.ndarray, float]:
+    """``mic`` (16 kHz) through the session's input buffer at real time on a
+    virtual clock; ``reply`` is sent at ``SENT_AT``. Returns the 16 kHz input
+    the VAD and ASR get, and the process time spent in it."""
+    clock = [0.0]
+    buf = InputBuffer(AudioFormat(), max_ms=600_000, clock=lambda: clock[0])
+    buf.set_echo_cancellation("server" if echo_cancellation else None, AudioFormat())
+    wire = soxr.resample(mic, RATE, WIRE).astype(np.int16)
+    out, sent, cpu = [], reply is None, 0.0
+    step = WIRE * 20 // 1000
+    for i in range(0, wire.size - step + 1, step):
+        clock[0] = (i + step) / WIRE
+        if not sent and clock[0] >= SENT_AT:
+            pcm = soxr.resample(reply, RATE, WIRE).astype(np.int16)
+            deltas = [Emit(Envelope(1, Fence("s"), ev.OutputAudioDelta(
+                response_id="r", item_id="item", output_index=0, content_index=0,
+                delta=pcm[j:j + 2400].astype("<i2").tobytes())))
+                for j in range(0, pcm.size, 2400)]
+            buf.sent(deltas, SENT_AT)
+            sent = True
+        t = time.process_time()
+        chunk = buf.append(wire[i:i + step].astype("<i2").tobytes())
+        cpu += time.process_time() - t
+        if chunk is not None:
+            out.append(chunk.pcm)
+    return np.concatenate(out), cpu
+
+
+def onsets_ms(vad_model: Any, pcm: np.ndarray) -> list[int]:
+    """Where Silero (the stage's settings) starts speech in ``pcm``."""
+    from vllm_duplex.core.payloads import VadSpeechStarted
+    from vllm_duplex.stages.listening.silero_vad import SileroVad
+
+    vad = SileroVad(vad_model)
+    return [e.audio_ms for i in range(0, len(pcm), CHUNK)
+            for e in vad.feed(pcm[i:i + CHUNK], i // 16) if isinstance(e, VadSpeechStarted)]
+
+
+def rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.asarray(x, np.float64) ** 2))) or 1.0
+
+
+def in_room(room: Room, n: int, voice: np.ndarray | None = None, at: float = 0.0) -> np.ndarray:
+    said = np.zeros(n)
+    if voice is not None:
+        k = int(at * RATE)
+        said[k:k + voice.size] = voice[:max(0, n - k)]
+    return room.mic(0, n, said)
+
+
+def measure(replies: int, voices: int) -> dict[str, Any]:
+    from vllm_duplex.assets.locate import whisper_model_dir
+    from vllm_duplex.stages.listening.silero_vad import load_model
+    from vllm_duplex.stages.listening.whisper_model import DecodeOptions, load
+
+    vad_model = load_model()
+    whisper = load(whisper_model_dir("whisper-base"), threads=2)
+    options = DecodeOptions(beam_size=5)
+    hum = noise.fan(30.0, -55).astype(np.float64)
+    said_replies = [(VOICES[i % len(VOICES)].name,
+                     VOICES[i % len(VOICES)].speak(REPLIES[i % len(REPLIES)]))
+                    for i in range(replies)]
+    people = [r for r in part("held-out") + part("tune") if r.kind != "digits"][:voices]
+    rows: list[dict[str, Any]] = []
+    cpu_s = audio_s = 0.0
+    for level in LEVELS:
+        for r, room_spec in enumerate(ROOMS):
+            ir = impulse(room_spec, level)
+            # self-interruptions: a reply as echo alone
+            for k, (voice, reply) in enumerate(said_replies):
+                if k % len(ROOMS) != r:
+                    continue  # each reply in one room per level
+                n = int((SENT_AT + reply.size / RATE + 1.0) * RATE)
+                room = Room(ir, RATE, seconds=n / RATE + 1, noise=hum)
+                room.play(reply, int(SENT_AT * RATE))
+                mic = in_room(room, n)
+                for aec in (False, True):
+                    pcm, cpu = run_input(mic, reply, aec)
+                    if aec:
+                        cpu_s, audio_s = cpu_s + cpu, audio_s + pcm.size / RATE
+                    rows.append({"kind": "echo", "level": level, "room": room_spec[0],
+                                 "voice": voice, "aec": aec,
+                                 "onsets": len(onsets_ms(vad_model, pcm))})
+            # words over the echo
+            for k, person in enumerate(people):
+                if k % len(ROOMS) != r:
+                    continue
+                reply = said_replies[k % len(said_replies)][1]
+                words = person.audio().astype(np.float64)
+                words *= rms(reply) / rms(words)  # as loud as the reply
+                reply = np.tile(reply, 1 + int((SAY_AT + words.size / RATE + 1) * RATE) // reply.size)
+                n = int((SENT_AT + SAY_AT + words.size / RATE + 1.0) * RATE)
+                cases = {}
+                for echo in (False, True):
+                    room = Room(ir, RATE, seconds=n / RATE + 1, noise=hum)
+                    if echo:
+                        room.play(reply, int(SENT_AT * RATE))
+                    cases[echo] = in_room(room, n, words, SENT_AT + SAY_AT)
+                span = slice(int((SENT_AT + SAY_AT - 0.3) * RATE), n)
+                for label, mic, aec in (("no echo", cases[False], False),
+                                        ("echo", cases[True], False),
+                                        ("echo + aec", cases[True], True)):
+                    pcm, _ = run_input(mic, reply if label != "no echo" else None, aec)
+                    heard = whisper.transcribe(pcm[span], options).text
+                    later = [t for t in onsets_ms(vad_model, pcm)
+                             if t >= (SENT_AT + SAY_AT) * 1000 - 100]
+                    rows.append({"kind": "words", "level": level, "room": room_spec[0],
+                                 "person": person.name, "case": label, "text": person.text,
+                                 "heard": heard, "onset_ms": later[0] - (SENT_AT + SAY_AT) * 1000
+                                 if later else None})
+    return {"machine": machine.info(), "rows": rows,
+            "aec_cpu_pct": 100 * cpu_s / max(audio_s, 1e-9)}
+
+
+def summary(result: dict[str, Any]) -> None:
+    rows = result["rows"]
+    print(machine.line())
+    print(f"input path with echo cancellation: {result['aec_cpu_pct']:.2f} % of a core per session "
+          "(the buffer's decode, resampling and AEC3)")
+    print("| echo level | replies that interrupted themselves: off / on "
+          "| WER over the echo: no echo / echo off / echo on | onset p50 after the words "
+          "(no echo / echo on) |")
+    print("|---|---|---|---|")
+    for level in LEVELS:
+        echo = [r for r in rows if r["kind"] == "echo" and r["level"] == level]
+        off = sum(r["onsets"] > 0 for r in echo if not r["aec"])
+        on = sum(r["onsets"] > 0 for r in echo if r["aec"])
+        total = len(echo) // 2
+        wer, onset = {}, {}
+        for case in ("no echo", "echo", "echo + aec"):
+            count = WerCount()
+            cs = [r for r in rows if r["kind"] == "words" and r["level"] == level
+                  and r["case"] == case]
+            for r in cs:
+                count.add(r["text"], r["heard"])
+            wer[case] = count.wer
+            heard = sorted(r["onset_ms"] for r in cs if r["onset_ms"] is not None)
+            onset[case] = (f"{heard[len(heard) // 2]:.0f} ms ({len(heard)}/{len(cs)})"
+                           if heard else f"- (0/{len(cs)})")
+        print(f"| {level:+d} dB | {off} / {on} of {total} | {100 * wer['no echo']:.1f} / "
+              f"{100 * wer['echo']:.1f} / {100 * wer['echo + aec']:.1f} % "
+              f"| {onset['no echo']} / {onset['echo + aec']} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--replies", type=int, default=20, help="replies per echo level")
+    ap.add_argument("--voices", type=int, default=9, help="real recordings interrupting")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    result = measure(args.replies, args.voices)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    summary(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

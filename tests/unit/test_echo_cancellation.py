@@ -1,0 +1,282 @@
+"""Acoustic echo cancellation (``audio.input.echo_cancellation``): AEC3 takes
+the reply out of what a room's microphone heard and keeps the user's voice
+spoken over it; the reference is what the client's speaker played when
+(``ClientPlayback``, on a virtual clock); the input buffer runs it without
+losing or shifting a sample; the wire refuses a bad value by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.speech_fixtures import speak
+from vllm_duplex.core import events as ev
+from vllm_duplex.core.events import Envelope
+from vllm_duplex.core.fence import Fence
+from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.media.echo import FRAME, EchoCanceller
+from vllm_duplex.session.echo import REANCHOR_S, ClientPlayback, EchoPath
+from vllm_duplex.session.effects import Emit
+from vllm_duplex.session.input_buffer import InputBuffer
+from vllm_duplex.testing.room import Room, impulse_response
+
+RATE = 16000
+REPLY = ("The capital of France is Paris, a city on the river Seine, famous for the "
+         "Eiffel Tower, its museums and its cafes.")
+
+
+def rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(x.astype(np.float64) ** 2))) or 1e-9
+
+
+def db(a: np.ndarray, b: np.ndarray) -> float:
+    return 20 * np.log10(rms(a) / rms(b))
+
+
+@pytest.fixture(scope="module")
+def reply() -> np.ndarray:
+    return speak(REPLY, rate=RATE, lead_s=0.0, tail_s=0.3, voice="slt")
+
+
+def in_room(reply: np.ndarray, gain_db: float, voice: np.ndarray | None = None) -> np.ndarray:
+    """The microphone of a room whose speaker plays ``reply`` from 0 (120 ms
+    away with a reverberant tail), faint noise, and ``voice`` over it."""
+    noise = np.random.default_rng(3).normal(0, 30, RATE)  # about -60 dBFS
+    room = Room(impulse_response(RATE, gain_db=gain_db), RATE, seconds=reply.size / RATE + 1,
+                noise=noise)
+    room.play(reply, 0)
+    n = reply.size - reply.size % FRAME
+    padded = None if voice is None else np.pad(voice, (0, max(0, n - voice.size)))[:n]
+    return room.mic(0, n, padded)
+
+
+def cancelled(mic: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    return EchoCanceller().process(mic, reference[:mic.size])
+
+
+@pytest.mark.parametrize("gain_db", [-10, 0])
+def test_the_reply_heard_back_is_removed(reply, gain_db):
+    mic = in_room(reply, gain_db)
+    out = cancelled(mic, reply)
+    assert out.size == mic.size and out.dtype == np.int16
+    later = slice(2 * RATE, mic.size)  # after two seconds of learning the room
+    assert db(out[later], mic[later]) < -25, db(out[later], mic[later])
+
+
+def test_no_reference_no_change_to_the_voice():
+    """Nothing played: the user's voice goes through as loud as it came."""
+    voice = speak("What is the capital of France?", rate=RATE, lead_s=0.5, tail_s=0.3)
+    voice = voice[:voice.size - voice.size % FRAME]
+    out = EchoCanceller().process(voice, np.zeros_like(voice))
+    loud = np.abs(voice.astype(np.int32)) > 2000
+    assert abs(db(out[loud], voice[loud])) < 1.5
+
+
+def test_the_user_speaking_over_the_reply_is_kept(reply):
+    """Double talk: a question spoken over the echo (from 2.5 s, after the
+    canceller learned the room; the speaker 20 dB down, the user close to
+    the microphone) keeps most of its level where it is loud, while the
+    reply alone, before it, is gone. (AEC3 ducks the user during double
+    talk; how much that costs Whisper, echo level by echo level, is
+    bench/room_echo.py's.)"""
+    question = speak("Wait, what about Berlin and Rome?", rate=RATE, lead_s=2.5, tail_s=0.0,
+                     voice="rms").astype(np.float64) * 0.5
+    mic = in_room(reply, -20, voice=question)
+    out = cancelled(mic, reply)
+    n = out.size
+    q = np.pad(question, (0, max(0, n - question.size)))[:n]
+    loud = np.abs(q) > 2000
+    assert loud.sum() > RATE // 4
+    assert db(out[loud], q[loud]) > -10, db(out[loud], q[loud])
+    before = slice(RATE, int(2.4 * RATE))  # the reply alone
+    assert db(out[before], mic[before]) < -20, db(out[before], mic[before])
+
+
+def test_whole_frames_of_the_same_length_only():
+    with pytest.raises(ValueError):
+        EchoCanceller().process(np.zeros(FRAME + 1, np.int16), np.zeros(FRAME + 1, np.int16))
+    with pytest.raises(ValueError):
+        EchoCanceller().process(np.zeros(FRAME, np.int16), np.zeros(2 * FRAME, np.int16))
+
+
+# ---- the reference: the client's playback, on a virtual clock ---------------------
+
+
+def ramp(n: int, start: int = 1) -> np.ndarray:
+    return (np.arange(start, start + n) % 30000).astype(np.int16)
+
+
+def test_audio_sent_faster_than_real_time_plays_at_real_time():
+    """Four half-second deltas sent 10 ms apart (an unpaced socket) play back
+    to back from the first's arrival; a later one, after the speaker ran
+    dry, plays from its own arrival."""
+    play = ClientPlayback()
+    pcm = ramp(4 * 8000)
+    for i in range(4):
+        play.sent("item_a", pcm[i * 8000:(i + 1) * 8000], at=10.0 + 0.01 * i)
+    assert play.play_end == pytest.approx(12.0)
+    assert np.array_equal(play.render(11.0, 160), pcm[16000:16160])
+    assert np.array_equal(play.render(11.99, 320)[:160], pcm[-160:])
+    assert not play.render(11.99, 320)[160:].any()  # dry after 12.0
+    play.sent("item_b", ramp(1600, 7), at=20.0)
+    assert not play.render(19.9, 1600).any()
+    assert np.array_equal(play.render(20.0, 1600), ramp(1600, 7))
+
+
+def test_a_truncated_item_stops_playing_where_it_was_cut():
+    play = ClientPlayback()
+    play.sent("item_a", ramp(16000), at=0.0)
+    play.sent("item_a", ramp(16000, 16001), at=0.1)
+    play.truncated("item_a", 1500)  # the client stopped at 1.5 s of the item
+    assert play.play_end == pytest.approx(1.5)
+    assert np.array_equal(play.render(1.4, 1600), ramp(1600, 22401))
+    assert not play.render(1.5, 16000).any()
+    play.sent("item_b", ramp(160), at=1.6)  # the next reply plays at once
+    assert np.array_equal(play.render(1.6, 160), ramp(160))
+
+
+def test_what_played_is_forgotten():
+    play = ClientPlayback()
+    for i in range(100):
+        play.sent("item_a", ramp(1600), at=i * 0.1)
+    play.render(9.95, 160)
+    assert play.pieces == 1
+
+
+class Recording(EchoCanceller):
+    """The canceller's inputs, kept; the microphone goes through unchanged."""
+
+    def __init__(self) -> None:
+        self.references: list[np.ndarray] = []
+
+    def process(self, mic: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        assert mic.size == reference.size
+        self.references.append(reference)
+        return mic
+
+
+def delta(item: str, pcm16k: np.ndarray) -> Emit:
+    event = ev.OutputAudioDelta(response_id="r", item_id=item, output_index=0, content_index=0,
+                                delta=pcm16k.astype("<i2").tobytes())
+    return Emit(Envelope(1, Fence("s"), event))
+
+
+def test_the_microphone_hears_the_reply_at_the_time_it_played():
+    """A reply sent at t=1.0 in one burst; the microphone streams 20 ms
+    chunks at real time from t=0, each arriving as it ends or late by up to
+    300 ms (the network, a busy event loop). The reference given with each
+    sample is what the speaker played then: silence before 1.0, the reply
+    from 1.0 on, whatever the jitter; a pause in the stream places it on the
+    clock again."""
+    rec = Recording()
+    path = EchoPath(AudioFormat(rate=16000), canceller=rec)
+    reply = ramp(64000, 5)  # plays from 1.0 to 5.0
+    chunk = 320
+    jitter = np.random.default_rng(0).uniform(0, 0.03, 100)
+    jitter[0] = 0.0
+    jitter[60:70] = np.linspace(0.3, 0.0, 10)  # a stall, then the backlog
+    for i in range(100):  # 2 s of microphone
+        at = (i + 1) * 0.02 + jitter[i]
+        if i == 50:
+            path.sent([delta("item_a", reply)], at=1.0)
+        path.captured(chunk, at)
+        path.process(np.zeros(chunk, np.int16))
+    reference = np.concatenate(rec.references)
+    assert not reference[:16000].any()
+    assert np.array_equal(reference[16000:32000], reply[:16000])
+    # The client stops streaming for 1.5 s: its next chunk is placed by its
+    # arrival (heard from 3.5 s), not where the stream had stopped (2.0 s).
+    path.captured(chunk, 2.02 + REANCHOR_S + 0.5)
+    path.process(np.zeros(chunk, np.int16))
+    heard = int((2.0 + REANCHOR_S + 0.5 - 1.0) * RATE)
+    assert np.array_equal(rec.references[-1], reply[heard:heard + chunk])
+
+
+# ---- the input buffer ----------------------------------------------------------------
+
+
+def test_the_input_buffer_loses_and_shifts_nothing_with_echo_cancellation():
+    """24 kHz chunks of odd sizes through the canceller and the suppressor:
+    the turn holds as many samples as without them, every chunk is stamped
+    where it lies, and turning echo cancellation on and off mid-turn keeps
+    the audio held."""
+    pcm24 = np.random.default_rng(1).normal(0, 3000, 24000).astype(np.int16)
+    sizes = [int(n) for n in np.random.default_rng(2).integers(37, 700, 100)]
+    cuts = [n for n in np.cumsum(sizes) if n < pcm24.size]
+    sizes = [int(n) for n in np.diff([0, *cuts, pcm24.size])]
+    clock = [0.0]
+
+    def run(buf: InputBuffer) -> tuple[np.ndarray, list]:
+        chunks, at = [], 0
+        for i, n in enumerate(sizes):
+            if i == len(sizes) // 3:
+                buf.set_echo_cancellation("server", AudioFormat())
+            if i == 2 * len(sizes) // 3:
+                buf.set_echo_cancellation(None, AudioFormat())
+                buf.set_echo_cancellation("server", AudioFormat())
+            clock[0] += n / 24000
+            chunk = buf.append(pcm24[at:at + n].astype("<i2").tobytes())
+            at += n
+            if chunk is not None:
+                chunks.append(chunk)
+        audio, errors = buf.commit()
+        assert not errors
+        return audio, chunks
+
+    plain = InputBuffer(AudioFormat(), max_ms=5000)
+    for n, at in zip(sizes, np.cumsum([0, *sizes])):
+        plain.append(pcm24[at:at + n].astype("<i2").tobytes())
+    plain_audio, _ = plain.commit()
+    buf = InputBuffer(AudioFormat(), max_ms=5000, clock=lambda: clock[0])
+    buf.set_noise_reduction("near_field")
+    audio, chunks = run(buf)
+    assert audio.size == plain_audio.size
+    stamps = [c.start_ms for c in chunks]
+    lengths = np.cumsum([0] + [c.pcm.size for c in chunks])[:-1]
+    assert stamps == [int(n) * 1000 // RATE for n in lengths]
+
+
+def test_echo_cancellation_without_livekit_is_refused(monkeypatch):
+    import sys
+
+    from vllm_duplex.core.errors import DuplexError
+    monkeypatch.setitem(sys.modules, "livekit.rtc", None)  # as if not installed
+    with pytest.raises(DuplexError) as err:
+        InputBuffer(AudioFormat(), max_ms=5000).set_echo_cancellation("server", AudioFormat())
+    assert err.value.code == "capability_unsupported"
+    assert err.value.param == "session.audio.input.echo_cancellation"
+
+
+# ---- the session core ------------------------------------------------------------------
+
+
+def test_a_session_update_turns_it_on_and_says_so():
+    from support.session_core import emitted, make_core
+    from vllm_duplex.core import commands as cmd
+    from vllm_duplex.core.session_config import SessionPatch
+
+    core = make_core()
+    [updated] = emitted(core.handle(cmd.SessionUpdate(
+        patch=SessionPatch(echo_cancellation="server")), 0.0))
+    assert updated.session["audio"]["input"]["echo_cancellation"] == {"type": "server"}
+    [updated] = emitted(core.handle(cmd.SessionUpdate(
+        patch=SessionPatch(echo_cancellation=None)), 0.0))
+    assert updated.session["audio"]["input"]["echo_cancellation"] is None
+
+
+def test_without_livekit_the_update_is_refused_whole(monkeypatch):
+    import sys
+
+    from support.session_core import emitted, make_core
+    from vllm_duplex.core import commands as cmd
+    from vllm_duplex.core.session_config import SessionPatch
+
+    monkeypatch.setitem(sys.modules, "livekit.rtc", None)  # as if not installed
+    core = make_core()
+    [err] = emitted(core.handle(cmd.SessionUpdate(
+        patch=SessionPatch(echo_cancellation="server", instructions="be brief"),
+        event_id="u1"), 0.0))
+    assert (err.error.code, err.error.param, err.error.event_id) == (
+        "capability_unsupported", "session.audio.input.echo_cancellation", "u1")
+    session = core.session_object()
+    assert session["audio"]["input"]["echo_cancellation"] is None
+    assert session["instructions"] != "be brief"  # nothing of it applied
