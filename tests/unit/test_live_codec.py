@@ -128,9 +128,14 @@ def test_g711_format_and_blank_instructions():
 
 @pytest.mark.parametrize("session, code, param", [
     ({"model": "gpt-4o"}, "model_not_found", "session.model"),
-    ({"model": "gpt-live-1", "delegation": {"type": "responses",
-                                            "responses": {"model": "gpt-5"}}},
-     "unsupported_option", "session.delegation"),
+    ({"model": "gpt-live-1", "delegation": {"type": "decisions", "decisions": {}}},
+     "unsupported_option", "session.delegation.type"),
+    ({"model": "gpt-live-1", "delegation": {"type": "responses", "responses": {
+        "model": "gpt-5", "tools": [{"type": "function", "name": "f", "parameters": {}}]}}},
+     "unsupported_option", "session.delegation.responses.tools"),
+    ({"model": "gpt-live-1", "delegation": {"type": "responses", "responses": {
+        "model": "gpt-5", "instructions": "Use the CRM."}}},
+     "unsupported_option", "session.delegation.responses.instructions"),
     ({"model": "gpt-live-1", "store": True}, "unsupported_option", "session.store"),
     ({"model": "gpt-live-1", "input": [{"role": "user", "content": [{"text": "hi"}]}]},
      "unsupported_option", "session.input"),
@@ -194,6 +199,33 @@ def test_update_close_and_a_second_start():
                             "session": {"triggers": [{"type": "x"}]}}))
     assert err.value.param == "session.triggers" and err.value.event_id == "u2"
     assert c.parse(frame(SessionCloseEvent(type="session.close"))) == SessionClose()
+
+
+def test_delegation_without_tools_is_accepted_and_repeated():
+    """LiveKit's GPT-Live model sends ``responses`` delegation by default: with
+    no tools, this engine's own LLM is that backend, so it is accepted."""
+    c = codec()
+    start(c, delegation={"type": "responses", "responses": {"model": "gpt-5.5"}})
+    started = live_event(c.render(env(ev.SessionCreated(session=SESSION_DOC, resume_token="r"))))
+    assert started.session.delegation.type == "responses"
+    assert started.session.delegation.responses.model == "gpt-5.5"
+    c.parse(json.dumps({"type": "session.update", "event_id": "u1", "session": {
+        "delegation": {"type": "responses", "acknowledgement_delay_ms": 200}}}))
+    updated = live_event(c.render(env(ev.SessionUpdated(session=SESSION_DOC), 2)))
+    assert updated.session.delegation.acknowledgement_delay_ms == 200
+    assert updated.session.delegation.responses.model == "gpt-5.5"  # kept
+    c.parse(json.dumps({"type": "session.update", "session": {"delegation": {
+        "type": "responses", "responses": {"max_output_tokens": 300}}}}))
+    updated = live_event(c.render(env(ev.SessionUpdated(session=SESSION_DOC), 3)))
+    assert updated.session.delegation.responses.model == "gpt-5.5"
+    assert updated.session.delegation.responses.max_output_tokens == 300
+    c.parse(json.dumps({"type": "session.update", "session": {"delegation": {"type": "client"}}}))
+    updated = live_event(c.render(env(ev.SessionUpdated(session=SESSION_DOC), 3)))
+    assert updated.session.delegation.type == "client"
+    with pytest.raises(DuplexError) as err:
+        c.parse(json.dumps({"type": "session.update", "session": {
+            "delegation": {"type": "responses"}}}))  # another type: its model is needed
+    assert err.value.param == "session.delegation.responses"
 
 
 # ---- render ----------------------------------------------------------------------------

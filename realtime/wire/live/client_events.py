@@ -12,7 +12,7 @@ from __future__ import annotations
 # input gate): see ``LiveCodec.parse``.
 HANDLED: tuple[str, ...] = (
     "session.start",
-    "session.update",  # delegation / triggers are refused by field (fields below)
+    "session.update",  # delegation as delegation.py says; triggers refused (below)
     "session.input_audio.append",
     "session.input_audio.mute",
     "session.input_audio.unmute",
@@ -40,7 +40,6 @@ REFUSED: dict[str, str] = {
 # Session configuration fields a primary WebSocket may set that are refused
 # by name (``unsupported_option``), with why.
 REFUSED_FIELDS: dict[str, str] = {
-    "delegation": f"delegation {NOT_YET}",
     "triggers": f"Decisions triggers {NOT_YET}",
     "input": f"an initial history (session.input) {NOT_YET}",
     "client": "client capabilities apply to a WebRTC frontend; this is a primary WebSocket",

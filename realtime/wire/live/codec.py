@@ -45,6 +45,7 @@ from vllm_duplex.core.events import Envelope
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.session_config import SessionPatch
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
+from vllm_duplex.realtime.wire.live.delegation import check_delegation
 from vllm_duplex.realtime.wire.live.client_events import (
     HANDLED,
     LIVE_MODELS,
@@ -99,6 +100,7 @@ class LiveCodec:
         self._prefix = "event_live_" + secrets.token_hex(4)  # unique per connection
         self._counter = 0
         self._last_session: dict[str, Any] | None = None  # for session.closed's snapshot
+        self._delegation: dict[str, Any] | None = None  # as accepted (delegation.py)
 
     # ---- parse -------------------------------------------------------------------------
 
@@ -143,7 +145,8 @@ class LiveCodec:
             session = obj.get("session")
             if not isinstance(session, dict):
                 raise DuplexError("invalid_value", "session must be an object", param="session")
-            self._refuse_fields(session, ("delegation", "triggers"))
+            self._refuse_fields(session, ("triggers",))
+            self._update_delegation(session.get("delegation"))
             self._update_eids.append(eid)
             return SessionUpdate(patch=SessionPatch(), event_id=eid)
         if kind == "session.input_audio.append":
@@ -165,6 +168,20 @@ class LiveCodec:
         assert kind == "session.close"
         return SessionClose(event_id=eid)
 
+    def _update_delegation(self, raw: Any) -> None:
+        """A ``session.update``'s delegation: the same type keeps what it
+        leaves out; another type replaces it whole."""
+        if raw is None:
+            return
+        current = self._delegation or {}
+        same = isinstance(raw, dict) and raw.get("type") == current.get("type")
+        delegation = check_delegation(raw, update=same)
+        if delegation is not None:
+            if same and "responses" in delegation:  # its fields too: the model stays
+                delegation["responses"] = {**current.get("responses", {}),
+                                           **delegation["responses"]}
+            self._delegation = {**current, **delegation} if same else delegation
+
     def _refuse_fields(self, session: dict[str, Any], names: tuple[str, ...]) -> None:
         for name in names:
             value = session.get(name)
@@ -182,7 +199,8 @@ class LiveCodec:
         model = raw.get("model")
         if not isinstance(model, str) or not model:
             raise DuplexError("invalid_value", "session.model is required", param="session.model")
-        self._refuse_fields(raw, ("delegation", "triggers", "input", "client", "store"))
+        self._refuse_fields(raw, ("triggers", "input", "client", "store"))
+        self._delegation = check_delegation(raw.get("delegation"))
         doc: dict[str, Any] = {"type": "realtime", "model": model}
         instructions = raw.get("instructions")
         if instructions is not None:
@@ -295,7 +313,7 @@ class LiveCodec:
             "status": "active",
             "audio": {"format": fmt,
                       "output": {"voice": (audio.get("output") or {}).get("voice")}},
-            "delegation": None,
+            "delegation": self._delegation,
             "store": False,
         }
         if session.get("instructions"):
