@@ -87,7 +87,7 @@ async def test_the_engine_decides_when_to_speak(server):
 async def test_refused_and_unknown_events_are_typed_and_the_socket_stays_open(server):
     async with live(server) as conn:
         events, _ = await started(conn)
-        await conn.decision.create(event_id="d1")
+        await conn.decision.create(event_id="d1")  # not yet: refused by name
         err = await events.until("error")
         assert (err.error.code, err.error.client_event_id) == ("capability_unsupported", "d1")
         assert "decision.create" in err.error.message
@@ -127,6 +127,21 @@ async def test_muted_audio_is_not_heard(server):
         await events.until("session.updated")
     assert not events.of("session.output_audio.delta")
     assert not events.of("session.input_transcript.delta")
+
+
+async def test_appended_instructions_and_thinking_join_the_context(server):
+    async with live(server) as conn:
+        events, _ = await started(conn)
+        await conn.session.instructions.append(content="Answer in one sentence.",
+                                               delegation_id=None, event_id="i1")
+        ack = await events.until("session.instructions.appended")
+        assert ack.client_event_id == "i1" and ack.start_ms == ack.end_ms
+        await conn.session.thinking.append(content="The caller is Ana.", delegation_id=None,
+                                           event_id="t1")
+        assert (await events.until("session.thinking.appended")).client_event_id == "t1"
+        await conn.session.thinking.append(content="x", delegation_id="del_9", event_id="t2")
+        err = await events.until("error")
+        assert (err.error.param, err.client_event_id) == ("delegation_id", "t2")
 
 
 async def test_close_answers_session_closed(server):

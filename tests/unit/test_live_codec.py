@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from openai.types.live import (
     InputAudioAppendEvent,
+    InstructionsAppendEvent,
+    ThinkingAppendEvent,
     InputAudioMuteEvent,
     InputAudioUnmuteEvent,
     SessionCloseEvent,
@@ -22,7 +24,7 @@ from openai.types.live.client_event import ClientEvent
 from openai.types.live.connect_client_event import ConnectClientEvent
 from openai.types.live.session_config import SessionConfig
 from vllm_duplex.core import events as ev
-from vllm_duplex.core.commands import AudioAppend, SessionClose, SessionUpdate
+from vllm_duplex.core.commands import AudioAppend, ItemCreate, SessionClose, SessionUpdate
 from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.events import Envelope
 from vllm_duplex.core.fence import Fence
@@ -226,6 +228,42 @@ def test_delegation_without_tools_is_accepted_and_repeated():
         c.parse(json.dumps({"type": "session.update", "session": {
             "delegation": {"type": "responses"}}}))  # another type: its model is needed
     assert err.value.param == "session.delegation.responses"
+
+
+def test_instructions_and_thinking_append_are_system_items_acknowledged_when_added():
+    clock = Clock()
+    c = codec(clock)
+    start(c)
+    c.render(env(ev.SessionCreated(session=SESSION_DOC, resume_token="r")))
+    rule = c.parse(frame(InstructionsAppendEvent(type="session.instructions.append",
+                                                 content="Answer in one sentence.",
+                                                 event_id="i1")))
+    assert isinstance(rule, ItemCreate) and rule.event_id == "i1"
+    assert rule.item.role.value == "system"
+    assert rule.item.content[0].text == "Answer in one sentence."
+    know = c.parse(frame(ThinkingAppendEvent(type="session.thinking.append",
+                                             content="The caller is Ana.", event_id="t1")))
+    assert "The caller is Ana." in know.item.content[0].text
+    assert "not to say" in know.item.content[0].text
+    clock.t += 2.0
+    added = ev.ConversationItemAdded(item={"id": know.item.id}, previous_item_id=None)
+    ack = live_event(c.render(env(added)))
+    assert (ack.type, ack.client_event_id, ack.start_ms, ack.end_ms) == (
+        "session.thinking.appended", "t1", 2000, 2000)
+    assert c.render(env(added, 3)) is None  # acknowledged once
+    ack = live_event(c.render(env(ev.ConversationItemAdded(item={"id": rule.item.id},
+                                                           previous_item_id=None), 4)))
+    assert (ack.type, ack.client_event_id) == ("session.instructions.appended", "i1")
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"content": ""}, "content"), ({}, "content"),
+    ({"content": "x", "delegation_id": "del_1"}, "delegation_id"),
+])
+def test_a_bad_append_is_refused(fields, param):
+    with pytest.raises(DuplexError) as err:
+        codec().parse(json.dumps({"type": "session.thinking.append", "event_id": "a", **fields}))
+    assert (err.value.code, err.value.param, err.value.event_id) == ("invalid_value", param, "a")
 
 
 # ---- render ----------------------------------------------------------------------------

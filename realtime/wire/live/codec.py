@@ -45,6 +45,7 @@ from vllm_duplex.core.events import Envelope
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.session_config import SessionPatch
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
+from vllm_duplex.realtime.wire.live.appends import APPENDS, Appends
 from vllm_duplex.realtime.wire.live.delegation import check_delegation
 from vllm_duplex.realtime.wire.live.client_events import (
     HANDLED,
@@ -101,6 +102,7 @@ class LiveCodec:
         self._counter = 0
         self._last_session: dict[str, Any] | None = None  # for session.closed's snapshot
         self._delegation: dict[str, Any] | None = None  # as accepted (delegation.py)
+        self._appends = Appends(self._realtime)
 
     # ---- parse -------------------------------------------------------------------------
 
@@ -165,6 +167,8 @@ class LiveCodec:
             self.muted = kind.endswith(".mute")
             return LiveAck(type="session.input_audio.muted" if self.muted
                            else "session.input_audio.unmuted", event_id=eid)
+        if kind in APPENDS:
+            return self._appends.parse(kind, obj, eid)
         assert kind == "session.close"
         return SessionClose(event_id=eid)
 
@@ -284,6 +288,12 @@ class LiveCodec:
             # A new run of fragments: its start is where the speech began.
             self._speech["user" if isinstance(e, ev.SpeechStarted) else "assistant"] = self.now_ms()
             return None
+        if isinstance(e, ev.ConversationItemAdded):
+            owed = self._appends.added(e.item)
+            if owed is None:
+                return None
+            now = self.now_ms()  # appended context takes no time on the timeline
+            return self._frame(owed[0], start_ms=now, end_ms=now, client_event_id=owed[1])
         if isinstance(e, ev.ErrorEvent):
             return self.render_error(e.error)
         if isinstance(e, ev.SessionClosed):
