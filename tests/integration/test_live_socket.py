@@ -79,6 +79,8 @@ async def test_the_engine_decides_when_to_speak(server):
             await conn.session.input_audio.append(audio=b64(chunk))
         await events.until("session.output_transcript.delta")
         await events.until("session.output_audio.delta")
+        usage = await events.until("session.usage.updated")  # after the reply
+    assert usage.usage.seconds >= 0
     assert events.of("session.output_audio.delta")
     said = events.of("session.output_transcript.delta")
     assert said[0].start_ms <= said[0].end_ms

@@ -301,8 +301,11 @@ def test_audio_and_transcripts_on_the_session_timeline():
     clock.t += 0.25
     said = live_event(c.render(env(ev.OutputAudioTranscriptDelta("r1", "a1", 0, 0, "Paris"))))
     assert (said.delta, said.start_ms, said.end_ms) == ("Paris", 2500, 2750)
+    clock.t += 3.0
+    usage = live_event(c.render(env(ev.ResponseDone(response={"id": "r1"}))))
+    assert usage.type == "session.usage.updated" and usage.usage.seconds == 5.0
     # what GPT-Live has no event for renders to nothing
-    assert c.render(env(ev.ResponseDone(response={"id": "r1"}))) is None
+    assert c.render(env(ev.OutputItemDone(response_id="r1", output_index=0, item={}))) is None
     assert c.render(env(ev.OutputAudioDelta("r1", "a1", 0, 0, b""))) is None
 
 

@@ -294,13 +294,21 @@ class LiveCodec:
                 return None
             now = self.now_ms()  # appended context takes no time on the timeline
             return self._frame(owed[0], start_ms=now, end_ms=now, client_event_id=owed[1])
+        if isinstance(e, ev.ResponseDone):
+            # Usage after each reply: the cumulative session time, as GPT-Live
+            # bills it (this engine has no context-window measure to add).
+            return self._frame("session.usage.updated", usage=self.usage())
         if isinstance(e, ev.ErrorEvent):
             return self.render_error(e.error)
         if isinstance(e, ev.SessionClosed):
             return self._frame("session.closed", reason=_CLOSED.get(e.reason, "connection_lost"),
                                session=self.resource(self._last_session or {}),
-                               usage={"seconds": float(self.now_ms() // 1000)})
+                               usage=self.usage())
         return None  # no GPT-Live equivalent (response, item and buffer events)
+
+    def usage(self) -> dict[str, Any]:
+        """GPT-Live's ``SessionUsage``: whole seconds of the session so far."""
+        return {"seconds": float(self.now_ms() // 1000)}
 
     def _transcript(self, kind: str, who: str, delta: str) -> str | None:
         if not delta:
