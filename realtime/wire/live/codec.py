@@ -25,7 +25,12 @@ What differs from Realtime, and where it is decided:
 - Output is one stream of audio and transcript fragments on a session
   timeline: no response, item or buffer events (they render to ``None``).
   The server paces the audio (the shell opens the session played here), so
-  a barge-in stops what the client plays within the pacer's lead.
+  a barge-in stops what the client plays within the pacer's lead. A reply's
+  end has no event of its own; ``session.usage.updated`` follows each one.
+- Appended instructions and thinking are system items of the conversation
+  (``appends.py``); a delegation config is accepted where it means what this
+  engine does (``delegation.py``). What each client event gets is one table,
+  ``client_events.py``.
 """
 
 from __future__ import annotations
