@@ -1,7 +1,8 @@
 """GPT-Live on the default CPU pipeline (Silero -> Whisper -> vLLM SmolLM2 ->
 Piper), driven by the ``openai`` SDK's own live client, unmodified: a spoken
 question answered in speech with no command asking for it (the engine's end
-of turn decides), a barge-in the reply yields to, and mute honoured at once.
+of turn decides), a barge-in the reply yields to, a backchannel it keeps
+talking through, and mute honoured at once.
 
 The client streams like a microphone: 20 ms chunks at real time, silence
 included, for the whole session (a GPT-Live client never stops sending).
@@ -136,6 +137,26 @@ async def test_barge_in_stops_the_voice_the_client_plays(server):
     # 300 ms ahead: well under a second of the old reply after the onset.
     after = len(mic.audio(onset, answer_at)) / 2 / RATE
     assert after < 1.0, f"{after:.2f} s of the interrupted reply after the barge-in"
+
+
+async def test_a_backchannel_does_not_stop_the_reply(server):
+    """"Okay." over the reply is heard and dismissed (adaptive interruptions):
+    the voice goes on, and no second reply is made (GPT-Live has no response
+    events; each reply's end is its ``session.usage.updated``)."""
+    async with live(server) as mic:
+        mic.say(speak("Tell me about the history of the city of Paris."))
+        await mic.until(lambda: len(mic.audio()) > 2 * RATE, 120)
+        onset = mic.say(speak("Okay.", lead_s=0.0, tail_s=0.5))
+        await mic.until(lambda: mic.quiet(3.0), 120)
+    heard = mic.text("session.input_transcript.delta", onset)
+    kept = len(mic.audio(onset + 1.5)) / 2 / RATE
+    timeline = "; ".join(f"{t - onset:+.2f} {e.type[8:]} {getattr(e, 'delta', '')[:20]!r}"
+                         for t, e in mic.events if e.type != "session.output_audio.delta")
+    assert "okay" in heard.lower(), timeline  # it was heard
+    assert kept > 1.0, (f"only {kept:.2f} s of the reply after the backchannel "
+                        f"(before: {len(mic.audio(0, onset)) / 2 / RATE:.2f} s)", timeline)
+    # one reply, not cut and answered anew
+    assert len(mic.of("session.usage.updated")) == 1, timeline
 
 
 async def test_muted_speech_is_not_heard_and_unmuted_speech_is(server):
