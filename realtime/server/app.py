@@ -9,6 +9,7 @@ Routes:
 - ``POST /v1/realtime/client_secrets``: ephemeral client keys
 - with a ``twilio:`` config section, ``POST /v1/telephony/twilio/voice`` (TwiML) and
   ``WS /v1/telephony/twilio/stream`` (Twilio Media Streams): phone calls (``telephony/``)
+- ``WS /v1/live/sessions``: OpenAI GPT-Live (``live/``; its REST calls refused by name)
 - ``GET /v1/models``     what this server serves
 - ``GET /v1/capabilities``
 - ``GET /health``, ``GET /metrics`` (Prometheus text)
@@ -43,6 +44,7 @@ from vllm_duplex.realtime.server.client_secrets import client_secret_routes
 from vllm_duplex.realtime.server.connection import RealtimeConnection
 from vllm_duplex.realtime.server.generate_ws import GenerateStream
 from vllm_duplex.realtime.server.http_errors import error_response
+from vllm_duplex.realtime.server.live.routes import live_routes
 from vllm_duplex.realtime.server.owner_header import OwnerHeader
 from vllm_duplex.realtime.server.port.calls import Calls
 from vllm_duplex.realtime.server.text_routes import text_routes
@@ -154,6 +156,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
             Route("/v1/models", models),
             Route("/v1/capabilities", capabilities),
             WebSocketRoute("/v1/realtime", realtime),
+            *live_routes(sessions),  # GPT-Live: the same sessions, another dialect
             *call_routes(sessions, runtime.config.webrtc, calls, error_response),
             *_sip_routes(sessions, calls, sip),
             *client_secret_routes(sessions, runtime.config.limits.max_request_bytes,

@@ -1,0 +1,1 @@
+"""The GPT-Live transport shells (``/v1/live/sessions``)."""

@@ -1,0 +1,58 @@
+"""``session.instructions.append`` and ``session.thinking.append``: text the
+client adds to the append-only context, as a system message item of the
+session's conversation (the same ``ItemCreate`` a Realtime client's
+``conversation.item.create`` makes, parsed by the Realtime codec).
+
+Instructions are a standing rule, taken as written; thinking is something
+the model should know without saying it, so it is framed as such. The
+``*.appended`` acknowledgement is sent when the session has added the item
+(its ``conversation.item.added``): "accepted into the session timeline".
+A ``delegation_id`` names a delegation, and this engine makes none yet, so
+one is refused by name.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+from typing import Any
+
+from vllm_duplex.core.commands import ItemCreate
+from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.realtime.wire.codec import RealtimeCodec
+
+APPENDS = {
+    "session.instructions.append": ("session.instructions.appended", "{}"),
+    "session.thinking.append": ("session.thinking.appended",
+                                "Something to know, not to say aloud unless asked: {}"),
+}
+
+
+class Appends:
+    def __init__(self, realtime: RealtimeCodec) -> None:
+        self._realtime = realtime
+        self._ids = (f"item_live{secrets.token_hex(3)}_{n}" for n in itertools.count(1))
+        self._pending: dict[str, tuple[str, str | None]] = {}  # item id -> (ack type, event_id)
+
+    def parse(self, kind: str, obj: dict[str, Any], eid: str | None) -> ItemCreate:
+        content = obj.get("content")
+        if not isinstance(content, str) or not content.strip():
+            raise DuplexError("invalid_value", "content must be a non-empty string",
+                              param="content")
+        if obj.get("delegation_id") is not None:
+            raise DuplexError("invalid_value", f"no delegation {obj['delegation_id']!r}: this "
+                              "engine makes no delegations yet", param="delegation_id")
+        ack, frame = APPENDS[kind]
+        item_id = next(self._ids)
+        command = self._realtime.parse(json.dumps({
+            "type": "conversation.item.create", "event_id": eid,
+            "item": {"id": item_id, "type": "message", "role": "system",
+                     "content": [{"type": "input_text", "text": frame.format(content)}]}}))
+        assert isinstance(command, ItemCreate)
+        self._pending[item_id] = (ack, eid)
+        return command
+
+    def added(self, item: dict[str, Any]) -> tuple[str, str | None] | None:
+        """The acknowledgement owed for an item the session added, if any."""
+        return self._pending.pop(item.get("id", ""), None)

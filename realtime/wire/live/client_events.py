@@ -1,0 +1,55 @@
+"""What the GPT-Live dialect does with each client event the ``openai`` SDK
+defines (``openai/types/live/client_event.py`` and ``connect_client_event.py``).
+
+One table, so the conformance document and the codec cannot disagree: an
+event is either parsed by the codec (``HANDLED``) or refused with a typed
+error that names it and says why (``REFUSED``). Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+# Parsed into a command of the session (or, for mute, into the codec's own
+# input gate): see ``LiveCodec.parse``.
+HANDLED: tuple[str, ...] = (
+    "session.start",
+    "session.update",  # delegation as delegation.py says; triggers refused (below)
+    "session.input_audio.append",
+    "session.input_audio.mute",
+    "session.input_audio.unmute",
+    "session.close",
+    "session.instructions.append",  # appends.py
+    "session.thinking.append",
+)
+
+# Defined by the SDK, not built yet (issue 45, later slices): refused with
+# ``capability_unsupported`` naming the event, the socket stays open.
+NOT_YET = "is not supported by this engine yet (docs/live-conformance.md)"
+REFUSED: dict[str, str] = {
+    "session.output_audio.fixture.play": f"audio fixtures {NOT_YET}",
+    "session.commentary.append": f"appending commentary {NOT_YET}",
+    "decision.create": f"Decisions {NOT_YET}",
+    "decision.item.create": f"Decisions items {NOT_YET}",
+    "decision.item.delete": f"Decisions items {NOT_YET}",
+    "response.create": f"delegated Responses {NOT_YET}",
+    "response.item.create": f"delegated Responses items {NOT_YET}",
+    # A sideband-only command, and only for SIP calls: a primary socket never takes it.
+    "transport.dtmf.send": "transport.dtmf.send is a sideband command for SIP calls; "
+                           "this socket is a primary WebSocket",
+}
+
+# Session configuration fields a primary WebSocket may set that are refused
+# by name (``unsupported_option``), with why.
+REFUSED_FIELDS: dict[str, str] = {
+    "triggers": f"Decisions triggers {NOT_YET}",
+    "input": f"an initial history (session.input) {NOT_YET}",
+    "client": "client capabilities apply to a WebRTC frontend; this is a primary WebSocket",
+    "store": f"stored sessions (store: true) {NOT_YET}",
+}
+
+# Session fields that are honoured ("audio", "instructions", "model") or
+# accepted with no effect because nothing here depends on them.
+ACCEPTED_FIELDS = ("model", "audio", "instructions", "safety_identifier", "store")
+
+# The GPT-Live model names; each means this server's one model (as the
+# Realtime aliases do: a client's default name works unchanged).
+LIVE_MODELS = ("gpt-live-1", "gpt-live-1.1")

@@ -1,0 +1,119 @@
+"""LiveKit Agents 1.8.9's GPT-Live model (``livekit.plugins.openai.realtime.
+GPTLiveModel`` -> ``GPTLiveSession``), unmodified and with its defaults
+(model ``gpt-live-1``, voice ``marin``, ``responses`` delegation), against
+our ``/v1/live/sessions``: only ``base_url`` and the API key point it here.
+Driven as ``AgentSession`` drives a duplex model: ``_update_session`` with
+the agent's instructions, then ``push_audio`` like a microphone (silence
+included) while its ``audio_stream`` is read."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from harness import Recorder, main, read_wav
+from livekit import rtc
+from livekit.plugins.openai.realtime import GPTLiveModel
+
+FRAME_MS = 20
+RATE = 24000
+
+
+def frame(pcm: bytes, rate: int) -> rtc.AudioFrame:
+    return rtc.AudioFrame(data=pcm, sample_rate=rate, num_channels=1,
+                          samples_per_channel=len(pcm) // 2)
+
+
+class Run:
+    def __init__(self, args) -> None:
+        self.model = GPTLiveModel(base_url=args.base_url + "/v1", api_key=args.api_key)
+        self.session = self.model.session()
+        self.rec = Recorder()
+        self.errors: list[str] = []
+        self.audio_ms = 0.0
+        self.session.on("openai_server_event_received", self.rec.add)
+        self.session.on("error", lambda ev: self.errors.append(repr(ev.error)))
+        self.utterance, self.rate = read_wav(args.audio)
+        self._queue: list[bytes] = []
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        await self.session._update_session(instructions="You are a helpful voice assistant.")
+        self._tasks = [asyncio.create_task(self._microphone()), asyncio.create_task(self._speaker())]
+
+    async def _microphone(self) -> None:
+        step = self.rate * FRAME_MS // 1000 * 2
+        silence = b"\0" * step
+        loop = asyncio.get_running_loop()
+        start, i = loop.time(), 0
+        while True:
+            chunk = self._queue.pop(0) if self._queue else silence
+            self.session.push_audio(frame(chunk, self.rate))
+            i += 1
+            await asyncio.sleep(max(0.0, start + i * FRAME_MS / 1000 - loop.time()))
+
+    async def _speaker(self) -> None:
+        async for out in self.session.audio_stream:
+            f = out.frame
+            self.audio_ms += 1000 * f.samples_per_channel / f.sample_rate
+
+    def say(self) -> None:
+        step = self.rate * FRAME_MS // 1000 * 2
+        self._queue.extend(self.utterance[i:i + step] for i in range(0, len(self.utterance), step))
+
+    def text(self, kind: str) -> str:
+        return "".join(e.get("delta", "") for e in self.rec.events if e.get("type") == kind)
+
+    async def until(self, done, timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            while not done():
+                await asyncio.sleep(0.05)
+
+    async def close(self) -> dict[str, Any]:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.session.aclose()
+        await self.model.aclose()
+        return {**self.rec.summary(), "client_errors": self.errors,
+                "input_transcript": self.text("session.input_transcript.delta"),
+                "output_transcript": self.text("session.output_transcript.delta"),
+                "audio_ms": self.audio_ms, "session_id": self.session.session_id,
+                "started": self.rec.first("session.started")}
+
+
+async def conversation(args) -> dict[str, Any]:
+    """A spoken turn: the engine answers by itself, in audio and transcript."""
+    run = Run(args)
+    try:
+        await run.start()
+        await run.until(lambda: run.rec.first("session.started"), 10)
+        run.say()
+        await run.until(lambda: run.text("session.output_transcript.delta") and run.audio_ms > 500,
+                        args.timeout - 5)
+    finally:
+        result = await run.close()
+    return result
+
+
+async def mute(args) -> dict[str, Any]:
+    """Muted speech is not heard; the model keeps its floor."""
+    run = Run(args)
+    try:
+        await run.start()
+        await run.until(lambda: run.rec.first("session.started"), 10)
+        run.session.mute_input()
+        await run.until(lambda: run.rec.first("session.input_audio.muted"), 10)
+        run.say()
+        await asyncio.sleep(len(run.utterance) / 2 / run.rate + 2.0)
+        heard = {"input_transcript": run.text("session.input_transcript.delta"),
+                 "audio_ms": run.audio_ms}
+        run.session.unmute_input()
+        await run.until(lambda: run.rec.first("session.input_audio.unmuted"), 10)
+    finally:
+        result = await run.close()
+    return {**result, "while_muted": heard}
+
+
+if __name__ == "__main__":
+    main({"conversation": conversation, "mute": mute})
