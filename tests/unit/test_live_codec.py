@@ -320,3 +320,29 @@ def test_errors_and_close():
     closed = live_event(c.render(env(ev.SessionClosed(reason="client"))))
     assert closed.reason == "close_requested" and closed.session.id == "sess_1"
     assert closed.usage.seconds >= 0
+
+
+def test_the_final_transcript_sends_the_words_the_fragments_did_not():
+    """GPT-Live has no "completed" transcript: the words only the final heard
+    (a turn's last words, after the partials' stable ones) follow as one more
+    fragment, and a final that says nothing new sends nothing."""
+    clock = Clock()
+    c = codec(clock)
+    start(c)
+    c.render(env(ev.SessionCreated(session=SESSION_DOC, resume_token="r")))
+    c.render(env(ev.SpeechStarted(audio_start_ms=0, item_id="i1")))
+    c.render(env(ev.InputTranscriptionDelta("i1", 0, "What is the cap")))
+    rest = live_event(c.render(env(ev.InputTranscriptionCompleted(
+        "i1", 0, "What is the capital of France?"))))
+    assert rest.type == "session.input_transcript.delta" and rest.delta == "ital of France?"
+    # a turn heard whole by its partials: nothing more
+    c.render(env(ev.InputTranscriptionDelta("i2", 0, "Okay.")))
+    assert c.render(env(ev.InputTranscriptionCompleted("i2", 0, "Okay."))) is None
+    # the final heard an earlier word otherwise: its words after those sent
+    c.render(env(ev.InputTranscriptionDelta("i3", 0, "Tell me a joke")))
+    rest = live_event(c.render(env(ev.InputTranscriptionCompleted(
+        "i3", 0, "Tell me the joke about cats."))))
+    assert rest.delta == " about cats."
+    # no fragment at all (a short turn): the whole final
+    rest = live_event(c.render(env(ev.InputTranscriptionCompleted("i4", 0, "Stop."))))
+    assert rest.delta == "Stop."

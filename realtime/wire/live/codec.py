@@ -103,6 +103,7 @@ class LiveCodec:
         self._start_eid: str | None = None
         self._update_eids: list[str | None] = []  # session.update acks, in order
         self._speech: dict[str, int] = {}  # transcript stream -> where its fragment run began
+        self._heard: dict[str, str] = {}  # user item -> its input transcript sent so far
         self._prefix = "event_live_" + secrets.token_hex(4)  # unique per connection
         self._counter = 0
         self._last_session: dict[str, Any] | None = None  # for session.closed's snapshot
@@ -286,7 +287,11 @@ class LiveCodec:
             return _encode({"type": "session.output_audio.delta",
                             "delta": base64.b64encode(e.delta).decode("ascii")})
         if isinstance(e, ev.InputTranscriptionDelta):
+            self._heard[e.item_id] = self._heard.get(e.item_id, "") + e.delta
             return self._transcript("session.input_transcript.delta", "user", e.delta)
+        if isinstance(e, ev.InputTranscriptionCompleted):
+            return self._transcript("session.input_transcript.delta", "user",
+                                    final_rest(self._heard.pop(e.item_id, ""), e.transcript))
         if isinstance(e, ev.OutputAudioTranscriptDelta):
             return self._transcript("session.output_transcript.delta", "assistant", e.delta)
         if isinstance(e, (ev.SpeechStarted, ev.ResponseCreated)):
@@ -361,6 +366,22 @@ class LiveCodec:
         out: dict[str, Any] = {"type": kind, "event_id": self.next_event_id()}
         out.update({k: v for k, v in fields.items() if v is not None})
         return _encode(out)
+
+
+def final_rest(sent: str, final: str) -> str:
+    """What of the final transcript the fragments sent did not say.
+
+    GPT-Live's input transcript is fragments only (no "completed", no
+    revision), and ours are the partial decode's stable words: the words the
+    final alone hears (the turn's last ones, typically) would never reach the
+    client. They follow as one more fragment: the final's text after what was
+    sent when it goes on from it, else its words after as many words as were
+    sent (a fragment cannot take back a word the final heard otherwise)."""
+    if final.startswith(sent):
+        return final[len(sent):]
+    n = len(sent.split())
+    rest = final.split()[n:]
+    return (" " if n else "") + " ".join(rest) if rest else ""
 
 
 def _encode(obj: dict[str, Any]) -> str:
