@@ -24,9 +24,13 @@ makes ``speech_started``) and Whisper base, beam 5 (the final's model).
   two seconds into a reply: WER of Whisper on the input over the words,
   against the same words in the same room without the echo; the barge-in
   latency is the first Silero onset after the words begin.
-- **CPU**: the canceller's process time per second of audio (one session).
+- **CPU**: the input path's process time per second of audio (one session).
 
-Figures beside a baseline (echo cancellation off) run in the same process.
+Each case runs three ways in the same process (``VARIANTS``): echo
+cancellation off (the baseline), AEC3 alone (the canceller before its
+residual echo suppressor) and AEC3 with the suppressor (what the product
+runs); the summary adds self-interruptions by room and the WER by part of
+the real voices (tune / held-out).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from vllm_duplex.core import events as ev
 from vllm_duplex.core.events import Envelope
 from vllm_duplex.core.fence import Fence
 from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.media.echo import EchoCanceller
 from vllm_duplex.session.effects import Emit
 from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.testing import noise
@@ -84,6 +89,10 @@ REPLIES = (
     "To make green tea, heat water to about eighty degrees and steep for two minutes.",
 )
 VOICES = (flite("slt"), flite("awb"), espeak("en-us"), flite("rms"))
+# echo cancellation off; AEC3 alone (the canceller before issue 44's residual
+# suppressor); AEC3 and the suppressor (what the product runs)
+VARIANTS = ("off", "aec3", "aec3 + suppressor")
+ON = VARIANTS[1:]
 
 
 def impulse(room: tuple, level_db: float) -> np.ndarray:
@@ -105,14 +114,17 @@ def impulse(room: tuple, level_db: float) -> np.ndarray:
     return np.concatenate([np.zeros(RATE * DEVICE_MS // 1000), rir])
 
 
-def run_input(mic: np.ndarray, reply: np.ndarray | None, echo_cancellation: bool
+def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str
               ) -> tuple[np.ndarray, float]:
     """``mic`` (16 kHz) through the session's input buffer at real time on a
-    virtual clock; ``reply`` is sent at ``SENT_AT``. Returns the 16 kHz input
-    the VAD and ASR get, and the process time spent in it."""
+    virtual clock, echo cancellation ``variant`` (``VARIANTS``); ``reply`` is
+    sent at ``SENT_AT``. Returns the 16 kHz input the VAD and ASR get, and
+    the process time spent in it."""
     clock = [0.0]
     buf = InputBuffer(AudioFormat(), max_ms=600_000, clock=lambda: clock[0])
-    buf.set_echo_cancellation("server" if echo_cancellation else None, AudioFormat())
+    if variant != "off":
+        buf.set_echo_cancellation("server", AudioFormat(), EchoCanceller(
+            residual_suppression=variant == "aec3 + suppressor"))
     wire = soxr.resample(mic, RATE, WIRE).astype(np.int16)
     out, sent, cpu = [], reply is None, 0.0
     step = WIRE * 20 // 1000
@@ -170,7 +182,8 @@ def measure(replies: int, voices: int) -> dict[str, Any]:
                     for i in range(replies)]
     people = [r for r in part("held-out") + part("tune") if r.kind != "digits"][:voices]
     rows: list[dict[str, Any]] = []
-    cpu_s = audio_s = 0.0
+    cpu_s = dict.fromkeys(ON, 0.0)
+    audio_s = 0.0
     for level in LEVELS:
         for r, room_spec in enumerate(ROOMS):
             ir = impulse(room_spec, level)
@@ -182,12 +195,14 @@ def measure(replies: int, voices: int) -> dict[str, Any]:
                 room = Room(ir, RATE, seconds=n / RATE + 1, noise=hum)
                 room.play(reply, int(SENT_AT * RATE))
                 mic = in_room(room, n)
-                for aec in (False, True):
-                    pcm, cpu = run_input(mic, reply, aec)
-                    if aec:
-                        cpu_s, audio_s = cpu_s + cpu, audio_s + pcm.size / RATE
+                for variant in VARIANTS:
+                    pcm, cpu = run_input(mic, reply, variant)
+                    if variant in ON:
+                        cpu_s[variant] += cpu
+                    if variant == ON[0]:
+                        audio_s += pcm.size / RATE
                     rows.append({"kind": "echo", "level": level, "room": room_spec[0],
-                                 "voice": voice, "aec": aec,
+                                 "voice": voice, "variant": variant,
                                  "onsets": len(onsets_ms(vad_model, pcm))})
             # words over the echo
             for k, person in enumerate(people):
@@ -205,49 +220,74 @@ def measure(replies: int, voices: int) -> dict[str, Any]:
                         room.play(reply, int(SENT_AT * RATE))
                     cases[echo] = in_room(room, n, words, SENT_AT + SAY_AT)
                 span = slice(int((SENT_AT + SAY_AT - 0.3) * RATE), n)
-                for label, mic, aec in (("no echo", cases[False], False),
-                                        ("echo", cases[True], False),
-                                        ("echo + aec", cases[True], True)):
-                    pcm, _ = run_input(mic, reply if label != "no echo" else None, aec)
+                for label, mic, variant in (("no echo", cases[False], "off"),
+                                            *(((f"echo, {v}", cases[True], v) for v in VARIANTS))):
+                    pcm, _ = run_input(mic, reply if label != "no echo" else None, variant)
                     heard = whisper.transcribe(pcm[span], options).text
                     later = [t for t in onsets_ms(vad_model, pcm)
                              if t >= (SENT_AT + SAY_AT) * 1000 - 100]
                     rows.append({"kind": "words", "level": level, "room": room_spec[0],
-                                 "person": person.name, "case": label, "text": person.text,
+                                 "person": person.name, "part": person.part, "case": label,
+                                 "text": person.text,
                                  "heard": heard, "onset_ms": later[0] - (SENT_AT + SAY_AT) * 1000
                                  if later else None})
     return {"machine": machine.info(), "rows": rows,
-            "aec_cpu_pct": 100 * cpu_s / max(audio_s, 1e-9)}
+            "cpu_pct": {v: 100 * cpu_s[v] / max(audio_s, 1e-9) for v in ON}}
+
+
+def _wer(rows: list[dict[str, Any]], case: str, **match: Any) -> float:
+    count = WerCount()
+    for r in rows:
+        if r["kind"] == "words" and r["case"] == case and all(r[k] == v for k, v in match.items()):
+            count.add(r["text"], r["heard"])
+    return 100 * count.wer
 
 
 def summary(result: dict[str, Any]) -> None:
     rows = result["rows"]
+    cases = ("no echo", *(f"echo, {v}" for v in VARIANTS))
     print(machine.line())
-    print(f"input path with echo cancellation: {result['aec_cpu_pct']:.2f} % of a core per session "
-          "(the buffer's decode, resampling and AEC3)")
-    print("| echo level | replies that interrupted themselves: off / on "
-          "| WER over the echo: no echo / echo off / echo on | onset p50 after the words "
-          "(no echo / echo on) |")
+    print("input path with echo cancellation, % of a core per session (the buffer's decode, "
+          "resampling, AEC3 and the suppressor): "
+          + ", ".join(f"{v} {p:.2f} %" for v, p in result["cpu_pct"].items()))
+    print(f"| echo level | replies that interrupted themselves: {' / '.join(VARIANTS)} "
+          f"| WER over the echo: no reply / {' / '.join(VARIANTS)} | onset p50 after the words "
+          f"(no reply / {' / '.join(ON)}) |")
     print("|---|---|---|---|")
     for level in LEVELS:
         echo = [r for r in rows if r["kind"] == "echo" and r["level"] == level]
-        off = sum(r["onsets"] > 0 for r in echo if not r["aec"])
-        on = sum(r["onsets"] > 0 for r in echo if r["aec"])
-        total = len(echo) // 2
-        wer, onset = {}, {}
-        for case in ("no echo", "echo", "echo + aec"):
-            count = WerCount()
+        total = len(echo) // len(VARIANTS)
+        selfs = [sum(r["onsets"] > 0 for r in echo if r["variant"] == v) for v in VARIANTS]
+        onset = {}
+        for case in cases:
             cs = [r for r in rows if r["kind"] == "words" and r["level"] == level
                   and r["case"] == case]
-            for r in cs:
-                count.add(r["text"], r["heard"])
-            wer[case] = count.wer
             heard = sorted(r["onset_ms"] for r in cs if r["onset_ms"] is not None)
             onset[case] = (f"{heard[len(heard) // 2]:.0f} ms ({len(heard)}/{len(cs)})"
                            if heard else f"- (0/{len(cs)})")
-        print(f"| {level:+d} dB | {off} / {on} of {total} | {100 * wer['no echo']:.1f} / "
-              f"{100 * wer['echo']:.1f} / {100 * wer['echo + aec']:.1f} % "
-              f"| {onset['no echo']} / {onset['echo + aec']} |")
+        print(f"| {level:+d} dB | {' / '.join(map(str, selfs))} of {total} "
+              f"| {' / '.join(f'{_wer(rows, c, level=level):.1f}' for c in cases)} % "
+              f"| {' / '.join(onset[c] for c in (cases[0], *cases[2:]))} |")
+    print(f"\nby room: self-interruptions ({' / '.join(ON)}) and WER over the echo "
+          f"(no reply / {' / '.join(ON)}) at {' / '.join(f'{x:+d}' for x in LEVELS)} dB")
+    for name, *_ in ROOMS:
+        parts = []
+        for level in LEVELS:
+            echo = [r for r in rows if r["kind"] == "echo" and r["level"] == level
+                    and r["room"] == name]
+            n = len(echo) // len(VARIANTS)
+            selfs = "/".join(str(sum(r["onsets"] > 0 for r in echo if r["variant"] == v))
+                             for v in ON)
+            wer = "/".join(f"{_wer(rows, c, level=level, room=name):.0f}"
+                           for c in (cases[0], *cases[2:]))
+            parts.append(f"{selfs} of {n}, {wer} %")
+        print(f"  {name}: " + "; ".join(parts))
+    print(f"\nWER over the echo by part of the real voices (no reply / {' / '.join(ON)}):")
+    for part_name in ("tune", "held-out"):
+        print(f"  {part_name}: " + "; ".join(
+            f"{level:+d} dB " + "/".join(f"{_wer(rows, c, level=level, part=part_name):.1f}"
+                                        for c in (cases[0], *cases[2:]))
+            for level in LEVELS))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from vllm_duplex.core.errors import DuplexError
 from vllm_duplex.core.payloads import IDLE_SLACK_MS, INTERNAL_RATE, AudioIn
 from vllm_duplex.core.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioDecoder
+from vllm_duplex.media.echo import EchoCanceller
 from vllm_duplex.media.noise import FRAME, NoiseSuppressor
 from vllm_duplex.session.echo import EchoPath
 
@@ -52,13 +53,16 @@ class InputBuffer:
         if kind != (self._noise.kind if self._noise else None):
             self._noise = NoiseSuppressor(kind) if kind else None
 
-    def set_echo_cancellation(self, kind: str | None, output_format: AudioFormat) -> None:
+    def set_echo_cancellation(self, kind: str | None, output_format: AudioFormat,
+                              canceller: EchoCanceller | None = None) -> None:
         """Turn echo cancellation on (``server``) or off; ``output_format``:
-        what the reply's audio deltas are encoded in (the reference)."""
+        what the reply's audio deltas are encoded in (the reference);
+        ``canceller``: the one to use when it turns on (a bench's variant;
+        AEC3 and the residual suppressor by default)."""
         if kind is None:
             self._echo = None
         elif self._echo is None:
-            self._echo = EchoPath(output_format)
+            self._echo = EchoPath(output_format, canceller)
             self._echo.captured_silence(self._held.size)  # held before: no reference
         else:
             self._echo.set_output_format(output_format)
