@@ -65,7 +65,7 @@ RATE = 24000
 INGEST_TARGET_S = 0.002
 CANCEL_TARGET_S = 0.005
 CONNECT_CONCURRENCY = 32
-SUMMARY_WINDOW = 100_000  # samples a server Summary keeps (vllm_duplex.core.metrics)
+SUMMARY_WINDOW = 100_000  # samples a server Summary keeps (vllm_duplex.domain.metrics)
 WAIT_TIMEOUT_S = 5.0  # for the first audio delta and for response.done
 MiB = 1 << 20
 

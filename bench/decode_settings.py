@@ -10,7 +10,7 @@ answering), and the answers. Correctness: greedy answers are compared with
 the float32/eager baseline's (same text), and each must contain the expected
 word ("Paris"...). The figures print beside the baseline as ratios; nothing
 is asserted. The row the engine would choose on this machine
-(``core/machine.py``: its dtype and core binding) is marked ``<- machine``.
+(``domain/machine.py``: its dtype and core binding) is marked ``<- machine``.
 
     .venv/bin/python bench/decode_settings.py [--settings all|f32-eager,bf16-eager,...]
 """
@@ -88,7 +88,7 @@ def main() -> None:
     names = list(SETTINGS) if args.settings == "all" else args.settings.split(",")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from lib import machine
-    from vllm_duplex.core.machine import choose, detect
+    from vllm_duplex.domain.machine import choose, detect
 
     print(machine.line(), flush=True)
     chosen = choose(detect(), os.environ)

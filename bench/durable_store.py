@@ -72,7 +72,7 @@ async def turn(c: RealtimeClient) -> tuple[float, float, int]:
 
 async def writer_alone(url: str, deltas: int) -> None:
     """The mirror's own cost per event, without a socket or a pipeline."""
-    from vllm_duplex.core.events import Envelope, OutputAudioDelta
+    from vllm_duplex.domain.events import Envelope, OutputAudioDelta
     from vllm_duplex.durable.writer import Durability
     from vllm_duplex.host.deploy import load_config
     from vllm_duplex.host.runtime import Runtime

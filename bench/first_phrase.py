@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib import machine  # noqa: E402
 from lib.speech_corpus import WerCount, pct  # noqa: E402
 from vllm_duplex.assets.locate import whisper_model_dir  # noqa: E402
-from vllm_duplex.core.clock import MonotonicClock  # noqa: E402
-from vllm_duplex.core.fence import Fence  # noqa: E402
-from vllm_duplex.core.payloads import AudioOut, GenerationDone, SpeechDone, StageInput, TextDelta  # noqa: E402
+from vllm_duplex.domain.clock import MonotonicClock  # noqa: E402
+from vllm_duplex.domain.fence import Fence  # noqa: E402
+from vllm_duplex.domain.payloads import AudioOut, GenerationDone, SpeechDone, StageInput, TextDelta  # noqa: E402
 from vllm_duplex.stages.listening.whisper_model import load  # noqa: E402
 from vllm_duplex.stages.speech.piper import PiperTtsStage  # noqa: E402
 

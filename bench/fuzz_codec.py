@@ -35,7 +35,7 @@ from typing import Any
 import atheris
 
 with atheris.instrument_imports(include=["vllm_duplex"]):
-    from vllm_duplex.core.errors import ERRORS, DuplexError
+    from vllm_duplex.domain.errors import ERRORS, DuplexError
     from vllm_duplex.realtime.wire.codec import CLIENT_EVENT_TYPES, RealtimeCodec
     from vllm_duplex.text.requests import parse_control, parse_generate
 

@@ -54,9 +54,9 @@ hops.measure(root)
 def measure(root: str) -> None:
     """Drive the turn on the tree at ``root`` and print the counts as JSON."""
     import numpy as np
-    from vllm_duplex.core import commands as cmd
-    from vllm_duplex.core.metrics import Metrics
-    from vllm_duplex.core.payloads import (
+    from vllm_duplex.domain import commands as cmd
+    from vllm_duplex.domain.metrics import Metrics
+    from vllm_duplex.domain.payloads import (
         AudioOut,
         GenerateRequest,
         GenerationDone,
@@ -68,7 +68,7 @@ def measure(root: str) -> None:
         VadSpeechStarted,
         VadSpeechStopped,
     )
-    from vllm_duplex.core.session_config import SessionConfig, TurnDetection
+    from vllm_duplex.domain.session_config import SessionConfig, TurnDetection
     from vllm_duplex.models.cascade import CascadePolicy
     from vllm_duplex.session.core import SessionCore
     from vllm_duplex.session.effects import ArmTimer, CancelTimer, Submit, TimerFired

@@ -29,9 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lib import machine  # noqa: E402
-from vllm_duplex.core.contracts import SamplingConfig  # noqa: E402
-from vllm_duplex.core.fence import Fence  # noqa: E402
-from vllm_duplex.core.payloads import (  # noqa: E402
+from vllm_duplex.domain.contracts import SamplingConfig  # noqa: E402
+from vllm_duplex.domain.fence import Fence  # noqa: E402
+from vllm_duplex.domain.payloads import (  # noqa: E402
     ContextMessage,
     GenerateRequest,
     GenerationDone,

@@ -102,7 +102,7 @@ def _seeded(kind: str, seconds: float, db: float, seed: int, makers: dict[str, A
 
 def silero_speech_ms(pcm: np.ndarray) -> int:
     """How much of ``pcm`` Silero VAD (the stage's settings) calls speech."""
-    from vllm_duplex.core.payloads import VadSpeechStarted, VadSpeechStopped
+    from vllm_duplex.domain.payloads import VadSpeechStarted, VadSpeechStopped
     from vllm_duplex.stages.listening.silero_vad import SileroVad, load_model
 
     vad = SileroVad(load_model())

@@ -62,9 +62,9 @@ from lib.speech_corpus import (  # noqa: E402
     WerCount,
     pct,
 )
-from vllm_duplex.core.clock import MonotonicClock  # noqa: E402
-from vllm_duplex.core.fence import Fence  # noqa: E402
-from vllm_duplex.core.payloads import (  # noqa: E402
+from vllm_duplex.domain.clock import MonotonicClock  # noqa: E402
+from vllm_duplex.domain.fence import Fence  # noqa: E402
+from vllm_duplex.domain.payloads import (  # noqa: E402
     AudioIn,
     StageInput,
     StageOutput,
@@ -73,7 +73,7 @@ from vllm_duplex.core.payloads import (  # noqa: E402
     VadConfig,
     VadPaused,
 )
-from vllm_duplex.core.session_config import SessionConfig, TurnDetection  # noqa: E402
+from vllm_duplex.domain.session_config import SessionConfig, TurnDetection  # noqa: E402
 from vllm_duplex.models.cascade import CascadePolicy  # noqa: E402
 from vllm_duplex.stages.listening.silero_vad import SileroVad, load_model  # noqa: E402
 from vllm_duplex.stages.listening.whisper import WhisperAsrStage  # noqa: E402

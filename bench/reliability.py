@@ -43,7 +43,7 @@ from websockets.uri import parse_uri
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib import machine  # noqa: E402
 from lib.churn import churn, rss_bytes, settle  # noqa: E402
-from vllm_duplex.core.close_reason import CloseReason  # noqa: E402
+from vllm_duplex.domain.close_reason import CloseReason  # noqa: E402
 from vllm_duplex.host.deploy import StageSpec, load_config  # noqa: E402
 from vllm_duplex.host.runtime import Runtime  # noqa: E402
 from vllm_duplex.realtime.client.realtime import RealtimeClient  # noqa: E402

@@ -54,10 +54,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib import machine
 from lib.real_corpus import part
 from lib.speech_corpus import WerCount, espeak, flite
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.events import Envelope
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.events import Envelope
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.echo import EchoCanceller
 from vllm_duplex.session.effects import Emit
 from vllm_duplex.session.input_buffer import InputBuffer
@@ -148,7 +148,7 @@ def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str
 
 def onsets_ms(vad_model: Any, pcm: np.ndarray) -> list[int]:
     """Where Silero (the stage's settings) starts speech in ``pcm``."""
-    from vllm_duplex.core.payloads import VadSpeechStarted
+    from vllm_duplex.domain.payloads import VadSpeechStarted
     from vllm_duplex.stages.listening.silero_vad import SileroVad
 
     vad = SileroVad(vad_model)

@@ -348,7 +348,7 @@ SHORT_CLAUSE = "Sure, the answer is four,"
 
 
 async def part_tts() -> dict[str, Any]:
-    from vllm_duplex.core.clock import MonotonicClock
+    from vllm_duplex.domain.clock import MonotonicClock
     from vllm_duplex.stages.speech.piper import PiperTtsStage
     from vllm_duplex.stages.speech.subprocess_tts import FliteTtsStage
 

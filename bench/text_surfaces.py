@@ -37,7 +37,7 @@ import websockets
 from vllm_duplex.realtime.client.grpc_client import OpenEngineClient
 from vllm_duplex.realtime.client.grpc_client import request as grpc_request
 from vllm_duplex.realtime.wire.openengine.v1 import engine_pb2 as e
-from vllm_duplex.core.payloads import ContextMessage
+from vllm_duplex.domain.payloads import ContextMessage
 from vllm_duplex.host.deploy import load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.serving import BackgroundServer

@@ -32,7 +32,7 @@ from pathlib import Path
 import av
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-from vllm_duplex.core.payloads import VideoFrame
+from vllm_duplex.domain.payloads import VideoFrame
 from vllm_duplex.host.deploy import DeployConfig, StageSpec, load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.media.video import decode_image

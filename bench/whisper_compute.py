@@ -7,7 +7,7 @@ int16, float32) at one and two threads, for the final (base, beam 5) and the
 partials' model (tiny.en, greedy), over the speech bench's questions in
 three voices: decode time per utterance (median), real-time factor and word
 error rate. Each ISA (``scripts/isa-cap.sh`` levels) runs in its own
-process. The setting the engine chooses on this machine (``core/machine.py``)
+process. The setting the engine chooses on this machine (``domain/machine.py``)
 is marked ``<- machine``. Nothing is asserted.
 """
 
@@ -38,7 +38,7 @@ MODELS = (("whisper-base", 5), ("whisper-tiny.en", 1))
 
 def measure(questions: int) -> dict:
     from vllm_duplex.assets.locate import whisper_model_dir
-    from vllm_duplex.core.machine import choose, detect
+    from vllm_duplex.domain.machine import choose, detect
     from vllm_duplex.stages.listening.whisper_model import (
         DecodeOptions,
         WhisperModel,

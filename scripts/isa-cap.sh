@@ -5,7 +5,7 @@
 #   bash scripts/isa-cap.sh LEVEL [--onednn] COMMAND [ARGS...]
 #
 # LEVEL: native | avx2 | avx512 | avx512_bf16. Each library is capped by its
-# own documented switch, and our detection (vllm_duplex.core.machine) by
+# own documented switch, and our detection (vllm_duplex.domain.machine) by
 # VLLM_DUPLEX_CPU_ISA, so the start-up choices (the LLM's dtype...) are those
 # of the smaller machine:
 #   MKL_ENABLE_INSTRUCTIONS  Intel MKL (CTranslate2's GEMMs on Intel CPUs)

@@ -3,7 +3,7 @@
 Figures depend on the CPU (CTranslate2's int8 kernels and oneDNN's bf16 ones
 differ by instruction set; a core count changes what runs beside what), so a
 figure without its machine cannot be compared with another. The CPU is read
-as the engine reads it (``vllm_duplex.core.machine``): model, the cores this
+as the engine reads it (``vllm_duplex.domain.machine``): model, the cores this
 process may use, the ISA and its vector extensions, and any cap an operator
 set (``scripts/isa-cap.sh``).
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 
 def info() -> dict[str, Any]:
-    from vllm_duplex.core.machine import detect
+    from vllm_duplex.domain.machine import detect
 
     cpu = detect()
     memory_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)

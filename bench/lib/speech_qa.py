@@ -72,9 +72,9 @@ INSTRUCTIONS = {
 async def ask(stage: Any, instructions: str, question: str, max_tokens: int = 48) -> str:
     import uuid
 
-    from vllm_duplex.core.contracts import SamplingConfig
-    from vllm_duplex.core.fence import Fence
-    from vllm_duplex.core.payloads import (
+    from vllm_duplex.domain.contracts import SamplingConfig
+    from vllm_duplex.domain.fence import Fence
+    from vllm_duplex.domain.payloads import (
         ContextMessage,
         GenerateRequest,
         GenerationDone,

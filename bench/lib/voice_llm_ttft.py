@@ -16,9 +16,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_duplex.core.contracts import SamplingConfig
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.contracts import SamplingConfig
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     ContextMessage,
     GenerateRequest,
     GenerationDone,

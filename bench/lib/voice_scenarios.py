@@ -82,7 +82,7 @@ def vad_floor_s(utt: Utterance, kind: str) -> float:
     chunks go through the product's streaming resampler (24 -> 16 kHz, its filter lag
     included) into the VAD, as in a session; online the VAD's window grid has another
     phase, so this is good to about one window (20 ms energy, 32 ms Silero)."""
-    from vllm_duplex.core.payloads import INTERNAL_RATE, VadSpeechStarted
+    from vllm_duplex.domain.payloads import INTERNAL_RATE, VadSpeechStarted
     from vllm_duplex.media.audio import Resampler
     from vllm_duplex.stages.listening.energy_vad import EnergyVad
     from vllm_duplex.stages.listening.silero_vad import SileroVad, load_model

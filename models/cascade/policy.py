@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vllm_duplex.core.commands import DuplexInput, ResponseOptions
-from vllm_duplex.core.contracts import (
+from vllm_duplex.domain.commands import DuplexInput, ResponseOptions
+from vllm_duplex.domain.contracts import (
     DROP,
     SHOW,
     AppendPlan,
@@ -46,10 +46,10 @@ from vllm_duplex.core.contracts import (
     StageSubmission,
     TurnCommitted,
 )
-from vllm_duplex.core.conversation import context_messages
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.interruption import is_backchannel
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.conversation import context_messages
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.interruption import is_backchannel
+from vllm_duplex.domain.payloads import (
     AsrConfig,
     AudioIn,
     AudioOut,

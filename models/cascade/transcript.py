@@ -6,7 +6,7 @@ it stood at the same position in the previous hypothesis too and is not the
 last word (the last word is the one still being heard). Stable words are what
 we show as transcription deltas and push into the live LLM request.
 
-Words are compared in their *spoken* form (``vllm_duplex.core.words``: case
+Words are compared in their *spoken* form (``vllm_duplex.domain.words``: case
 and punctuation ignored) because Whisper writes "What is the capital?" in one
 hypothesis and "What is the capital of France?" in the next: "capital?" and
 "capital" are the same word heard. A word is kept in the form of the newest
@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from vllm_duplex.core.words import spoken
-from vllm_duplex.core.words import written_words as words
+from vllm_duplex.domain.words import spoken
+from vllm_duplex.domain.words import written_words as words
 
 __all__ = ["Utterance", "extends", "same_words", "spoken", "stable_prefix", "unclosed", "words"]
 

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from vllm_duplex.core.commands import DuplexInput, ResponseOptions
-from vllm_duplex.core.contracts import (
+from vllm_duplex.domain.commands import DuplexInput, ResponseOptions
+from vllm_duplex.domain.contracts import (
     DROP,
     SHOW,
     AppendPlan,
@@ -62,9 +62,9 @@ from vllm_duplex.core.contracts import (
     StageSubmission,
     TurnCommitted,
 )
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.omni import OmniInstructions, OmniUnit
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.omni import OmniInstructions, OmniUnit
+from vllm_duplex.domain.payloads import (
     IDLE_SLACK_MS,
     AudioIn,
     AudioOut,

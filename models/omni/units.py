@@ -15,8 +15,8 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from vllm_duplex.core.omni import OmniUnit
-from vllm_duplex.core.payloads import INTERNAL_RATE, VideoFrame
+from vllm_duplex.domain.omni import OmniUnit
+from vllm_duplex.domain.payloads import INTERNAL_RATE, VideoFrame
 
 SAMPLES_PER_MS = INTERNAL_RATE // 1000
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_duplex.core.commands import ResponseOptions
-from vllm_duplex.core.contracts import (
+from vllm_duplex.domain.commands import ResponseOptions
+from vllm_duplex.domain.contracts import (
     DROP,
     SHOW,
     AppendPlan,
@@ -30,8 +30,8 @@ from vllm_duplex.core.contracts import (
     StageSubmission,
     TurnCommitted,
 )
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import (
     AudioIn,
     AudioOut,
     GenerateRequest,

@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.conversation import ConversationItem, ItemType, Role
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import Envelope
-from vllm_duplex.core.fence import Fence
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.conversation import ConversationItem, ItemType, Role
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import Envelope
+from vllm_duplex.domain.fence import Fence
 from vllm_duplex.durable.store import LeaseHeld, Stored, check_state
 from vllm_duplex.durable.writer import Durability
 from vllm_duplex.session.runner import DuplexSession

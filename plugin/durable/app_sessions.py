@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.durable.records import APP_PREFIX, AppSessionRecord
 from vllm_duplex.durable.store import Drop, LeaseHeld, StoreUnavailable, sha
 from vllm_duplex.durable.takeover import OneAtATime, store_reachable, take_over

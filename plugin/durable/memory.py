@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.durable.store import (
     Append,
     Bounds,

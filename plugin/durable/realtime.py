@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_duplex.core.close_reason import CloseReason
+from vllm_duplex.domain.close_reason import CloseReason
 from vllm_duplex.durable.store import SessionState, sha
 from vllm_duplex.session.runner import DuplexSession
 

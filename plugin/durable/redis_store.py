@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.durable.store import (
     Append,
     Bounds,

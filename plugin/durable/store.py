@@ -27,7 +27,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 
 
 class StoreUnavailable(Exception):
@@ -224,7 +224,7 @@ def check_state(stored: Stored, api_key: str | None, token: str) -> None:
 
 # ---- encoding: pickle, restricted to our typed values ---------------------------
 
-_ALLOWED_MODULES = ("vllm_duplex.core.", "vllm_duplex.durable.store", "vllm_duplex.durable.records")
+_ALLOWED_MODULES = ("vllm_duplex.domain.", "vllm_duplex.durable.store", "vllm_duplex.durable.records")
 _ALLOWED_BUILTINS = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset",
                                                "bytes", "bytearray", "str", "int", "float",
                                                "bool", "complex", "getattr")}

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.durable.records import STREAM_PREFIX, StreamRecord
 from vllm_duplex.durable.store import Drop, LeaseHeld, Stored, StoreUnavailable, sha
 from vllm_duplex.durable.takeover import OneAtATime, take_over

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.durable.store import LeaseHeld, StoreUnavailable, Stored
 from vllm_duplex.durable.writer import Durability
 

@@ -37,10 +37,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vllm_duplex.core.clock import Clock, MonotonicClock
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.events import Envelope
-from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.domain.clock import Clock, MonotonicClock
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.events import Envelope
+from vllm_duplex.domain.metrics import Metrics
 from vllm_duplex.durable.realtime import RealtimeCopy
 from vllm_duplex.durable.store import (
     Append,

@@ -73,10 +73,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.owner_ids import OWNER_HEADER, ROUTABLE_OWNER
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.owner_ids import OWNER_HEADER, ROUTABLE_OWNER
 
-# The shape of a minted id (vllm_duplex.core.owner_ids), as an nginx (PCRE) regex;
+# The shape of a minted id (vllm_duplex.domain.owner_ids), as an nginx (PCRE) regex;
 # \z, not $: PCRE's $ also matches before a trailing newline.
 MINTED_ID_REGEX = r"^[a-z]+_[A-Za-z0-9_-]{24}\.(?<duplex_cap>[A-Za-z0-9]{1,32})\z"
 POOL = "duplex_pool"
@@ -246,7 +246,7 @@ http {{
 
     map $http_upgrade $duplex_connection {{ default upgrade; "" ""; }}
 
-    # The owner an id names: <kind>_<24 url-safe chars>.<owner> (core/owner_ids.py) ...
+    # The owner an id names: <kind>_<24 url-safe chars>.<owner> (domain/owner_ids.py) ...
     map $duplex_id $duplex_minted_owner {{
         "~{MINTED_ID_REGEX}" $duplex_cap;
         default "";

@@ -21,9 +21,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from vllm_duplex.core.clock import Clock, MonotonicClock
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.owner_ids import owner_of
+from vllm_duplex.domain.clock import Clock, MonotonicClock
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.owner_ids import owner_of
 from vllm_duplex.host.deploy import DeployConfig
 from vllm_duplex.fleet.engine_core import WorkerSlot, connect_client
 from vllm_duplex.host.runtime import Runtime

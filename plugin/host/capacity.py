@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 import os
 
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.machine import Choice, detect
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.machine import Choice, detect
 
 # Voice sessions per core of the default pipeline: bench/capacity.py on a
 # 2-core AMD EPYC (AVX-512 BF16), the most talkers whose turn gap p90 stayed

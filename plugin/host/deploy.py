@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from vllm_duplex.core.devices import Device
+from vllm_duplex.domain.devices import Device
 from vllm_duplex.host.sip import Sip
 from vllm_duplex.host.store_config import StoreConfig
 from vllm_duplex.host.topology import Workers
@@ -27,7 +27,7 @@ CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "co
 class StageSpec:
     type: str
     options: dict[str, Any] = field(default_factory=dict)
-    device: Device | None = None  # `device:` in the config (core/devices.py); None: the stage's default
+    device: Device | None = None  # `device:` in the config (domain/devices.py); None: the stage's default
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
-from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.domain.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

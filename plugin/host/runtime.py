@@ -14,11 +14,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_duplex.core.clock import Clock, MonotonicClock
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.machine import detect
-from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.session_config import EAGERNESS, SessionConfig, TurnDetection
+from vllm_duplex.domain.clock import Clock, MonotonicClock
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.machine import detect
+from vllm_duplex.domain.metrics import Metrics
+from vllm_duplex.domain.session_config import EAGERNESS, SessionConfig, TurnDetection
 from vllm_duplex.durable.memory import MemoryStore
 from vllm_duplex.durable.store import Bounds, SessionStore
 from vllm_duplex.durable.writer import Durability

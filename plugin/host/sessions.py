@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.commands import SessionResume
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.owner_ids import mint
-from vllm_duplex.core.session_config import SessionConfig, SessionPatch, updated_config
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.commands import SessionResume
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.metrics import Metrics
+from vllm_duplex.domain.owner_ids import mint
+from vllm_duplex.domain.session_config import SessionConfig, SessionPatch, updated_config
 from vllm_duplex.durable.adopt import adopt
 from vllm_duplex.durable.store import Stored
 from vllm_duplex.durable.takeover import store_reachable
@@ -233,7 +233,7 @@ class RealtimeSessions:
             self.check_room()  # with admit below, no await between: no race
             owner = self._manager.instance_id
             extra = {"owner_instance_id": owner, **self._expiry(time.time())}
-            # The id names its owner, so a router sends the resume here (core/owner_ids.py).
+            # The id names its owner, so a router sends the resume here (domain/owner_ids.py).
             session_id = secret.session_id if secret else mint("sess", owner)
             session, _ = self._manager.admit(
                 lambda sid: self._session(sid, config, api_key, extra), api_key=api_key,

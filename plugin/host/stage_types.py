@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
-from vllm_duplex.core.clock import Clock
+from vllm_duplex.domain.clock import Clock
 from vllm_duplex.host.deploy import StageSpec
 from vllm_duplex.stages.port import Stage
 

@@ -4,7 +4,7 @@
 ``w1``..``w4``; on one of several machines, ``machine: m2`` makes them
 ``m2w1``..``m2w4`` (an edge router sends ``m2…`` to this machine, this
 machine's router sends ``m2w3`` to its third worker); ``ids:`` names them
-outright. Every id is routable (``vllm_duplex.core.owner_ids``)::
+outright. Every id is routable (``vllm_duplex.domain.owner_ids``)::
 
     workers:
       count: 2
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from vllm_duplex.core.owner_ids import check_routable
+from vllm_duplex.domain.owner_ids import check_routable
 
 # Letters then digits: an owner id "<machine>w<n>" then splits one way only.
 _MACHINE = re.compile(r"[A-Za-z]{1,8}[0-9]{1,6}")

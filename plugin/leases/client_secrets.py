@@ -6,7 +6,7 @@ WebRTC call) with it instead of the API key. A key:
 
 - expires ``ttl_s`` after it was minted (10 s to 2 h, 10 min by default) for
   opening a session; the session it opened goes on after that;
-- names its owner (``ek_….w2``, ``core/owner_ids.py``), like a session id;
+- names its owner (``ek_….w2``, ``domain/owner_ids.py``), like a session id;
 - opens **one** session (a second open is ``client_secret_used``: a key copied
   out of a page cannot open more sessions); the id of that session is
   reserved when the key is minted, so the mint's answer names it;
@@ -30,10 +30,10 @@ import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.owner_ids import mint
-from vllm_duplex.core.session_config import SessionPatch
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.owner_ids import mint
+from vllm_duplex.domain.session_config import SessionPatch
 
 PREFIX = "ek_"
 DEFAULT_TTL_S = 600

@@ -35,8 +35,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, Generic, Protocol, TypeVar
 
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.errors import DuplexError, Expired
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.errors import DuplexError, Expired
 from vllm_duplex.leases.registry import Registry, owned
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ import re
 from collections import OrderedDict
 from typing import Generic, TypeVar
 
-from vllm_duplex.core.clock import Clock, MonotonicClock
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.clock import Clock, MonotonicClock
+from vllm_duplex.domain.errors import DuplexError
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 import soxr
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import INTERNAL_RATE
-from vllm_duplex.core.session_config import AudioEncoding, AudioFormat
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import INTERNAL_RATE
+from vllm_duplex.domain.session_config import AudioEncoding, AudioFormat
 
 __all__ = [
     "INTERNAL_RATE",

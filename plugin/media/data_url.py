@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 
 
 def data_url_bytes(url: str, param: str = "image_url") -> bytes:

@@ -29,8 +29,8 @@ import math
 
 import numpy as np
 
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import INTERNAL_RATE
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import INTERNAL_RATE
 
 FRAME = INTERNAL_RATE // 100  # AEC3's step: 10 ms
 _RAMP = np.arange(1, FRAME + 1, dtype=np.float32) / FRAME  # a gain's change over a frame

@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 from pyspeex_noise import AudioProcessor
 
-from vllm_duplex.core.payloads import INTERNAL_RATE
-from vllm_duplex.core.session_config import NOISE_REDUCTION_TYPES
+from vllm_duplex.domain.payloads import INTERNAL_RATE
+from vllm_duplex.domain.session_config import NOISE_REDUCTION_TYPES
 
 FRAME = INTERNAL_RATE // 100  # Speex's step here: 10 ms at 16 kHz
 _SUPPRESSION_DB = {"near_field": -15, "far_field": -30}

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 
 MAX_PIXELS = 4096 * 4096  # per image or frame: a decompression-bomb guard
 MAX_BUFFERED = 8 << 20  # bytes fed to a ChunkDecoder and not yet demuxed

@@ -3,7 +3,7 @@ base class, and the registry that finds installed policies through entry
 points.
 
 ``from vllm_duplex.policy import PolicyBase, SessionView`` is all a policy
-needs besides the core types (``vllm_duplex.core``). Just above the core, so
+needs besides the core types (``vllm_duplex.domain``). Just above the core, so
 policies (``vllm_duplex.models``) never see sessions, stages or engines, and
 everything that runs a policy can import the protocol.
 """

@@ -13,15 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic
 
-from vllm_duplex.core.commands import ResponseOptions
-from vllm_duplex.core.contracts import (
+from vllm_duplex.domain.commands import ResponseOptions
+from vllm_duplex.domain.contracts import (
     AppendPlan,
     Capabilities,
     PolicyStep,
     SamplingConfig,
     StageNeeds,
 )
-from vllm_duplex.core.payloads import ContextMessage, StageOutput
+from vllm_duplex.domain.payloads import ContextMessage, StageOutput
 from vllm_duplex.policy.protocol import S, SessionView
 
 

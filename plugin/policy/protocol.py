@@ -2,7 +2,7 @@
 
 A policy is pure: functions of (session view, input) -> plan and
 (session view, stage output) -> steps, in the session's own vocabulary
-(``core/contracts.py``). No I/O, no awaits, no engine
+(``domain/contracts.py``). No I/O, no awaits, no engine
 handles. One policy object serves every session of a deployment, so what it
 remembers about one session lives in that session's *policy state*: a
 dataclass the policy makes (``new_state``), the session keeps, and the view
@@ -15,18 +15,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
-from vllm_duplex.core.commands import ResponseOptions
-from vllm_duplex.core.contracts import (
+from vllm_duplex.domain.commands import ResponseOptions
+from vllm_duplex.domain.contracts import (
     AppendPlan,
     Capabilities,
     PolicyStep,
     SamplingConfig,
     StageNeeds,
 )
-from vllm_duplex.core.conversation import ConversationItem
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import ContextMessage, StageOutput
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain.conversation import ConversationItem
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import ContextMessage, StageOutput
+from vllm_duplex.domain.session_config import SessionConfig
 
 S = TypeVar("S")
 S_co = TypeVar("S_co", covariant=True)
@@ -90,7 +90,7 @@ class ModelPolicy(Protocol[S]):
     def decide_output(self, view: SessionView[S],
                       output: StageOutput) -> Sequence[PolicyStep]:
         """What ``output`` means, as steps the session carries out in the
-        order given (``core/contracts.py``): e.g. ``[Show(), ForwardTo("tts")]``
+        order given (``domain/contracts.py``): e.g. ``[Show(), ForwardTo("tts")]``
         for reply text that is spoken, ``[Show(), CommitTurn(), Respond()]`` for
         server VAD's end of speech, ``DROP`` (no steps) for an output the
         client never sees. The session checks where it is (a ``Respond`` while

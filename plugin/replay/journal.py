@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import Envelope
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import Envelope
 from vllm_duplex.replay.seqlog import ByteBudget, SeqBounds, SeqLog
 
 _OVERHEAD = 160  # type, ids, seq, fence metadata

@@ -25,7 +25,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass
 
-from vllm_duplex.core.events import Envelope
+from vllm_duplex.domain.events import Envelope
 from vllm_duplex.replay.journal import Journal, Replay, wire_size
 
 

@@ -4,7 +4,7 @@ may carry out, as typed values.
 The parts (the pause, ``pauses.py``; the output chain, ``decisions.py``;
 the client's commands, ``client_commands.py``) own their state and never
 hold the core. They speak the policies' vocabulary where they ask for the
-same thing (``core/contracts.py``: ``Interrupt``, ``CommitTurn``,
+same thing (``domain/contracts.py``: ``Interrupt``, ``CommitTurn``,
 ``Respond``...), and add the asks only the session has. What they cannot do themselves -- ask the policy (only the
 core is its ``SessionView``), move the fence, make a user item or a
 response, touch the floor (the phase's and the reply's only writer is the
@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
-from vllm_duplex.core.contracts import (
+from vllm_duplex.domain.contracts import (
     CommitTurn,
     Dismiss,
     FinishReply,
@@ -38,11 +38,11 @@ from vllm_duplex.core.contracts import (
     Respond,
     Show,
 )
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import StageOutput
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import StageOutput
 
 if TYPE_CHECKING:  # (mcp_calls.py imports this module)
-    from vllm_duplex.core.events import ServerEvent
+    from vllm_duplex.domain.events import ServerEvent
     from vllm_duplex.session.effects import Effect
     from vllm_duplex.session.mcp_calls import McpStep
 
@@ -124,7 +124,7 @@ class Fail:
 
 
 # Every ask: the ones above and the policy's steps, which the parts use too
-# (``Interrupt``, ``CommitTurn``, ``Respond``: one vocabulary, core/contracts.py);
+# (``Interrupt``, ``CommitTurn``, ``Respond``: one vocabulary, domain/contracts.py);
 # ``carrying.py`` carries each out by its type.
 Ask: TypeAlias = (Plan | Decide | Observe | Hold | Speculate | Discard | Rest | ItemGone | Fail
                   | PolicyStep)

@@ -16,8 +16,8 @@ timer effects to carry out; whether the reply is paused is the turn's phase
 
 from __future__ import annotations
 
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.session.effects import ArmTimer, CancelTimer
 from vllm_duplex.session.pacing import PACING
 from vllm_duplex.session.reply import Reply

@@ -1,6 +1,6 @@
 """How the session core carries out what its parts and its policy return:
 ``carry`` takes the steps in order -- an ask (``asks.py``; the policy's steps,
-``core/contracts.py``, are asks too) by the one table below, with its
+``domain/contracts.py``, are asks too) by the one table below, with its
 follow-ups first; an event to the client; any other effect to the runner --
 and the asks that need more than one call of the core are its methods here.
 
@@ -23,12 +23,12 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core import contracts as policy_steps
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.contracts import PolicyStep
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import StageOutput
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain import contracts as policy_steps
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.contracts import PolicyStep
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import StageOutput
 from vllm_duplex.session import asks, mcp_calls
 from vllm_duplex.session.asks import Step, Steps
 from vllm_duplex.session.effects import Forward

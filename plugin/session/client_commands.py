@@ -18,14 +18,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.contracts import Capabilities, InputMode, InterruptReason
-from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.input_sequence import Accepted, InputSequence
-from vllm_duplex.core.payloads import INTERNAL_RATE, TextIn
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.contracts import Capabilities, InputMode, InterruptReason
+from vllm_duplex.domain.conversation import ContentPart, ConversationItem, ItemType, Role
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.input_sequence import Accepted, InputSequence
+from vllm_duplex.domain.payloads import INTERNAL_RATE, TextIn
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.media.data_url import data_url_bytes
 from vllm_duplex.session.asks import CommitTurn, Interrupt, ItemGone, Plan, Respond, Steps
 from vllm_duplex.session.effects import DecodeImage, EffectLog, FeedVideo, PollVideo

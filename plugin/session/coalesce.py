@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from vllm_duplex.core.payloads import AudioOut, StageOutput, TextDelta
+from vllm_duplex.domain.payloads import AudioOut, StageOutput, TextDelta
 
 # A queued stage output and when it entered the mailbox.
 Queued = tuple[float, StageOutput]

@@ -25,7 +25,7 @@ reply's request (``replies.py``). A part returns what it causes, in order:
 events, effects, and asks (``asks.py``) for what only the core does --
 ask the policy and carry out its steps, make a user item or a response,
 start, claim or end a reply -- which ``carry`` carries out by one table
-(``carrying.py``), the policy's steps (``core/contracts.py``) among them.
+(``carrying.py``), the policy's steps (``domain/contracts.py``) among them.
 """
 
 from __future__ import annotations
@@ -36,17 +36,17 @@ import secrets
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.contracts import AppendPlan, FenceBump
-from vllm_duplex.core.conversation import ConversationItem
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.gate import FenceGate
-from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import AsrConfig, ContextMessage, StageFailed, StageOutput, ToolCall
-from vllm_duplex.core.session_config import SessionConfig, session_wire, updated_config
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.contracts import AppendPlan, FenceBump
+from vllm_duplex.domain.conversation import ConversationItem
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.gate import FenceGate
+from vllm_duplex.domain.metrics import Metrics
+from vllm_duplex.domain.payloads import AsrConfig, ContextMessage, StageFailed, StageOutput, ToolCall
+from vllm_duplex.domain.session_config import SessionConfig, session_wire, updated_config
 from vllm_duplex.policy import ModelPolicy
 from vllm_duplex.session import barge_in, hearing, idle, lifetime, pacing, turn_end
 from vllm_duplex.session.carrying import CarriesAsks

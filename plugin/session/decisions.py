@@ -24,7 +24,7 @@ policy's steps, the held reply's keeping, a failure) or None to pass it on;
 the core carries the asks out. The policy answers an output -- a stage
 output, a pause observation the turn-end step hands it (``UserPaused``,
 ``UserResumed``), a speculated reply's output -- with steps in the session's
-own vocabulary (``core/contracts.py``: show, pause the reply, a plan,
+own vocabulary (``domain/contracts.py``: show, pause the reply, a plan,
 interrupt, forward, commit, respond, dismiss, finish), which ``carry``
 carries out in the order the policy gave them, by the same table as every
 part's asks (``carrying.py``). A held output's ``ForwardTo`` is carried out
@@ -37,11 +37,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.gate import FenceGate
-from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import AudioOut, StageFailed, StageOutput, TextDelta, ToolCall
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.gate import FenceGate
+from vllm_duplex.domain.metrics import Metrics
+from vllm_duplex.domain.payloads import AudioOut, StageFailed, StageOutput, TextDelta, ToolCall
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.session.asks import Decide, Discard, Fail, Hold, Steps
 from vllm_duplex.session.effects import Close
 from vllm_duplex.session.floor import Floor

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.payloads import INTERNAL_RATE
-from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.payloads import INTERNAL_RATE
+from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioDecoder
 from vllm_duplex.media.echo import FRAME, EchoCanceller
 from vllm_duplex.session.effects import Emit

@@ -5,7 +5,7 @@
 and turns what happens in the world back into messages. The core never
 awaits: an effect is a description of I/O, not I/O.
 
-Messages are client commands (``vllm_duplex.core.commands``), stage outputs
+Messages are client commands (``vllm_duplex.domain.commands``), stage outputs
 (``StageOutput``) and the few internal ones below. Effects are frozen and
 slotted: a 20 ms audio chunk makes one or two of them, so they stay cheap.
 
@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import Envelope, ServerEvent
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.gate import FenceGate
-from vllm_duplex.core.payloads import StageOutput, VideoFrame
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import Envelope, ServerEvent
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.gate import FenceGate
+from vllm_duplex.domain.payloads import StageOutput, VideoFrame
 
 # ---- messages (beyond commands and stage outputs) ---------------------------
 

@@ -25,8 +25,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import StageOutput
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import StageOutput
 from vllm_duplex.stages.pipeline import Pipeline
 
 log = logging.getLogger(__name__)

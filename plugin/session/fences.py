@@ -1,6 +1,6 @@
 """``FenceMover``: the one place the session's fence moves.
 
-The gate (``core/gate.py``) is where stale outputs die; this is where the
+The gate (``domain/gate.py``) is where stale outputs die; this is where the
 fence they are judged against moves, so what a move costs is said once: a
 move while the session runs voids everything under way -- it is counted,
 and the stages are told to abort (the ``Cancel`` it returns); a restore
@@ -15,9 +15,9 @@ the readers. ``tests/unit/test_layering.py`` checks that nothing else calls
 
 from __future__ import annotations
 
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.gate import FenceGate
-from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.gate import FenceGate
+from vllm_duplex.domain.metrics import Metrics
 from vllm_duplex.session.effects import Cancel
 
 

@@ -29,11 +29,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.contracts import InterruptReason, PolicyStep
-from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import AudioOut, ContextMessage, GenerateRequest, StageOutput
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain.contracts import InterruptReason, PolicyStep
+from vllm_duplex.domain.metrics import Metrics
+from vllm_duplex.domain.payloads import AudioOut, ContextMessage, GenerateRequest, StageOutput
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.session import barge_in, idle, mcp_calls, pacing, rendering
 from vllm_duplex.session.asks import Steps
 from vllm_duplex.session.effects import CancelTimer, EffectLog, Submit

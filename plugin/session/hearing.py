@@ -13,9 +13,9 @@ Pure: functions of the session config.
 
 from __future__ import annotations
 
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import AsrConfig
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import AsrConfig
+from vllm_duplex.domain.session_config import SessionConfig
 
 LANGUAGE_PARAM = "session.audio.input.transcription.language"
 

@@ -20,8 +20,8 @@ the timer effects), and ``due``, the prompt when it fires.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.session.effects import ArmTimer, CancelTimer
 from vllm_duplex.session.reply import Reply
 from vllm_duplex.session.user_turn import UserTurn

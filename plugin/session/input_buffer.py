@@ -14,9 +14,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 import numpy as np
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import IDLE_SLACK_MS, INTERNAL_RATE, AudioIn
-from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import IDLE_SLACK_MS, INTERNAL_RATE, AudioIn
+from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioDecoder
 from vllm_duplex.media.echo import EchoCanceller
 from vllm_duplex.media.noise import FRAME, NoiseSuppressor

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from vllm_duplex.core.conversation import ConversationItem, Role
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.conversation import ConversationItem, Role
+from vllm_duplex.domain.errors import DuplexError
 
 
 class ItemStore:

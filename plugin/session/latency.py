@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from vllm_duplex.core.metrics import Histogram
+from vllm_duplex.domain.metrics import Histogram
 from vllm_duplex.session.critical_path import TurnTrace, describe
 
 

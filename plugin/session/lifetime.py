@@ -12,8 +12,8 @@ and the error the core ends the session with.
 
 from __future__ import annotations
 
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.session.effects import ArmTimer
 from vllm_duplex.session.limits import SessionLimits
 

@@ -3,7 +3,7 @@ asks for; the runner's ``mcp_client.py`` does the talking (the ``mcp`` SDK)
 and hands the result back as a message, so a slow or dead server never holds
 the session's loop or its audio.
 
-* **Listing.** A server in ``session.tools`` (``core/mcp.py``) is listed when
+* **Listing.** A server in ``session.tools`` (``domain/mcp.py``) is listed when
   it is configured (at the start, or by the ``session.update`` that adds or
   changes it): an ``mcp_list_tools`` item (``conversation.item.added``,
   ``mcp_list_tools.in_progress``), the ``ListMcpTools`` effect, then
@@ -50,14 +50,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core import events as ev
-from vllm_duplex.core import mcp
-from vllm_duplex.core.contracts import Show
-from vllm_duplex.core.conversation import ConversationItem, ItemType
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import ToolCall
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain import mcp
+from vllm_duplex.domain.contracts import Show
+from vllm_duplex.domain.conversation import ConversationItem, ItemType
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import ToolCall
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.session.asks import Steps
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.mcp_render import McpItemShown, function_tool
@@ -74,7 +74,7 @@ MAX_RESPONSE_SERVERS = 16  # responses' own MCP servers kept listed
 
 @dataclass(frozen=True, slots=True)
 class ListMcpTools:
-    """List the tools of ``server`` (a ``core/mcp.py`` definition); hand back
+    """List the tools of ``server`` (a ``domain/mcp.py`` definition); hand back
     ``McpToolsListed(item_id, ...)``."""
 
     item_id: str

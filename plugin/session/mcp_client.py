@@ -38,7 +38,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import PaginatedRequestParams
 
-from vllm_duplex.core import mcp
+from vllm_duplex.domain import mcp
 from vllm_duplex.session.mcp_calls import CallMcpTool, ListMcpTools, McpToolCalled, McpToolsListed
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.conversation import ConversationItem, ItemType
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.conversation import ConversationItem, ItemType
 
 if TYPE_CHECKING:
     from vllm_duplex.session.rendering import Scope

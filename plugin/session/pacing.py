@@ -29,8 +29,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_duplex.core.interruption import OutputPacing
-from vllm_duplex.core.payloads import AudioOut
+from vllm_duplex.domain.interruption import OutputPacing
+from vllm_duplex.domain.payloads import AudioOut
 from vllm_duplex.session.effects import ArmTimer
 
 PACING = "pacing"  # the timer of the next frame

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vllm_duplex.core.contracts import AppendPlan, PolicyStep
-from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.contracts import AppendPlan, PolicyStep
+from vllm_duplex.domain.metrics import Metrics
+from vllm_duplex.domain.payloads import (
     StageOutput,
     TranscriptPartial,
     TurnEndProbability,
@@ -43,7 +43,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.core.session_config import SessionConfig, TurnDetection
+from vllm_duplex.domain.session_config import SessionConfig, TurnDetection
 from vllm_duplex.session.asks import Decide, Discard, Observe, Rest, Speculate, Steps
 from vllm_duplex.session.effects import ArmTimer, CancelTimer
 from vllm_duplex.session.latency import TurnLatency

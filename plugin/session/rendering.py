@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.payloads import (
     AudioOut,
     GenerationDone,
     SceneDescription,

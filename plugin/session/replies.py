@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.conversation import ConversationItem, Response, context_messages
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import ContextMessage, GenerateRequest
-from vllm_duplex.core.session_config import AudioFormat, SessionConfig, check_modalities
-from vllm_duplex.core.contracts import Capabilities
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain.conversation import ConversationItem, Response, context_messages
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import ContextMessage, GenerateRequest
+from vllm_duplex.domain.session_config import AudioFormat, SessionConfig, check_modalities
+from vllm_duplex.domain.contracts import Capabilities
 from vllm_duplex.policy import ModelPolicy, SessionView
 from vllm_duplex.session.items import ItemStore
 

@@ -40,10 +40,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.contracts import InterruptReason, PolicyStep
-from vllm_duplex.core.conversation import ResponseStatus
-from vllm_duplex.core.payloads import AudioOut, ContextMessage, StageFailed, StageOutput
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.contracts import InterruptReason, PolicyStep
+from vllm_duplex.domain.conversation import ResponseStatus
+from vllm_duplex.domain.payloads import AudioOut, ContextMessage, StageFailed, StageOutput
 from vllm_duplex.session.effects import ArmTimer, CancelTimer
 from vllm_duplex.session.critical_path import TurnTrace
 from vllm_duplex.session.latency import ResponseTimes

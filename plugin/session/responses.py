@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.conversation import (
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.conversation import (
     ContentPart,
     ConversationItem,
     ItemType,
@@ -24,8 +24,8 @@ from vllm_duplex.core.conversation import (
     Role,
     SpokenSegment,
 )
-from vllm_duplex.core.payloads import AudioOut, GenerationDone, ToolCall
-from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.domain.payloads import AudioOut, GenerationDone, ToolCall
+from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioEncoder
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.latency import ResponseTimes

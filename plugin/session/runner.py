@@ -32,18 +32,18 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.gate import FenceGate
-from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import StageOutput, VideoFrame
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.gate import FenceGate
+from vllm_duplex.domain.metrics import Metrics
+from vllm_duplex.domain.payloads import StageOutput, VideoFrame
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.policy import ModelPolicy
 from vllm_duplex.replay.journal import Journal, JournalBudget, Replay
-from vllm_duplex.core.events import Envelope
+from vllm_duplex.domain.events import Envelope
 from vllm_duplex.replay.outbox import Attachment, DurableMark, Outbox, OutboxLimits
 from vllm_duplex.session.coalesce import merge_queued
 from vllm_duplex.session.core import SessionCore

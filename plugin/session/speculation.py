@@ -28,8 +28,8 @@ asked for may be the one speculated.
 
 from __future__ import annotations
 
-from vllm_duplex.core.payloads import ContextMessage
-from vllm_duplex.core.words import same_spoken
+from vllm_duplex.domain.payloads import ContextMessage
+from vllm_duplex.domain.words import same_spoken
 
 # P(end) from which a pause is worth answering ahead: the LLM is idle while
 # the user pauses, and a held reply costs nothing the client sees, so any

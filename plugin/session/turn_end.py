@@ -46,8 +46,8 @@ import logging
 import math
 from dataclasses import dataclass
 
-from vllm_duplex.core.payloads import StageOutput
-from vllm_duplex.core.words import spoken_words
+from vllm_duplex.domain.payloads import StageOutput
+from vllm_duplex.domain.words import spoken_words
 
 log = logging.getLogger(__name__)
 

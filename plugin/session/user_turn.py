@@ -12,11 +12,11 @@ from collections import deque
 from collections.abc import Callable
 
 import numpy as np
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.contracts import TurnCommitted
-from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
-from vllm_duplex.core.payloads import INTERNAL_RATE, VadConfig
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.contracts import TurnCommitted
+from vllm_duplex.domain.conversation import ContentPart, ConversationItem, ItemType, Role
+from vllm_duplex.domain.payloads import INTERNAL_RATE, VadConfig
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.turn_end import PAUSE_DETECT_MS
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from vllm_duplex.core.errors import DuplexError, InvalidMedia
-from vllm_duplex.core.payloads import VideoFrame
+from vllm_duplex.domain.errors import DuplexError, InvalidMedia
+from vllm_duplex.domain.payloads import VideoFrame
 from vllm_duplex.media.video import (
     ChunkDecoder,
     FrameSampler,

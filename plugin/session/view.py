@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_duplex.core.conversation import ConversationItem
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.gate import FenceGate
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain.conversation import ConversationItem
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.gate import FenceGate
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.session.floor import Floor
 from vllm_duplex.session.items import ItemStore
 from vllm_duplex.session.phase import Phase

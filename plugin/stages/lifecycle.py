@@ -85,7 +85,7 @@ class Metered(Protocol):
 class MachineTuned(Protocol):
     def machine_settings(self) -> Mapping[str, object]:
         """The settings this stage took from the machine or its config, each
-        with its source (``core/machine.py``): what ``/health`` reports."""
+        with its source (``domain/machine.py``): what ``/health`` reports."""
         ...
 
 

@@ -19,11 +19,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.contracts import StageNeeds
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import StageFailed, StageInput, StageOutput
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.contracts import StageNeeds
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import StageFailed, StageInput, StageOutput
 from vllm_duplex.stages.port import StagePort
 
 log = logging.getLogger(__name__)

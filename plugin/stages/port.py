@@ -15,10 +15,10 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     StageFailed,
     StageInput,
     StageOutput,

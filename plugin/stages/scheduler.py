@@ -3,7 +3,7 @@
 Every CPU stage of every session -- Silero's windows, Whisper's partials and
 finals, Piper's pieces, a camera's frames -- runs its model work holding a
 *slot* of this one scheduler (``work``). There are as many slots as cores
-the stages may use (``core/machine.py``: the cores the LLM does not take), so
+the stages may use (``domain/machine.py``: the cores the LLM does not take), so
 the stages never run more model work at once than the machine has room for,
 and when more is asked for, the waiting work is ordered by who waits on it:
 
@@ -57,8 +57,8 @@ from concurrent.futures import Executor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
-from vllm_duplex.core.machine import Choice, choose, detect
-from vllm_duplex.core.metrics import Histogram, Metrics
+from vllm_duplex.domain.machine import Choice, choose, detect
+from vllm_duplex.domain.metrics import Histogram, Metrics
 
 # Seconds a piece of work waited or was late: from nothing to a stalled machine.
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 2.0, 5.0)
@@ -302,7 +302,7 @@ _process_lock = threading.Lock()
 
 
 def slots_choice() -> Choice:
-    """How many slots this process's stages get (``core/machine.py``: the
+    """How many slots this process's stages get (``domain/machine.py``: the
     cores the LLM does not take; ``VLLM_DUPLEX_CPU_SLOTS`` wins)."""
     return choose(detect(), os.environ).stage_slots
 

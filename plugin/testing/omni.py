@@ -1,5 +1,5 @@
 """A scripted omni stage (type ``scripted_omni``) that honours the omni
-contract (``vllm_duplex.core.omni``) on CPU, for tests.
+contract (``vllm_duplex.domain.omni``) on CPU, for tests.
 
 ``ScriptedOmniStage`` replies deterministically with what it received since
 the last reply, word by word, e.g. "I heard 2.0 s of audio in 2 units and saw
@@ -13,9 +13,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.omni import OmniInstructions, OmniUnit
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.omni import OmniInstructions, OmniUnit
+from vllm_duplex.domain.payloads import (
     INTERNAL_RATE,
     GenerateRequest,
     GenerationDone,

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     AudioOut,
     EndOfText,
     GenerateRequest,

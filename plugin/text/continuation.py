@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.text.app_sessions import AppSession, Turn, TurnRequest
 from vllm_duplex.text.events import TextEvent
 from vllm_duplex.text.requests import GenerateSpec, Message, check_model, parse_generate, parse_messages

@@ -31,8 +31,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.input_sequence import Accepted, InputSequence
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.input_sequence import Accepted, InputSequence
 from vllm_duplex.text.app_sessions import AppSession, Turn, TurnRequest
 from vllm_duplex.text.events import ErrorEvent, FinishEvent, Usage, wire
 from vllm_duplex.text.requests import Message, check_id, check_text, parse_generate

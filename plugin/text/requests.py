@@ -24,12 +24,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_duplex.core import tools as core_tools
-from vllm_duplex.core.contracts import SamplingConfig
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.owner_ids import mint
-from vllm_duplex.core.payloads import ContextMessage
-from vllm_duplex.core.tools import tool_name
+from vllm_duplex.domain import tools as core_tools
+from vllm_duplex.domain.contracts import SamplingConfig
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.owner_ids import mint
+from vllm_duplex.domain.payloads import ContextMessage
+from vllm_duplex.domain.tools import tool_name
 
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 ROLES = ("system", "user", "assistant", "tool")
@@ -198,7 +198,7 @@ def parse_messages(raw: Any, param: str = "messages", *, allow_empty: bool = Fal
 
 
 def parse_tools(raw: Any) -> tuple[dict[str, Any], ...]:
-    """The request's tools (``vllm_duplex.core.tools``), each with a
+    """The request's tools (``vllm_duplex.domain.tools``), each with a
     description and a parameters schema (chat templates expect both)."""
     return tuple({"type": "function", "name": t["name"], "description": t.get("description", ""),
                   "parameters": t.get("parameters", {"type": "object"})}

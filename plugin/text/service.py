@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.metrics import Metrics
 from vllm_duplex.text.app_sessions import CONTINUATION_MODES, AppSessions
 from vllm_duplex.text.events import ControlEvent, ErrorEvent, TextEvent
 from vllm_duplex.text.requests import MUTABLE_FIELDS, OPTION_NAMES, GenerationControl

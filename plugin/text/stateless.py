@@ -30,8 +30,8 @@ from vllm import SamplingParams
 from vllm.inputs import tokens_input
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
 from vllm_duplex.stages.vllm.chat import ChatTemplate, sampling_options
 from vllm_duplex.stages.vllm.decode import Call, Piece, Reasoning, ReplyDecoder, Text
 from vllm_duplex.stages.vllm.llm import VllmLlmStage

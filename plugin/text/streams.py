@@ -49,8 +49,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.leases.registry import ID, Registry, owned
 from vllm_duplex.replay.seqlog import ByteBudget, SeqBounds, SeqLog
 from vllm_duplex.text.stream_keeping import StreamKeeper, StreamMirror

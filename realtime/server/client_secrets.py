@@ -18,8 +18,8 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.session_config import session_wire
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.session_config import session_wire
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.leases.client_secrets import DEFAULT_TTL_S, is_client_secret
 from vllm_duplex.realtime.server.auth import bearer_key

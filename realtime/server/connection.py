@@ -34,11 +34,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.commands import SessionResume
-from vllm_duplex.core.errors import Capacity, Closed, DuplexError, FramingError
-from vllm_duplex.core.owner_ids import check_routed_id
-from vllm_duplex.core.session_config import SessionPatch, SessionType
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.commands import SessionResume
+from vllm_duplex.domain.errors import Capacity, Closed, DuplexError, FramingError
+from vllm_duplex.domain.owner_ids import check_routed_id
+from vllm_duplex.domain.session_config import SessionPatch, SessionType
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.http_errors import error_response

@@ -11,7 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.text.input_stream import StreamingInput
 
 if TYPE_CHECKING:

@@ -1,11 +1,11 @@
 """An error as an HTTP answer: ``{"error": {...}}`` with the code's status (the
-one table, ``core/errors.py``), and ``Retry-After`` when the error says when
+one table, ``domain/errors.py``), and ``Retry-After`` when the error says when
 a retry can succeed (a refusal at capacity: ``retry_after_s``)."""
 
 from __future__ import annotations
 
 from starlette.responses import JSONResponse
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 
 
 def error_response(err: DuplexError) -> JSONResponse:

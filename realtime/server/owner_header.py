@@ -1,7 +1,7 @@
 """Every response names the instance that served it: ``Duplex-Owner-Instance``.
 
 Behind a router a client does not know which worker it reached. Ids this
-server mints carry their owner (``vllm_duplex.core.owner_ids``); for an id a
+server mints carry their owner (``vllm_duplex.domain.owner_ids``); for an id a
 client chose (a ``stream_id``, a ``request_id``) the client needs the owner
 to route later requests by it: it sends this header back. An ASGI
 middleware, so HTTP responses and WebSocket handshakes (``websocket.accept``
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_duplex.core.owner_ids import OWNER_HEADER
+from vllm_duplex.domain.owner_ids import OWNER_HEADER
 
 _NAME = OWNER_HEADER.lower().encode()
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.session_config import AudioEncoding, AudioFormat, SessionConfig
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.session_config import AudioEncoding, AudioFormat, SessionConfig
 from vllm_duplex.media.audio import AudioDecoder
 
 def wire_format(raw: dict[str, Any] | None, default: AudioFormat) -> AudioFormat:

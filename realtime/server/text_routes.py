@@ -6,7 +6,7 @@
 - ``POST /v1/streams/lookup`` · ``GET|DELETE /v1/streams/{id}`` · ``POST …/control``
 - ``POST /v1/requests/{request_id}/abort``
 
-Errors are ``{"error": {...}}`` with the status of ``vllm_duplex.core.errors``.
+Errors are ``{"error": {...}}`` with the status of ``vllm_duplex.domain.errors``.
 Every id is scoped to the API key that made it: any other key gets 404.
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from vllm_duplex.core.errors import ERRORS, DuplexError
+from vllm_duplex.domain.errors import ERRORS, DuplexError
 from vllm_duplex.realtime.server.sse import EventStreamResponse, sse_frame
 from vllm_duplex.text.app_sessions import AppSession
 from vllm_duplex.text import continuation as sessions_api

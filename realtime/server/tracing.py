@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from vllm_duplex.core import events as ev
+from vllm_duplex.domain import events as ev
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.host.deploy import DeployConfig, StageSpec, load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.server.http_errors import error_response

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.session_config import AudioEncoding, AudioFormat
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.session_config import AudioEncoding, AudioFormat
 
 # ---- paths --------------------------------------------------------------------
 

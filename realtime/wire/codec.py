@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields as dc_fields
 from typing import Any
 
-from vllm_duplex.core.commands import (
+from vllm_duplex.domain.commands import (
     AudioAppend,
     AudioClear,
     AudioCommit,
@@ -58,11 +58,11 @@ from vllm_duplex.core.commands import (
     VideoChunkIn,
     VideoFrameIn,
 )
-from vllm_duplex.core.contracts import InputMode
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import Envelope, ServerEvent
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.session_config import SessionPatch
+from vllm_duplex.domain.contracts import InputMode
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import Envelope, ServerEvent
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.realtime.wire.aliases import (
     _BETA_DOCS,
     _MISSING,

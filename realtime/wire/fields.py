@@ -13,8 +13,8 @@ import binascii
 from collections.abc import Callable
 from typing import Any
 
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.interruption import (
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.interruption import (
     INTERRUPTION_MODES,
     MAX_BACKCHANNEL_CHARS,
     MAX_BACKCHANNELS,
@@ -24,7 +24,7 @@ from vllm_duplex.core.interruption import (
     Interruption,
     OutputPacing,
 )
-from vllm_duplex.core.session_config import (
+from vllm_duplex.domain.session_config import (
     EAGERNESS,
     ECHO_CANCELLATION_TYPES,
     NOISE_REDUCTION_TYPES,
@@ -36,8 +36,8 @@ from vllm_duplex.core.session_config import (
     Transcription,
     TurnDetection,
 )
-from vllm_duplex.core.tools import parse_tools
-from vllm_duplex.core.truncation import Truncation
+from vllm_duplex.domain.tools import parse_tools
+from vllm_duplex.domain.truncation import Truncation
 from vllm_duplex.realtime.wire.aliases import (
     _MISSING,
     BETA_AUDIO_FORMATS,
@@ -283,7 +283,7 @@ def _bounded_int(v: Any, p: str, hi: int, lo: int = 0) -> Any:
 
 def _interruption(v: Any, p: str) -> Any:
     """Duplex extension ``session.interruption``: fields not given take their
-    defaults (core/interruption.py), as ``turn_detection``'s do."""
+    defaults (domain/interruption.py), as ``turn_detection``'s do."""
     if v is None:
         return _MISSING
     obj = _obj(v, p)
@@ -328,7 +328,7 @@ def _pacing(v: Any, p: str) -> Any:
 def _truncation(v: Any, p: str) -> Any:
     """``session.truncation``: ``"auto"``, ``"disabled"`` or ``{type:
     "retention_ratio", retention_ratio, token_limits: {post_instructions}}``
-    (core/truncation.py)."""
+    (domain/truncation.py)."""
     if v is None:
         return _MISSING
     if v in ("auto", "disabled"):
@@ -358,7 +358,7 @@ def _voice(v: Any, p: str) -> Any:
 
 
 def _tools(v: Any, p: str) -> Any:
-    """A session's or a response's tools: function tools and MCP servers (core/mcp.py)."""
+    """A session's or a response's tools: function tools and MCP servers (domain/mcp.py)."""
     return _MISSING if v is None else parse_tools(v, p, mcp=True)
 
 

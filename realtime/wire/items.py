@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
+from vllm_duplex.domain.conversation import ContentPart, ConversationItem, ItemType, Role
 from vllm_duplex.media.data_url import data_url_bytes
 from vllm_duplex.realtime.wire.aliases import _MISSING, CONTENT_GA_TO_BETA
 from vllm_duplex.realtime.wire.fields import _b64, _bad, _obj, _opt_str, _req_str, _str

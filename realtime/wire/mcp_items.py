@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_duplex.core.conversation import ConversationItem, ItemType
+from vllm_duplex.domain.conversation import ConversationItem, ItemType
 from vllm_duplex.realtime.wire.aliases import _MISSING
 from vllm_duplex.realtime.wire.fields import _bad, _obj, _opt_str, _req_str, _str
 

@@ -24,7 +24,7 @@ import urllib.request
 import pytest
 from support.realtime_fixtures import no_leaked_tasks, scripted_config  # noqa: F401
 from support.router_fixtures import wait_until
-from vllm_duplex.core.clock import MonotonicClock
+from vllm_duplex.domain.clock import MonotonicClock
 from vllm_duplex.durable.memory import MemoryStore
 from vllm_duplex.durable.store import StoreUnavailable
 from vllm_duplex.host.deploy import StageSpec

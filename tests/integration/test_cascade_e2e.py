@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from support.speech_fixtures import RATE, cascade_runtime, recognize, say, speak
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.payloads import (
     StageOutput,
     TranscriptFinal,
     TranscriptPartial,
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.core.session_config import SessionPatch, TurnDetection
+from vllm_duplex.domain.session_config import SessionPatch, TurnDetection
 from vllm_duplex.realtime.client.realtime import RealtimeClient, RealtimeError
 from vllm_duplex.realtime.server.serving import BackgroundServer
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401

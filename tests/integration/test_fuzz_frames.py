@@ -78,11 +78,11 @@ from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks override
     silence,
     tone,
 )
-from vllm_duplex.core import events as server_events
-from vllm_duplex.core.commands import Command
-from vllm_duplex.core.contracts import InputMode
-from vllm_duplex.core.errors import ERRORS, DuplexError
-from vllm_duplex.core.input_sequence import Accepted, InputSequence
+from vllm_duplex.domain import events as server_events
+from vllm_duplex.domain.commands import Command
+from vllm_duplex.domain.contracts import InputMode
+from vllm_duplex.domain.errors import ERRORS, DuplexError
+from vllm_duplex.domain.input_sequence import Accepted, InputSequence
 from vllm_duplex.realtime.client.realtime import Event, RealtimeClient
 from vllm_duplex.realtime.wire.codec import CLIENT_EVENT_TYPES, RealtimeCodec
 from vllm_duplex.text.requests import (

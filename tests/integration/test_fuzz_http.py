@@ -51,7 +51,7 @@ from support.fuzz import (
     weighted,
 )
 from support.text_fixtures import FRANCE, KEYS, MODEL, auth  # noqa: F401
-from vllm_duplex.core.errors import ERRORS, DuplexError
+from vllm_duplex.domain.errors import ERRORS, DuplexError
 from vllm_duplex.text.requests import parse_generate
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 from websockets.exceptions import ConnectionClosed

@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.grpc_fixtures import engine_idle, grpc_client
 from support.text_fixtures import FRANCE, MODEL
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
-from vllm_duplex.core.errors import ERRORS
+from vllm_duplex.domain.errors import ERRORS
 from vllm_duplex.realtime.client.grpc_client import OpenEngineError
 from vllm_duplex.realtime.wire.openengine.v1 import engine_pb2 as e
 from vllm_duplex.realtime.wire.openengine.v1 import sessions_pb2 as s

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from support.speech_fixtures import cascade_runtime
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
-from vllm_duplex.core.machine import detect
+from vllm_duplex.domain.machine import detect
 from vllm_duplex.realtime.server.serving import BackgroundServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

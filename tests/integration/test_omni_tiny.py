@@ -27,10 +27,10 @@ from PIL import Image
 from support.audio import b64
 from support.omni_fixtures import audio_tokens, config, image_tokens
 from support.speech_fixtures import RATE, chunks, speak
-from vllm_duplex.core.contracts import SamplingConfig
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.omni import OmniInstructions, OmniUnit
-from vllm_duplex.core.payloads import GenerateRequest, GenerationDone, StageFailed, StageInput
+from vllm_duplex.domain.contracts import SamplingConfig
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.omni import OmniInstructions, OmniUnit
+from vllm_duplex.domain.payloads import GenerateRequest, GenerationDone, StageFailed, StageInput
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.realtime.server.serving import BackgroundServer
@@ -250,7 +250,7 @@ async def test_a_cut_reply_is_kept_as_the_client_got_it_even_when_the_port_relea
     context (the session's conversation: what the client got) is what the
     model must hold, not what the port released -- here, deterministically,
     the client got the first delta only."""
-    from vllm_duplex.core.payloads import ContextMessage, TextDelta
+    from vllm_duplex.domain.payloads import ContextMessage, TextDelta
 
     stage = tiny_omni_stage
     baseline, rebuilds = stage.engine.get_num_unfinished_requests(), stage.rebuilds
@@ -302,7 +302,7 @@ async def test_a_spoken_conversation_past_max_model_len_keeps_answering(tiny_omn
     context after a few: the oldest turns leave it with their audio and images,
     the instructions stay, and every turn is answered (before: ``stage_failed``
     from the fourth turn on, for good)."""
-    from vllm_duplex.core.truncation import Truncation
+    from vllm_duplex.domain.truncation import Truncation
     from vllm_duplex.stages.omni.vllm_omni import VllmOmniStage
 
     small = VllmOmniStage(engine=tiny_omni_stage.engine, dialect="minicpmo", max_model_len=256,

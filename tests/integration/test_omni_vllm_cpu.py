@@ -16,10 +16,10 @@ import uuid
 import pytest
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
-from vllm_duplex.core.contracts import SamplingConfig
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.omni import OmniInstructions
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.contracts import SamplingConfig
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.omni import OmniInstructions
+from vllm_duplex.domain.payloads import (
     GenerateRequest,
     GenerationDone,
     StageFailed,
@@ -27,7 +27,7 @@ from vllm_duplex.core.payloads import (
     TextDelta,
     TextIn,
 )
-from vllm_duplex.core.truncation import Truncation
+from vllm_duplex.domain.truncation import Truncation
 from vllm_duplex.stages.omni.vllm_omni import VllmOmniPort, VllmOmniStage
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 

@@ -22,9 +22,9 @@ import pytest
 import uvloop
 from vllm_duplex.assets.files import AssetError
 from vllm_duplex.assets.locate import whisper_model_dir
-from vllm_duplex.core.clock import MonotonicClock
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import MonotonicClock
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     AudioOut,
     EndOfText,
     SpeechDone,

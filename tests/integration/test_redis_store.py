@@ -13,10 +13,10 @@ import time
 
 import pytest
 import pytest_asyncio
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import Envelope
-from vllm_duplex.core.fence import Fence
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import Envelope
+from vllm_duplex.domain.fence import Fence
 from vllm_duplex.durable.redis_store import RedisStore
 from vllm_duplex.durable.store import (
     Append,

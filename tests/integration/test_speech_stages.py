@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vllm_duplex.core.clock import MonotonicClock
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import MonotonicClock
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     AudioIn,
     AudioOut,
     GenerationDone,
@@ -511,7 +511,7 @@ def test_flite_synthesizes_under_uvloop():
     """The CLI server runs on uvloop, whose child processes get a socket, not a
     pipe, as stdout: /dev/stdout cannot be opened there (a real bug we had)."""
     import uvloop
-    from vllm_duplex.core.clock import MonotonicClock
+    from vllm_duplex.domain.clock import MonotonicClock
 
     async def speak() -> np.ndarray:
         return await FliteTtsStage(clock=MonotonicClock()).synthesize("Hello there.")

@@ -11,7 +11,7 @@ import asyncio
 import time
 
 import pytest
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.payloads import (
     ContextMessage,
     ResetContext,
     StageInput,

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import skimage.data as skimage_data
 from PIL import Image, ImageDraw, ImageFont
-from vllm_duplex.core.clock import MonotonicClock
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import MonotonicClock
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     InputObservation,
     SceneDescription,
     StageFailed,

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm_duplex.core.contracts import SamplingConfig
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.contracts import SamplingConfig
+from vllm_duplex.domain.payloads import (
     ContextMessage,
     GenerateRequest,
     GenerationDone,

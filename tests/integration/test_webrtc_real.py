@@ -20,7 +20,7 @@ import soxr
 from support.speech_fixtures import RATE, chunks, recognize, speak
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 from support.webrtc import RtcClient
-from vllm_duplex.core.words import spoken_words
+from vllm_duplex.domain.words import spoken_words
 from vllm_duplex.host.deploy import load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.realtime.client.realtime import RealtimeClient

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import soxr
 from vllm_duplex.assets.files import AssetError
-from vllm_duplex.core.clock import MonotonicClock
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import MonotonicClock
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     AsrConfig,
     AudioIn,
     EndOfUtterance,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vllm_duplex.core.contracts import AppendPlan, PolicyStep, Show
+from vllm_duplex.domain.contracts import AppendPlan, PolicyStep, Show
 
 
 def plan_of(steps: Sequence[PolicyStep]) -> AppendPlan | None:

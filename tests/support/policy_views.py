@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_duplex.core.conversation import ConversationItem
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain.conversation import ConversationItem
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.models.cascade.policy import CascadeState
 
 

@@ -4,13 +4,13 @@ made in one call."""
 
 from __future__ import annotations
 
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.interruption import Interruption, OutputPacing
-from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import StageOutput
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.interruption import Interruption, OutputPacing
+from vllm_duplex.domain.metrics import Metrics
+from vllm_duplex.domain.payloads import StageOutput
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.models.scripted import ScriptedPolicy
 from vllm_duplex.session.core import SessionCore
 from vllm_duplex.session.limits import SessionLimits

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from vllm_duplex.core import events as ev
+from vllm_duplex.domain import events as ev
 
 
 async def next_event(session, *types: str, timeout: float = 10.0) -> ev.Envelope:

@@ -18,9 +18,9 @@ import asyncio
 from typing import Any
 
 from support.task_leaks import leak_check
-from vllm_duplex.core.contracts import SamplingConfig
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.contracts import SamplingConfig
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     ContextMessage,
     GenerateRequest,
     GenerationDone,

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.session_config import AudioEncoding, AudioFormat
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.session_config import AudioEncoding, AudioFormat
 from vllm_duplex.media.audio import (
     INTERNAL_RATE,
     AudioDecoder,

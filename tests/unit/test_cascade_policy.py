@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from support.policy_steps import plan_of, render_of, shown
 from support.policy_views import CascadeView
-from vllm_duplex.core.commands import DuplexInput, ResponseOptions
-from vllm_duplex.core.contracts import (
+from vllm_duplex.domain.commands import DuplexInput, ResponseOptions
+from vllm_duplex.domain.contracts import (
     CommitTurn,
     Dismiss,
     FenceBump,
@@ -23,11 +23,11 @@ from vllm_duplex.core.contracts import (
     PauseReply,
     Respond,
 )
-from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.interruption import Interruption
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.conversation import ContentPart, ConversationItem, ItemType, Role
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.interruption import Interruption
+from vllm_duplex.domain.payloads import (
     AudioIn,
     GenerationDone,
     ResetContext,
@@ -43,7 +43,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.core.session_config import SessionConfig, TurnDetection
+from vllm_duplex.domain.session_config import SessionConfig, TurnDetection
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.models.cascade.policy import CascadeState
 from vllm_duplex.models.cascade.transcript import stable_prefix

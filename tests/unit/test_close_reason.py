@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.errors import ERRORS
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.errors import ERRORS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
 

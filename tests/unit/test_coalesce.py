@@ -7,8 +7,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     AudioOut,
     GenerationDone,
     StageOutput,

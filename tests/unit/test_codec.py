@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.audio import b64
-from vllm_duplex.core.commands import (
+from vllm_duplex.domain.commands import (
     AudioAppend,
     AudioClear,
     AudioCommit,
@@ -27,8 +27,8 @@ from vllm_duplex.core.commands import (
     SessionClose,
     SessionUpdate,
 )
-from vllm_duplex.core.contracts import InputMode
-from vllm_duplex.core.conversation import (
+from vllm_duplex.domain.contracts import InputMode
+from vllm_duplex.domain.conversation import (
     ContentPart,
     ConversationItem,
     ItemType,
@@ -36,8 +36,8 @@ from vllm_duplex.core.conversation import (
     ResponseStatus,
     Role,
 )
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import (
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import (
     ContentPartAdded,
     ConversationItemAdded,
     ConversationItemDone,
@@ -52,8 +52,8 @@ from vllm_duplex.core.events import (
     SessionCreated,
     SessionUpdated,
 )
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.session_config import (
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.session_config import (
     AudioEncoding,
     AudioFormat,
     SessionConfig,

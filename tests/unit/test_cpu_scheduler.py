@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.domain.metrics import Metrics
 from vllm_duplex.stages.scheduler import CpuScheduler, Shed, Urgency
 
 TURN, SPEECH, BACKGROUND = Urgency.TURN_END, Urgency.SPEECH_DUE, Urgency.BACKGROUND

@@ -4,8 +4,8 @@ stage types that can run on a GPU, and refused for those that cannot."""
 from __future__ import annotations
 
 import pytest
-from vllm_duplex.core.clock import MonotonicClock
-from vllm_duplex.core.devices import CPU, Device
+from vllm_duplex.domain.clock import MonotonicClock
+from vllm_duplex.domain.devices import CPU, Device
 from vllm_duplex.host.deploy import DeployConfig, StageSpec
 from vllm_duplex.host.stage_types import build_stage
 

@@ -122,7 +122,7 @@ def named_paths() -> list[tuple[str, str]]:
 def test_the_docs_name_paths_at_all():
     # a parser that finds nothing would pass everything
     paths = {p for _, p in named_paths()}
-    assert {"plugin/core/errors.py", "configs/cascade-cpu.yaml", "docs/clients.md"} <= paths
+    assert {"plugin/domain/errors.py", "configs/cascade-cpu.yaml", "docs/clients.md"} <= paths
 
 
 @pytest.mark.parametrize("where, name", named_paths())

@@ -11,7 +11,7 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.durable.memory import MemoryStore
 from vllm_duplex.durable.records import STREAM_PREFIX, StreamRecord
 from vllm_duplex.durable.store import decode, encode

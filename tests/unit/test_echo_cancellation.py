@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support.speech_fixtures import speak
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.events import Envelope
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.events import Envelope
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.echo import FRAME, EchoCanceller, ResidualEchoSuppressor
 from vllm_duplex.session.echo import REANCHOR_S, ClientPlayback, EchoPath
 from vllm_duplex.session.effects import Emit
@@ -238,7 +238,7 @@ def test_the_input_buffer_loses_and_shifts_nothing_with_echo_cancellation():
 def test_echo_cancellation_without_livekit_is_refused(monkeypatch):
     import sys
 
-    from vllm_duplex.core.errors import DuplexError
+    from vllm_duplex.domain.errors import DuplexError
     monkeypatch.setitem(sys.modules, "livekit.rtc", None)  # as if not installed
     with pytest.raises(DuplexError) as err:
         InputBuffer(AudioFormat(), max_ms=5000).set_echo_cancellation("server", AudioFormat())
@@ -251,8 +251,8 @@ def test_echo_cancellation_without_livekit_is_refused(monkeypatch):
 
 def test_a_session_update_turns_it_on_and_says_so():
     from support.session_core import emitted, make_core
-    from vllm_duplex.core import commands as cmd
-    from vllm_duplex.core.session_config import SessionPatch
+    from vllm_duplex.domain import commands as cmd
+    from vllm_duplex.domain.session_config import SessionPatch
 
     core = make_core()
     [updated] = emitted(core.handle(cmd.SessionUpdate(
@@ -267,8 +267,8 @@ def test_without_livekit_the_update_is_refused_whole(monkeypatch):
     import sys
 
     from support.session_core import emitted, make_core
-    from vllm_duplex.core import commands as cmd
-    from vllm_duplex.core.session_config import SessionPatch
+    from vllm_duplex.domain import commands as cmd
+    from vllm_duplex.domain.session_config import SessionPatch
 
     monkeypatch.setitem(sys.modules, "livekit.rtc", None)  # as if not installed
     core = make_core()

@@ -7,7 +7,7 @@ import copy
 import pickle
 
 import pytest
-from vllm_duplex.core.errors import (
+from vllm_duplex.domain.errors import (
     ERRORS,
     AccessDenied,
     Capacity,

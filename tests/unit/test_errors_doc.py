@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from vllm_duplex.core.errors import ERRORS
+from vllm_duplex.domain.errors import ERRORS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
 

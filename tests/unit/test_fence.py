@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from vllm_duplex.core.fence import Fence, parse_request_id
+from vllm_duplex.domain.fence import Fence, parse_request_id
 
 ROLES = st.from_regex(r"[A-Za-z0-9_-]+", fullmatch=True)
 COUNTS = st.integers(min_value=0, max_value=10**12)

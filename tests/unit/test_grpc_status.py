@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 from google.rpc import error_details_pb2
-from vllm_duplex.core.errors import ERRORS, DuplexError
+from vllm_duplex.domain.errors import ERRORS, DuplexError
 from vllm_duplex.realtime.server.openengine import convert
 from vllm_duplex.realtime.server.openengine.status import to_status
 from vllm_duplex.realtime.wire.openengine.v1 import engine_pb2 as e

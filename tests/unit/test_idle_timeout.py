@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 from support.session_core import TEN_MS, create_response, make_core, output, types
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.interruption import OutputPacing
-from vllm_duplex.core.payloads import AudioOut, GenerationDone, SpeechDone, VadSpeechStarted
-from vllm_duplex.core.session_config import TurnDetection
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain.interruption import OutputPacing
+from vllm_duplex.domain.payloads import AudioOut, GenerationDone, SpeechDone, VadSpeechStarted
+from vllm_duplex.domain.session_config import TurnDetection
 from vllm_duplex.session.effects import ArmTimer, CancelTimer, TimerFired
 from vllm_duplex.session.idle import IDLE
 

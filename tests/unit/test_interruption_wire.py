@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.interruption import DEFAULT_BACKCHANNELS, Interruption, OutputPacing
-from vllm_duplex.core.session_config import SessionConfig, session_wire
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.interruption import DEFAULT_BACKCHANNELS, Interruption, OutputPacing
+from vllm_duplex.domain.session_config import SessionConfig, session_wire
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 codec = RealtimeCodec()

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from vllm_duplex.core.clock import Clock
+from vllm_duplex.domain.clock import Clock
 from vllm_duplex.host import stage_types
 from vllm_duplex.host.deploy import StageSpec, load_config
 from vllm_duplex.host.runtime import Runtime

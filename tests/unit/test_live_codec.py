@@ -23,12 +23,12 @@ from openai.types.live import (
 from openai.types.live.client_event import ClientEvent
 from openai.types.live.connect_client_event import ConnectClientEvent
 from openai.types.live.session_config import SessionConfig
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.commands import AudioAppend, ItemCreate, SessionClose, SessionUpdate
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import Envelope
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.session_config import AudioEncoding
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.commands import AudioAppend, ItemCreate, SessionClose, SessionUpdate
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import Envelope
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.session_config import AudioEncoding
 from vllm_duplex.realtime.wire.live.client_events import HANDLED, REFUSED
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveStart
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 from vllm_duplex.assets.prepare import prepared_model_dir
-from vllm_duplex.core.contracts import SamplingConfig
-from vllm_duplex.core.fence import Fence, parse_request_id
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.contracts import SamplingConfig
+from vllm_duplex.domain.fence import Fence, parse_request_id
+from vllm_duplex.domain.payloads import (
     ContextMessage,
     GenerateRequest,
     GenerationDone,

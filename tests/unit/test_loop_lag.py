@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 import uvloop
-from vllm_duplex.core.metrics import Metrics
+from vllm_duplex.domain.metrics import Metrics
 from vllm_duplex.host.deploy import DeployConfig, load_config
 from vllm_duplex.host.loop_lag import LoopLagMonitor, Scheduling, classify
 from vllm_duplex.host.runtime import Runtime

@@ -1,4 +1,4 @@
-"""The machine's settings, chosen from what its CPU says (core/machine.py).
+"""The machine's settings, chosen from what its CPU says (domain/machine.py).
 
 By value: /proc/cpuinfo texts of the kinds of machine this project runs on,
 so the choice for each is pinned here whatever machine runs the test."""
@@ -6,7 +6,7 @@ so the choice for each is pinned here whatever machine runs the test."""
 from __future__ import annotations
 
 import pytest
-from vllm_duplex.core.machine import Cpu, choose, isa_cap
+from vllm_duplex.domain.machine import Cpu, choose, isa_cap
 
 AVX2_FLAGS = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi1 bmi2"
 EPYC_FLAGS = (AVX2_FLAGS + " avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni avx512_bf16"

@@ -7,14 +7,14 @@ import asyncio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vllm_duplex.core.commands import (
+from vllm_duplex.domain.commands import (
     AudioAppend,
     AudioCommit,
     ResponseCancel,
     ResponseCreate,
     SessionUpdate,
 )
-from vllm_duplex.core.session_config import SessionPatch
+from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.session.mailbox import (
     Lane,
     Mailbox,

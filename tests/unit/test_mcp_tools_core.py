@@ -9,13 +9,13 @@ import json
 
 import pytest
 from support.session_core import create_response, manual, output
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core import mcp
-from vllm_duplex.core.conversation import ConversationItem, ItemType
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import GenerateRequest, GenerationDone, ToolCall
-from vllm_duplex.core.session_config import SessionPatch
-from vllm_duplex.core.tools import parse_tools
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain import mcp
+from vllm_duplex.domain.conversation import ConversationItem, ItemType
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import GenerateRequest, GenerationDone, ToolCall
+from vllm_duplex.domain.session_config import SessionPatch
+from vllm_duplex.domain.tools import parse_tools
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.session.effects import Emit, Submit
 from vllm_duplex.session.mcp_calls import CallMcpTool, ListMcpTools, McpToolCalled, McpToolsListed

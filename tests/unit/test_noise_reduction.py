@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support.speech_fixtures import speak
-from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.noise import FRAME, NoiseSuppressor
 from vllm_duplex.session.input_buffer import InputBuffer
 

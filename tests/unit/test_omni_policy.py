@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from support.policy_steps import kinds, plan_of
 from support.policy_views import PolicyView
-from vllm_duplex.core.commands import DuplexInput, ResponseOptions
-from vllm_duplex.core.contracts import (
+from vllm_duplex.domain.commands import DuplexInput, ResponseOptions
+from vllm_duplex.domain.contracts import (
     AppendPlan,
     CommitTurn,
     FinishReply,
@@ -25,10 +25,10 @@ from vllm_duplex.core.contracts import (
     Show,
     TurnCommitted,
 )
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.omni import OmniInstructions, OmniUnit
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.omni import OmniInstructions, OmniUnit
+from vllm_duplex.domain.payloads import (
     AudioIn,
     AudioOut,
     GenerationDone,
@@ -41,7 +41,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStopped,
     VideoFrame,
 )
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.models.omni import OmniPolicy
 from vllm_duplex.models.omni.policy import OmniState
 from vllm_duplex.models.omni.units import UnitBuilder, tile_frames, units_of_turn

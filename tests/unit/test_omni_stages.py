@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from support.audio import pcm16
 from support.sessions import next_event
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.clock import MonotonicClock
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.contracts import SamplingConfig
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.omni import OmniInstructions, OmniUnit
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain.clock import MonotonicClock
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.contracts import SamplingConfig
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.omni import OmniInstructions, OmniUnit
+from vllm_duplex.domain.payloads import (
     ContextMessage,
     GenerateRequest,
     GenerationDone,

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.interruption import PACED, Interruption, OutputPacing, is_backchannel
-from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.interruption import PACED, Interruption, OutputPacing, is_backchannel
+from vllm_duplex.domain.metrics import Metrics
+from vllm_duplex.domain.payloads import (
     AudioOut,
     GenerationDone,
     SpeechDone,
@@ -22,7 +22,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.core.session_config import AudioFormat, SessionConfig, TurnDetection
+from vllm_duplex.domain.session_config import AudioFormat, SessionConfig, TurnDetection
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.session.core import SessionCore
 from vllm_duplex.session.effects import ArmTimer, CancelTimer, Emit, TimerFired

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from vllm_duplex.core.contracts import SamplingConfig
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.gate import FenceGate
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.contracts import SamplingConfig
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.gate import FenceGate
+from vllm_duplex.domain.payloads import (
     AudioIn,
     AudioOut,
     ContextMessage,

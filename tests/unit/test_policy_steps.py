@@ -1,4 +1,4 @@
-"""A policy's steps (``core/contracts.py``) as the session carries them out:
+"""A policy's steps (``domain/contracts.py``) as the session carries them out:
 in the order the policy gave them, by the one table the parts' asks use, with
 the session deciding where a step does nothing (``carrying.py``)."""
 
@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from support.session_core import TEN_MS, create_response, emitted, make_core, output, types
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.contracts import (
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain.contracts import (
     CommitTurn,
     FinishReply,
     PolicyStep,
     Respond,
     Show,
 )
-from vllm_duplex.core.payloads import GenerationDone, StageOutput, TextDelta, VadSpeechStopped
+from vllm_duplex.domain.payloads import GenerationDone, StageOutput, TextDelta, VadSpeechStopped
 from vllm_duplex.models.scripted import ScriptedPolicy
 
 

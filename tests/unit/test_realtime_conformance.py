@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from support import sdk_realtime as sdk
-from vllm_duplex.core import events as server_events
-from vllm_duplex.core.commands import ResponseCreate, ResponseOptions, SessionUpdate
-from vllm_duplex.core.contracts import Capabilities
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.session_config import SessionConfig, SessionPatch, session_wire, updated_config
+from vllm_duplex.domain import events as server_events
+from vllm_duplex.domain.commands import ResponseCreate, ResponseOptions, SessionUpdate
+from vllm_duplex.domain.contracts import Capabilities
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.session_config import SessionConfig, SessionPatch, session_wire, updated_config
 from vllm_duplex.realtime.wire.aliases import BETA_EVENT_TYPES, RESPONSE_BETA_TO_GA, SESSION_BETA_TO_GA
 from vllm_duplex.realtime.wire.codec import CLIENT_EVENT_TYPES, RealtimeCodec
 

@@ -10,10 +10,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.commands import SessionResume
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.owner_ids import mint, owner_of
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.commands import SessionResume
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.owner_ids import mint, owner_of
 from vllm_duplex.fleet.worker import WorkerRuntime
 from vllm_duplex.host.deploy import load_config
 from vllm_duplex.host.runtime import Runtime

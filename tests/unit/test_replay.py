@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import (
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import (
     Envelope,
     InputAudioBufferCleared,
     OutputAudioDelta,
     SessionUpdated,
 )
-from vllm_duplex.core.fence import Fence
+from vllm_duplex.domain.fence import Fence
 from vllm_duplex.replay.journal import Journal, JournalBudget, wire_size
 from vllm_duplex.replay.outbox import Notice, Outbox, OutboxLimits
 from vllm_duplex.replay.seqlog import ByteBudget, SeqBounds, SeqLog

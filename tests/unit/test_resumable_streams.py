@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
 import pytest
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.testing.clock import VirtualClock
 from vllm_duplex.text.streams import (
     ResumableStream,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.owner_ids import check_routed_id, mint, owner_of
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.owner_ids import check_routed_id, mint, owner_of
 from vllm_duplex.host.deploy import DeployConfig
 from vllm_duplex.fleet.view import WorkerStatus, fleet_health, merge_metrics
 from vllm_duplex.fleet.router import MINTED_ID_REGEX, RouterPlan, nginx_conf

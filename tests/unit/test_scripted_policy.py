@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.policy_views import PolicyView
-from vllm_duplex.core.commands import ResponseOptions
-from vllm_duplex.core.contracts import (
+from vllm_duplex.domain.commands import ResponseOptions
+from vllm_duplex.domain.contracts import (
     CommitTurn,
     FinishReply,
     ForwardTo,
@@ -23,9 +23,9 @@ from vllm_duplex.core.contracts import (
     StageSubmission,
     TurnCommitted,
 )
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     AudioIn,
     AudioOut,
     GenerationDone,
@@ -40,7 +40,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.core.session_config import SessionConfig, TurnDetection
+from vllm_duplex.domain.session_config import SessionConfig, TurnDetection
 from vllm_duplex.models.scripted import ScriptedPolicy
 from vllm_duplex.policy import NoState, available_policies, load_policy
 from vllm_duplex.stages.listening.energy_vad import EnergyVad, energy_threshold_dbfs

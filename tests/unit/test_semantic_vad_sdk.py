@@ -10,10 +10,10 @@ import json
 import pytest
 from openai.types.realtime import SessionUpdatedEvent
 from openai.types.realtime.realtime_audio_input_turn_detection_param import SemanticVad
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.session_config import SessionConfig
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.metrics import Metrics
+from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.session.core import SessionCore

@@ -13,13 +13,13 @@ import dataclasses
 import numpy as np
 import pytest
 from support.session_core import TEN_MS, create_response, emitted, make_core, manual, output, types
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.conversation import ContentPart, ConversationItem, ItemType, Role
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     AsrConfig,
     AudioIn,
     AudioOut,
@@ -34,7 +34,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VideoFrame,
 )
-from vllm_duplex.core.session_config import SessionPatch, Transcription, TurnDetection
+from vllm_duplex.domain.session_config import SessionPatch, Transcription, TurnDetection
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.session.core import SessionCore
 from vllm_duplex.session.turn_end import PAUSE_DETECT_MS

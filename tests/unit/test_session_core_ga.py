@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 from support.session_core import TEN_MS, create_response, emitted, make_core, manual, output, types
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.conversation import ContentPart, ConversationItem, ItemType, Role
+from vllm_duplex.domain.payloads import (
     AudioOut,
     GenerateRequest,
     GenerationDone,
@@ -25,9 +25,9 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.core.metrics import STAGE_LATENCIES
+from vllm_duplex.domain.metrics import STAGE_LATENCIES
 from vllm_duplex.session.effects import Emit
-from vllm_duplex.core.session_config import AudioEncoding, AudioFormat
+from vllm_duplex.domain.session_config import AudioEncoding, AudioFormat
 from vllm_duplex.models.cascade import CascadePolicy
 
 ONE_SECOND = np.zeros(16000, np.int16)  # "one two three four" at the internal 16 kHz

@@ -5,7 +5,7 @@ the ``max_duration`` close."""
 from __future__ import annotations
 
 from support.session_core import make_core, types
-from vllm_duplex.core.close_reason import CloseReason
+from vllm_duplex.domain.close_reason import CloseReason
 from vllm_duplex.session import lifetime
 from vllm_duplex.session.effects import ArmTimer, Close, TimerFired
 from vllm_duplex.session.limits import SessionLimits

@@ -7,7 +7,7 @@ import gc
 import weakref
 
 import pytest
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.leases.manager import Lease, SessionInfo, SessionManager, SessionState
 from vllm_duplex.testing.clock import VirtualClock
 

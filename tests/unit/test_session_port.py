@@ -12,11 +12,11 @@ import json
 from typing import Any
 
 import pytest
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.commands import AudioAppend, AudioCommit, ItemTruncate
-from vllm_duplex.core.errors import Closed, DuplexError
-from vllm_duplex.core.events import Envelope, SessionUpdated
-from vllm_duplex.core.fence import Fence
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.commands import AudioAppend, AudioCommit, ItemTruncate
+from vllm_duplex.domain.errors import Closed, DuplexError
+from vllm_duplex.domain.events import Envelope, SessionUpdated
+from vllm_duplex.domain.fence import Fence
 from vllm_duplex.realtime.server.port.calls import Call, Calls
 from vllm_duplex.realtime.server.port.session_port import Rules, SessionPort
 from vllm_duplex.realtime.wire.codec import RealtimeCodec

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from support.audio import pcm16
 from support.sessions import next_event
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.clock import MonotonicClock
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.clock import MonotonicClock
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     AudioIn,
     GenerateRequest,
     GenerationDone,
@@ -32,7 +32,7 @@ from vllm_duplex.core.payloads import (
     TranscriptDelta,
     VadConfig,
 )
-from vllm_duplex.core.session_config import SessionPatch
+from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.deploy import StageSpec, load_config
 from vllm_duplex.host.runtime import Runtime
 from vllm_duplex.replay.outbox import Notice
@@ -276,8 +276,8 @@ def test_the_shipped_deployments_have_what_their_policies_need():
 
 
 def test_gate_keeps_listening_outputs_across_fence_bumps():
-    from vllm_duplex.core.gate import FenceGate
-    from vllm_duplex.core.payloads import VadSpeechStarted
+    from vllm_duplex.domain.gate import FenceGate
+    from vllm_duplex.domain.payloads import VadSpeechStarted
 
     old = Fence("s", 0, 0)
     gate = FenceGate(old)
@@ -350,7 +350,7 @@ async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
     the first audio delta; the first sentence is 6 words x 120 ms, so 4 words
     were heard. (Paced output knows what was heard from the pacer:
     tests/unit/test_output_pacing.py.)"""
-    from vllm_duplex.core.interruption import OutputPacing
+    from vllm_duplex.domain.interruption import OutputPacing
     from vllm_duplex.testing.clock import VirtualClock
 
     clock = VirtualClock()
@@ -377,8 +377,8 @@ async def test_barge_in_cuts_the_assistant_item_to_what_was_heard():
 
 
 async def test_a_terminal_stage_failure_ends_the_session_with_one_error(runtime):
-    from vllm_duplex.core.errors import DuplexError
-    from vllm_duplex.core.payloads import StageFailed
+    from vllm_duplex.domain.errors import DuplexError
+    from vllm_duplex.domain.payloads import StageFailed
 
     session = await runtime.sessions.open(None)
     dead = DuplexError("engine_dead", "the vLLM engine died")

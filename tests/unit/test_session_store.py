@@ -11,11 +11,11 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import Envelope
-from vllm_duplex.core.fence import Fence
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.conversation import ContentPart, ConversationItem, ItemType, Role
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import Envelope
+from vllm_duplex.domain.fence import Fence
 from vllm_duplex.durable.adopt import cut_reply
 from vllm_duplex.durable.memory import MemoryStore
 from vllm_duplex.durable.store import (

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from standardwebhooks import Webhook
-from vllm_duplex.core.session_config import AudioEncoding, AudioFormat
+from vllm_duplex.domain.session_config import AudioEncoding, AudioFormat
 from vllm_duplex.media.audio import ulaw_encode
 from vllm_duplex.realtime.server.telephony import rtp, sdp, webhooks
 from vllm_duplex.realtime.server.reply_player import ReplyPlayer

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.text.events import (
     ControlEvent,
     ErrorEvent,

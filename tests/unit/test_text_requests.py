@@ -7,8 +7,8 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.input_sequence import Accepted, InputSequence
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.input_sequence import Accepted, InputSequence
 from vllm_duplex.text.requests import GenerationControl, parse_control, parse_generate
 
 MODEL = "m"

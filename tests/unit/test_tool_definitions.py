@@ -1,4 +1,4 @@
-"""Tool definitions are read by one parser (``vllm_duplex.core.tools``) on
+"""Tool definitions are read by one parser (``vllm_duplex.domain.tools``) on
 every surface: a realtime ``session.update`` and a text ``generate`` accept
 the same tools and refuse the same mistakes with the same code, naming the
 same field under their own prefix."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.tools import parse_tools
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.tools import parse_tools
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.text.requests import parse_generate
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from support.policy_steps import plan_of, render_of
 from support.policy_views import CascadeView
-from vllm_duplex.core.contracts import FenceBump, InputMode, Respond
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.contracts import FenceBump, InputMode, Respond
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     StageOutput,
     TextIn,
     TranscriptDelta,

@@ -6,10 +6,10 @@ comes after both -- LiveKit's realtime test saw it on the second item."""
 from __future__ import annotations
 
 from support.session_core import TEN_MS, make_core, output
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.payloads import TranscriptFinal, VadSpeechStarted, VadSpeechStopped
-from vllm_duplex.core.session_config import TurnDetection
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.payloads import TranscriptFinal, VadSpeechStarted, VadSpeechStopped
+from vllm_duplex.domain.session_config import TurnDetection
 from vllm_duplex.models.cascade import CascadePolicy
 
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 from support.session_core import make_core, types
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import AsrConfig
-from vllm_duplex.core.session_config import SessionPatch, Transcription
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import AsrConfig
+from vllm_duplex.domain.session_config import SessionPatch, Transcription
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.session.effects import Emit, Submit

@@ -1,12 +1,12 @@
 """What the model still sees of a conversation that outgrew its context
-(core/truncation.py): the oldest messages after the instructions go, down to
+(domain/truncation.py): the oldest messages after the instructions go, down to
 the retention ratio of the room; the kept prefix stays while it fits."""
 
 from __future__ import annotations
 
 import pytest
-from vllm_duplex.core.payloads import ContextMessage
-from vllm_duplex.core.truncation import AUTO_RETENTION, Truncation, fit
+from vllm_duplex.domain.payloads import ContextMessage
+from vllm_duplex.domain.truncation import AUTO_RETENTION, Truncation, fit
 
 SYSTEM = ("system", 50)
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support.session_core import Ids, types
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.contracts import InputMode
-from vllm_duplex.core.conversation import ContentPart, ConversationItem, ItemType, Role
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.interruption import OutputPacing
-from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain.contracts import InputMode
+from vllm_duplex.domain.conversation import ContentPart, ConversationItem, ItemType, Role
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.interruption import OutputPacing
+from vllm_duplex.domain.metrics import Metrics
+from vllm_duplex.domain.payloads import (
     AudioOut,
     ContextMessage,
     GenerateRequest,
@@ -39,7 +39,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.core.session_config import SessionConfig, SessionPatch, TurnDetection
+from vllm_duplex.domain.session_config import SessionConfig, SessionPatch, TurnDetection
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.models.scripted import ScriptedPolicy
 from vllm_duplex.session.core import SessionCore

@@ -19,10 +19,10 @@ import random
 
 import numpy as np
 import pytest
-from vllm_duplex.core import commands as cmd
-from vllm_duplex.core.interruption import Interruption, OutputPacing
-from vllm_duplex.core.metrics import Metrics
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain import commands as cmd
+from vllm_duplex.domain.interruption import Interruption, OutputPacing
+from vllm_duplex.domain.metrics import Metrics
+from vllm_duplex.domain.payloads import (
     AudioOut,
     GenerationDone,
     SpeechDone,
@@ -36,7 +36,7 @@ from vllm_duplex.core.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.core.session_config import SessionConfig, SessionPatch, TurnDetection
+from vllm_duplex.domain.session_config import SessionConfig, SessionPatch, TurnDetection
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.session.core import SessionCore
 from vllm_duplex.session.effects import ArmTimer, CancelTimer, Emit, TimerFired

@@ -11,10 +11,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.contracts import Capabilities
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.session_config import SessionConfig, session_wire, updated_config
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.contracts import Capabilities
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.session_config import SessionConfig, session_wire, updated_config
 from vllm_duplex.realtime.server.tracing import TurnSpans, _exporter, critical_path
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 

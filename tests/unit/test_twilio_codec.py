@@ -11,7 +11,7 @@ import json
 
 import pytest
 from twilio.request_validator import RequestValidator
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.realtime.server.telephony import twilio_codec as tw
 from vllm_duplex.realtime.server.telephony.twilio_auth import TOKEN_TTL_S, TwilioAuth
 from vllm_duplex.realtime.server.telephony.twilio_playout import Cut, Playout

@@ -18,7 +18,7 @@ import av
 import numpy as np
 import pytest
 from PIL import Image
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.media.video import (
     ChunkDecoder,
     DecodedFrame,

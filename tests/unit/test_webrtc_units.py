@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import Envelope, SessionUpdated
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.session_config import AudioFormat, SessionPatch, SessionType
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import Envelope, SessionUpdated
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.session_config import AudioFormat, SessionPatch, SessionType
 from vllm_duplex.leases.client_secrets import ClientSecrets
 from vllm_duplex.realtime.server.webrtc.media import ReplyTrack
 from vllm_duplex.realtime.server.webrtc.offer import check_offer

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from vllm_duplex.core.payloads import TranscriptFinal, TranscriptPartial
+from vllm_duplex.domain.payloads import TranscriptFinal, TranscriptPartial
 from vllm_duplex.stages.listening.whisper_stream import PartialSchedule, WhisperListener
 
 MS = 16  # samples per ms

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import StageFailed, StageInput
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import StageFailed, StageInput
 from vllm_duplex.stages.port import FencedPort, StageBase
 from vllm_duplex.stages.scheduler import CARRIERS, cpu_scheduler
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from vllm_duplex.core.words import spoken_words
+from vllm_duplex.domain.words import spoken_words
 
 # What Whisper writes for silence and noise (its training subtitles), as
 # spoken words. A user may say any of them: the gate drops them only when

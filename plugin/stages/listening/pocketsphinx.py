@@ -30,8 +30,8 @@ from collections import deque
 from typing import Any
 
 import numpy as np
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.payloads import (
     INTERNAL_RATE,
     AsrConfig,
     AudioIn,

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.payloads import (
     INTERNAL_RATE,
     AudioIn,
     VadConfig,

@@ -48,10 +48,10 @@ from typing import Any
 
 import numpy as np
 from vllm_duplex.assets.locate import whisper_model_dir
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.devices import CPU, Device
-from vllm_duplex.core.machine import choose, detect
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.devices import CPU, Device
+from vllm_duplex.domain.machine import choose, detect
+from vllm_duplex.domain.payloads import (
     AsrConfig,
     AudioIn,
     EndOfUtterance,
@@ -155,7 +155,7 @@ class WhisperAsrStage(ListeningStage):
         self.confident_logprob = confident_logprob
         self.pause_decoder = pause_decoder
         # The final decode is on the turn's critical path while the LLM waits
-        # for it: it gets the cores the LLM does not (core/machine.py; one on
+        # for it: it gets the cores the LLM does not (domain/machine.py; one on
         # two cores, where the placement bench measured one fastest).
         # Partials run while the user speaks, beside everything else: one.
         # compute_type None: int8 where CTranslate2 has int8 kernels for this CPU.
@@ -175,7 +175,7 @@ class WhisperAsrStage(ListeningStage):
                     self.run_later(functools.partial(self._warm_up, loaded))
 
     def machine_settings(self) -> dict[str, object]:
-        """What ``/health`` and the start-up line report (``core/machine.py``)."""
+        """What ``/health`` and the start-up line report (``domain/machine.py``)."""
         return {"compute_type": self.chosen.whisper_compute_type.to_json(),
                 "threads": self.chosen.whisper_threads.to_json(), "device": str(self.device)}
 

@@ -54,8 +54,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from vllm_duplex.core.devices import CPU, Device
-from vllm_duplex.core.words import spoken, written_words
+from vllm_duplex.domain.devices import CPU, Device
+from vllm_duplex.domain.words import spoken, written_words
 from vllm_duplex.stages.listening.no_speech import DEFAULT_GATE, WHOLE_WINDOW_GATE, NoSpeechGate
 
 SAMPLE_RATE = 16000
@@ -100,7 +100,7 @@ class Transcription:
 
 def loop_start(text: str) -> int | None:
     """Where the words first say a run of two or more again right after itself
-    (compared as spoken: ``core/words.py``), as a count of ``text``'s written
+    (compared as spoken: ``domain/words.py``), as a count of ``text``'s written
     words: Whisper's decoder caught in a loop -- or the rare user who says a
     phrase twice (every temperature then hears it twice, and it is kept once:
     the meaning stays). None: no such run."""

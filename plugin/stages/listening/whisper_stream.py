@@ -75,7 +75,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from vllm_duplex.core.payloads import INTERNAL_RATE, TranscriptFinal, TranscriptPartial
+from vllm_duplex.domain.payloads import INTERNAL_RATE, TranscriptFinal, TranscriptPartial
 
 log = logging.getLogger(__name__)
 

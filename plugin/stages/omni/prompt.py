@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from vllm_duplex.core.omni import OmniUnit
-from vllm_duplex.core.payloads import INTERNAL_RATE
+from vllm_duplex.domain.omni import OmniUnit
+from vllm_duplex.domain.payloads import INTERNAL_RATE
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ What the request holds is counted from what the renderer made of each chunk
 (``Rendered``: its tokens, placeholders expanded, and its multimodal items),
 and a reply's ``input_tokens`` are the tokens its request held when it
 started. A context that outgrows ``max_model_len`` is truncated as the
-session's ``truncation`` says (``core/truncation.py``, as the cascade's LLM
+session's ``truncation`` says (``domain/truncation.py``, as the cascade's LLM
 stage does): at a reply, and at a user's unit or words when the context is
 nearly full, the oldest messages after the system block leave the history
 (their audio and images with them) and the rest is replayed into a new
@@ -65,12 +65,12 @@ from vllm import SamplingParams
 from vllm.engine.protocol import EngineClient, StreamingInput
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.omni import OmniInstructions, OmniUnit
-from vllm_duplex.core.payloads import ContextMessage, GenerateRequest, StageInput, TextIn
-from vllm_duplex.core.truncation import Truncation, fit
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.omni import OmniInstructions, OmniUnit
+from vllm_duplex.domain.payloads import ContextMessage, GenerateRequest, StageInput, TextIn
+from vllm_duplex.domain.truncation import Truncation, fit
 from vllm_duplex.stages.omni.prompt import Chunk, OmniPrompt
 from vllm_duplex.stages.omni.prompt import dialect as get_dialect
 from vllm_duplex.stages.vllm.chat import sampling_options

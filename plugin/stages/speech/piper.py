@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 import soxr
 from vllm_duplex.assets.locate import piper_voice_files
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.devices import CPU, Device
-from vllm_duplex.core.payloads import INTERNAL_RATE
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.devices import CPU, Device
+from vllm_duplex.domain.payloads import INTERNAL_RATE
 from vllm_duplex.stages.speech.phonemizer import EspeakPhonemizer
 from vllm_duplex.stages.speech.piper_voice import (
     PiperVoice,

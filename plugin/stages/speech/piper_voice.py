@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from vllm_duplex.core.devices import CPU, Device
+from vllm_duplex.domain.devices import CPU, Device
 
 BOS, EOS, PAD = "^", "$", "_"
 # espeak-ng ends a clause at these when whitespace (or the end) follows.

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.payloads import (
     INTERNAL_RATE,
     AudioOut,
     EndOfText,

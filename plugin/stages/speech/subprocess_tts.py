@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 import soxr
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.payloads import INTERNAL_RATE
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.payloads import INTERNAL_RATE
 from vllm_duplex.stages.scheduler import Urgency
 from vllm_duplex.stages.speech.streaming_tts import StreamingTtsStage
 

@@ -28,9 +28,9 @@ import threading
 from typing import Any
 
 import numpy as np
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import (
     SceneDescription,
     StageFailed,
     StageInput,

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_duplex.core.contracts import SamplingConfig
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import ContextMessage
+from vllm_duplex.domain.contracts import SamplingConfig
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import ContextMessage
 from vllm_duplex.stages.vllm.tools import with_tool_prompt
 
 # SamplingConfig.extra keys passed on to SamplingParams. Not logprobs: asking

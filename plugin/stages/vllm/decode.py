@@ -45,7 +45,7 @@ from typing import Any
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 from vllm.tokenizers.detokenizer_utils import detokenize_incrementally
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.stages.vllm.parsers import (
     ReasoningSplitter,
     ToolCallDelta,

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import os
 
-from vllm_duplex.core.machine import MachineChoices, choose, detect
+from vllm_duplex.domain.machine import MachineChoices, choose, detect
 
 # An operator's own values win; model hubs are unreachable at run time (the
 # model is a local path or already in the local Hugging Face cache).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# The machine's settings for the engine (core/machine.py), chosen before vLLM
+# The machine's settings for the engine (domain/machine.py), chosen before vLLM
 # reads its environment: its CPU worker's OpenMP threads are bound to the
 # cores left over from the speech stages, unless the operator bound them.
 MACHINE: MachineChoices = choose(detect(), os.environ)
@@ -43,7 +43,7 @@ from vllm import SamplingParams
 from vllm.engine.protocol import EngineClient, StreamingInput
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind
-from vllm_duplex.core.clock import Clock, MonotonicClock
+from vllm_duplex.domain.clock import Clock, MonotonicClock
 from vllm_duplex.stages.vllm.chat import ChatTemplate
 from vllm_duplex.stages.lifecycle import Lifecycle, Metered, StageCounter
 from vllm_duplex.stages.vllm.supervisor import EngineSupervisor, build_in_thread
@@ -65,7 +65,7 @@ def prefill_params(logprobs: int | None = None) -> SamplingParams:
 @dataclass(frozen=True)
 class EngineSettings:
     """How to build an engine. ``model`` None: the prepared SmolLM2. On CPU
-    ``dtype`` None is the machine's (``core/machine.py``: bfloat16 where the
+    ``dtype`` None is the machine's (``domain/machine.py``: bfloat16 where the
     CPU computes it natively, float32 where not) and the engine is eager (no
     compile time); GPUs keep vLLM's own (``auto``)."""
 

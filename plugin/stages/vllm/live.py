@@ -45,9 +45,9 @@ from vllm import SamplingParams
 from vllm.engine.protocol import StreamingInput
 from vllm.outputs import RequestOutput
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import (
     GenerateRequest,
     GenerationDone,
     StageFailed,

@@ -46,9 +46,9 @@ from vllm import SamplingParams
 from vllm.engine.protocol import EngineClient
 from vllm.inputs import tokens_input
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-from vllm_duplex.core.clock import Clock
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.payloads import (
+from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.payloads import (
     ContextMessage,
     GenerateRequest,
     ResetContext,

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from vllm_duplex.core.clock import Clock
+from vllm_duplex.domain.clock import Clock
 
 log = logging.getLogger(__name__)
 

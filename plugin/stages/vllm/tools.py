@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_duplex.core.payloads import ContextMessage
+from vllm_duplex.domain.payloads import ContextMessage
 
 _TOOL_TEXT = re.compile(r"^\s*(?:<tool_call>|```(?:json)?)?\s*(\{.*\})\s*(?:</tool_call>|```)?\s*$", re.S)
 # What a reply that ``parse_tool_call`` can turn into a call starts with: a bare

@@ -1,5 +1,5 @@
 """One session's view of its conversation through the model's context: the
-messages ``core/truncation.py`` keeps when the conversation outgrew it.
+messages ``domain/truncation.py`` keeps when the conversation outgrew it.
 
 Each message's tokens are counted once (the stage's tokenizer, off the event
 loop for a long one) and remembered while the conversation holds it; the
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from vllm_duplex.core.payloads import ContextMessage
-from vllm_duplex.core.truncation import Truncation, fit
+from vllm_duplex.domain.payloads import ContextMessage
+from vllm_duplex.domain.truncation import Truncation, fit
 
 # ~0.3 ms on the event loop; longer texts are counted in a worker thread
 INLINE_CHARS = 512

@@ -14,7 +14,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.http_errors import error_response

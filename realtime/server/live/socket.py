@@ -21,9 +21,9 @@ import asyncio
 import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.errors import Capacity, Closed, DuplexError
-from vllm_duplex.core.session_config import SessionPatch
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.errors import Capacity, Closed, DuplexError
+from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.port.session_port import SessionPort

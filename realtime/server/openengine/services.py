@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.host.sessions import check_api_key
 from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.openengine import convert

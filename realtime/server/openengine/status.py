@@ -18,7 +18,7 @@ import json
 import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
-from vllm_duplex.core.errors import DuplexError, InvalidRequest
+from vllm_duplex.domain.errors import DuplexError, InvalidRequest
 
 DOMAIN = "openengine.v1"
 DETAILS_KEY = "grpc-status-details-bin"

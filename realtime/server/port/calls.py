@@ -16,9 +16,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import Envelope
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import Envelope
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.port.session_port import SessionPort
 

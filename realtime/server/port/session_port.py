@@ -24,12 +24,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.commands import AudioAppend, ItemTruncate, OutputAudioClear, SessionResume
-from vllm_duplex.core.errors import Closed, DuplexError
-from vllm_duplex.core.events import Envelope
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.session_config import SessionConfig, SessionPatch
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.commands import AudioAppend, ItemTruncate, OutputAudioClear, SessionResume
+from vllm_duplex.domain.errors import Closed, DuplexError
+from vllm_duplex.domain.events import Envelope
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.session_config import SessionConfig, SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.wire.codec import Dialect, RealtimeCodec
 from vllm_duplex.replay.journal import Replay

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_duplex.core.session_config import AudioEncoding
+from vllm_duplex.domain.session_config import AudioEncoding
 
 _STATIC = {0: AudioEncoding.PCMU, 8: AudioEncoding.PCMA}
 _NAMES = {"pcmu": AudioEncoding.PCMU, "pcma": AudioEncoding.PCMA}

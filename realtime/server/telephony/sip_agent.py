@@ -25,8 +25,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from vllm_duplex.core.errors import Capacity, DuplexError
-from vllm_duplex.core.session_config import SessionPatch
+from vllm_duplex.domain.errors import Capacity, DuplexError
+from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.host.sip import Sip
 from vllm_duplex.realtime.server.port.session_port import realtime_codec

@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.errors import Closed, DuplexError
-from vllm_duplex.core.events import Envelope
-from vllm_duplex.core.session_config import AudioEncoding, AudioFormat, SessionPatch
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.errors import Closed, DuplexError
+from vllm_duplex.domain.events import Envelope
+from vllm_duplex.domain.session_config import AudioEncoding, AudioFormat, SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.media.audio import AudioEncoder, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from vllm_duplex.realtime.server.port.calls import Call

@@ -27,7 +27,7 @@ import secrets
 from collections.abc import Mapping
 
 from twilio.request_validator import RequestValidator
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 
 TOKEN_TTL_S = 120.0  # Twilio opens the stream within seconds of our answer
 _CONTEXT = b"vllm-duplex twilio stream token v1\n"

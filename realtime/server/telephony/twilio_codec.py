@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 
 # A 20 ms media message is about 300 bytes of JSON and the start message a few
 # hundred more with its parameters: a frame this large is not Twilio's.

@@ -25,8 +25,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 from twilio.twiml.voice_response import Connect, Stream, VoiceResponse
-from vllm_duplex.core.errors import Capacity, DuplexError
-from vllm_duplex.core.session_config import SessionPatch
+from vllm_duplex.domain.errors import Capacity, DuplexError
+from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.host.twilio import Twilio
 from vllm_duplex.realtime.server.port.calls import Calls

@@ -43,11 +43,11 @@ from collections.abc import Callable
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.errors import Capacity, Closed, DuplexError
-from vllm_duplex.core.events import Envelope
-from vllm_duplex.core.session_config import AudioEncoding, AudioFormat, SessionPatch
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.errors import Capacity, Closed, DuplexError
+from vllm_duplex.domain.events import Envelope
+from vllm_duplex.domain.session_config import AudioEncoding, AudioFormat, SessionPatch
 from vllm_duplex.media.audio import AudioDecoder, AudioEncoder
 from vllm_duplex.realtime.server.port.calls import Call
 from vllm_duplex.realtime.server.port.session_port import SessionPort

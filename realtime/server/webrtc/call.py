@@ -43,10 +43,10 @@ from aiortc import (
     RTCSessionDescription,
 )
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.errors import Closed, DuplexError
-from vllm_duplex.core.events import Envelope
-from vllm_duplex.core.session_config import SessionPatch
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.errors import Closed, DuplexError
+from vllm_duplex.domain.events import Envelope
+from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.deploy import WebRtc
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.port.calls import Call

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from vllm_duplex.core.session_config import AudioFormat
+from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioEncoder
 from vllm_duplex.realtime.server.reply_player import ReplyPlayer
 

@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from aiortc import sdp as aiortc_sdp
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 
 MAX_OFFER_BYTES = 64 << 10
 

@@ -18,8 +18,8 @@ import json
 import secrets
 from typing import Any
 
-from vllm_duplex.core.commands import ItemCreate
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.commands import ItemCreate
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 
 APPENDS = {

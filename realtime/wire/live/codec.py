@@ -43,12 +43,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_duplex.core import events as ev
-from vllm_duplex.core.commands import AudioAppend, Command, SessionClose, SessionUpdate
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.events import Envelope
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.session_config import SessionPatch
+from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.commands import AudioAppend, Command, SessionClose, SessionUpdate
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import Envelope
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.realtime.wire.live.appends import APPENDS, Appends
 from vllm_duplex.realtime.wire.live.delegation import check_delegation

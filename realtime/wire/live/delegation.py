@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 
 _NOT_YET = "is not supported by this engine yet (docs/live-conformance.md)"
 

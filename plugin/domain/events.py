@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
 
 
 @dataclass(frozen=True)

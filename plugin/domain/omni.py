@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from vllm_duplex.core.payloads import INTERNAL_RATE
+from vllm_duplex.domain.payloads import INTERNAL_RATE
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,7 +11,7 @@ One rule for a name, OpenAI's: 1-64 characters of ``[A-Za-z0-9_-]``, unique
 in the list. Every mistake is ``invalid_value`` naming the field, as OpenAI
 answers a name off the pattern; a tool of another type is ``unsupported_option``
 naming its ``type``: it may be valid, this engine lacks it. ``mcp`` tools
-(``core/mcp.py``) are taken where the caller says so (``mcp=True``: the
+(``domain/mcp.py``) are taken where the caller says so (``mcp=True``: the
 realtime session, whose runner calls the servers); the text surfaces refuse them.
 """
 
@@ -21,8 +21,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.mcp import parse_mcp_tool
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.mcp import parse_mcp_tool
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

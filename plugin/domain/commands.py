@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from vllm_duplex.core.close_reason import CloseReason
-from vllm_duplex.core.contracts import InputMode
-from vllm_duplex.core.conversation import ConversationItem
-from vllm_duplex.core.session_config import AudioFormat, SessionPatch
+from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.contracts import InputMode
+from vllm_duplex.domain.conversation import ConversationItem
+from vllm_duplex.domain.session_config import AudioFormat, SessionPatch
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-if TYPE_CHECKING:  # (core/commands.py imports this module)
-    from vllm_duplex.core.commands import ResponseOptions
+if TYPE_CHECKING:  # (domain/commands.py imports this module)
+    from vllm_duplex.domain.commands import ResponseOptions
 
 
 class InputMode(str, enum.Enum):
@@ -95,7 +95,7 @@ class ForwardTo:
 @dataclass(frozen=True, slots=True)
 class PauseReply:
     """Speech over the reply: stop its output until an ``Interrupt`` or a
-    ``Dismiss`` (adaptive interruptions, ``core/interruption.py``)."""
+    ``Dismiss`` (adaptive interruptions, ``domain/interruption.py``)."""
 
 
 @dataclass(frozen=True, slots=True)

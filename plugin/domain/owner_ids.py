@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import secrets
 
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 
 OWNER_HEADER = "Duplex-Owner-Instance"
 ROUTABLE_OWNER = re.compile(r"[A-Za-z0-9]{1,32}")

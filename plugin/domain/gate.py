@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.payloads import InputObservation, StageOutput
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.payloads import InputObservation, StageOutput
 
 
 class FenceGate:

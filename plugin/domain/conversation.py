@@ -12,14 +12,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_duplex.core.payloads import ContextMessage
+from vllm_duplex.domain.payloads import ContextMessage
 
 
 class ItemType(str, enum.Enum):
     MESSAGE = "message"
     FUNCTION_CALL = "function_call"
     FUNCTION_CALL_OUTPUT = "function_call_output"
-    # Remote MCP tools (core/mcp.py): the engine lists and calls the server.
+    # Remote MCP tools (domain/mcp.py): the engine lists and calls the server.
     MCP_LIST_TOOLS = "mcp_list_tools"
     MCP_CALL = "mcp_call"
     MCP_APPROVAL_REQUEST = "mcp_approval_request"

@@ -6,7 +6,7 @@ hypothesis, "what is the capital of France" in the next; "Mm-hmm.", "mm hmm",
 form: casefolded, the punctuation around a word dropped, hyphens splitting words. The
 transcript's stable-word logic (``models/cascade/transcript.py``), the
 speculative reply's check that its words are the ones heard
-(``session/speculation.py``) and backchannel matching (``core/interruption.py``)
+(``session/speculation.py``) and backchannel matching (``domain/interruption.py``)
 all use these functions, so they never disagree about what a word is.
 """
 

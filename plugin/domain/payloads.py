@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from vllm_duplex.core.contracts import SamplingConfig
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.fence import Fence
-from vllm_duplex.core.truncation import Truncation
+from vllm_duplex.domain.contracts import SamplingConfig
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.truncation import Truncation
 
 INTERNAL_RATE = 16000  # Hz, mono int16: what VAD/ASR consume and TTS produce
 # Idle input audio kept beyond a turn's prefix padding while nobody speaks: the

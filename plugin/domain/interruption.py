@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from vllm_duplex.core.words import is_hum, spoken_words
+from vllm_duplex.domain.words import is_hum, spoken_words
 
 INTERRUPTION_MODES = ("adaptive", "immediate")
 PACING_TYPES = ("realtime", "none")

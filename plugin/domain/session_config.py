@@ -11,11 +11,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vllm_duplex.core.contracts import Capabilities
-from vllm_duplex.core.errors import DuplexError
-from vllm_duplex.core.interruption import PACED, Interruption, OutputPacing
-from vllm_duplex.core.mcp import redacted
-from vllm_duplex.core.truncation import Truncation
+from vllm_duplex.domain.contracts import Capabilities
+from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.interruption import PACED, Interruption, OutputPacing
+from vllm_duplex.domain.mcp import redacted
+from vllm_duplex.domain.truncation import Truncation
 
 
 class AudioEncoding(str, enum.Enum):

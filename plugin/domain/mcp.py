@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from vllm_duplex.core.errors import DuplexError
+from vllm_duplex.domain.errors import DuplexError
 
 LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SECRET_KEYS = ("headers", "authorization")
