@@ -33,7 +33,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 from vllm_duplex.domain.close_reason import CloseReason
 from vllm_duplex.domain.commands import SessionResume
 from vllm_duplex.domain.errors import Capacity, Closed, DuplexError, FramingError
@@ -44,6 +44,7 @@ from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.http_errors import error_response
 from vllm_duplex.realtime.server.port.session_port import Rules, SessionPort, realtime_codec
 from vllm_duplex.realtime.server.tracing import turn_spans
+from vllm_duplex.realtime.server.websocket_frames import next_frame
 from vllm_duplex.realtime.wire.codec import Dialect
 from vllm_duplex.replay.outbox import Notice
 
@@ -207,15 +208,10 @@ class RealtimeConnection:
         return True
 
     async def _receive(self) -> str | bytes | None:
-        try:
-            message = await self.ws.receive()
-        except (WebSocketDisconnect, RuntimeError):
-            return None
-        if message["type"] == "websocket.disconnect":
-            self.client_close_code = message.get("code")
-            return None
-        frame = message.get("text")
-        return frame if frame is not None else (message.get("bytes") or b"")
+        frame, code = await next_frame(self.ws)
+        if frame is None:
+            self.client_close_code = code
+        return frame
 
     async def _read(self, port: SessionPort, rules: Rules) -> None:
         while (frame := await self._receive()) is not None:

@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 from vllm_duplex.domain.close_reason import CloseReason
 from vllm_duplex.domain.errors import Capacity, Closed, DuplexError
 from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.port.session_port import SessionPort
+from vllm_duplex.realtime.server.websocket_frames import next_frame
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveStart
 
 log = logging.getLogger(__name__)
@@ -90,14 +91,8 @@ class LiveSocket:
         return None
 
     async def _receive(self) -> str | bytes | None:
-        try:
-            message = await self.ws.receive()
-        except (WebSocketDisconnect, RuntimeError):
-            return None
-        if message["type"] == "websocket.disconnect":
-            return None
-        frame = message.get("text")
-        return frame if frame is not None else (message.get("bytes") or b"")
+        # The close code does not matter here: the session ends with its socket.
+        return (await next_frame(self.ws))[0]
 
     def _feed(self, port: SessionPort, frame: str | bytes) -> str | None:
         """One frame after the start: delivered to the session, or the reply
