@@ -46,11 +46,13 @@ class EngineChooser:
             raise DuplexError("engine_dead", "the vLLM engine is dead")
         chat = host.chat
         prompt = await host.off_loop(lambda: chat.encode(chat.render(ask.messages, True)))
-        longest = max(len(chat.encode(o)) for o in ask.options)
+        # The grammar may spell an option in other tokens than its encoding; each
+        # is at least a character: its characters and the end token always fit.
+        longest = max(len(o) for o in ask.options) + 1
         if len(prompt) + longest >= host.max_model_len:
             raise DuplexError("invalid_value", f"the decision's inputs take {len(prompt)} tokens; "
                               f"the context holds {host.max_model_len}")
-        params = SamplingParams(temperature=0.0, max_tokens=longest + 1, logprobs=LOGPROBS,
+        params = SamplingParams(temperature=0.0, max_tokens=longest, logprobs=LOGPROBS,
                                 detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
                                 structured_outputs=StructuredOutputsParams(
                                     choice=list(ask.options)))
