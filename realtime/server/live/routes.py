@@ -14,6 +14,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
+from vllm_duplex.domain.decisions import Chooser
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
@@ -34,9 +35,12 @@ _REST = {
 }
 
 
-def live_routes(sessions: RealtimeSessions) -> list[Route | WebSocketRoute]:
+def live_routes(sessions: RealtimeSessions,
+                chooser: Chooser | None = None) -> list[Route | WebSocketRoute]:
+    """``chooser``: what evaluates Decisions (the engine's LLM); None: they are refused."""
+
     async def live(ws: WebSocket):
-        await LiveSocket(sessions, ws).serve()
+        await LiveSocket(sessions, ws, chooser).serve()
 
     async def attach(ws: WebSocket):
         await ws.accept()

@@ -13,6 +13,10 @@ dialect's few rules, kept here:
 - Mute and unmute are the codec's gate, acknowledged on the wire at once.
 - There is no resume: a GPT-Live reconnect is a new session (the SDK and
   LiveKit start one), so when the socket ends, the session ends with it.
+- Decisions are evaluated beside the session, not in it: the codec makes a
+  ``DecisionRun`` (``decision.create``, a trigger firing) and the socket's
+  ``DecisionRunner`` (``decisions.py``) answers it on the ``chooser`` (the
+  engine's own LLM), or the codec refuses them where there is none.
 """
 
 from __future__ import annotations
@@ -22,23 +26,30 @@ import logging
 
 from starlette.websockets import WebSocket
 from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.decisions import Chooser
 from vllm_duplex.domain.errors import Capacity, Closed, DuplexError
 from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
+from vllm_duplex.realtime.server.live.decisions import DecisionRunner
 from vllm_duplex.realtime.server.port.session_port import SessionPort
 from vllm_duplex.realtime.server.websocket_frames import next_frame
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveStart
+from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
 
 log = logging.getLogger(__name__)
 
 
 class LiveSocket:
-    def __init__(self, sessions: RealtimeSessions, ws: WebSocket) -> None:
+    def __init__(self, sessions: RealtimeSessions, ws: WebSocket,
+                 chooser: Chooser | None = None) -> None:
         self.sessions = sessions
         self.ws = ws
         self.codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
                                model_aliases=sessions.model_aliases, clock=sessions.now)
+        self.codec.decisions.available = chooser is not None
+        self._chooser = chooser
+        self.decider: DecisionRunner | None = None
         self._send_lock = asyncio.Lock()
 
     async def _send(self, text: str) -> None:
@@ -58,11 +69,15 @@ class LiveSocket:
         port = await self._start(key)
         if port is None:
             return
+        if self._chooser is not None:
+            self.decider = DecisionRunner(self._chooser, self.codec, self._try_send)
         writer = asyncio.create_task(self._write(port),
                                      name=f"duplex-live-writer-{port.session.session_id}")
         try:
             await self._read(port)
         finally:
+            if self.decider is not None:  # a decision under way is aborted with its socket
+                await self.decider.close()
             # No resume in GPT-Live: the session ends with its socket.
             await port.release(client_closed=True)
             await asyncio.gather(writer, return_exceptions=True)
@@ -102,8 +117,12 @@ class LiveSocket:
             if isinstance(command, LiveStart):
                 raise DuplexError("invalid_event", "the session has started already",
                                   param="type", event_id=command.event_id)
-            if isinstance(command, LiveAck):
+            if isinstance(command, (LiveAck, ItemReply)):
                 return self.codec.render_ack(command)
+            if isinstance(command, DecisionRun):
+                assert self.decider is not None  # the codec refuses runs without a chooser
+                self.decider.submit(command)
+                return self.codec.render_delegated(command)
             port.deliver(command)
             return None
         except DuplexError as err:
@@ -136,6 +155,9 @@ class LiveSocket:
                 text = self.codec.render(item)
                 if text is not None:
                     await self._send(text)
+                for run in self.codec.decisions.take_runs():  # triggers this event fired
+                    if self.decider is not None:
+                        self.decider.offer(run)
             reason = session.close_reason or CloseReason.CLIENT
             await self.ws.close(code=reason.code, reason=reason.value)
         except Exception:  # the socket went away under us; the reader will notice
