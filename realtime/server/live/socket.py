@@ -11,6 +11,9 @@ dialect's few rules, kept here:
   frame it gets and has no ``output_audio_buffer.clear`` or truncate; pacing
   is what makes a barge-in stop the voice the client hears.
 - Mute and unmute are the codec's gate, acknowledged on the wire at once.
+- A session's initial history (``session.input``) is created before it
+  hears anything; an audio fixture is played here, paced as the session's
+  own audio (``fixture.py``).
 - There is no resume: a GPT-Live reconnect is a new session (the SDK and
   LiveKit start one), so when the socket ends, the session ends with it.
 """
@@ -18,6 +21,7 @@ dialect's few rules, kept here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from starlette.websockets import WebSocket
@@ -27,8 +31,10 @@ from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.port.session_port import SessionPort
+from vllm_duplex.realtime.server.live.fixture import play_fixture
 from vllm_duplex.realtime.server.websocket_frames import next_frame
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveStart
+from vllm_duplex.realtime.wire.live.fixtures import FixturePlay
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +46,7 @@ class LiveSocket:
         self.codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
                                model_aliases=sessions.model_aliases, clock=sessions.now)
         self._send_lock = asyncio.Lock()
+        self._fixture: asyncio.Task[None] | None = None  # the fixture playing, if any
 
     async def _send(self, text: str) -> None:
         async with self._send_lock:
@@ -64,8 +71,10 @@ class LiveSocket:
             await self._read(port)
         finally:
             # No resume in GPT-Live: the session ends with its socket.
+            if self._fixture is not None:
+                self._fixture.cancel()
             await port.release(client_closed=True)
-            await asyncio.gather(writer, return_exceptions=True)
+            await asyncio.gather(writer, *filter(None, [self._fixture]), return_exceptions=True)
 
     async def _start(self, key: str | None) -> SessionPort | None:
         """Wait for ``session.start`` and open the session; None when the
@@ -81,8 +90,11 @@ class LiveSocket:
                 await self._send(self.codec.render_error(err))
                 continue  # the client may still start its session
             try:
-                return await SessionPort.open(self.sessions, self.codec, key, command.patch,
+                port = await SessionPort.open(self.sessions, self.codec, key, command.patch,
                                               transport=SessionPatch.played_here())
+                for item in command.history:  # the conversation it starts with
+                    port.deliver(item)
+                return port
             except DuplexError as err:
                 await self._send(self.codec.render_error(err.with_event_id(command.event_id)))
                 await self.ws.close(code=1013 if isinstance(err, Capacity) else 1008,
@@ -104,11 +116,25 @@ class LiveSocket:
                                   param="type", event_id=command.event_id)
             if isinstance(command, LiveAck):
                 return self.codec.render_ack(command)
+            if isinstance(command, FixturePlay):
+                self._play(port, command)
+                return None
             port.deliver(command)
             return None
         except DuplexError as err:
             self.sessions.count_error(err.code)
             raise
+
+    def _play(self, port: SessionPort, play: FixturePlay) -> None:
+        """A validated fixture: the reply being sent stops, and it plays."""
+        cancel = self.codec.fixtures.begin(play)
+        if cancel is not None:
+            port.deliver(cancel)
+        config = port.config
+        self._fixture = asyncio.create_task(
+            play_fixture(play, self.codec, self._send, fmt=config.output_format,
+                         lead_ms=config.pacing.lead_ms, clock=self.sessions.now),
+            name=f"duplex-live-fixture-{port.session.session_id}")
 
     async def _read(self, port: SessionPort) -> None:
         while (frame := await self._receive()) is not None:
@@ -133,6 +159,10 @@ class LiveSocket:
         session = port.session
         try:
             async for item in port.events():
+                cancel = self.codec.fixtures.on_event(item.event)  # a reply over a fixture
+                if cancel is not None:
+                    with contextlib.suppress(DuplexError):  # the session is ending
+                        port.deliver(cancel)
                 text = self.codec.render(item)
                 if text is not None:
                     await self._send(text)

@@ -19,13 +19,13 @@ HANDLED: tuple[str, ...] = (
     "session.close",
     "session.instructions.append",  # appends.py
     "session.thinking.append",
+    "session.output_audio.fixture.play",  # fixtures.py; played by the shell
 )
 
 # Defined by the SDK, not built yet (issue 45, later slices): refused with
 # ``capability_unsupported`` naming the event, the socket stays open.
 NOT_YET = "is not supported by this engine yet (docs/live-conformance.md)"
 REFUSED: dict[str, str] = {
-    "session.output_audio.fixture.play": f"audio fixtures {NOT_YET}",
     "session.commentary.append": f"appending commentary {NOT_YET}",
     "decision.create": f"Decisions {NOT_YET}",
     "decision.item.create": f"Decisions items {NOT_YET}",
@@ -41,14 +41,14 @@ REFUSED: dict[str, str] = {
 # by name (``unsupported_option``), with why.
 REFUSED_FIELDS: dict[str, str] = {
     "triggers": f"Decisions triggers {NOT_YET}",
-    "input": f"an initial history (session.input) {NOT_YET}",
     "client": "client capabilities apply to a WebRTC frontend; this is a primary WebSocket",
     "store": f"stored sessions (store: true) {NOT_YET}",
 }
 
 # Session fields that are honoured ("audio", "instructions", "model") or
 # accepted with no effect because nothing here depends on them.
-ACCEPTED_FIELDS = ("model", "audio", "instructions", "safety_identifier", "store")
+ACCEPTED_FIELDS = ("model", "audio", "instructions", "safety_identifier", "store",
+                   "input")  # input: history.py
 
 # The GPT-Live model names; each means this server's one model (as the
 # Realtime aliases do: a client's default name works unchanged).

@@ -44,7 +44,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_duplex.domain import events as ev
-from vllm_duplex.domain.commands import AudioAppend, Command, SessionClose, SessionUpdate
+from vllm_duplex.domain.commands import (
+    AudioAppend,
+    Command,
+    ItemCreate,
+    SessionClose,
+    SessionUpdate,
+)
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
@@ -52,6 +58,8 @@ from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.realtime.wire.live.appends import APPENDS, Appends
 from vllm_duplex.realtime.wire.live.delegation import check_delegation
+from vllm_duplex.realtime.wire.live.fixtures import FIXTURE_FRAME_BYTES, FIXTURE_PLAY, Fixtures
+from vllm_duplex.realtime.wire.live.history import history_items
 from vllm_duplex.realtime.wire.live.client_events import (
     HANDLED,
     LIVE_MODELS,
@@ -77,6 +85,7 @@ class LiveStart:
     patch: SessionPatch
     model: str  # as the client named it (the session resource repeats it)
     event_id: str | None = None
+    history: tuple[ItemCreate, ...] = ()  # session.input, created before anything is heard
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,7 @@ class LiveCodec:
         self._last_session: dict[str, Any] | None = None  # for session.closed's snapshot
         self._delegation: dict[str, Any] | None = None  # as accepted (delegation.py)
         self._appends = Appends(self._realtime)
+        self.fixtures = Fixtures()  # audio fixtures (fixtures.py); the shell plays them
 
     # ---- parse -------------------------------------------------------------------------
 
@@ -134,7 +144,9 @@ class LiveCodec:
             raise err.with_event_id(eid) from None
 
     def _object(self, frame: str | bytes) -> dict[str, Any]:
-        if len(frame) > self.max_event_bytes:  # before any parsing: a huge frame is never read
+        # A fixture may be 30 s of audio, over the usual event limit: frames up
+        # to its bound are read, and only a fixture may be that large.
+        if len(frame) > max(self.max_event_bytes, FIXTURE_FRAME_BYTES):
             raise DuplexError("event_too_large", f"event exceeds {self.max_event_bytes} bytes")
         try:
             obj = json.loads(frame)
@@ -142,13 +154,16 @@ class LiveCodec:
             raise DuplexError("invalid_json", f"frame is not valid JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise DuplexError("invalid_event", "an event must be a JSON object")
+        if len(frame) > self.max_event_bytes and obj.get("type") != FIXTURE_PLAY:
+            raise DuplexError("event_too_large", f"event exceeds {self.max_event_bytes} bytes")
         return obj
 
     def _command(self, kind: str, obj: dict[str, Any], eid: str | None) -> Any:
         if kind == "session.start":
             model, patch = self.session_patch(obj.get("session"))
+            history = history_items(obj["session"].get("input"), self._realtime)
             self._start_eid = eid
-            return LiveStart(patch=patch, model=model, event_id=eid)
+            return LiveStart(patch=patch, model=model, event_id=eid, history=history)
         if kind == "session.update":
             session = obj.get("session")
             if not isinstance(session, dict):
@@ -166,7 +181,7 @@ class LiveCodec:
             except (binascii.Error, ValueError):
                 raise DuplexError("invalid_audio", "audio is not valid base64",
                                   param="audio") from None
-            if self.muted:
+            if self.muted or self.fixtures.playing is not None:  # heard as silence, never later
                 pcm = self._silence * len(pcm)
             return AudioAppend(audio=pcm, event_id=eid)
         if kind in ("session.input_audio.mute", "session.input_audio.unmute"):
@@ -175,6 +190,8 @@ class LiveCodec:
                            else "session.input_audio.unmuted", event_id=eid)
         if kind in APPENDS:
             return self._appends.parse(kind, obj, eid)
+        if kind == FIXTURE_PLAY:
+            return self.fixtures.parse(obj, eid)
         assert kind == "session.close"
         return SessionClose(event_id=eid)
 
@@ -209,7 +226,7 @@ class LiveCodec:
         model = raw.get("model")
         if not isinstance(model, str) or not model:
             raise DuplexError("invalid_value", "session.model is required", param="session.model")
-        self._refuse_fields(raw, ("triggers", "input", "client", "store"))
+        self._refuse_fields(raw, ("triggers", "client", "store"))
         self._delegation = check_delegation(raw.get("delegation"))
         doc: dict[str, Any] = {"type": "realtime", "model": model}
         instructions = raw.get("instructions")
@@ -272,6 +289,8 @@ class LiveCodec:
 
     def render(self, item: Envelope) -> str | None:
         e = item.event
+        if self.fixtures.drops(e):
+            return None  # the fixture is what the client hears now (fixtures.py)
         if isinstance(e, ev.SessionCreated):
             self.now_ms()  # the timeline starts here
             return self._frame("session.started", session=self.resource(e.session),
@@ -281,11 +300,7 @@ class LiveCodec:
             return self._frame("session.updated", session=self.resource(e.session),
                                client_event_id=eid)
         if isinstance(e, ev.OutputAudioDelta):
-            if not e.delta:
-                return None
-            # No event_id: the SDK's shape has none on the primary socket.
-            return _encode({"type": "session.output_audio.delta",
-                            "delta": base64.b64encode(e.delta).decode("ascii")})
+            return self.render_audio(e.delta) if e.delta else None
         if isinstance(e, ev.InputTranscriptionDelta):
             self._heard[e.item_id] = self._heard.get(e.item_id, "") + e.delta
             return self._transcript("session.input_transcript.delta", "user", e.delta)
@@ -309,6 +324,8 @@ class LiveCodec:
             # bills it (this engine has no context-window measure to add).
             return self._frame("session.usage.updated", usage=self.usage())
         if isinstance(e, ev.ErrorEvent):
+            if self.fixtures.own_error(e.error):
+                return None
             return self.render_error(e.error)
         if isinstance(e, ev.SessionClosed):
             return self._frame("session.closed", reason=_CLOSED.get(e.reason, "connection_lost"),
@@ -358,6 +375,13 @@ class LiveCodec:
 
     def render_notice(self, kind: str, fence: Fence | None = None, **fields: Any) -> str:
         return self._frame(kind, **fields)
+
+    @staticmethod
+    def render_audio(audio: bytes) -> str:
+        """Output audio, in the session's format (a reply's, or a fixture's)."""
+        # No event_id: the SDK's shape has none on the primary socket.
+        return _encode({"type": "session.output_audio.delta",
+                        "delta": base64.b64encode(audio).decode("ascii")})
 
     def render_ack(self, ack: LiveAck) -> str:
         return self._frame(ack.type, client_event_id=ack.event_id)
