@@ -141,3 +141,47 @@ async def test_a_history_we_cannot_honour_refuses_the_start(server):
         assert (err.error.code, err.error.param) == ("invalid_value", "session.input[0].content")
         await conn.session.start(session={"model": "gpt-live-1"})  # the socket waits for a good one
         await events.until("session.started")
+
+
+# ---- stored sessions and forks ----------------------------------------------------------
+
+async def test_a_fork_remembers_the_stored_conversation(server):
+    from openai import AsyncOpenAI
+    from test_live_socket import Reader
+
+    history = [{"role": "user", "content": [{"text": "My seat is 12A."}]},
+               {"role": "user", "content": [{"text": "Is there wifi?"}]}]
+    async with live(server) as conn:
+        events, started_ev = await started(conn, input=history, store=True)
+        assert started_ev.session.store is True
+        for chunk in chunks(utterance() + silence(0.5)):
+            await conn.session.input_audio.append(audio=b64(chunk))
+        await events.until("session.usage.updated")  # saved after the reply
+        await conn.session.close()
+        await events.until("session.closed")
+    stored_id = started_ev.session.id
+    async with AsyncOpenAI(api_key="sk-local", base_url=server.http_url + "/v1") as client:
+        async with client.live.forks.connect(session_id=stored_id) as fork:
+            events = Reader(fork)
+            await fork.session.start(session={}, event_id="fork_1")
+            forked = await events.until("session.started")
+            assert forked.client_event_id == "fork_1"
+            assert forked.session.id != stored_id and forked.session.model == "gpt-live-1"
+            assert forked.session.store is True  # inherited
+            for chunk in chunks(utterance() + silence(0.5)):
+                await fork.session.input_audio.append(audio=b64(chunk))
+            await events.until("session.usage.updated")
+    said = "".join(e.delta for e in events.of("session.output_transcript.delta"))
+    assert "You said before: My seat is 12A." in said
+
+
+async def test_a_session_not_stored_cannot_be_forked(server):
+    from openai import AsyncOpenAI
+    from test_live_socket import Reader
+
+    async with live(server) as conn:
+        _, started_ev = await started(conn)  # store: false (the default)
+    async with AsyncOpenAI(api_key="sk-local", base_url=server.http_url + "/v1") as client:
+        async with client.live.forks.connect(session_id=started_ev.session.id) as fork:
+            err = await Reader(fork).until("error")
+    assert (err.error.code, err.error.param) == ("session_not_found", "session_id")

@@ -42,7 +42,6 @@ REFUSED: dict[str, str] = {
 REFUSED_FIELDS: dict[str, str] = {
     "triggers": f"Decisions triggers {NOT_YET}",
     "client": "client capabilities apply to a WebRTC frontend; this is a primary WebSocket",
-    "store": f"stored sessions (store: true) {NOT_YET}",
 }
 
 # Session fields that are honoured ("audio", "instructions", "model") or

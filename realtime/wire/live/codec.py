@@ -98,8 +98,9 @@ class LiveAck:
 
 class LiveCodec:
     def __init__(self, *, max_event_bytes: int, model_aliases: Mapping[str, str],
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], context_limit: int | None = None) -> None:
         self.max_event_bytes = max_event_bytes
+        self.context_limit = context_limit  # the model's context in tokens (None: unknown)
         served = set(model_aliases.values())
         aliases = dict(model_aliases)
         aliases.update({m: next(iter(served)) for m in LIVE_MODELS if len(served) == 1})
@@ -119,6 +120,8 @@ class LiveCodec:
         self._delegation: dict[str, Any] | None = None  # as accepted (delegation.py)
         self._appends = Appends(self._realtime)
         self.fixtures = Fixtures()  # audio fixtures (fixtures.py); the shell plays them
+        self.store = False  # store: true (forks.py)
+        self.started_with: dict[str, Any] = {}  # the session.start config, for a stored session
 
     # ---- parse -------------------------------------------------------------------------
 
@@ -212,8 +215,6 @@ class LiveCodec:
     def _refuse_fields(self, session: dict[str, Any], names: tuple[str, ...]) -> None:
         for name in names:
             value = session.get(name)
-            if name == "store" and value in (None, False):
-                continue  # store: false is what this engine does
             if value not in (None, [], {}):
                 raise DuplexError("unsupported_option", REFUSED_FIELDS[name],
                                   param=f"session.{name}")
@@ -226,7 +227,10 @@ class LiveCodec:
         model = raw.get("model")
         if not isinstance(model, str) or not model:
             raise DuplexError("invalid_value", "session.model is required", param="session.model")
-        self._refuse_fields(raw, ("triggers", "client", "store"))
+        self._refuse_fields(raw, ("triggers", "client"))
+        if raw.get("store") not in (None, True, False):
+            raise DuplexError("invalid_value", "session.store must be a boolean",
+                              param="session.store")
         self._delegation = check_delegation(raw.get("delegation"))
         doc: dict[str, Any] = {"type": "realtime", "model": model}
         instructions = raw.get("instructions")
@@ -259,6 +263,9 @@ class LiveCodec:
             raise DuplexError("model_not_found", f"model {model!r} is not served here",
                               param="session.model")
         self.model = model
+        self.store = bool(raw.get("store"))
+        # What a stored session keeps of its start (forks.py): all of it but its history.
+        self.started_with = json.loads(json.dumps({k: v for k, v in raw.items() if k != "input"}))
         return model, patch
 
     @staticmethod
@@ -321,8 +328,9 @@ class LiveCodec:
             return self._frame(owed[0], start_ms=now, end_ms=now, client_event_id=owed[1])
         if isinstance(e, ev.ResponseDone):
             # Usage after each reply: the cumulative session time, as GPT-Live
-            # bills it (this engine has no context-window measure to add).
-            return self._frame("session.usage.updated", usage=self.usage())
+            # bills it, and how full the model's context is now.
+            return self._frame("session.usage.updated", usage=self.usage(),
+                               context_window=self.context_window(e.response))
         if isinstance(e, ev.ErrorEvent):
             if self.fixtures.own_error(e.error):
                 return None
@@ -332,6 +340,16 @@ class LiveCodec:
                                session=self.resource(self._last_session or {}),
                                usage=self.usage())
         return None  # no GPT-Live equivalent (response, item and buffer events)
+
+    def context_window(self, response: dict[str, Any]) -> dict[str, float] | None:
+        """GPT-Live's ``context_window``: the tokens the model's context holds
+        after this reply (its prompt, as the LLM counted it after any
+        truncation, and the reply) over its context length; None when the
+        limit or the count is unknown (GPT-Live omits it then)."""
+        tokens = (response.get("usage") or {}).get("total_tokens")
+        if not self.context_limit or not isinstance(tokens, int) or tokens <= 0:
+            return None
+        return {"usage_ratio": round(min(1.0, tokens / self.context_limit), 4)}
 
     def usage(self) -> dict[str, Any]:
         """GPT-Live's ``SessionUsage``: whole seconds of the session so far."""
@@ -359,7 +377,7 @@ class LiveCodec:
             "audio": {"format": fmt,
                       "output": {"voice": (audio.get("output") or {}).get("voice")}},
             "delegation": self._delegation,
-            "store": False,
+            "store": self.store,
         }
         if session.get("instructions"):
             out["instructions"] = session["instructions"]
