@@ -22,6 +22,9 @@ from vllm_duplex.durable.records import LIVE_PREFIX, LiveSessionRecord
 from vllm_duplex.durable.store import Save, SessionStore, StoreUnavailable, sha
 
 _GENERATION = 1  # its one writer's, from its first save on
+# The lease its first save creates (a store's Save needs one; Redis takes no
+# zero expiry): nothing renews it, as nothing waits on a stored session's lease.
+_LEASE_S = 1.0
 
 
 async def keep(store: SessionStore, holder: str, session_id: str, *, config: dict[str, Any],
@@ -31,7 +34,7 @@ async def keep(store: SessionStore, holder: str, session_id: str, *, config: dic
                                stored_at=time.time())
     try:
         await store.apply([Save(LIVE_PREFIX + session_id, _GENERATION, record,  # type: ignore[arg-type]
-                                holder=holder, ttl_s=0.0)])
+                                holder=holder, ttl_s=_LEASE_S)])
     except StoreUnavailable:
         raise DuplexError("store_unavailable", "the session store cannot be reached: the "
                           "session was not stored", param="session.store") from None
