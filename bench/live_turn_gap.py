@@ -68,11 +68,22 @@ async def _send(send, pcm_chunks: list[bytes], start: float, stop: asyncio.Event
         await asyncio.sleep(max(0.0, start + (i + 1) * 0.02 - time.monotonic()))
 
 
+REALTIME_EXTRA: dict = {}  # --realtime-session: more of the baseline's session (experiments)
+
+
+def _merged(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merged(out.get(k) or {}, v) if isinstance(v, dict) else v
+    return out
+
+
 async def realtime_turn(url: str, pcm_chunks: list[bytes], end_s: float,
                         trace: Trace) -> float | None:
     async with await RealtimeClient.connect(url) as rt:
-        await rt.update_session({"audio": {"input": {"turn_detection": {
-            "type": "semantic_vad", "eagerness": "auto", "create_response": True}}}})
+        await rt.update_session(_merged({"audio": {"input": {"turn_detection": {
+            "type": "semantic_vad", "eagerness": "auto", "create_response": True}}}},
+            REALTIME_EXTRA))
         done = asyncio.Event()
         start = time.monotonic()
         sender = asyncio.ensure_future(_send(rt.append_audio, pcm_chunks, start, done))
@@ -146,9 +157,15 @@ async def main() -> None:
     ap.add_argument("--config", default="cascade-cpu")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default="", help="ask only the questions holding this text")
+    ap.add_argument("--realtime-session", default="{}",
+                    help="JSON merged into the baseline's session.update (to try what differs)")
     args = ap.parse_args()
+    REALTIME_EXTRA.update(json.loads(args.realtime_session))
     asked = []
     for text, voice, _ in QUESTIONS:
+        if args.only.lower() not in text.lower():
+            continue
         pcm = speak(text, voice=voice, tail_s=6.0)
         asked.append((text, chunks(pcm), last_loud_s(pcm)))
     gaps: dict[str, list[float]] = {"realtime": [], "live": []}
@@ -191,6 +208,17 @@ async def main() -> None:
     if len(q) == 2:
         print(f"live / realtime: p50 {q['live'][0] / q['realtime'][0]:.2f}x, "
               f"p90 {q['live'][1] / q['realtime'][1]:.2f}x")
+    # Paired: the same question on both endpoints, a few seconds apart, so a
+    # drift of the machine's load hits both sides of a pair alike.
+    by_turn: dict[int, dict[str, float]] = {}
+    for t in traces:
+        if t["gap"] is not None:
+            by_turn.setdefault(t["turn"], {})[t["side"]] = t["gap"]
+    diffs = [p["live"] - p["realtime"] for p in by_turn.values() if len(p) == 2]
+    if diffs:
+        print(f"paired (live - realtime, {len(diffs)} questions): median "
+              f"{statistics.median(diffs) * 1000:+.0f} ms, live faster in "
+              f"{sum(d < 0 for d in diffs)} of {len(diffs)}")
     if args.json:
         Path(args.json).write_text(json.dumps({"gaps": gaps, "unanswered": unanswered,
                                                "traces": traces,
