@@ -227,6 +227,8 @@ ERRORS: dict[str, ErrorSpec] = {
         ErrorSpec("input_audio_buffer_empty", _INVALID, False, 400, Conflict),
         ErrorSpec("conversation_already_has_active_response", _INVALID, True, 409, Conflict),
         ErrorSpec("response_cancel_not_active", _INVALID, False, 400, Conflict),
+        # GPT-Live: one audio fixture plays at a time (realtime/wire/live/fixtures.py)
+        ErrorSpec("fixture_already_playing", _INVALID, False, 409, Conflict),
         ErrorSpec("item_not_found", _INVALID, False, 404, NotFound),
         ErrorSpec("sequence_gap", _INVALID, False, 409, Conflict),
         ErrorSpec("input_after_end", _INVALID, False, 409, Conflict),

@@ -49,3 +49,19 @@ class StreamRecord:
     completed_at: float | None
     created_at: float
     generated_by: str = ""
+
+
+LIVE_PREFIX = "live:"  # stored GPT-Live sessions' keys (store: true; forks read them)
+
+
+@dataclass(frozen=True)
+class LiveSessionRecord:
+    """A stored GPT-Live session (``durable/live_sessions.py``): its config as
+    the client started it (the SDK's ``SessionConfig``, without ``input``),
+    its conversation as the SDK's ``InitialItem`` messages (role and text),
+    its API key's hash, and when it was stored (unix seconds)."""
+
+    config: dict[str, Any]
+    items: tuple[dict[str, Any], ...]
+    key_sha: str | None
+    stored_at: float

@@ -28,7 +28,9 @@ from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.metrics import Metrics
 from vllm_duplex.domain.owner_ids import mint
 from vllm_duplex.domain.session_config import SessionConfig, SessionPatch, updated_config
+from vllm_duplex.durable import live_sessions
 from vllm_duplex.durable.adopt import adopt
+from vllm_duplex.durable.records import LiveSessionRecord
 from vllm_duplex.durable.store import Stored
 from vllm_duplex.durable.takeover import store_reachable
 from vllm_duplex.durable.writer import Durability
@@ -334,6 +336,26 @@ class RealtimeSessions:
     async def end(self, session: DuplexSession, reason: CloseReason) -> None:
         await session.close(reason)
         await self._manager.release(session.session_id, reason)
+
+    @property
+    def context_limit(self) -> int | None:
+        """The LLM's context length in tokens, where a stage hosts one on vLLM
+        (``max_model_len``); None where it is not known (a scripted pipeline)."""
+        for stage in self._stages:
+            limit = getattr(stage, "max_model_len", None)
+            if isinstance(limit, int) and limit > 0:
+                return limit
+        return None
+
+    # ---- stored GPT-Live sessions (store: true; durable/live_sessions.py) -------------
+
+    async def keep_live(self, session_id: str, *, config: dict[str, Any],
+                        items: list[dict[str, Any]], api_key: str | None) -> None:
+        await live_sessions.keep(self._durability.store, self._durability.holder, session_id,
+                                 config=config, items=items, api_key=api_key)
+
+    async def find_live(self, session_id: str, api_key: str | None) -> LiveSessionRecord:
+        return await live_sessions.find(self._durability.store, session_id, api_key)
 
     # ---- stamps on what a transport hands in ------------------------------------------
 

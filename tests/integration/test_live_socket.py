@@ -109,9 +109,11 @@ async def test_a_bad_start_is_refused_and_the_client_may_start_again(server):
         await conn.session.input_audio.append(audio=b64(silence(0.02)))
         err = await events.until("error")
         assert "session.start" in err.error.message
-        await conn.session.start(session={"model": "gpt-live-1", "store": True}, event_id="s")
+        await conn.session.start(session={"model": "gpt-live-1", "audio": {"format": {
+            "type": "audio/pcm", "rate": 44100}}}, event_id="s")
         err = await events.until("error")
-        assert (err.error.code, err.error.param) == ("unsupported_option", "session.store")
+        assert (err.error.code, err.error.param) == ("unsupported_audio_format",
+                                                     "session.audio.format.rate")
         await conn.session.start(session={"model": "gpt-live-1"})
         await events.until("session.started")
 

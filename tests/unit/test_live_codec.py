@@ -138,9 +138,9 @@ def test_g711_format_and_blank_instructions():
     ({"model": "gpt-live-1", "delegation": {"type": "responses", "responses": {
         "model": "gpt-5", "instructions": "Use the CRM."}}},
      "unsupported_option", "session.delegation.responses.instructions"),
-    ({"model": "gpt-live-1", "store": True}, "unsupported_option", "session.store"),
-    ({"model": "gpt-live-1", "input": [{"role": "user", "content": [{"text": "hi"}]}]},
-     "unsupported_option", "session.input"),
+    ({"model": "gpt-live-1", "store": "yes"}, "invalid_value", "session.store"),
+    ({"model": "gpt-live-1", "input": [{"role": "system", "content": [{"text": "hi"}]}]},
+     "invalid_value", "session.input[0].role"),
     ({"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcm", "rate": 44100}}},
      "unsupported_audio_format", "session.audio.format.rate"),
     ({"model": "gpt-live-1", "audio": {"output": {"voice": {"id": "voice_1"}}}},

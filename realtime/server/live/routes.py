@@ -3,7 +3,8 @@
 resources, which this first slice answers with a typed error naming what
 is not built yet (never a bare 404), so a client learns why.
 
-The SDK's paths (``openai/resources/live/``): ``POST /live/sessions``
+``WS /v1/live/sessions/{id}/fork`` (the SDK's ``live.forks``) is a session
+that starts from a stored one (``socket.py``). The SDK's paths (``openai/resources/live/``): ``POST /live/sessions``
 (create: a WebRTC/SIP session), ``…/{id}/accept``, ``/reject``, ``/refer``,
 ``/hangup`` (SIP), ``…/{id}/fork``, ``GET …/{id}/content`` (a stored
 session's recording) and ``WS …/{id}/attach`` (the sideband).
@@ -30,8 +31,10 @@ _REST = {
     ("POST", "/v1/live/sessions/{session_id}/reject"): "rejecting a GPT-Live SIP call",
     ("POST", "/v1/live/sessions/{session_id}/refer"): "referring a GPT-Live SIP call",
     ("POST", "/v1/live/sessions/{session_id}/hangup"): "hanging up a GPT-Live SIP call",
-    ("POST", "/v1/live/sessions/{session_id}/fork"): "forking a stored GPT-Live session",
-    ("GET", "/v1/live/sessions/{session_id}/content"): "a stored GPT-Live session's recording",
+    ("POST", "/v1/live/sessions/{session_id}/fork"): "forking a stored GPT-Live session onto "
+    "a WebRTC connection (fork over WebSocket: WS /v1/live/sessions/{id}/fork, live.forks)",
+    ("GET", "/v1/live/sessions/{session_id}/content"): "a stored GPT-Live session's recording "
+    "(a stored session keeps its conversation for forks, not its audio)",
 }
 
 
@@ -63,8 +66,12 @@ def live_routes(sessions: RealtimeSessions,
                 return error_response(err)
         return refuse
 
+    async def fork(ws: WebSocket):  # a new session from a stored one (live.forks.connect)
+        await LiveSocket(sessions, ws, chooser, fork_of=ws.path_params["session_id"]).serve()
+
     routes: list[Route | WebSocketRoute] = [
         WebSocketRoute("/v1/live/sessions", live),
+        WebSocketRoute("/v1/live/sessions/{session_id}/fork", fork),
         WebSocketRoute("/v1/live/sessions/{session_id}/attach", attach),
     ]
     routes += [Route(path, refusal(what), methods=[method]) for (method, path), what in _REST.items()]

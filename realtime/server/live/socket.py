@@ -11,6 +11,12 @@ dialect's few rules, kept here:
   frame it gets and has no ``output_audio_buffer.clear`` or truncate; pacing
   is what makes a barge-in stop the voice the client hears.
 - Mute and unmute are the codec's gate, acknowledged on the wire at once.
+- A session's initial history (``session.input``) is created before it
+  hears anything; an audio fixture is played here, paced as the session's
+  own audio (``fixture.py``).
+- A stored session (``store: true``) is saved when it starts, after each
+  reply and when it ends; a fork (``fork_of``) starts from one, its
+  ``session.start`` read as the overrides it is (``realtime/wire/live/forks.py``).
 - There is no resume: a GPT-Live reconnect is a new session (the SDK and
   LiveKit start one), so when the socket ends, the session ends with it.
 - Decisions are evaluated beside the session, not in it: the codec makes a
@@ -22,9 +28,13 @@ dialect's few rules, kept here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket
+from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.close_reason import CloseReason
 from vllm_duplex.domain.decisions import Chooser
 from vllm_duplex.domain.errors import Capacity, Closed, DuplexError
@@ -33,24 +43,35 @@ from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.live.decisions import DecisionRunner
 from vllm_duplex.realtime.server.port.session_port import SessionPort
+from vllm_duplex.realtime.server.live.fixture import play_fixture
 from vllm_duplex.realtime.server.websocket_frames import next_frame
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveStart
 from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
+from vllm_duplex.realtime.wire.live.fixtures import FixturePlay
+from vllm_duplex.realtime.wire.live.forks import fork_start, stored_items
+
+if TYPE_CHECKING:  # the record a fork reads (the host's store keeps it)
+    from vllm_duplex.durable.records import LiveSessionRecord
 
 log = logging.getLogger(__name__)
 
 
 class LiveSocket:
     def __init__(self, sessions: RealtimeSessions, ws: WebSocket,
-                 chooser: Chooser | None = None) -> None:
+                 chooser: Chooser | None = None, *, fork_of: str | None = None) -> None:
         self.sessions = sessions
         self.ws = ws
+        self.fork_of = fork_of  # the stored session this socket forks, if any
+        self._forked: LiveSessionRecord | None = None
+        self._key: str | None = None
         self.codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
-                               model_aliases=sessions.model_aliases, clock=sessions.now)
+                               model_aliases=sessions.model_aliases, clock=sessions.now,
+                               context_limit=sessions.context_limit)
         self.codec.decisions.available = chooser is not None
         self._chooser = chooser
         self.decider: DecisionRunner | None = None
         self._send_lock = asyncio.Lock()
+        self._fixture: asyncio.Task[None] | None = None  # the fixture playing, if any
 
     async def _send(self, text: str) -> None:
         async with self._send_lock:
@@ -60,8 +81,11 @@ class LiveSocket:
         offered = list(self.ws.scope.get("subprotocols") or [])
         key = bearer_key(self.ws.headers, offered)
         await self.ws.accept()
+        self._key = key
         try:
             self.sessions.check_key(key)
+            if self.fork_of is not None:
+                self._forked = await self.sessions.find_live(self.fork_of, key)
         except DuplexError as err:
             await self._send(self.codec.render_error(err))
             await self.ws.close(code=1008, reason=err.code)
@@ -79,15 +103,18 @@ class LiveSocket:
             if self.decider is not None:  # a decision under way is aborted with its socket
                 await self.decider.close()
             # No resume in GPT-Live: the session ends with its socket.
+            if self._fixture is not None:
+                self._fixture.cancel()
+            await self._keep(port, tell=False)  # a stored session's last save
             await port.release(client_closed=True)
-            await asyncio.gather(writer, return_exceptions=True)
+            await asyncio.gather(writer, *filter(None, [self._fixture]), return_exceptions=True)
 
     async def _start(self, key: str | None) -> SessionPort | None:
         """Wait for ``session.start`` and open the session; None when the
         socket ended first or the session was refused (answered and closed)."""
         while (frame := await self._receive()) is not None:
             try:
-                command = self.codec.parse(frame)
+                command = self.codec.parse(self._as_started(frame))
                 if not isinstance(command, LiveStart):
                     raise DuplexError("invalid_event", "the first event is session.start",
                                       param="type", event_id=getattr(command, "event_id", None))
@@ -96,14 +123,49 @@ class LiveSocket:
                 await self._send(self.codec.render_error(err))
                 continue  # the client may still start its session
             try:
-                return await SessionPort.open(self.sessions, self.codec, key, command.patch,
+                port = await SessionPort.open(self.sessions, self.codec, key, command.patch,
                                               transport=SessionPatch.played_here())
+                for item in command.history:  # the conversation it starts with
+                    port.deliver(item)
             except DuplexError as err:
                 await self._send(self.codec.render_error(err.with_event_id(command.event_id)))
                 await self.ws.close(code=1013 if isinstance(err, Capacity) else 1008,
                                     reason=err.code)
                 return None
+            await self._keep(port)
+            return port
         return None
+
+    def _as_started(self, frame: str | bytes) -> str | bytes:
+        """A fork's ``session.start`` (its overrides) as the one it means;
+        any other frame as it is."""
+        if self._forked is None:
+            return frame
+        try:
+            obj = json.loads(frame)
+        except (ValueError, RecursionError):
+            return frame  # the codec answers it
+        if not isinstance(obj, dict):
+            return frame
+        try:
+            return json.dumps(fork_start(obj, self._forked.config, self._forked.items))
+        except DuplexError as err:
+            eid = obj.get("event_id")
+            raise err.with_event_id(eid if isinstance(eid, str) else None) from None
+
+    async def _keep(self, port: SessionPort, *, tell: bool = True) -> None:
+        """Save a stored session now (its conversation so far); a store that
+        cannot take it is the client's typed error, and the session goes on."""
+        if not self.codec.store:
+            return
+        try:
+            await self.sessions.keep_live(
+                port.session.session_id, config=self.codec.started_with,
+                items=stored_items(port.session.snapshot()["items"]), api_key=self._key)
+        except DuplexError as err:
+            log.warning("live session %s not stored: %s", port.session.session_id, err)
+            if tell:
+                await self._try_send(port.error(err))
 
     async def _receive(self) -> str | bytes | None:
         # The close code does not matter here: the session ends with its socket.
@@ -123,11 +185,25 @@ class LiveSocket:
                 assert self.decider is not None  # the codec refuses runs without a chooser
                 self.decider.submit(command)
                 return self.codec.render_delegated(command)
+            if isinstance(command, FixturePlay):
+                self._play(port, command)
+                return None
             port.deliver(command)
             return None
         except DuplexError as err:
             self.sessions.count_error(err.code)
             raise
+
+    def _play(self, port: SessionPort, play: FixturePlay) -> None:
+        """A validated fixture: the reply being sent stops, and it plays."""
+        cancel = self.codec.fixtures.begin(play)
+        if cancel is not None:
+            port.deliver(cancel)
+        config = port.config
+        self._fixture = asyncio.create_task(
+            play_fixture(play, self.codec, self._send, fmt=config.output_format,
+                         lead_ms=config.pacing.lead_ms, clock=self.sessions.now),
+            name=f"duplex-live-fixture-{port.session.session_id}")
 
     async def _read(self, port: SessionPort) -> None:
         while (frame := await self._receive()) is not None:
@@ -152,6 +228,12 @@ class LiveSocket:
         session = port.session
         try:
             async for item in port.events():
+                if isinstance(item.event, ev.ResponseDone):
+                    await self._keep(port)  # a stored session, after each reply
+                cancel = self.codec.fixtures.on_event(item.event)  # a reply over a fixture
+                if cancel is not None:
+                    with contextlib.suppress(DuplexError):  # the session is ending
+                        port.deliver(cancel)
                 text = self.codec.render(item)
                 if text is not None:
                     await self._send(text)

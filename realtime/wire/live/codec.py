@@ -48,7 +48,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_duplex.domain import events as ev
-from vllm_duplex.domain.commands import AudioAppend, Command, SessionClose, SessionUpdate
+from vllm_duplex.domain.commands import (
+    AudioAppend,
+    Command,
+    ItemCreate,
+    SessionClose,
+    SessionUpdate,
+)
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
@@ -63,6 +69,8 @@ from vllm_duplex.realtime.wire.live.decisions import (
     decision_event,
 )
 from vllm_duplex.realtime.wire.live.delegation import check_delegation
+from vllm_duplex.realtime.wire.live.fixtures import FIXTURE_FRAME_BYTES, FIXTURE_PLAY, Fixtures
+from vllm_duplex.realtime.wire.live.history import history_items
 from vllm_duplex.realtime.wire.live.client_events import (
     HANDLED,
     LIVE_MODELS,
@@ -88,6 +96,7 @@ class LiveStart:
     patch: SessionPatch
     model: str  # as the client named it (the session resource repeats it)
     event_id: str | None = None
+    history: tuple[ItemCreate, ...] = ()  # session.input, created before anything is heard
 
 
 @dataclass(frozen=True)
@@ -100,8 +109,9 @@ class LiveAck:
 
 class LiveCodec:
     def __init__(self, *, max_event_bytes: int, model_aliases: Mapping[str, str],
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], context_limit: int | None = None) -> None:
         self.max_event_bytes = max_event_bytes
+        self.context_limit = context_limit  # the model's context in tokens (None: unknown)
         served = set(model_aliases.values())
         aliases = dict(model_aliases)
         aliases.update({m: next(iter(served)) for m in LIVE_MODELS if len(served) == 1})
@@ -123,6 +133,9 @@ class LiveCodec:
         self._appends = Appends(self._realtime)
         self.decisions = Decisions()  # items, triggers, the conversation they judge
         self.last_event_id: str | None = None  # the last frame's (a trigger's source)
+        self.fixtures = Fixtures()  # audio fixtures (fixtures.py); the shell plays them
+        self.store = False  # store: true (forks.py)
+        self.started_with: dict[str, Any] = {}  # the session.start config, for a stored session
 
     # ---- parse -------------------------------------------------------------------------
 
@@ -148,7 +161,9 @@ class LiveCodec:
             raise err.with_event_id(eid) from None
 
     def _object(self, frame: str | bytes) -> dict[str, Any]:
-        if len(frame) > self.max_event_bytes:  # before any parsing: a huge frame is never read
+        # A fixture may be 30 s of audio, over the usual event limit: frames up
+        # to its bound are read, and only a fixture may be that large.
+        if len(frame) > max(self.max_event_bytes, FIXTURE_FRAME_BYTES):
             raise DuplexError("event_too_large", f"event exceeds {self.max_event_bytes} bytes")
         try:
             obj = json.loads(frame)
@@ -156,13 +171,16 @@ class LiveCodec:
             raise DuplexError("invalid_json", f"frame is not valid JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise DuplexError("invalid_event", "an event must be a JSON object")
+        if len(frame) > self.max_event_bytes and obj.get("type") != FIXTURE_PLAY:
+            raise DuplexError("event_too_large", f"event exceeds {self.max_event_bytes} bytes")
         return obj
 
     def _command(self, kind: str, obj: dict[str, Any], eid: str | None) -> Any:
         if kind == "session.start":
             model, patch = self.session_patch(obj.get("session"))
+            history = history_items(obj["session"].get("input"), self._realtime)
             self._start_eid = eid
-            return LiveStart(patch=patch, model=model, event_id=eid)
+            return LiveStart(patch=patch, model=model, event_id=eid, history=history)
         if kind == "session.update":
             session = obj.get("session")
             if not isinstance(session, dict):
@@ -182,7 +200,7 @@ class LiveCodec:
             except (binascii.Error, ValueError):
                 raise DuplexError("invalid_audio", "audio is not valid base64",
                                   param="audio") from None
-            if self.muted:
+            if self.muted or self.fixtures.playing is not None:  # heard as silence, never later
                 pcm = self._silence * len(pcm)
             return AudioAppend(audio=pcm, event_id=eid)
         if kind in ("session.input_audio.mute", "session.input_audio.unmute"):
@@ -193,6 +211,8 @@ class LiveCodec:
             return self._appends.parse(kind, obj, eid)
         if kind in DECISION_EVENTS:
             return self.decisions.parse(kind, obj, eid, self._delegation)
+        if kind == FIXTURE_PLAY:
+            return self.fixtures.parse(obj, eid)
         assert kind == "session.close"
         return SessionClose(event_id=eid)
 
@@ -213,8 +233,6 @@ class LiveCodec:
     def _refuse_fields(self, session: dict[str, Any], names: tuple[str, ...]) -> None:
         for name in names:
             value = session.get(name)
-            if name == "store" and value in (None, False):
-                continue  # store: false is what this engine does
             if value not in (None, [], {}):
                 raise DuplexError("unsupported_option", REFUSED_FIELDS[name],
                                   param=f"session.{name}")
@@ -227,7 +245,10 @@ class LiveCodec:
         model = raw.get("model")
         if not isinstance(model, str) or not model:
             raise DuplexError("invalid_value", "session.model is required", param="session.model")
-        self._refuse_fields(raw, ("input", "client", "store"))
+        self._refuse_fields(raw, ("client",))
+        if raw.get("store") not in (None, True, False):
+            raise DuplexError("invalid_value", "session.store must be a boolean",
+                              param="session.store")
         self._delegation = check_delegation(raw.get("delegation"))
         self.decisions.triggers = self.decisions.check_triggers(raw.get("triggers")) or {}
         doc: dict[str, Any] = {"type": "realtime", "model": model}
@@ -261,6 +282,9 @@ class LiveCodec:
             raise DuplexError("model_not_found", f"model {model!r} is not served here",
                               param="session.model")
         self.model = model
+        self.store = bool(raw.get("store"))
+        # What a stored session keeps of its start (forks.py): all of it but its history.
+        self.started_with = json.loads(json.dumps({k: v for k, v in raw.items() if k != "input"}))
         return model, patch
 
     @staticmethod
@@ -291,6 +315,8 @@ class LiveCodec:
 
     def render(self, item: Envelope) -> str | None:
         e = item.event
+        if self.fixtures.drops(e):
+            return None  # the fixture is what the client hears now (fixtures.py)
         if isinstance(e, ev.SessionCreated):
             self.now_ms()  # the timeline starts here
             return self._frame("session.started", session=self.resource(e.session),
@@ -300,11 +326,7 @@ class LiveCodec:
             return self._frame("session.updated", session=self.resource(e.session),
                                client_event_id=eid)
         if isinstance(e, ev.OutputAudioDelta):
-            if not e.delta:
-                return None
-            # No event_id: the SDK's shape has none on the primary socket.
-            return _encode({"type": "session.output_audio.delta",
-                            "delta": base64.b64encode(e.delta).decode("ascii")})
+            return self.render_audio(e.delta) if e.delta else None
         if isinstance(e, ev.InputTranscriptionDelta):
             self._heard[e.item_id] = self._heard.get(e.item_id, "") + e.delta
             return self._transcript("session.input_transcript.delta", "user", e.delta)
@@ -331,15 +353,28 @@ class LiveCodec:
         if isinstance(e, ev.ResponseDone):
             self.decisions.reply_done()
             # Usage after each reply: the cumulative session time, as GPT-Live
-            # bills it (this engine has no context-window measure to add).
-            return self._frame("session.usage.updated", usage=self.usage())
+            # bills it, and how full the model's context is now.
+            return self._frame("session.usage.updated", usage=self.usage(),
+                               context_window=self.context_window(e.response))
         if isinstance(e, ev.ErrorEvent):
+            if self.fixtures.own_error(e.error):
+                return None
             return self.render_error(e.error)
         if isinstance(e, ev.SessionClosed):
             return self._frame("session.closed", reason=_CLOSED.get(e.reason, "connection_lost"),
                                session=self.resource(self._last_session or {}),
                                usage=self.usage())
         return None  # no GPT-Live equivalent (response, item and buffer events)
+
+    def context_window(self, response: dict[str, Any]) -> dict[str, float] | None:
+        """GPT-Live's ``context_window``: the tokens the model's context holds
+        after this reply (its prompt, as the LLM counted it after any
+        truncation, and the reply) over its context length; None when the
+        limit or the count is unknown (GPT-Live omits it then)."""
+        tokens = (response.get("usage") or {}).get("total_tokens")
+        if not self.context_limit or not isinstance(tokens, int) or tokens <= 0:
+            return None
+        return {"usage_ratio": round(min(1.0, tokens / self.context_limit), 4)}
 
     def usage(self) -> dict[str, Any]:
         """GPT-Live's ``SessionUsage``: whole seconds of the session so far."""
@@ -369,7 +404,7 @@ class LiveCodec:
             "audio": {"format": fmt,
                       "output": {"voice": (audio.get("output") or {}).get("voice")}},
             "delegation": self._delegation,
-            "store": False,
+            "store": self.store,
         }
         if session.get("instructions"):
             out["instructions"] = session["instructions"]
@@ -385,6 +420,13 @@ class LiveCodec:
 
     def render_notice(self, kind: str, fence: Fence | None = None, **fields: Any) -> str:
         return self._frame(kind, **fields)
+
+    @staticmethod
+    def render_audio(audio: bytes) -> str:
+        """Output audio, in the session's format (a reply's, or a fixture's)."""
+        # No event_id: the SDK's shape has none on the primary socket.
+        return _encode({"type": "session.output_audio.delta",
+                        "delta": base64.b64encode(audio).decode("ascii")})
 
     def render_ack(self, ack: LiveAck | ItemReply) -> str:
         fields = ack.fields if isinstance(ack, ItemReply) else {}
