@@ -44,6 +44,7 @@ from vllm_duplex.realtime.server.client_secrets import client_secret_routes
 from vllm_duplex.realtime.server.connection import RealtimeConnection
 from vllm_duplex.realtime.server.generate_ws import GenerateStream
 from vllm_duplex.realtime.server.http_errors import error_response
+from vllm_duplex.realtime.server.live.lines import LiveLines
 from vllm_duplex.realtime.server.live.routes import live_routes
 from vllm_duplex.realtime.server.owner_header import OwnerHeader
 from vllm_duplex.realtime.server.port.calls import Calls
@@ -63,6 +64,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
 
     sessions = runtime.sessions  # all a transport gets of the runtime
     calls = Calls(sessions)
+    live_lines = LiveLines(sessions)
     sip = _sip_agent(runtime, sessions, calls)
     phone_routes = []
     if runtime.config.twilio is not None:  # the twilio package is the telephony extra's
@@ -156,7 +158,8 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
             Route("/v1/models", models),
             Route("/v1/capabilities", capabilities),
             WebSocketRoute("/v1/realtime", realtime),
-            *live_routes(sessions),  # GPT-Live: the same sessions, another dialect
+            # GPT-Live: the same sessions and calls, another dialect
+            *live_routes(sessions, calls, lambda: sip, live_lines),
             *call_routes(sessions, runtime.config.webrtc, calls, error_response),
             *_sip_routes(sessions, calls, sip),
             *client_secret_routes(sessions, runtime.config.limits.max_request_bytes,
@@ -174,6 +177,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
     )
     app.state.calls = calls  # tests and benchmarks look at the live calls
     app.state.sip = sip
+    app.state.live_lines = live_lines  # the GPT-Live sessions a sideband may attach to
     return app
 
 

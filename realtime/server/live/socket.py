@@ -13,6 +13,10 @@ dialect's few rules, kept here:
 - Mute and unmute are the codec's gate, acknowledged on the wire at once.
 - There is no resume: a GPT-Live reconnect is a new session (the SDK and
   LiveKit start one), so when the socket ends, the session ends with it.
+- Sidebands may attach (``sideband.py``): the socket's ``LiveLine`` sends
+  them every frame it sends, the microphone's audio as it came (before the
+  mute), and carries a sideband's acknowledgements back to this socket.
+  ``transport.dtmf.send`` is a sideband's, for SIP calls: refused here.
 """
 
 from __future__ import annotations
@@ -22,21 +26,27 @@ import logging
 
 from starlette.websockets import WebSocket
 from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.commands import AudioAppend
 from vllm_duplex.domain.errors import Capacity, Closed, DuplexError
 from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
+from vllm_duplex.realtime.server.live.lines import LiveLine, LiveLines
 from vllm_duplex.realtime.server.port.session_port import SessionPort
 from vllm_duplex.realtime.server.websocket_frames import next_frame
-from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveStart
+from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, LiveStart
 
 log = logging.getLogger(__name__)
 
 
 class LiveSocket:
-    def __init__(self, sessions: RealtimeSessions, ws: WebSocket) -> None:
+    def __init__(self, sessions: RealtimeSessions, ws: WebSocket,
+                 lines: LiveLines | None = None) -> None:
         self.sessions = sessions
         self.ws = ws
+        self.lines = lines
+        self.line: LiveLine | None = None
+        self._relayed: set[asyncio.Task[None]] = set()  # a sideband's acks on their way here
         self.codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
                                model_aliases=sessions.model_aliases, clock=sessions.now)
         self._send_lock = asyncio.Lock()
@@ -58,6 +68,10 @@ class LiveSocket:
         port = await self._start(key)
         if port is None:
             return
+        line = self.line = LiveLine(self.codec, port, transport="websocket")
+        line.primary = self._relay
+        if self.lines is not None:
+            self.lines.add(port.session.session_id, line)
         writer = asyncio.create_task(self._write(port),
                                      name=f"duplex-live-writer-{port.session.session_id}")
         try:
@@ -66,6 +80,18 @@ class LiveSocket:
             # No resume in GPT-Live: the session ends with its socket.
             await port.release(client_closed=True)
             await asyncio.gather(writer, return_exceptions=True)
+            line.end()
+            for task in list(self._relayed):
+                task.cancel()
+            await asyncio.gather(*self._relayed, return_exceptions=True)
+
+    def _relay(self, text: str | None) -> None:
+        """A frame a sideband caused (its mute's acknowledgement) to this socket."""
+        if text is None:
+            return
+        task = asyncio.create_task(self._try_send(text), name="duplex-live-relay")
+        self._relayed.add(task)
+        task.add_done_callback(self._relayed.discard)
 
     async def _start(self, key: str | None) -> SessionPort | None:
         """Wait for ``session.start`` and open the session; None when the
@@ -102,8 +128,17 @@ class LiveSocket:
             if isinstance(command, LiveStart):
                 raise DuplexError("invalid_event", "the session has started already",
                                   param="type", event_id=command.event_id)
+            if isinstance(command, LiveDtmf):
+                raise DuplexError("capability_unsupported", "transport.dtmf.send is a sideband "
+                                  "command for SIP calls; this socket is a primary WebSocket",
+                                  param="type", event_id=command.event_id)
+            assert self.line is not None
             if isinstance(command, LiveAck):
-                return self.codec.render_ack(command)
+                ack = self.codec.render_ack(command)
+                self.line.to_sidebands(ack)
+                return ack
+            if isinstance(command, AudioAppend):
+                self.line.reflect(self.codec.raw_audio, port.config.input_format)
             port.deliver(command)
             return None
         except DuplexError as err:
@@ -136,6 +171,8 @@ class LiveSocket:
                 text = self.codec.render(item)
                 if text is not None:
                     await self._send(text)
+                    if self.line is not None:
+                        self.line.to_sidebands(text)
             reason = session.close_reason or CloseReason.CLIENT
             await self.ws.close(code=reason.code, reason=reason.value)
         except Exception:  # the socket went away under us; the reader will notice

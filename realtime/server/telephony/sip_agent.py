@@ -400,13 +400,16 @@ class SipAgent:
                               param="call_id")
         return dialog
 
-    async def accept(self, call_id: str, key: str | None, patch: SessionPatch | None) -> SipCall:
-        """Answer a ringing call with a session of ``patch`` owned by ``key``."""
+    async def accept(self, call_id: str, key: str | None, patch: SessionPatch | None, *,
+                     kind: type[SipCall] = SipCall, codec: Any = None) -> SipCall:
+        """Answer a ringing call with a session of ``patch`` owned by ``key``
+        (a ``kind`` of call speaking ``codec``'s dialect: OpenAI Realtime's
+        unless a route names another, e.g. GPT-Live's ``live/sip_call.py``)."""
         dialog = self._ringing(call_id)
         del self.ringing[call_id]  # no second accept while this one opens
         try:
-            call = await SipCall.open(self.sessions, call_id, key, patch, dialog.offer,
-                                      self.config.host, dialog, on_end=self._ended)
+            call = await kind.open(self.sessions, call_id, key, patch, dialog.offer,
+                                   self.config.host, dialog, on_end=self._ended, codec=codec)
         except DuplexError as err:
             self.ringing[call_id] = dialog
             if isinstance(err, Capacity):

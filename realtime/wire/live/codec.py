@@ -80,6 +80,17 @@ class LiveStart:
 
 
 @dataclass(frozen=True)
+class LiveDtmf:
+    """``transport.dtmf.send``: a sideband presses ``digit`` on a SIP call."""
+
+    digit: str
+    event_id: str | None = None
+
+
+DTMF_KEYS = "0123456789*#ABCD"  # what transport.dtmf.send may press (the SDK's list)
+
+
+@dataclass(frozen=True)
 class LiveAck:
     """A command the codec answers itself, at once (mute, unmute)."""
 
@@ -98,8 +109,11 @@ class LiveCodec:
         self._clock = clock  # seconds; the session timeline starts at ``start``
         self._t0: float | None = None
         self.muted = False
+        # The last append's audio as the client sent it, before the mute: a
+        # sideband hears the microphone itself (GPT-Live reflects it so).
+        self.raw_audio = b""
         self.model = LIVE_MODELS[0]
-        self._silence = _SILENCE["audio/pcm"]
+        self.silence = _SILENCE["audio/pcm"]
         self._start_eid: str | None = None
         self._update_eids: list[str | None] = []  # session.update acks, in order
         self._speech: dict[str, int] = {}  # transcript stream -> where its fragment run began
@@ -112,7 +126,7 @@ class LiveCodec:
 
     # ---- parse -------------------------------------------------------------------------
 
-    def parse(self, frame: str | bytes) -> Command | LiveStart | LiveAck:
+    def parse(self, frame: str | bytes) -> Command | LiveStart | LiveAck | LiveDtmf:
         obj = self._object(frame)
         raw_eid = obj.get("event_id")
         eid = raw_eid if isinstance(raw_eid, str) else None
@@ -166,8 +180,9 @@ class LiveCodec:
             except (binascii.Error, ValueError):
                 raise DuplexError("invalid_audio", "audio is not valid base64",
                                   param="audio") from None
+            self.raw_audio = pcm
             if self.muted:
-                pcm = self._silence * len(pcm)
+                pcm = self.silence * len(pcm)
             return AudioAppend(audio=pcm, event_id=eid)
         if kind in ("session.input_audio.mute", "session.input_audio.unmute"):
             self.muted = kind.endswith(".mute")
@@ -175,6 +190,12 @@ class LiveCodec:
                            else "session.input_audio.unmuted", event_id=eid)
         if kind in APPENDS:
             return self._appends.parse(kind, obj, eid)
+        if kind == "transport.dtmf.send":
+            digit = obj.get("event")
+            if not isinstance(digit, str) or len(digit) != 1 or digit not in DTMF_KEYS:
+                raise DuplexError("invalid_value", "event is one DTMF key: 0-9, A-D, * or #",
+                                  param="event")
+            return LiveDtmf(digit=digit, event_id=eid)
         assert kind == "session.close"
         return SessionClose(event_id=eid)
 
@@ -229,7 +250,7 @@ class LiveCodec:
         if fmt is not None:
             self._check_format(fmt)
             audio_in["format"] = audio_out["format"] = {"type": fmt["type"], "rate": fmt["rate"]}
-            self._silence = _SILENCE[fmt["type"]]
+            self.silence = _SILENCE[fmt["type"]]
         voice = (audio.get("output") or {}).get("voice")
         if isinstance(voice, dict):
             raise DuplexError("unsupported_option", "custom voices are not supported; "
@@ -311,10 +332,17 @@ class LiveCodec:
         if isinstance(e, ev.ErrorEvent):
             return self.render_error(e.error)
         if isinstance(e, ev.SessionClosed):
-            return self._frame("session.closed", reason=_CLOSED.get(e.reason, "connection_lost"),
-                               session=self.resource(self._last_session or {}),
-                               usage=self.usage())
+            return self.closed(e.reason)
         return None  # no GPT-Live equivalent (response, item and buffer events)
+
+    def closed(self, reason: str) -> str:
+        """``session.closed`` for one of our close reasons (``CloseReason``'s values)."""
+        return self._frame("session.closed", reason=_CLOSED.get(reason, "connection_lost"),
+                           session=self.resource(self._last_session or {}), usage=self.usage())
+
+    def started(self) -> str:
+        """``session.started`` for a sideband that attaches: the session as it is now."""
+        return self._frame("session.started", session=self.resource(self._last_session or {}))
 
     def usage(self) -> dict[str, Any]:
         """GPT-Live's ``SessionUsage``: whole seconds of the session so far."""
@@ -361,6 +389,18 @@ class LiveCodec:
 
     def render_ack(self, ack: LiveAck) -> str:
         return self._frame(ack.type, client_event_id=ack.event_id)
+
+    def render_dtmf(self, kind: str, digit: str, event_id: str | None = None) -> str:
+        """``transport.dtmf.received`` (a key the caller pressed) or
+        ``transport.dtmf.sent`` (one a sideband pressed, ``client_event_id``
+        its command's)."""
+        return self._frame(kind, event=digit, client_event_id=event_id)
+
+    def render_input_audio(self, pcm24k: bytes) -> str:
+        """The caller's audio reflected to a sideband (PCM16 at 24 kHz; the
+        SDK's shape has no event_id)."""
+        return _encode({"type": "session.input_audio.append",
+                        "audio": base64.b64encode(pcm24k).decode("ascii")})
 
     def _frame(self, kind: str, **fields: Any) -> str:
         out: dict[str, Any] = {"type": kind, "event_id": self.next_event_id()}
