@@ -159,7 +159,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
             Route("/v1/capabilities", capabilities),
             WebSocketRoute("/v1/realtime", realtime),
             # GPT-Live: the same sessions and calls, another dialect
-            *live_routes(sessions, calls, lambda: sip, live_lines),
+            *live_routes(sessions, runtime.config.webrtc, calls, lambda: sip, live_lines),
             *call_routes(sessions, runtime.config.webrtc, calls, error_response),
             *_sip_routes(sessions, calls, sip),
             *client_secret_routes(sessions, runtime.config.limits.max_request_bytes,

@@ -10,7 +10,7 @@ surface. ``accept``'s body is ``{"session": {"type": "live", "model": …}}``,
 parsed by the live codec as a ``session.start``'s config (SIP negotiates the
 audio format: ``audio.format`` is refused). ``reject`` needs its
 ``status_code`` (the SDK's field is required); ``refer`` a ``target_uri``;
-``hangup`` ends a live or Realtime SIP call. An id that is not a call of
+``hangup`` ends a SIP call (live or Realtime), or a live WebRTC session. An id that is not a call of
 this key's: ``session_not_found`` (404); the rest as the Realtime routes.
 """
 
@@ -30,7 +30,7 @@ from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.http_errors import error_response
 from vllm_duplex.realtime.server.live.lines import LiveLines
 from vllm_duplex.realtime.server.live.sip_call import LiveSipCall
-from vllm_duplex.realtime.server.port.calls import Calls
+from vllm_duplex.realtime.server.port.calls import Call, Calls
 from vllm_duplex.realtime.server.telephony.sip_call import SipCall
 from vllm_duplex.realtime.wire.live.codec import LiveCodec
 
@@ -66,13 +66,14 @@ def live_call_routes(sessions: RealtimeSessions, calls: Calls | None, agent: Cal
                                param="session_id")
         return err
 
-    def the_call(request: Request, key: str | None) -> SipCall:
+    def the_call(request: Request, key: str | None, *, sip: bool = True) -> Call:
+        """The call of this key's; ``sip``: only a SIP call will do (a refer)."""
         if calls is None:
-            raise DuplexError("session_not_found", "this server takes no SIP calls",
+            raise DuplexError("session_not_found", "this server takes no calls",
                               param="session_id")
         call = calls.get(request.path_params["session_id"], key)
-        if not isinstance(call, SipCall):
-            raise DuplexError("capability_unsupported", "only a SIP call is controlled here",
+        if sip and not isinstance(call, SipCall):
+            raise DuplexError("capability_unsupported", "only a SIP call can be referred",
                               param="session_id")
         return call
 
@@ -100,10 +101,11 @@ def live_call_routes(sessions: RealtimeSessions, calls: Calls | None, agent: Cal
         if (session.get("audio") or {}).get("format") is not None:
             raise DuplexError("invalid_value", "SIP negotiates the audio format: omit "
                               "audio.format", param="session.audio.format")
+        call_id = request.path_params["session_id"]
         codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
                           model_aliases=sessions.model_aliases, clock=sessions.now)
+        codec.session_id = call_id
         _, patch = codec.session_patch({k: v for k, v in session.items() if k != "type"})
-        call_id = request.path_params["session_id"]
         call = await the_agent().accept(call_id, key, patch, kind=LiveSipCall, codec=codec)
         assert isinstance(call, LiveSipCall)
         if not call.ended.is_set():
@@ -123,6 +125,7 @@ def live_call_routes(sessions: RealtimeSessions, calls: Calls | None, agent: Cal
             raise DuplexError("invalid_value", "target_uri is a sip:, sips: or tel: URI",
                               param="target_uri")
         call = the_call(request, key)
+        assert isinstance(call, SipCall)
         try:
             status = await call.refer(target)
         except (asyncio.TimeoutError, ConnectionError):
@@ -133,7 +136,7 @@ def live_call_routes(sessions: RealtimeSessions, calls: Calls | None, agent: Cal
                               f"(SIP {status})", param="target_uri")
 
     async def hangup(request: Request, key: str | None) -> None:
-        await the_call(request, key).hangup()
+        await the_call(request, key, sip=False).hangup()  # a WebRTC session's too
 
     base = "/v1/live/sessions/{session_id}"
     return [Route(f"{base}/{name}", route(handler), methods=["POST"])

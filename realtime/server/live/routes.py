@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.host.deploy import WebRtc
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.http_errors import error_response
@@ -26,24 +27,23 @@ from vllm_duplex.realtime.server.live.call_routes import live_call_routes
 from vllm_duplex.realtime.server.live.lines import LiveLines
 from vllm_duplex.realtime.server.live.sideband import LiveSideband
 from vllm_duplex.realtime.server.live.socket import LiveSocket
+from vllm_duplex.realtime.server.live.webrtc_routes import live_webrtc_routes
 from vllm_duplex.realtime.server.port.calls import Calls
 
 _NOT_YET = "is not supported by this engine yet (docs/live-conformance.md)"
 
 # REST call -> what it is, for the refusal's message.
 _REST = {
-    ("POST", "/v1/live/sessions"): "creating a GPT-Live WebRTC/SIP session (live.create)",
     ("POST", "/v1/live/sessions/{session_id}/fork"): "forking a stored GPT-Live session",
     ("GET", "/v1/live/sessions/{session_id}/content"): "a stored GPT-Live session's recording",
 }
 
 
-def live_routes(sessions: RealtimeSessions, calls: Calls | None = None,
-                sip: Callable[[], Any] = lambda: None,
-                lines: LiveLines | None = None) -> list[Route | WebSocketRoute]:
-    """``calls`` and ``sip``: this server's calls and SIP user agent (None
-    when it takes no SIP calls); ``lines``: the live sessions sidebands reach."""
-    lines = lines if lines is not None else LiveLines(sessions)
+def live_routes(sessions: RealtimeSessions, webrtc: WebRtc, calls: Calls,
+                sip: Callable[[], Any], lines: LiveLines) -> list[Route | WebSocketRoute]:
+    """``webrtc``: the WebRTC settings; ``calls`` and ``sip``: this server's
+    calls and SIP user agent (None when it takes no SIP calls); ``lines``:
+    the live sessions sidebands reach."""
 
     async def live(ws: WebSocket):
         await LiveSocket(sessions, ws, lines).serve()
@@ -64,6 +64,7 @@ def live_routes(sessions: RealtimeSessions, calls: Calls | None = None,
         WebSocketRoute("/v1/live/sessions", live),
         WebSocketRoute("/v1/live/sessions/{session_id}/attach", attach),
     ]
+    routes += live_webrtc_routes(sessions, webrtc, calls, lines)
     routes += live_call_routes(sessions, calls, sip, lines)
     routes += [Route(path, refusal(what), methods=[method]) for (method, path), what in _REST.items()]
     return routes

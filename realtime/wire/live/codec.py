@@ -113,6 +113,9 @@ class LiveCodec:
         # sideband hears the microphone itself (GPT-Live reflects it so).
         self.raw_audio = b""
         self.model = LIVE_MODELS[0]
+        # The id the application knows the session by, where it is not the
+        # session's own: a call's (its controls and sideband use it).
+        self.session_id: str | None = None
         self.silence = _SILENCE["audio/pcm"]
         self._start_eid: str | None = None
         self._update_eids: list[str | None] = []  # session.update acks, in order
@@ -363,7 +366,7 @@ class LiveCodec:
                                                                  "rate": 24000})
         fmt.setdefault("rate", 8000)
         out: dict[str, Any] = {
-            "id": session.get("id", ""),
+            "id": self.session_id or session.get("id", ""),
             "expires_at": int(session.get("expires_at") or 0),
             "model": self.model,
             "status": "active",
