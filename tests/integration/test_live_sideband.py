@@ -193,3 +193,25 @@ async def test_only_the_sessions_key_attaches(server):
                 assert refused.value.rcvd.code == 1008
         await conn.session.update(session={}, event_id="unharmed")
         assert (await events.until("session.updated")).client_event_id == "unharmed"
+
+
+async def test_a_dropped_sideband_is_reattached_by_the_sdk_and_follows_on(server):
+    """GPT-Live's resume form: the SDK reconnects a sideband whose connection
+    dropped (1006) to the same attach URL; it follows the session from then."""
+    drops = []
+    async with primary(server) as (conn, events, session_id), client(server) as c:
+        manager = c.live.sideband.connect(session_id=session_id, initial_delay=0.05,
+                                          on_reconnecting=lambda e: drops.append(e) or None)
+        async with manager as side:
+            stream = side.__aiter__()
+            seen = lambda event: live_event(event.to_json())  # noqa: E731  (the SDK's model, strictly)
+            assert seen(await anext(stream)).type == "session.started"
+            side._connection.transport.abort()  # the network drops
+            again = seen(await asyncio.wait_for(anext(stream), 20))
+            assert again.type == "session.started" and again.session.id == session_id
+            await conn.session.update(session={}, event_id="after")
+            while (event := seen(await asyncio.wait_for(anext(stream), 20))).type \
+                    != "session.updated":
+                pass
+            assert event.client_event_id == "after"
+    assert [d.close_code for d in drops] == [1006]
