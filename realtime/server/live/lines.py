@@ -50,6 +50,9 @@ class LiveLine:
         self.primary: Offer | None = None  # the primary's event channel (a SIP call has none)
         self.sidebands: set[Offer] = set()
         self.ended = asyncio.Event()
+        # Set once the session's ``session.started`` went out: a sideband that
+        # attaches waits for it, so its own first event is the whole session.
+        self.started = asyncio.Event()
         self._reflector: AudioDecoder | None = None
         self._closed_sent = False
         self._on_end: Callable[[LiveLine], None] | None = None
@@ -73,6 +76,8 @@ class LiveLine:
             return
         if text.startswith('{"type":"session.closed"'):
             self._closed_sent = True
+        elif text.startswith('{"type":"session.started"'):
+            self.started.set()
         for offer in list(self.sidebands):
             offer(text)
 
@@ -86,6 +91,18 @@ class LiveLine:
         pcm = self._reflector.decode(audio)
         if pcm.size:
             self.to_sidebands(self.codec.render_input_audio(pcm.astype("<i2").tobytes()))
+
+    async def running(self) -> bool:
+        """Wait until the session started (True) or ended first (False)."""
+        if not self.started.is_set() and not self.ended.is_set():
+            waits = [asyncio.ensure_future(e.wait()) for e in (self.started, self.ended)]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+        return self.started.is_set() and not self.ended.is_set()
 
     async def press(self, digit: str) -> None:
         """``transport.dtmf.send``: the key, on a SIP call's line."""

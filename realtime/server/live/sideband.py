@@ -63,6 +63,9 @@ class LiveSideband:
         try:
             self.sessions.check_key(key)
             line = self.lines.get(self.ws.path_params["session_id"], key)
+            if not await line.running():  # it ended before its session.started
+                raise DuplexError("session_not_found", "the session ended",
+                                  param="session_id")
         except DuplexError as err:
             self.sessions.count_error(err.code)
             codec = LiveCodec(max_event_bytes=self.sessions.max_event_bytes,
