@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.session_config import AudioEncoding, AudioFormat
 from vllm_duplex.realtime.server.live.lines import LiveLine
@@ -35,7 +36,9 @@ class LiveSipCall(SipCall):
         self._law_format = AudioFormat(self._law, RATE)
 
     async def _follow(self, item: Envelope) -> None:
-        await super()._follow(item)
+        await super()._follow(item)  # what the phone plays
+        if isinstance(item.event, ev.OutputAudioDelta) and not self.line.sidebands:
+            return  # the reply's audio as base64, for no one
         self.line.to_sidebands(self.line.codec.render(item))
 
     def _notify(self, kind: str, **fields: Any) -> None:

@@ -29,7 +29,7 @@ from vllm_duplex.domain.errors import Capacity, DuplexError
 from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.host.sip import Sip
-from vllm_duplex.realtime.server.port.session_port import realtime_codec
+from vllm_duplex.realtime.server.port.session_port import Codec, realtime_codec
 from vllm_duplex.realtime.server.telephony import sdp
 from vllm_duplex.realtime.server.telephony import sip_message as sm
 from vllm_duplex.realtime.server.telephony.sip_call import SipCall
@@ -401,7 +401,7 @@ class SipAgent:
         return dialog
 
     async def accept(self, call_id: str, key: str | None, patch: SessionPatch | None, *,
-                     kind: type[SipCall] = SipCall, codec: Any = None) -> SipCall:
+                     kind: type[SipCall] = SipCall, codec: Codec | None = None) -> SipCall:
         """Answer a ringing call with a session of ``patch`` owned by ``key``
         (a ``kind`` of call speaking ``codec``'s dialect: OpenAI Realtime's
         unless a route names another, e.g. GPT-Live's ``live/sip_call.py``)."""

@@ -32,7 +32,7 @@ import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from vllm_duplex.domain.close_reason import CloseReason
@@ -108,7 +108,8 @@ class SipCall(Call):
         self._transport: asyncio.DatagramTransport | None = None
         self._send_bye = True  # the first hang-up decides: a caller's BYE needs none back
         # Keys to press, in order: each its packets and the future its sender awaits.
-        self._tones: collections.deque[tuple[Any, asyncio.Future[None]]] = collections.deque()
+        self._tones: collections.deque[tuple[Iterator[bytes], asyncio.Future[None]]] = \
+            collections.deque()
 
     # ---- set-up -----------------------------------------------------------------
 
