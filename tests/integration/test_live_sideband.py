@@ -112,7 +112,24 @@ async def test_a_sideband_follows_the_session_and_hears_the_microphone(server):
     assert reflected == spoken
     # ... and the very events the primary got: the same event, the same id.
     assert said.event_id in {e.event_id for e in events.of("session.output_transcript.delta")}
-    assert seen.of("session.output_audio.delta")
+    assert_reflected_reply(seen.of("session.output_audio.delta"),
+                           b"".join(base64.b64decode(e.delta)
+                                    for e in events.of("session.output_audio.delta")))
+
+
+def assert_reflected_reply(deltas: list, played: bytes | None = None) -> None:
+    """The reply's audio as a sideband gets it: PCM16 at 24 kHz, each chunk
+    with its range on the session timeline, in order, its length its audio's
+    (``played``: what the primary got, in the same 24 kHz PCM)."""
+    assert deltas, "no reply audio reached the sideband"
+    ends = 0
+    for d in deltas:
+        pcm = base64.b64decode(d.delta)
+        assert d.start_ms is not None and d.end_ms is not None  # required on a sideband
+        assert d.start_ms >= ends and d.end_ms - d.start_ms == len(pcm) // 2 * 1000 // 24000
+        ends = d.end_ms
+    if played is not None:
+        assert b"".join(base64.b64decode(d.delta) for d in deltas) == played
 
 
 async def test_a_sidebands_mute_gates_the_primarys_microphone(server):

@@ -127,6 +127,10 @@ async def test_an_accepted_call_is_a_live_session_its_sideband_follows_and_drive
             reflected = b"".join(base64.b64decode(e.audio) for e in seen
                                  if e.type == "session.input_audio.append")
             assert len(reflected) > 2 * 24000, "the caller's audio was not reflected (24 kHz)"
+            replies = [e for e in seen if e.type == "session.output_audio.delta"]
+            assert replies and all(e.start_ms is not None and e.end_ms - e.start_ms ==
+                                   len(base64.b64decode(e.delta)) // 2 * 1000 // 24000
+                                   for e in replies), "the reply was not reflected as 24 kHz PCM"
             # The phone's keys reach the sideband.
             await phone.send_digits("19#")
             keys = [(await until(side, "transport.dtmf.received")).event for _ in range(3)]

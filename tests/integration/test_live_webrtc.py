@@ -101,7 +101,9 @@ async def test_a_live_webrtc_session_talks_on_the_tracks_and_a_sideband_follows(
             await side_until(side, "session.usage.updated", seen)
             assert said["event_id"] in {e.event_id for e in seen
                                         if e.type == "session.output_transcript.delta"}
-            assert [e for e in seen if e.type == "session.output_audio.delta"]
+            replies = [e for e in seen if e.type == "session.output_audio.delta"]
+            assert replies and all(e.start_ms is not None and e.end_ms > e.start_ms
+                                   for e in replies)  # reflected with its timeline range
             reflected = b"".join(base64.b64decode(e.audio) for e in seen
                                  if e.type == "session.input_audio.append")
             assert len(reflected) > 24000 * 2  # over a second of the microphone, 24 kHz PCM16

@@ -84,3 +84,9 @@ def test_the_data_channel_policy_is_the_sdks():
         with pytest.raises(DuplexError) as err:
             DataChannelPolicy.parse(bad)
         assert err.value.code == "invalid_value" and err.value.param.startswith("session.client")
+
+
+def test_reflected_reply_audio_carries_its_range_as_the_sdk_requires_on_a_sideband():
+    pcm = b"\x01\x00" * 480  # 20 ms at 24 kHz
+    shaped = live_event(codec().render_output_reflection(pcm, 1000, 1020))
+    assert (base64.b64decode(shaped.delta), shaped.start_ms, shaped.end_ms) == (pcm, 1000, 1020)

@@ -24,7 +24,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.media.audio import AudioDecoder
@@ -54,6 +56,8 @@ class LiveLine:
         # attaches waits for it, so its own first event is the whole session.
         self.started = asyncio.Event()
         self._reflector: AudioDecoder | None = None
+        self._replayer: AudioDecoder | None = None  # the reply's audio, for the sidebands
+        self._reply_end_ms = 0  # where the last reflected reply audio ended
         self._closed_sent = False
         self._on_end: Callable[[LiveLine], None] | None = None
 
@@ -80,6 +84,29 @@ class LiveLine:
             self.started.set()
         for offer in list(self.sidebands):
             offer(text)
+
+    def share(self, item: Envelope, text: str | None) -> None:
+        """What the transport that reads the session's events rendered of
+        ``item`` (``text``), for the sidebands -- but the reply's audio, which
+        a sideband gets as GPT-Live reflects it: PCM16 at 24 kHz with its
+        range on the session timeline, whatever the primary's format."""
+        if isinstance(item.event, ev.OutputAudioDelta):
+            if self.sidebands and item.event.delta:
+                self._reflect_output(item.event.delta, self.port.config.output_format)
+            return
+        self.to_sidebands(text)
+
+    def _reflect_output(self, audio: bytes, fmt: AudioFormat) -> None:
+        if self._replayer is None or self._replayer.fmt != fmt:
+            self._replayer = AudioDecoder(fmt, out_rate=REFLECT_RATE)
+        pcm = self._replayer.decode(audio)
+        if not pcm.size:
+            return
+        # Contiguous within a reply (the server paces it); a pause leaves a gap.
+        start = max(self._reply_end_ms, self.codec.now_ms())
+        self._reply_end_ms = start + pcm.size * 1000 // REFLECT_RATE
+        self.to_sidebands(self.codec.render_output_reflection(pcm.astype("<i2").tobytes(), start,
+                                                              self._reply_end_ms))
 
     def reflect(self, audio: bytes, fmt: AudioFormat) -> None:
         """Input audio as the primary transport received it (before the mute)

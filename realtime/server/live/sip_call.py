@@ -37,9 +37,8 @@ class LiveSipCall(SipCall):
 
     async def _follow(self, item: Envelope) -> None:
         await super()._follow(item)  # what the phone plays
-        if isinstance(item.event, ev.OutputAudioDelta) and not self.line.sidebands:
-            return  # the reply's audio as base64, for no one
-        self.line.to_sidebands(self.line.codec.render(item))
+        audio = isinstance(item.event, ev.OutputAudioDelta)  # reflected as the sideband's own
+        self.line.share(item, None if audio else self.line.codec.render(item))
 
     def _notify(self, kind: str, **fields: Any) -> None:
         # Realtime's call notices: only a key the caller pressed has a

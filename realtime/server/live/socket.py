@@ -171,8 +171,8 @@ class LiveSocket:
                 text = self.codec.render(item)
                 if text is not None:
                     await self._send(text)
-                    if self.line is not None:
-                        self.line.to_sidebands(text)
+                if self.line is not None:
+                    self.line.share(item, text)
             reason = session.close_reason or CloseReason.CLIENT
             await self.ws.close(code=reason.code, reason=reason.value)
         except Exception:  # the socket went away under us; the reader will notice

@@ -131,15 +131,12 @@ class LiveRtcCall(RtcCall):
 
     async def _follow(self, item: Envelope) -> None:
         if self.track.player.follow(item.event, self.port.config):
-            if self.line.sidebands:  # the reply's audio: on the track; a sideband gets it too
-                self.line.to_sidebands(self.line.codec.render(item))
+            self.line.share(item, None)  # the reply's audio: the track's; reflected to sidebands
             return
         text = self.line.codec.render(item)
-        if text is None:
-            return
-        if self.policy.may_get(text):
+        if text is not None and self.policy.may_get(text):
             await self._send(text)
-        self.line.to_sidebands(text)
+        self.line.share(item, text)
 
     def _buffer_event(self, kind: str, response_id: str) -> None:
         """The track's ``output_audio_buffer.*``: GPT-Live has no such events."""

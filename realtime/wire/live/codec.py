@@ -399,6 +399,14 @@ class LiveCodec:
         its command's)."""
         return self._frame(kind, event=digit, client_event_id=event_id)
 
+    def render_output_reflection(self, pcm24k: bytes, start_ms: int, end_ms: int) -> str:
+        """The reply's audio reflected to a sideband: PCM16 at 24 kHz with its
+        range on the session timeline (the SDK requires both on a sideband;
+        no event_id in its shape)."""
+        return _encode({"type": "session.output_audio.delta",
+                        "delta": base64.b64encode(pcm24k).decode("ascii"),
+                        "start_ms": start_ms, "end_ms": end_ms})
+
     def render_input_audio(self, pcm24k: bytes) -> str:
         """The caller's audio reflected to a sideband (PCM16 at 24 kHz; the
         SDK's shape has no event_id)."""
