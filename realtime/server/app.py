@@ -56,6 +56,16 @@ STATIC = Path(__file__).resolve().parent / "static"
 _NO_CACHE = {"Cache-Control": "no-cache"}
 
 
+def _decision_chooser(runtime: Runtime):
+    """What evaluates GPT-Live Decisions: the engine's own LLM, the stage the
+    text surfaces run on (None where the deployment has none)."""
+    if runtime.text is None:
+        return None
+    from vllm_duplex.text.decisions import EngineChooser  # imports vLLM: only with its stage
+
+    return EngineChooser(runtime.text.generator.host, runtime.model)
+
+
 def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = "127.0.0.1"
                ) -> Starlette:
     """``grpc_port``: also serve the OpenEngine gRPC services there, in this
@@ -158,8 +168,9 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
             Route("/v1/models", models),
             Route("/v1/capabilities", capabilities),
             WebSocketRoute("/v1/realtime", realtime),
-            # GPT-Live: the same sessions and calls, another dialect
-            *live_routes(sessions, runtime.config.webrtc, calls, lambda: sip, live_lines),
+            # GPT-Live: the same sessions and calls, another dialect; Decisions on the engine's LLM
+            *live_routes(sessions, runtime.config.webrtc, calls, lambda: sip, live_lines,
+                         _decision_chooser(runtime)),
             *call_routes(sessions, runtime.config.webrtc, calls, error_response),
             *_sip_routes(sessions, calls, sip),
             *client_secret_routes(sessions, runtime.config.limits.max_request_bytes,

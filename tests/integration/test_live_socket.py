@@ -89,7 +89,7 @@ async def test_the_engine_decides_when_to_speak(server):
 async def test_refused_and_unknown_events_are_typed_and_the_socket_stays_open(server):
     async with live(server) as conn:
         events, _ = await started(conn)
-        await conn.decision.create(event_id="d1")  # not yet: refused by name
+        await conn.decision.create(event_id="d1")  # no LLM stage here: refused by name
         err = await events.until("error")
         assert (err.error.code, err.error.client_event_id) == ("capability_unsupported", "d1")
         assert "decision.create" in err.error.message

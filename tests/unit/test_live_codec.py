@@ -131,7 +131,7 @@ def test_g711_format_and_blank_instructions():
 @pytest.mark.parametrize("session, code, param", [
     ({"model": "gpt-4o"}, "model_not_found", "session.model"),
     ({"model": "gpt-live-1", "delegation": {"type": "decisions", "decisions": {}}},
-     "unsupported_option", "session.delegation.type"),
+     "invalid_value", "session.delegation.decisions.model"),
     ({"model": "gpt-live-1", "delegation": {"type": "responses", "responses": {
         "model": "gpt-5", "tools": [{"type": "function", "name": "f", "parameters": {}}]}}},
      "unsupported_option", "session.delegation.responses.tools"),
@@ -199,7 +199,7 @@ def test_update_close_and_a_second_start():
     with pytest.raises(DuplexError) as err:
         c.parse(json.dumps({"type": "session.update", "event_id": "u2",
                             "session": {"triggers": [{"type": "x"}]}}))
-    assert err.value.param == "session.triggers" and err.value.event_id == "u2"
+    assert err.value.param == "session.triggers[0].type" and err.value.event_id == "u2"
     assert c.parse(frame(SessionCloseEvent(type="session.close"))) == SessionClose()
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
+from vllm_duplex.domain.decisions import Chooser
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.host.deploy import WebRtc
 from vllm_duplex.host.sessions import RealtimeSessions
@@ -40,13 +41,15 @@ _REST = {
 
 
 def live_routes(sessions: RealtimeSessions, webrtc: WebRtc, calls: Calls,
-                sip: Callable[[], Any], lines: LiveLines) -> list[Route | WebSocketRoute]:
+                sip: Callable[[], Any], lines: LiveLines,
+                chooser: Chooser | None = None) -> list[Route | WebSocketRoute]:
     """``webrtc``: the WebRTC settings; ``calls`` and ``sip``: this server's
     calls and SIP user agent (None when it takes no SIP calls); ``lines``:
-    the live sessions sidebands reach."""
+    the live sessions sidebands reach; ``chooser``: what evaluates Decisions
+    (the engine's LLM); None: they are refused."""
 
     async def live(ws: WebSocket):
-        await LiveSocket(sessions, ws, lines).serve()
+        await LiveSocket(sessions, ws, lines, chooser).serve()
 
     async def attach(ws: WebSocket):
         await LiveSideband(sessions, lines, ws).serve()

@@ -34,6 +34,7 @@ from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.live.lines import MAX_QUEUED, LiveLine, LiveLines
 from vllm_duplex.realtime.server.websocket_frames import next_frame
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, LiveStart
+from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +117,13 @@ class LiveSideband:
             raise DuplexError("invalid_event", "a sideband sends no audio: the primary "
                               "transport carries the caller's", param="type",
                               event_id=command.event_id)
-        if isinstance(command, LiveAck):
+        if isinstance(command, (LiveAck, ItemReply)):
             line.publish(line.codec.render_ack(command))
             return
+        if isinstance(command, DecisionRun):  # the primary socket's runner evaluates them
+            raise DuplexError("capability_unsupported", "decision.create on a sideband is not "
+                              "supported yet: send it on the primary socket", param="type",
+                              event_id=command.event_id)
         if isinstance(command, LiveDtmf):
             try:
                 await line.press(command.digit)

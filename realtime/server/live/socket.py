@@ -13,6 +13,10 @@ dialect's few rules, kept here:
 - Mute and unmute are the codec's gate, acknowledged on the wire at once.
 - There is no resume: a GPT-Live reconnect is a new session (the SDK and
   LiveKit start one), so when the socket ends, the session ends with it.
+- Decisions are evaluated beside the session, not in it: the codec makes a
+  ``DecisionRun`` (``decision.create``, a trigger firing) and the socket's
+  ``DecisionRunner`` (``decisions.py``) answers it on the ``chooser`` (the
+  engine's own LLM), or the codec refuses them where there is none.
 - Sidebands may attach (``sideband.py``): the socket's ``LiveLine`` sends
   them every frame it sends, the microphone's audio as it came (before the
   mute), and carries a sideband's acknowledgements back to this socket.
@@ -27,21 +31,24 @@ import logging
 from starlette.websockets import WebSocket
 from vllm_duplex.domain.close_reason import CloseReason
 from vllm_duplex.domain.commands import AudioAppend
+from vllm_duplex.domain.decisions import Chooser
 from vllm_duplex.domain.errors import Capacity, Closed, DuplexError
 from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
+from vllm_duplex.realtime.server.live.decisions import DecisionRunner
 from vllm_duplex.realtime.server.live.lines import LiveLine, LiveLines
 from vllm_duplex.realtime.server.port.session_port import SessionPort
 from vllm_duplex.realtime.server.websocket_frames import next_frame
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, LiveStart
+from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
 
 log = logging.getLogger(__name__)
 
 
 class LiveSocket:
     def __init__(self, sessions: RealtimeSessions, ws: WebSocket,
-                 lines: LiveLines | None = None) -> None:
+                 lines: LiveLines | None = None, chooser: Chooser | None = None) -> None:
         self.sessions = sessions
         self.ws = ws
         self.lines = lines
@@ -49,6 +56,9 @@ class LiveSocket:
         self._relayed: set[asyncio.Task[None]] = set()  # a sideband's acks on their way here
         self.codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
                                model_aliases=sessions.model_aliases, clock=sessions.now)
+        self.codec.decisions.available = chooser is not None
+        self._chooser = chooser
+        self.decider: DecisionRunner | None = None
         self._send_lock = asyncio.Lock()
 
     async def _send(self, text: str) -> None:
@@ -72,11 +82,15 @@ class LiveSocket:
         line.primary = self._relay
         if self.lines is not None:
             self.lines.add(port.session.session_id, line)
+        if self._chooser is not None:
+            self.decider = DecisionRunner(self._chooser, self.codec, self._send_and_share)
         writer = asyncio.create_task(self._write(port),
                                      name=f"duplex-live-writer-{port.session.session_id}")
         try:
             await self._read(port)
         finally:
+            if self.decider is not None:  # a decision under way is aborted with its socket
+                await self.decider.close()
             # No resume in GPT-Live: the session ends with its socket.
             await port.release(client_closed=True)
             await asyncio.gather(writer, return_exceptions=True)
@@ -133,10 +147,16 @@ class LiveSocket:
                                   "command for SIP calls; this socket is a primary WebSocket",
                                   param="type", event_id=command.event_id)
             assert self.line is not None
-            if isinstance(command, LiveAck):
+            if isinstance(command, (LiveAck, ItemReply)):
                 ack = self.codec.render_ack(command)
                 self.line.to_sidebands(ack)
                 return ack
+            if isinstance(command, DecisionRun):
+                assert self.decider is not None  # the codec refuses runs without a chooser
+                self.decider.submit(command)
+                delegated = self.codec.render_delegated(command)
+                self.line.to_sidebands(delegated)
+                return delegated
             if isinstance(command, AudioAppend):
                 self.line.reflect(self.codec.raw_audio, port.config.input_format)
             port.deliver(command)
@@ -164,6 +184,12 @@ class LiveSocket:
         except Exception:
             return False
 
+    async def _send_and_share(self, text: str) -> bool:
+        """A decision's answer: to this socket and to the sidebands."""
+        if self.line is not None:
+            self.line.to_sidebands(text)
+        return await self._try_send(text)
+
     async def _write(self, port: SessionPort) -> None:
         session = port.session
         try:
@@ -173,6 +199,9 @@ class LiveSocket:
                     await self._send(text)
                 if self.line is not None:
                     self.line.share(item, text)
+                for run in self.codec.decisions.take_runs():  # triggers this event fired
+                    if self.decider is not None:
+                        self.decider.offer(run)
             reason = session.close_reason or CloseReason.CLIENT
             await self.ws.close(code=reason.code, reason=reason.value)
         except Exception:  # the socket went away under us; the reader will notice

@@ -28,6 +28,7 @@ from vllm_duplex.realtime.server.live.lines import LiveLine
 from vllm_duplex.realtime.server.webrtc.call import RtcCall
 from vllm_duplex.realtime.wire.live.client_events import HANDLED, REFUSED
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, LiveStart
+from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
 
 _P = "session.client.data_channel"
 
@@ -110,9 +111,12 @@ class LiveRtcCall(RtcCall):
                 raise DuplexError("capability_unsupported", "transport.dtmf.send is a sideband "
                                   "command for SIP calls", param="type",
                                   event_id=command.event_id)
-            if isinstance(command, LiveAck):
+            if isinstance(command, (LiveAck, ItemReply)):
                 self.line.publish(codec.render_ack(command))
                 return
+            if isinstance(command, DecisionRun):  # not available: no chooser on a call's codec
+                raise DuplexError("capability_unsupported", "Decisions on a WebRTC session are "
+                                  "not supported yet", param="type", event_id=command.event_id)
             self.port.deliver(command)
         except DuplexError as err:
             self.port.sessions.count_error(err.code)

@@ -12,13 +12,16 @@ from __future__ import annotations
 # input gate): see ``LiveCodec.parse``.
 HANDLED: tuple[str, ...] = (
     "session.start",
-    "session.update",  # delegation as delegation.py says; triggers refused (below)
+    "session.update",  # delegation as delegation.py says; triggers: decisions.py
     "session.input_audio.append",
     "session.input_audio.mute",
     "session.input_audio.unmute",
     "session.close",
     "session.instructions.append",  # appends.py
     "session.thinking.append",
+    "decision.create",  # decisions.py
+    "decision.item.create",
+    "decision.item.delete",
     # A sideband command for SIP calls: the sideband presses the key
     # (live/sideband.py); a primary socket refuses it (live/socket.py).
     "transport.dtmf.send",
@@ -30,9 +33,6 @@ NOT_YET = "is not supported by this engine yet (docs/live-conformance.md)"
 REFUSED: dict[str, str] = {
     "session.output_audio.fixture.play": f"audio fixtures {NOT_YET}",
     "session.commentary.append": f"appending commentary {NOT_YET}",
-    "decision.create": f"Decisions {NOT_YET}",
-    "decision.item.create": f"Decisions items {NOT_YET}",
-    "decision.item.delete": f"Decisions items {NOT_YET}",
     "response.create": f"delegated Responses {NOT_YET}",
     "response.item.create": f"delegated Responses items {NOT_YET}",
 }
@@ -40,7 +40,6 @@ REFUSED: dict[str, str] = {
 # Session configuration fields a primary WebSocket may set that are refused
 # by name (``unsupported_option``), with why.
 REFUSED_FIELDS: dict[str, str] = {
-    "triggers": f"Decisions triggers {NOT_YET}",
     "input": f"an initial history (session.input) {NOT_YET}",
     "client": "client capabilities apply to a WebRTC frontend; this is a primary WebSocket",
     "store": f"stored sessions (store: true) {NOT_YET}",

@@ -31,6 +31,10 @@ What differs from Realtime, and where it is decided:
   (``appends.py``); a delegation config is accepted where it means what this
   engine does (``delegation.py``). What each client event gets is one table,
   ``client_events.py``.
+- Decisions (``decisions.py``): items are answered at once; ``decision.create``
+  and a trigger firing are a ``DecisionRun`` the shell evaluates and renders
+  (``render_decision``). The conversation they judge is taken from the
+  events rendered here: what the client was sent is what it heard.
 """
 
 from __future__ import annotations
@@ -51,6 +55,13 @@ from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.realtime.wire.live.appends import APPENDS, Appends
+from vllm_duplex.realtime.wire.live.decisions import (
+    DECISION_EVENTS,
+    DecisionRun,
+    Decisions,
+    ItemReply,
+    decision_event,
+)
 from vllm_duplex.realtime.wire.live.delegation import check_delegation
 from vllm_duplex.realtime.wire.live.client_events import (
     HANDLED,
@@ -121,15 +132,19 @@ class LiveCodec:
         self._update_eids: list[str | None] = []  # session.update acks, in order
         self._speech: dict[str, int] = {}  # transcript stream -> where its fragment run began
         self._heard: dict[str, str] = {}  # user item -> its input transcript sent so far
+        self._fragments: dict[str, str | None] = {}  # transcript stream -> its last fragment's id
         self._prefix = "event_live_" + secrets.token_hex(4)  # unique per connection
         self._counter = 0
         self._last_session: dict[str, Any] | None = None  # for session.closed's snapshot
         self._delegation: dict[str, Any] | None = None  # as accepted (delegation.py)
         self._appends = Appends(self._realtime)
+        self.decisions = Decisions()  # items, triggers, the conversation they judge
+        self.last_event_id: str | None = None  # the last frame's (a trigger's source)
 
     # ---- parse -------------------------------------------------------------------------
 
-    def parse(self, frame: str | bytes) -> Command | LiveStart | LiveAck | LiveDtmf:
+    def parse(self, frame: str | bytes
+              ) -> Command | LiveStart | LiveAck | LiveDtmf | DecisionRun | ItemReply:
         obj = self._object(frame)
         raw_eid = obj.get("event_id")
         eid = raw_eid if isinstance(raw_eid, str) else None
@@ -170,8 +185,10 @@ class LiveCodec:
             session = obj.get("session")
             if not isinstance(session, dict):
                 raise DuplexError("invalid_value", "session must be an object", param="session")
-            self._refuse_fields(session, ("triggers",))
+            triggers = self.decisions.check_triggers(session.get("triggers"))
             self._update_delegation(session.get("delegation"))
+            if triggers is not None:  # omitted: kept; a list replaces them
+                self.decisions.triggers = triggers
             self._update_eids.append(eid)
             return SessionUpdate(patch=SessionPatch(), event_id=eid)
         if kind == "session.input_audio.append":
@@ -193,6 +210,8 @@ class LiveCodec:
                            else "session.input_audio.unmuted", event_id=eid)
         if kind in APPENDS:
             return self._appends.parse(kind, obj, eid)
+        if kind in DECISION_EVENTS:
+            return self.decisions.parse(kind, obj, eid, self._delegation)
         if kind == "transport.dtmf.send":
             digit = obj.get("event")
             if not isinstance(digit, str) or len(digit) != 1 or digit not in DTMF_KEYS:
@@ -211,9 +230,9 @@ class LiveCodec:
         same = isinstance(raw, dict) and raw.get("type") == current.get("type")
         delegation = check_delegation(raw, update=same)
         if delegation is not None:
-            if same and "responses" in delegation:  # its fields too: the model stays
-                delegation["responses"] = {**current.get("responses", {}),
-                                           **delegation["responses"]}
+            for backend in ("responses", "decisions"):  # its fields too: the model stays
+                if same and backend in delegation:
+                    delegation[backend] = {**current.get(backend, {}), **delegation[backend]}
             self._delegation = {**current, **delegation} if same else delegation
 
     def _refuse_fields(self, session: dict[str, Any], names: tuple[str, ...]) -> None:
@@ -233,8 +252,9 @@ class LiveCodec:
         model = raw.get("model")
         if not isinstance(model, str) or not model:
             raise DuplexError("invalid_value", "session.model is required", param="session.model")
-        self._refuse_fields(raw, ("triggers", "input", "client", "store"))
+        self._refuse_fields(raw, ("input", "client", "store"))
         self._delegation = check_delegation(raw.get("delegation"))
+        self.decisions.triggers = self.decisions.check_triggers(raw.get("triggers")) or {}
         doc: dict[str, Any] = {"type": "realtime", "model": model}
         instructions = raw.get("instructions")
         if instructions is not None:
@@ -314,10 +334,15 @@ class LiveCodec:
             self._heard[e.item_id] = self._heard.get(e.item_id, "") + e.delta
             return self._transcript("session.input_transcript.delta", "user", e.delta)
         if isinstance(e, ev.InputTranscriptionCompleted):
-            return self._transcript("session.input_transcript.delta", "user",
-                                    final_rest(self._heard.pop(e.item_id, ""), e.transcript))
+            frame = self._transcript("session.input_transcript.delta", "user",
+                                     final_rest(self._heard.pop(e.item_id, ""), e.transcript))
+            self.decisions.heard(e.transcript, self._fragments.pop("user", None))
+            return frame
         if isinstance(e, ev.OutputAudioTranscriptDelta):
-            return self._transcript("session.output_transcript.delta", "assistant", e.delta)
+            frame = self._transcript("session.output_transcript.delta", "assistant", e.delta)
+            if frame is not None:
+                self.decisions.spoke(e.delta, self.last_event_id)
+            return frame
         if isinstance(e, (ev.SpeechStarted, ev.ResponseCreated)):
             # A new run of fragments: its start is where the speech began.
             self._speech["user" if isinstance(e, ev.SpeechStarted) else "assistant"] = self.now_ms()
@@ -329,6 +354,7 @@ class LiveCodec:
             now = self.now_ms()  # appended context takes no time on the timeline
             return self._frame(owed[0], start_ms=now, end_ms=now, client_event_id=owed[1])
         if isinstance(e, ev.ResponseDone):
+            self.decisions.reply_done()
             # Usage after each reply: the cumulative session time, as GPT-Live
             # bills it (this engine has no context-window measure to add).
             return self._frame("session.usage.updated", usage=self.usage())
@@ -356,7 +382,9 @@ class LiveCodec:
             return None
         end = self.now_ms()
         start = self._speech.get(who, end)
-        return self._frame(kind, delta=delta, start_ms=min(start, end), end_ms=end)
+        frame = self._frame(kind, delta=delta, start_ms=min(start, end), end_ms=end)
+        self._fragments[who] = self.last_event_id
+        return frame
 
     def resource(self, session: dict[str, Any]) -> dict[str, Any]:
         """Our session document as GPT-Live's ``SessionResource``."""
@@ -390,8 +418,20 @@ class LiveCodec:
     def render_notice(self, kind: str, fence: Fence | None = None, **fields: Any) -> str:
         return self._frame(kind, **fields)
 
-    def render_ack(self, ack: LiveAck) -> str:
-        return self._frame(ack.type, client_event_id=ack.event_id)
+    def render_ack(self, ack: LiveAck | ItemReply) -> str:
+        fields = ack.fields if isinstance(ack, ItemReply) else {}
+        return self._frame(ack.type, client_event_id=ack.event_id, **fields)
+
+    def render_delegated(self, run: DecisionRun) -> str:
+        """``session.delegation.created`` for a ``decision.create``'s run."""
+        return self._frame("session.delegation.created",
+                           delegation={"id": run.delegation_id, "target": "decisions",
+                                       "type": "delegation"},
+                           offset_ms=self.now_ms(), client_event_id=run.event_id)
+
+    def render_decision(self, run: DecisionRun, model: str, chosen: list[Any]) -> str:
+        """``decision.event``: ``run``'s answers (``chosen``, in question order)."""
+        return self._frame("decision.event", **decision_event(run, model, chosen))
 
     def render_dtmf(self, kind: str, digit: str, event_id: str | None = None) -> str:
         """``transport.dtmf.received`` (a key the caller pressed) or
@@ -415,6 +455,7 @@ class LiveCodec:
 
     def _frame(self, kind: str, **fields: Any) -> str:
         out: dict[str, Any] = {"type": kind, "event_id": self.next_event_id()}
+        self.last_event_id = out["event_id"]
         out.update({k: v for k, v in fields.items() if v is not None})
         return _encode(out)
 

@@ -7,9 +7,11 @@ answers every turn itself. So a delegation config is accepted where that is
 what it would mean with no tools to call -- ``client`` (the application would
 be handed tasks: none is ever handed), and ``responses`` without tools or a
 backend prompt (the backend model is this engine's own LLM) -- and refused by
-name where it asks for what is not built: backend tools, a backend prompt,
-Decisions. LiveKit's GPT-Live model sends ``responses`` by default, which is
-why it is accepted rather than refused whole.
+name where it asks for what is not built: backend tools, a backend prompt.
+LiveKit's GPT-Live model sends ``responses`` by default, which is
+why it is accepted rather than refused whole. ``decisions`` is accepted: its
+questions are what ``decision.create`` evaluates, on this engine's own LLM
+(``decisions.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.realtime.wire.live.decisions import check_decisions
 
 _NOT_YET = "is not supported by this engine yet (docs/live-conformance.md)"
 
@@ -37,9 +40,12 @@ def check_delegation(raw: Any, *, update: bool = False,
                           "non-negative integer", param=f"{param}.acknowledgement_delay_ms")
     if kind == "client":
         return {k: v for k, v in raw.items() if k in ("type", "acknowledgement_delay_ms")}
-    if kind == "decisions":
-        raise DuplexError("unsupported_option", f"Decisions delegation {_NOT_YET}",
-                          param=f"{param}.type")
+    if kind == "decisions":  # questions evaluated on decision.create (decisions.py)
+        out = {k: v for k, v in raw.items() if k in ("type", "acknowledgement_delay_ms")}
+        if raw.get("decisions") is not None or not update:
+            out["decisions"] = check_decisions(raw.get("decisions"), update=update,
+                                               param=f"{param}.decisions")
+        return out
     if kind != "responses":
         raise DuplexError("invalid_value", f"{param}.type must be client, responses or decisions",
                           param=f"{param}.type")
