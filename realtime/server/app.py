@@ -44,6 +44,7 @@ from vllm_duplex.realtime.server.client_secrets import client_secret_routes
 from vllm_duplex.realtime.server.connection import RealtimeConnection
 from vllm_duplex.realtime.server.generate_ws import GenerateStream
 from vllm_duplex.realtime.server.http_errors import error_response
+from vllm_duplex.realtime.server.live.lines import LiveLines
 from vllm_duplex.realtime.server.live.routes import live_routes
 from vllm_duplex.realtime.server.owner_header import OwnerHeader
 from vllm_duplex.realtime.server.port.calls import Calls
@@ -73,6 +74,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
 
     sessions = runtime.sessions  # all a transport gets of the runtime
     calls = Calls(sessions)
+    live_lines = LiveLines(sessions)
     sip = _sip_agent(runtime, sessions, calls)
     phone_routes = []
     if runtime.config.twilio is not None:  # the twilio package is the telephony extra's
@@ -166,8 +168,9 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
             Route("/v1/models", models),
             Route("/v1/capabilities", capabilities),
             WebSocketRoute("/v1/realtime", realtime),
-            # GPT-Live: the same sessions, another dialect; Decisions on the engine's LLM
-            *live_routes(sessions, _decision_chooser(runtime)),
+            # GPT-Live: the same sessions and calls, another dialect; Decisions on the engine's LLM
+            *live_routes(sessions, runtime.config.webrtc, calls, lambda: sip, live_lines,
+                         _decision_chooser(runtime)),
             *call_routes(sessions, runtime.config.webrtc, calls, error_response),
             *_sip_routes(sessions, calls, sip),
             *client_secret_routes(sessions, runtime.config.limits.max_request_bytes,
@@ -185,6 +188,7 @@ def create_app(runtime: Runtime, grpc_port: int | None = None, grpc_host: str = 
     )
     app.state.calls = calls  # tests and benchmarks look at the live calls
     app.state.sip = sip
+    app.state.live_lines = live_lines  # the GPT-Live sessions a sideband may attach to
     return app
 
 

@@ -162,5 +162,5 @@ async def test_rest_calls_are_refused_by_name(server):
         assert r.status_code == 400
         body = r.json()["error"]
         assert body["code"] == "capability_unsupported" and "fork" in body["message"]
-        r = await http.post("/v1/live/sessions", json={"session": {"model": "gpt-live-1"}})
+        r = await http.get("/v1/live/sessions/sess_x/content")
         assert r.json()["error"]["code"] == "capability_unsupported"

@@ -113,6 +113,24 @@ def test_dtmf_digits_come_once_each_in_order_whatever_the_repeats():
     assert digits == ["1", "#", "1"]
 
 
+def test_a_pressed_key_is_one_telephone_event_between_the_audio_around_it():
+    sender = rtp.RtpSender(0, ssrc=7, sequence=0xFFFE, timestamp=500)
+    before = rtp.parse(sender.packet(b"\xff" * FRAME, FRAME))
+    tone = [rtp.parse(p) for p in sender.tone(101, "#", FRAME)]
+    after = rtp.parse(sender.packet(b"\xff" * FRAME, FRAME))
+    seqs = [p.sequence for p in (before, *tone, after)]
+    assert seqs == [(0xFFFE + i) & 0xFFFF for i in range(len(seqs))]  # one stream, across the wrap
+    assert {p.payload_type for p in tone} == {101} and {p.timestamp for p in tone} == {660}
+    assert [p.marker for p in tone] == [True] + [False] * (len(tone) - 1)
+    ends = [p for p in tone if p.payload[1] & 0x80]
+    assert len(ends) == 3 and len({p.payload for p in ends}) == 1  # the end, three times
+    durations = [int.from_bytes(p.payload[2:], "big") for p in tone]
+    assert durations == sorted(durations) and durations[-1] == rtp.TONE_FRAMES * FRAME
+    assert after.timestamp == 660 + rtp.TONE_FRAMES * FRAME  # the audio goes on after the tone
+    receiver = rtp.DtmfReceiver()
+    assert [d for p in tone if (d := receiver.receive(p)) is not None] == ["#"]
+
+
 # ---- the player ---------------------------------------------------------------------------
 
 

@@ -23,6 +23,10 @@ dialect's few rules, kept here:
   ``DecisionRun`` (``decision.create``, a trigger firing) and the socket's
   ``DecisionRunner`` (``decisions.py``) answers it on the ``chooser`` (the
   engine's own LLM), or the codec refuses them where there is none.
+- Sidebands may attach (``sideband.py``): the socket's ``LiveLine`` sends
+  them every frame it sends, the microphone's audio as it came (before the
+  mute), and carries a sideband's acknowledgements back to this socket.
+  ``transport.dtmf.send`` is a sideband's, for SIP calls: refused here.
 """
 
 from __future__ import annotations
@@ -31,38 +35,43 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING
+from typing import Any
 
 from starlette.websockets import WebSocket
 from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.close_reason import CloseReason
+from vllm_duplex.domain.commands import AudioAppend
 from vllm_duplex.domain.decisions import Chooser
 from vllm_duplex.domain.errors import Capacity, Closed, DuplexError
 from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.live.decisions import DecisionRunner
+from vllm_duplex.realtime.server.live.lines import LiveLine, LiveLines
 from vllm_duplex.realtime.server.port.session_port import SessionPort
 from vllm_duplex.realtime.server.live.fixture import play_fixture
 from vllm_duplex.realtime.server.websocket_frames import next_frame
-from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveStart
+from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, LiveStart
 from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
 from vllm_duplex.realtime.wire.live.fixtures import FixturePlay
 from vllm_duplex.realtime.wire.live.forks import fork_start, stored_items
-
-if TYPE_CHECKING:  # the record a fork reads (the host's store keeps it)
-    from vllm_duplex.durable.records import LiveSessionRecord
 
 log = logging.getLogger(__name__)
 
 
 class LiveSocket:
     def __init__(self, sessions: RealtimeSessions, ws: WebSocket,
-                 chooser: Chooser | None = None, *, fork_of: str | None = None) -> None:
+                 lines: LiveLines | None = None, chooser: Chooser | None = None, *,
+                 fork_of: str | None = None) -> None:
         self.sessions = sessions
         self.ws = ws
+        self.lines = lines
+        self.line: LiveLine | None = None
+        self._relayed: set[asyncio.Task[None]] = set()  # a sideband's acks on their way here
         self.fork_of = fork_of  # the stored session this socket forks, if any
-        self._forked: LiveSessionRecord | None = None
+        # The stored session a fork starts from: its config and conversation
+        # (the host's store keeps the record; a shell never reads the store).
+        self._forked: tuple[dict[str, Any], tuple[dict[str, Any], ...]] | None = None
         self._key: str | None = None
         self.codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
                                model_aliases=sessions.model_aliases, clock=sessions.now,
@@ -85,7 +94,8 @@ class LiveSocket:
         try:
             self.sessions.check_key(key)
             if self.fork_of is not None:
-                self._forked = await self.sessions.find_live(self.fork_of, key)
+                stored = await self.sessions.find_live(self.fork_of, key)
+                self._forked = (stored.config, stored.items)
         except DuplexError as err:
             await self._send(self.codec.render_error(err))
             await self.ws.close(code=1008, reason=err.code)
@@ -93,8 +103,12 @@ class LiveSocket:
         port = await self._start(key)
         if port is None:
             return
+        line = self.line = LiveLine(self.codec, port, transport="websocket")
+        line.primary = self._relay
+        if self.lines is not None:
+            self.lines.add(port.session.session_id, line)
         if self._chooser is not None:
-            self.decider = DecisionRunner(self._chooser, self.codec, self._try_send)
+            self.decider = DecisionRunner(self._chooser, self.codec, self._send_and_share)
         writer = asyncio.create_task(self._write(port),
                                      name=f"duplex-live-writer-{port.session.session_id}")
         try:
@@ -108,6 +122,18 @@ class LiveSocket:
             await self._keep(port, tell=False)  # a stored session's last save
             await port.release(client_closed=True)
             await asyncio.gather(writer, *filter(None, [self._fixture]), return_exceptions=True)
+            line.end()
+            for task in list(self._relayed):
+                task.cancel()
+            await asyncio.gather(*self._relayed, return_exceptions=True)
+
+    def _relay(self, text: str | None) -> None:
+        """A frame a sideband caused (its mute's acknowledgement) to this socket."""
+        if text is None:
+            return
+        task = asyncio.create_task(self._try_send(text), name="duplex-live-relay")
+        self._relayed.add(task)
+        task.add_done_callback(self._relayed.discard)
 
     async def _start(self, key: str | None) -> SessionPort | None:
         """Wait for ``session.start`` and open the session; None when the
@@ -148,7 +174,7 @@ class LiveSocket:
         if not isinstance(obj, dict):
             return frame
         try:
-            return json.dumps(fork_start(obj, self._forked.config, self._forked.items))
+            return json.dumps(fork_start(obj, *self._forked))
         except DuplexError as err:
             eid = obj.get("event_id")
             raise err.with_event_id(eid if isinstance(eid, str) else None) from None
@@ -179,15 +205,26 @@ class LiveSocket:
             if isinstance(command, LiveStart):
                 raise DuplexError("invalid_event", "the session has started already",
                                   param="type", event_id=command.event_id)
+            if isinstance(command, LiveDtmf):
+                raise DuplexError("capability_unsupported", "transport.dtmf.send is a sideband "
+                                  "command for SIP calls; this socket is a primary WebSocket",
+                                  param="type", event_id=command.event_id)
+            assert self.line is not None
             if isinstance(command, (LiveAck, ItemReply)):
-                return self.codec.render_ack(command)
+                ack = self.codec.render_ack(command)
+                self.line.to_sidebands(ack)
+                return ack
             if isinstance(command, DecisionRun):
                 assert self.decider is not None  # the codec refuses runs without a chooser
                 self.decider.submit(command)
-                return self.codec.render_delegated(command)
+                delegated = self.codec.render_delegated(command)
+                self.line.to_sidebands(delegated)
+                return delegated
             if isinstance(command, FixturePlay):
                 self._play(port, command)
                 return None
+            if isinstance(command, AudioAppend):
+                self.line.reflect(self.codec.raw_audio, port.config.input_format)
             port.deliver(command)
             return None
         except DuplexError as err:
@@ -224,6 +261,12 @@ class LiveSocket:
         except Exception:
             return False
 
+    async def _send_and_share(self, text: str) -> bool:
+        """A decision's answer: to this socket and to the sidebands."""
+        if self.line is not None:
+            self.line.to_sidebands(text)
+        return await self._try_send(text)
+
     async def _write(self, port: SessionPort) -> None:
         session = port.session
         try:
@@ -237,6 +280,8 @@ class LiveSocket:
                 text = self.codec.render(item)
                 if text is not None:
                     await self._send(text)
+                if self.line is not None:
+                    self.line.share(item, text)
                 for run in self.codec.decisions.take_runs():  # triggers this event fired
                     if self.decider is not None:
                         self.decider.offer(run)

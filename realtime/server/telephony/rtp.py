@@ -4,7 +4,8 @@
   (the call drops and counts it; it never reaches the session).
 - ``RtpSender`` numbers and stamps what we send: one SSRC, sequence numbers
   and 8 kHz timestamps that run on, with the marker bit on the first packet
-  of a talk spurt.
+  of a talk spurt; ``tone`` sends one DTMF key as RFC 4733
+  telephone-events in the same stream.
 - ``SequenceGate`` drops duplicates and late packets of the caller's audio.
 - ``DtmfReceiver`` turns telephone-event packets into digits, once each:
   a sender repeats an event's packets (and its end packet three times), all
@@ -16,10 +17,13 @@ from __future__ import annotations
 
 import secrets
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 HEADER = struct.Struct("!BBHII")
 DTMF_EVENTS = "0123456789*#ABCD"  # RFC 4733 event codes 0-15
+TONE_FRAMES = 5  # a key we press: 100 ms of tone (20 ms packets), then its end
+_TONE_VOLUME = 10  # -10 dBm0, RFC 4733's usual level
 
 
 class RtpError(ValueError):
@@ -86,6 +90,26 @@ class RtpSender:
         self._seq = (self._seq + 1) & 0xFFFF
         self._ts = (self._ts + samples) & 0xFFFFFFFF
         return out
+
+    def tone(self, payload_type: int, digit: str, samples: int) -> Iterator[bytes]:
+        """One DTMF key as RFC 4733 telephone-event packets, one per
+        ``samples``-long frame, pulled as the frames go out (their sequence
+        numbers run on between the audio packets around them): every packet
+        carries the event's start timestamp and its growing duration, the first
+        the marker bit, the last -- the end (E bit) -- three times (RFC 4733
+        §2.5.1.4). The audio after it goes on at the event's end."""
+        event = DTMF_EVENTS.index(digit)
+        start = self._ts
+        for frame in range(1, TONE_FRAMES + 1):
+            last = frame == TONE_FRAMES
+            payload = struct.pack("!BBH", event, (0x80 if last else 0) | _TONE_VOLUME,
+                                  frame * samples)
+            for _ in range(3 if last else 1):
+                yield RtpPacket(payload_type, self._seq, start, self.ssrc, payload,
+                                frame == 1).encode()
+                self._seq = (self._seq + 1) & 0xFFFF
+        self._ts = (start + TONE_FRAMES * samples) & 0xFFFFFFFF
+        self._talking = False  # the next speech is a new talk spurt
 
 
 class SequenceGate:

@@ -29,7 +29,7 @@ from vllm_duplex.domain.errors import Capacity, DuplexError
 from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.host.sip import Sip
-from vllm_duplex.realtime.server.port.session_port import realtime_codec
+from vllm_duplex.realtime.server.port.session_port import Codec, realtime_codec
 from vllm_duplex.realtime.server.telephony import sdp
 from vllm_duplex.realtime.server.telephony import sip_message as sm
 from vllm_duplex.realtime.server.telephony.sip_call import SipCall
@@ -400,13 +400,16 @@ class SipAgent:
                               param="call_id")
         return dialog
 
-    async def accept(self, call_id: str, key: str | None, patch: SessionPatch | None) -> SipCall:
-        """Answer a ringing call with a session of ``patch`` owned by ``key``."""
+    async def accept(self, call_id: str, key: str | None, patch: SessionPatch | None, *,
+                     kind: type[SipCall] = SipCall, codec: Codec | None = None) -> SipCall:
+        """Answer a ringing call with a session of ``patch`` owned by ``key``
+        (a ``kind`` of call speaking ``codec``'s dialect: OpenAI Realtime's
+        unless a route names another, e.g. GPT-Live's ``live/sip_call.py``)."""
         dialog = self._ringing(call_id)
         del self.ringing[call_id]  # no second accept while this one opens
         try:
-            call = await SipCall.open(self.sessions, call_id, key, patch, dialog.offer,
-                                      self.config.host, dialog, on_end=self._ended)
+            call = await kind.open(self.sessions, call_id, key, patch, dialog.offer,
+                                   self.config.host, dialog, on_end=self._ended, codec=codec)
         except DuplexError as err:
             self.ringing[call_id] = dialog
             if isinstance(err, Capacity):

@@ -13,7 +13,9 @@ input as it arrives, and the reply's deltas are already G.711 at 8 kHz.
   other packet, or one from an address that is not the caller's, is dropped
   and counted (``dropped``) -- it never reaches the session.
 - RTP out: one 20 ms packet every 20 ms from the ``ReplyPlayer`` (silence
-  between replies). Speech over a reply (``input_audio_buffer.
+  between replies), or a DTMF key pressed for the caller (``send_dtmf``:
+  RFC 4733 telephone-events in place of the audio for their 140 ms, the
+  reply waiting meanwhile). Speech over a reply (``input_audio_buffer.
   speech_started`` with ``interrupt_response``) empties the player at once:
   the next packet is silence. ``output_audio_buffer.clear`` from a sideband
   cuts the reply and truncates its item to what was sent.
@@ -26,10 +28,11 @@ input as it arrives, and the reply's deltas are already G.711 at 8 kHz.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from vllm_duplex.domain.close_reason import CloseReason
@@ -39,7 +42,7 @@ from vllm_duplex.domain.session_config import AudioEncoding, AudioFormat, Sessio
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.media.audio import AudioEncoder, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from vllm_duplex.realtime.server.port.calls import Call
-from vllm_duplex.realtime.server.port.session_port import SessionPort, realtime_codec
+from vllm_duplex.realtime.server.port.session_port import Codec, SessionPort, realtime_codec
 from vllm_duplex.realtime.server.reply_player import ReplyPlayer
 from vllm_duplex.realtime.server.telephony import rtp, sdp
 
@@ -104,16 +107,21 @@ class SipCall(Call):
         self._encoder: tuple[AudioFormat, AudioEncoder] | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._send_bye = True  # the first hang-up decides: a caller's BYE needs none back
+        # Keys to press, in order: each its packets and the future its sender awaits.
+        self._tones: collections.deque[tuple[Iterator[bytes], asyncio.Future[None]]] = \
+            collections.deque()
 
     # ---- set-up -----------------------------------------------------------------
 
     @classmethod
     async def open(cls, sessions: RealtimeSessions, call_id: str, key: str | None,
                    patch: SessionPatch | None, offer: sdp.Offer, media_host: str,
-                   dialog: Dialog, on_end: Callable[[SipCall], None]) -> SipCall:
+                   dialog: Dialog, on_end: Callable[[SipCall], None], *,
+                   codec: Codec | None = None) -> SipCall:
         """Open the call's session and its RTP socket; the typed error of
-        what failed, with nothing left open."""
-        port = await SessionPort.open(sessions, realtime_codec(sessions), key,
+        what failed, with nothing left open. ``codec``: the dialect of its
+        session (OpenAI Realtime unless a route names another)."""
+        port = await SessionPort.open(sessions, codec or realtime_codec(sessions), key,
                                       with_phone_formats(patch, offer.encoding),
                                       transport=SessionPatch.played_here())
         dropped = sessions.counter(
@@ -195,15 +203,44 @@ class SipCall(Call):
         encode = ulaw_encode if self._law is AudioEncoding.PCMU else alaw_encode
         start, sent = time.monotonic(), 0
         while True:
-            pcm, speech = self.player.pull()
+            packet = self._tone_packet()
+            if packet is None:
+                pcm, speech = self.player.pull()
+                packet = self._sender.packet(encode(pcm), FRAME, speech=speech)
             if self._transport is not None and not self._transport.is_closing():
-                self._transport.sendto(self._sender.packet(encode(pcm), FRAME, speech=speech),
-                                       self._remote)
+                self._transport.sendto(packet, self._remote)
             sent += 1
             wait = start + sent * _FRAME_S - time.monotonic()
             if wait < -0.2:  # the loop stalled: restart the clock, do not burst
                 start, sent = time.monotonic(), 0
             await asyncio.sleep(max(0.0, wait))
+
+    def _tone_packet(self) -> bytes | None:
+        """The next packet of the key being pressed, if any (its sender is
+        told once the last one is out)."""
+        while self._tones:
+            packets, pressed = self._tones[0]
+            packet = next(packets, None)
+            if packet is not None:
+                return packet
+            self._tones.popleft()
+            if not pressed.done():
+                pressed.set_result(None)
+        return None
+
+    async def send_dtmf(self, digit: str) -> None:
+        """Press ``digit`` (``rtp.DTMF_EVENTS``) for the caller's side: RFC
+        4733 telephone-events on the call's RTP stream; returns once they are
+        sent. ``capability_unsupported`` when the caller's SDP offered no
+        telephone-event (nothing could carry the key)."""
+        payload_type = self.offer.dtmf_payload_type
+        if payload_type is None:
+            raise DuplexError("capability_unsupported", "the caller's side offered no "
+                              "telephone-event (RFC 4733): this call cannot carry DTMF",
+                              param="event")
+        pressed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._tones.append((self._sender.tone(payload_type, digit, FRAME), pressed))
+        await pressed
 
     # ---- the session's events ----------------------------------------------------------
 
@@ -238,6 +275,11 @@ class SipCall(Call):
     async def _close_wire(self, reason: CloseReason) -> None:
         if self._transport is not None:
             self._transport.close()
+        while self._tones:  # keys not pressed: their senders learn why
+            _, pressed = self._tones.popleft()
+            if not pressed.done():
+                pressed.set_exception(DuplexError("session_closed", "the call ended before "
+                                                  "the key was sent", param="event"))
 
     async def _after_stop(self, reason: CloseReason) -> None:
         if self._send_bye:

@@ -50,7 +50,7 @@ from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.deploy import WebRtc
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.port.calls import Call
-from vllm_duplex.realtime.server.port.session_port import Rules, SessionPort, realtime_codec
+from vllm_duplex.realtime.server.port.session_port import Codec, Rules, SessionPort, realtime_codec
 from vllm_duplex.realtime.server.webrtc.media import MicrophoneEncoder, ReplyTrack, mono_int16
 from vllm_duplex.realtime.server.webrtc.offer import Offer
 
@@ -84,10 +84,12 @@ class RtcCall(Call):
     @classmethod
     async def answer(cls, sessions: RealtimeSessions, settings: WebRtc, call_id: str,
                      key: str | None, offer: Offer, patch: SessionPatch | None,
-                     on_end: Callable[[RtcCall], None]) -> tuple[RtcCall, str]:
+                     on_end: Callable[[RtcCall], None], *,
+                     codec: Codec | None = None) -> tuple[RtcCall, str]:
         """Open the call's session and answer ``offer``; the typed error of
-        what failed, with nothing left open."""
-        port = await SessionPort.open(sessions, realtime_codec(sessions), key, patch,
+        what failed, with nothing left open. ``codec``: the data channel's
+        dialect (OpenAI Realtime unless a route names another)."""
+        port = await SessionPort.open(sessions, codec or realtime_codec(sessions), key, patch,
                                       transport=SessionPatch.played_here())
         call = cls(port, settings, call_id, on_end=on_end)
         try:
@@ -172,7 +174,7 @@ class RtcCall(Call):
                 frame = await track.recv()
             except MediaStreamError:
                 return  # the caller's track ended
-            audio = encoder.encode(mono_int16(frame), port.config.input_format)
+            audio = self._heard(encoder.encode(mono_int16(frame), port.config.input_format))
             if not audio:
                 continue
             try:
@@ -181,6 +183,10 @@ class RtcCall(Call):
                 return
             except DuplexError as err:  # e.g. resource_exhausted: the session lags
                 self._send_now(port.error(err))
+
+    def _heard(self, audio: bytes) -> bytes:
+        """The microphone's audio as the session gets it (a dialect's gate)."""
+        return audio
 
     # ---- the session's events ----------------------------------------------------
 

@@ -23,6 +23,9 @@ HANDLED: tuple[str, ...] = (
     "decision.item.create",
     "decision.item.delete",
     "session.output_audio.fixture.play",  # fixtures.py; played by the shell
+    # A sideband command for SIP calls: the sideband presses the key
+    # (live/sideband.py); a primary socket refuses it (live/socket.py).
+    "transport.dtmf.send",
 )
 
 # Defined by the SDK, not built yet (issue 45, later slices): refused with
@@ -32,9 +35,6 @@ REFUSED: dict[str, str] = {
     "session.commentary.append": f"appending commentary {NOT_YET}",
     "response.create": f"delegated Responses {NOT_YET}",
     "response.item.create": f"delegated Responses items {NOT_YET}",
-    # A sideband-only command, and only for SIP calls: a primary socket never takes it.
-    "transport.dtmf.send": "transport.dtmf.send is a sideband command for SIP calls; "
-                           "this socket is a primary WebSocket",
 }
 
 # Session configuration fields a primary WebSocket may set that are refused

@@ -100,6 +100,17 @@ class LiveStart:
 
 
 @dataclass(frozen=True)
+class LiveDtmf:
+    """``transport.dtmf.send``: a sideband presses ``digit`` on a SIP call."""
+
+    digit: str
+    event_id: str | None = None
+
+
+DTMF_KEYS = "0123456789*#ABCD"  # what transport.dtmf.send may press (the SDK's list)
+
+
+@dataclass(frozen=True)
 class LiveAck:
     """A command the codec answers itself, at once (mute, unmute)."""
 
@@ -119,8 +130,14 @@ class LiveCodec:
         self._clock = clock  # seconds; the session timeline starts at ``start``
         self._t0: float | None = None
         self.muted = False
+        # The last append's audio as the client sent it, before the mute: a
+        # sideband hears the microphone itself (GPT-Live reflects it so).
+        self.raw_audio = b""
         self.model = LIVE_MODELS[0]
-        self._silence = _SILENCE["audio/pcm"]
+        # The id the application knows the session by, where it is not the
+        # session's own: a call's (its controls and sideband use it).
+        self.session_id: str | None = None
+        self.silence = _SILENCE["audio/pcm"]
         self._start_eid: str | None = None
         self._update_eids: list[str | None] = []  # session.update acks, in order
         self._speech: dict[str, int] = {}  # transcript stream -> where its fragment run began
@@ -139,7 +156,8 @@ class LiveCodec:
 
     # ---- parse -------------------------------------------------------------------------
 
-    def parse(self, frame: str | bytes) -> Command | LiveStart | LiveAck | DecisionRun | ItemReply:
+    def parse(self, frame: str | bytes
+              ) -> Command | LiveStart | LiveAck | LiveDtmf | DecisionRun | ItemReply:
         obj = self._object(frame)
         raw_eid = obj.get("event_id")
         eid = raw_eid if isinstance(raw_eid, str) else None
@@ -200,8 +218,9 @@ class LiveCodec:
             except (binascii.Error, ValueError):
                 raise DuplexError("invalid_audio", "audio is not valid base64",
                                   param="audio") from None
+            self.raw_audio = pcm
             if self.muted or self.fixtures.playing is not None:  # heard as silence, never later
-                pcm = self._silence * len(pcm)
+                pcm = self.silence * len(pcm)
             return AudioAppend(audio=pcm, event_id=eid)
         if kind in ("session.input_audio.mute", "session.input_audio.unmute"):
             self.muted = kind.endswith(".mute")
@@ -213,6 +232,12 @@ class LiveCodec:
             return self.decisions.parse(kind, obj, eid, self._delegation)
         if kind == FIXTURE_PLAY:
             return self.fixtures.parse(obj, eid)
+        if kind == "transport.dtmf.send":
+            digit = obj.get("event")
+            if not isinstance(digit, str) or len(digit) != 1 or digit not in DTMF_KEYS:
+                raise DuplexError("invalid_value", "event is one DTMF key: 0-9, A-D, * or #",
+                                  param="event")
+            return LiveDtmf(digit=digit, event_id=eid)
         assert kind == "session.close"
         return SessionClose(event_id=eid)
 
@@ -269,7 +294,7 @@ class LiveCodec:
         if fmt is not None:
             self._check_format(fmt)
             audio_in["format"] = audio_out["format"] = {"type": fmt["type"], "rate": fmt["rate"]}
-            self._silence = _SILENCE[fmt["type"]]
+            self.silence = _SILENCE[fmt["type"]]
         voice = (audio.get("output") or {}).get("voice")
         if isinstance(voice, dict):
             raise DuplexError("unsupported_option", "custom voices are not supported; "
@@ -361,9 +386,7 @@ class LiveCodec:
                 return None
             return self.render_error(e.error)
         if isinstance(e, ev.SessionClosed):
-            return self._frame("session.closed", reason=_CLOSED.get(e.reason, "connection_lost"),
-                               session=self.resource(self._last_session or {}),
-                               usage=self.usage())
+            return self.closed(e.reason)
         return None  # no GPT-Live equivalent (response, item and buffer events)
 
     def context_window(self, response: dict[str, Any]) -> dict[str, float] | None:
@@ -375,6 +398,14 @@ class LiveCodec:
         if not self.context_limit or not isinstance(tokens, int) or tokens <= 0:
             return None
         return {"usage_ratio": round(min(1.0, tokens / self.context_limit), 4)}
+    def closed(self, reason: str) -> str:
+        """``session.closed`` for one of our close reasons (``CloseReason``'s values)."""
+        return self._frame("session.closed", reason=_CLOSED.get(reason, "connection_lost"),
+                           session=self.resource(self._last_session or {}), usage=self.usage())
+
+    def started(self) -> str:
+        """``session.started`` for a sideband that attaches: the session as it is now."""
+        return self._frame("session.started", session=self.resource(self._last_session or {}))
 
     def usage(self) -> dict[str, Any]:
         """GPT-Live's ``SessionUsage``: whole seconds of the session so far."""
@@ -397,7 +428,7 @@ class LiveCodec:
                                                                  "rate": 24000})
         fmt.setdefault("rate", 8000)
         out: dict[str, Any] = {
-            "id": session.get("id", ""),
+            "id": self.session_id or session.get("id", ""),
             "expires_at": int(session.get("expires_at") or 0),
             "model": self.model,
             "status": "active",
@@ -442,6 +473,26 @@ class LiveCodec:
     def render_decision(self, run: DecisionRun, model: str, chosen: list[Any]) -> str:
         """``decision.event``: ``run``'s answers (``chosen``, in question order)."""
         return self._frame("decision.event", **decision_event(run, model, chosen))
+
+    def render_dtmf(self, kind: str, digit: str, event_id: str | None = None) -> str:
+        """``transport.dtmf.received`` (a key the caller pressed) or
+        ``transport.dtmf.sent`` (one a sideband pressed, ``client_event_id``
+        its command's)."""
+        return self._frame(kind, event=digit, client_event_id=event_id)
+
+    def render_output_reflection(self, pcm24k: bytes, start_ms: int, end_ms: int) -> str:
+        """The reply's audio reflected to a sideband: PCM16 at 24 kHz with its
+        range on the session timeline (the SDK requires both on a sideband;
+        no event_id in its shape)."""
+        return _encode({"type": "session.output_audio.delta",
+                        "delta": base64.b64encode(pcm24k).decode("ascii"),
+                        "start_ms": start_ms, "end_ms": end_ms})
+
+    def render_input_audio(self, pcm24k: bytes) -> str:
+        """The caller's audio reflected to a sideband (PCM16 at 24 kHz; the
+        SDK's shape has no event_id)."""
+        return _encode({"type": "session.input_audio.append",
+                        "audio": base64.b64encode(pcm24k).decode("ascii")})
 
     def _frame(self, kind: str, **fields: Any) -> str:
         out: dict[str, Any] = {"type": kind, "event_id": self.next_event_id()}
