@@ -133,8 +133,7 @@ class LiveSocket:
         session = port.session
         try:
             async for item in port.events():
-                text = self.codec.render(item)
-                if text is not None:
+                for text in self.codec.frames(item):
                     await self._send(text)
             reason = session.close_reason or CloseReason.CLIENT
             await self.ws.close(code=reason.code, reason=reason.value)
