@@ -333,7 +333,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         if new.turn_detection is not None and new.turn_detection != old.turn_detection:
             self.execute(self.policy.plan_append(self, self.user.vad_config(new)))
         self._configure_asr(hearing.asr_config(old))
-        self.carry(backchannel.prepare(old, new, self.gate.fence))
+        self.carry(backchannel.prepare(old.backchannels, new, self.gate.fence))
         self.emit(ev.SessionUpdated(session=self.session_object()))
         self.carry(self.mcp.configure(self._config))
 

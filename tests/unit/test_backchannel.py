@@ -34,7 +34,7 @@ from vllm_duplex.domain.payloads import (
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.domain.session_config import SessionConfig, TurnDetection
+from vllm_duplex.domain.session_config import SessionConfig, SessionPatch, TurnDetection
 from vllm_duplex.models.cascade import CascadePolicy
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.session import backchannel
@@ -152,6 +152,21 @@ def test_the_clips_are_made_when_the_setting_is_turned_on():
     tl = Timeline()
     made = [a.payload for a in tl.asked]
     assert made == [BackchannelText(p, play=False) for p in Backchanneling().phrases]
+
+
+def test_a_session_update_that_turns_them_on_makes_the_clips_once():
+    tl = Timeline(backchannels=None)
+    on = SessionPatch(backchannels=Backchanneling(phrases=("Uh-huh.",)))
+    tl._track(tl.core.handle(cmd.SessionUpdate(patch=on), 1.0))
+    assert [a.payload for a in tl.asked] == [BackchannelText("Uh-huh.", play=False)]
+    [updated] = [e for e in tl.events if isinstance(e, ev.SessionUpdated)]
+    assert updated.session["audio"]["output"]["backchannels"]["phrases"] == ["Uh-huh."]
+    tl._track(tl.core.handle(cmd.SessionUpdate(patch=on), 2.0))  # the same phrases: made already
+    assert len(tl.asked) == 1
+    long_turn_with_a_pause(tl)
+    tl.fire(backchannel.TIMER)
+    tl.clip_back(5.95)
+    assert [s.transcript for s in tl.said] == ["Uh-huh."]
 
 
 def test_off_by_default_no_backchannel_and_no_clip():
