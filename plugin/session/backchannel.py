@@ -41,6 +41,7 @@ from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.backchanneling import Backchanneling
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.fence import Fence
+from vllm_duplex.domain.metrics import Metrics
 from vllm_duplex.domain.payloads import BackchannelAudio, BackchannelText
 from vllm_duplex.domain.session_config import AudioFormat, SessionConfig
 from vllm_duplex.media.audio import AudioEncoder
@@ -73,8 +74,9 @@ class _Pause:
 
 
 class Backchannels:
-    def __init__(self, make_id: Callable[[str], str]) -> None:
+    def __init__(self, make_id: Callable[[str], str], metrics: Metrics | None = None) -> None:
         self._make_id = make_id
+        self._metrics = metrics
         self._onset_ms: int | None = None  # where the user's turn began in the input audio
         self._pause: _Pause | None = None
         self._last_at: float | None = None  # when the last one was said
@@ -138,6 +140,8 @@ class Backchannels:
             return []
         self._last_at = pause.silent_from  # the interval runs from the pause it filled
         self.said += 1
+        if self._metrics is not None:
+            self._metrics.backchannels.inc(outcome="said")
         return [ev.OutputAudioBackchannel(backchannel_id=self._make_id("bc"), audio=_encoded(clip, output_format),
                                           transcript=clip.text, audio_start_ms=pause.audio_ms,
                                           duration_ms=clip.pcm.size * 1000 // clip.rate)]
@@ -201,6 +205,8 @@ class Backchannels:
 
     def _skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if self._metrics is not None:
+            self._metrics.backchannels.inc(outcome=reason)
 
 
 # ---- the setting, as the core checks and prepares it ---------------------------------

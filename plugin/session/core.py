@@ -147,7 +147,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         self.latency = TurnLatency(metrics.stage_latency, metrics.critical_path)
         self.pauses = Pauses(latency=self.latency, metrics=metrics, session_id=session_id)
         self.idle = idle.IdleTimer()  # server_vad's idle_timeout_ms
-        self.backchannels = backchannel.Backchannels(make_id)  # the engine's "mm-hmm"
+        self.backchannels = backchannel.Backchannels(make_id, metrics)  # the engine's "mm-hmm"
         # The turn's phase and the one reply (held or shown).
         self.floor = Floor(self.out, self.fences, config=config, metrics=metrics,
                            generator=self._generator,

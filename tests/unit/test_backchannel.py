@@ -130,6 +130,7 @@ def test_a_long_turn_gets_a_backchannel_in_its_pause_and_stays_one_turn():
     tl.clip_back(5.95)
     [said] = tl.said
     assert said.transcript == "Mm-hmm." and said.audio_start_ms == 5000
+    assert tl.core.metrics.backchannels.get(outcome="said") == 1  # /metrics counts them
     # Half a second in the session's output format (PCM16 at 24 kHz).
     assert said.duration_ms == 500 and abs(len(said.audio) - 24_000) <= 96
     # It is no response and no item: nothing else reached the client.
@@ -190,6 +191,7 @@ def test_a_question_gets_no_backchannel():
     long_turn_with_a_pause(tl, heard=question + "?")
     tl.fire(backchannel.TIMER)
     assert tl.said == [] and tl.core.backchannels.skipped.get("question") == 1
+    assert tl.core.metrics.backchannels.get(outcome="question") == 1
 
 
 def test_speech_before_the_pause_has_lasted_gets_none():
