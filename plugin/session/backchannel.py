@@ -35,8 +35,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from collections.abc import Collection
-
 from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.backchanneling import Backchanneling
 from vllm_duplex.domain.errors import DuplexError
@@ -212,9 +210,10 @@ class Backchannels:
 # ---- the setting, as the core checks and prepares it ---------------------------------
 
 
-def check(config: SessionConfig, stage_names: Collection[str]) -> None:
-    """A pipeline without a TTS stage cannot say one: the setting is refused."""
-    if config.backchannels is not None and STAGE not in stage_names:
+def check(config: SessionConfig, says_clips: bool) -> None:
+    """A pipeline whose TTS stage makes no clips (or that has none) cannot
+    say one: the setting is refused."""
+    if config.backchannels is not None and not says_clips:
         raise DuplexError("capability_unsupported", "this pipeline has no TTS stage to say "
                           "backchannels with", param="session.audio.output.backchannels")
 

@@ -114,6 +114,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         extra_wire: dict[str, Any] | None = None,
         make_id: Callable[[str], str] = new_id,
         asr_languages: frozenset[str] | None = None,
+        says_clips: bool | None = None,
     ) -> None:
         self.session_id = session_id
         self.policy = policy
@@ -135,6 +136,8 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         # The transcription prompt reaches an ASR stage where the policy routes one.
         self._asr_configurable = any(issubclass(AsrConfig, kinds) for kinds in needs.sends.values())
         self._asr_languages = asr_languages  # what the ASR hears (None: any)
+        # Whether the pipeline's TTS stage makes backchannel clips (None: one named "tts" does).
+        self._says_clips = backchannel.STAGE in self.stage_names if says_clips is None else says_clips
         self._policy_state = policy.new_state()
         self.out = EffectLog(self.gate, now)
         self.conversation = ItemStore(limits.max_items)
@@ -215,7 +218,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         admitted."""
         self.out.now = self.out.received_at = now
         self._check_hearing(self._config)
-        backchannel.check(self._config, self.stage_names)
+        backchannel.check(self._config, self._says_clips)
         self.emit(ev.SessionCreated(session=self.session_object(), resume_token=resume_token))
         self.carry(self.mcp.configure(self._config, starting=True))  # its MCP servers are listed
         if self._config.turn_detection is not None:
@@ -325,7 +328,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
     def _on_update(self, c: cmd.SessionUpdate) -> None:
         old, new = self._config, updated_config(self._config, c.patch, self.caps, self.policy.name)
         self._check_hearing(new)  # refused whole: the old config stays
-        backchannel.check(new, self.stage_names)
+        backchannel.check(new, self._says_clips)
         self.input.set_echo_cancellation(new.echo_cancellation, new.output_format)  # (or refused)
         self._config = self.floor.config = new
         self.input.set_format(new.input_format)

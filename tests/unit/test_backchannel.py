@@ -286,6 +286,28 @@ def test_a_pipeline_without_a_tts_stage_refuses_the_setting():
     assert err.value.param == "session.audio.output.backchannels"
 
 
+def test_a_tts_stage_that_makes_no_clips_refuses_it_by_name():
+    """The scripted pipeline's tone TTS takes no ``BackchannelText``: a session
+    asking for backchannels there is refused, not failed at the first clip."""
+    from vllm_duplex.session.runner import _says_clips
+    from vllm_duplex.testing.stages import ToneTtsStage
+    from vllm_duplex.stages.speech.streaming_tts import StreamingTtsStage
+
+    class Named:
+        def __init__(self, cls):
+            self.name, self.accepted = "tts", cls.accepted
+
+    assert _says_clips([Named(StreamingTtsStage)]) is True
+    assert _says_clips([Named(ToneTtsStage)]) is False
+    policy = CascadePolicy()
+    config = SessionConfig(model="m", policy=policy.name, backchannels=Backchanneling())
+    core = SessionCore("s", config=config, policy=policy, stage_names=("vad", "asr", "llm", "tts"),
+                       metrics=Metrics(), now=0.0, make_id=Ids(), says_clips=False)
+    with pytest.raises(DuplexError) as err:
+        core.start("tok", 0.0)
+    assert err.value.code == "capability_unsupported"
+
+
 # ---- the wire ------------------------------------------------------------------------
 
 
