@@ -6,8 +6,9 @@ One server (``configs/cascade-cpu.yaml``: Silero -> Whisper -> vLLM SmolLM2
 socket at real time (20 ms chunks) under ``semantic_vad`` (auto) while a
 reader takes the events as they arrive. The utterances are long turns with
 pauses inside them: real people's recordings (``bench/real_voices``: read
-audiobooks, JFK's speech), strung together with 1 s pauses, and Flite
-statements and questions; some end with a question. Per utterance, with
+audiobooks cut between two words mid-sentence, where 1 s thinking pauses
+are put; JFK's speech with its own), and Flite statements and questions;
+three end with a question. Per utterance, with
 ``session.audio.output.backchannels`` on (defaults) and, as the baseline in
 the same run, off:
 
