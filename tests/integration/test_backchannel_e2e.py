@@ -68,20 +68,28 @@ def timeline(client: RealtimeClient, start: float) -> str:
 
 
 async def test_a_long_statement_gets_a_backchannel_in_a_pause_and_stays_one_turn(server):
-    parts = [voiced(speak("So yesterday I went down to the harbour with my brother and")),
-             voiced(speak("we looked at all of the old boats because he wants to buy one and")),
+    # Each piece ends unfinished ("... and then"): P(end) < 0.001, so the
+    # turn's judge waits its cap (3 s at low) and the pauses do not end it.
+    parts = [voiced(speak("So yesterday I went down to the harbour with my brother and then")),
+             voiced(speak("we looked at all of the old boats because he wants to buy one and then")),
              voiced(speak("in the end he chose a small red one."))]
-    gap = 1.2  # pauses inside the turn (the cap at low is 3 s: they do not end it)
-    pcm = np.concatenate([silence(0.3), parts[0], silence(gap), parts[1], silence(gap), parts[2],
+    # Pauses inside the turn: long enough for a loaded 2-core machine to judge
+    # the words before the user goes on (the pause's ASR answer and P(end) came
+    # 1-2 s late at load 16-19), short of the cap.
+    gap = 2.6
+    # One long thinking pause, then a short one (250 ms: under any commit at low).
+    pcm = np.concatenate([silence(0.3), parts[0], silence(gap), parts[1], silence(0.25), parts[2],
                           silence(1.5)])
-    # Where each pause is in the input audio (ms).
-    ends = np.cumsum([0.3 + len(parts[0]) / RATE, gap + len(parts[1]) / RATE])
+    # Where the long pause is in the input audio (ms).
+    ends = [0.3 + len(parts[0]) / RATE]
     pauses = [(end * 1000, (end + gap) * 1000) for end in ends]
     async with await RealtimeClient.connect(server.ws_url) as client:
-        await client.update_session(session("low", after_speech_ms=2000))
+        # Said 2 s into a pause, or up to 2.6 s if judged late (backchannel.LATE_MS).
+        await client.update_session(session("low", after_speech_ms=2000, pause_ms=2000))
         start, reply = await talk(client, pcm)
     said = [e for e in client.events if e["type"] == BACKCHANNEL]
-    assert said, timeline(client, start)
+    outcomes = {dict(k)["outcome"]: v for k, v in server.runtime.metrics.backchannels.values.items()}
+    assert said, f"pauses by outcome {outcomes}\n" + timeline(client, start)
     for e in said:
         # In a pause of the speech (where the VAD heard it end), and Piper's voice.
         assert any(a - 300 <= e["audio_start_ms"] <= b for a, b in pauses), (e["audio_start_ms"],
