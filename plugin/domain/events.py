@@ -333,6 +333,23 @@ class Envelope:
 
 
 @dataclass(frozen=True)
+class OutputAudioBackchannel(ServerEvent):
+    """Extension (``session.audio.output.backchannels``): the engine says a
+    short acknowledgement while the user holds the floor -- ``audio`` (the
+    whole clip, in the session's output format) to play now, ``transcript``
+    its words. It is no response and no conversation item: the user's turn
+    goes on. ``audio_start_ms``: where in the input audio the pause it fills
+    began (session/backchannel.py); ``duration_ms``: how long the clip plays."""
+
+    type: ClassVar[str] = "duplex.output_audio.backchannel"
+    backchannel_id: str
+    audio: bytes
+    transcript: str
+    audio_start_ms: int
+    duration_ms: int  # of the clip
+
+
+@dataclass(frozen=True)
 class OutputAudioResumed(ServerEvent):
     """Extension (adaptive interruptions): the speech that paused the reply
     was a backchannel or noise, so the reply goes on. The audio deltas after

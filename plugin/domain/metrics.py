@@ -174,6 +174,9 @@ class Metrics:
         self.speculations = c("duplex_speculations_total",
                               "Replies started at a pause, and whether they were used (released "
                               "when the final transcript confirmed their words) or discarded")
+        self.backchannels = c("duplex_backchannels_total",
+                              "The engine's own backchannels (session/backchannel.py): said, "
+                              "or a pause they could fill not filled, by outcome (why)")
         self.visible_revisions = c("duplex_visible_revisions_total",
                                    "Replies the client saw start that were then cancelled because "
                                    "the words they answered changed (the final transcript revised them)")

@@ -307,6 +307,25 @@ class SpeechDone:
 
 
 @dataclass(frozen=True)
+class BackchannelText:
+    """To a TTS stage: the clip of a backchannel phrase ("Mm-hmm."), made once
+    per voice and kept (session/backchannel.py). ``play``: answer with
+    ``BackchannelAudio``; False only makes sure the clip is ready."""
+
+    text: str
+    play: bool = True
+
+
+@dataclass(frozen=True)
+class BackchannelAudio:
+    """A TTS stage's clip of a backchannel phrase: int16 PCM at ``rate``."""
+
+    text: str
+    pcm: np.ndarray
+    rate: int = INTERNAL_RATE
+
+
+@dataclass(frozen=True)
 class StageFailed:
     error: DuplexError
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from vllm_duplex.domain.contracts import Capabilities
 from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain.backchanneling import Backchanneling
 from vllm_duplex.domain.interruption import PACED, Interruption, OutputPacing
 from vllm_duplex.domain.mcp import redacted
 from vllm_duplex.domain.truncation import Truncation
@@ -141,6 +142,7 @@ class SessionPatch:
     max_output_tokens: Any = _UNSET
     interruption: Any = _UNSET  # Interruption (duplex extension)
     pacing: Any = _UNSET  # OutputPacing (duplex extension)
+    backchannels: Any = _UNSET  # Backchanneling | None (duplex extension; None: off)
     truncation: Any = _UNSET  # Truncation
     tracing: Any = _UNSET  # Tracing | None (None: no trace)
 
@@ -199,6 +201,7 @@ class SessionConfig:
     max_output_tokens: int | None = None  # None means "inf"
     interruption: Interruption = Interruption()
     pacing: OutputPacing = OutputPacing()
+    backchannels: Backchanneling | None = None  # off: the engine says nothing while the user talks
     truncation: Truncation = Truncation()
     tracing: Tracing | None = None  # off, as OpenAI's default
 
@@ -256,6 +259,8 @@ def session_wire(
                 "voice": config.voice,
                 "speed": config.speed,
                 "pacing": config.pacing.wire(),  # duplex extension
+                # duplex extension (session/backchannel.py)
+                "backchannels": config.backchannels.wire() if config.backchannels else None,
             },
         },
         "tools": [redacted(t) for t in config.tools],

@@ -40,6 +40,7 @@ class CarriesAsks:
     floor: Any
     out: Any
     mcp: Any
+    backchannels: Any
     input: Any
     user: Any
     _config: Any
@@ -118,6 +119,7 @@ class CarriesAsks:
     def _dismiss(self, a: policy_steps.Dismiss, about: StageOutput | None) -> Steps:
         self.input.clear()
         self.user.dismiss()
+        self.carry(self.backchannels.turn_ended())  # no turn: the next speech begins one
         words = getattr(about.payload, "text", "") if about is not None else ""
         return self.floor.dismiss(a.reason, words)
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from vllm_duplex.domain import commands as cmd
 from vllm_duplex.domain import events as ev
+from vllm_duplex.domain.backchanneling import Backchanneling
 from vllm_duplex.domain.close_reason import CloseReason
 from vllm_duplex.domain.contracts import AppendPlan, FenceBump
 from vllm_duplex.domain.conversation import ConversationItem
@@ -45,10 +46,19 @@ from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.gate import FenceGate
 from vllm_duplex.domain.metrics import Metrics
-from vllm_duplex.domain.payloads import AsrConfig, ContextMessage, StageFailed, StageOutput, ToolCall
+from vllm_duplex.domain.payloads import (
+    AsrConfig,
+    BackchannelAudio,
+    ContextMessage,
+    StageFailed,
+    StageOutput,
+    ToolCall,
+    VadSpeechStarted,
+    VadSpeechStopped,
+)
 from vllm_duplex.domain.session_config import SessionConfig, session_wire, updated_config
 from vllm_duplex.policy import ModelPolicy
-from vllm_duplex.session import barge_in, hearing, idle, lifetime, pacing, turn_end
+from vllm_duplex.session import backchannel, barge_in, hearing, idle, lifetime, pacing, turn_end
 from vllm_duplex.session.carrying import CarriesAsks
 from vllm_duplex.session.client_commands import COMMANDS, ClientCommands
 from vllm_duplex.session.decisions import OutputChain
@@ -104,6 +114,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         extra_wire: dict[str, Any] | None = None,
         make_id: Callable[[str], str] = new_id,
         asr_languages: frozenset[str] | None = None,
+        says_clips: bool | None = None,
     ) -> None:
         self.session_id = session_id
         self.policy = policy
@@ -125,6 +136,8 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         # The transcription prompt reaches an ASR stage where the policy routes one.
         self._asr_configurable = any(issubclass(AsrConfig, kinds) for kinds in needs.sends.values())
         self._asr_languages = asr_languages  # what the ASR hears (None: any)
+        # Whether the pipeline's TTS stage makes backchannel clips (None: one named "tts" does).
+        self._says_clips = backchannel.STAGE in self.stage_names if says_clips is None else says_clips
         self._policy_state = policy.new_state()
         self.out = EffectLog(self.gate, now)
         self.conversation = ItemStore(limits.max_items)
@@ -137,6 +150,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         self.latency = TurnLatency(metrics.stage_latency, metrics.critical_path)
         self.pauses = Pauses(latency=self.latency, metrics=metrics, session_id=session_id)
         self.idle = idle.IdleTimer()  # server_vad's idle_timeout_ms
+        self.backchannels = backchannel.Backchannels(make_id, metrics)  # the engine's "mm-hmm"
         # The turn's phase and the one reply (held or shown).
         self.floor = Floor(self.out, self.fences, config=config, metrics=metrics,
                            generator=self._generator,
@@ -156,6 +170,8 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
             pacing.PACING: lambda: self.carry(self.floor.send_due()),
             barge_in.BARGE_IN: lambda: self.carry(self.floor.barge_in_due()),
             idle.IDLE: self._idle_due,
+            backchannel.TIMER: lambda: self.carry(self.backchannels.due(
+                self.now, **self._backchannel_state())),
             lifetime.WARNING: lambda: self.emit(lifetime.warning(self.limits)),
             lifetime.END: self._expired}
 
@@ -202,12 +218,14 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         admitted."""
         self.out.now = self.out.received_at = now
         self._check_hearing(self._config)
+        backchannel.check(self._config, self._says_clips)
         self.emit(ev.SessionCreated(session=self.session_object(), resume_token=resume_token))
         self.carry(self.mcp.configure(self._config, starting=True))  # its MCP servers are listed
         if self._config.turn_detection is not None:
             self.execute(self.policy.plan_append(self, self.user.vad_config(self._config)))
         self._configure_asr(AsrConfig())
         self.carry(lifetime.arm(self.limits, now))
+        self.carry(backchannel.prepare(None, self._config, self.gate.fence))
         return self._take()
 
     def handle(self, message: object, now: float, received_at: float | None = None) -> list[Effect]:
@@ -297,6 +315,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         for err in errors:  # e.g. an odd PCM16 byte count: reported, the turn is kept
             self.error(err)
         item, committed = self.user.commit(audio, self.input.written_ms)
+        self.carry(self.backchannels.turn_ended())
         self.latency.committed(self.out.now)
         previous = self.conversation.insert(item)
         self.emit(ev.InputAudioBufferCommitted(item_id=item.id, previous_item_id=previous))
@@ -309,6 +328,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
     def _on_update(self, c: cmd.SessionUpdate) -> None:
         old, new = self._config, updated_config(self._config, c.patch, self.caps, self.policy.name)
         self._check_hearing(new)  # refused whole: the old config stays
+        backchannel.check(new, self._says_clips)
         self.input.set_echo_cancellation(new.echo_cancellation, new.output_format)  # (or refused)
         self._config = self.floor.config = new
         self.input.set_format(new.input_format)
@@ -316,6 +336,7 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         if new.turn_detection is not None and new.turn_detection != old.turn_detection:
             self.execute(self.policy.plan_append(self, self.user.vad_config(new)))
         self._configure_asr(hearing.asr_config(old))
+        self.carry(backchannel.prepare(old.backchannels, new, self.gate.fence))
         self.emit(ev.SessionUpdated(session=self.session_object()))
         self.carry(self.mcp.configure(self._config))
 
@@ -354,7 +375,42 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         self.carry(self.commands.handle(c, self._config))
 
     def _on_stage_output(self, out: StageOutput) -> None:
+        if type(out.payload) is BackchannelAudio:  # the engine's own: no reply, no policy
+            if self.gate.admit(out):
+                self.carry(self.backchannels.clip(
+                    out.payload, self._config.output_format, replying=self.floor.reply is not None))
+            return
         self.carry(self.chain.walk(out, self._config, self.now))
+        self._hear_for_backchannels(out.payload)
+
+    # ---- the engine's backchannels (backchannel.py) ------------------------------
+
+    def _backchanneling(self) -> Backchanneling | None:
+        """The session's backchannel settings where they apply: a session that
+        speaks, with a semantic end of turn to say the user is not done."""
+        c = self._config
+        td = c.turn_detection
+        if (c.backchannels is None or not c.responds or "audio" not in c.output_modalities
+                or td is None or not td.semantic):
+            return None
+        return c.backchannels
+
+    def _backchannel_state(self) -> dict[str, Any]:
+        return {"settings": self._backchanneling(), "replying": self.floor.reply is not None,
+                "fence": self.gate.fence}
+
+    def _hear_for_backchannels(self, payload: object) -> None:
+        """What a backchannel waits on, after the chain took the output: the
+        VAD's onsets and held pauses, and the pause's judgement."""
+        kind, bc = type(payload), self.backchannels
+        if kind is VadSpeechStarted:
+            self.carry(bc.speech_started(payload.audio_ms))  # type: ignore[attr-defined]
+        elif kind is VadSpeechStopped and self.pause.pausing:
+            self.carry(bc.paused(payload.audio_ms, self.now,  # type: ignore[attr-defined]
+                                 self._backchanneling()))
+        if bc.pending and (p := self.pause.decider.judged) is not None:
+            d = self.pause.decider
+            self.carry(bc.judged(p, d.heard_text or d.text, self.now, **self._backchannel_state()))
 
     def _idle_due(self) -> None:
         """The idle timeout passed in silence: the user is prompted to go on."""

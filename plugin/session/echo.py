@@ -143,6 +143,9 @@ class EchoPath:
             event = effect.envelope.event
             if type(event) is ev.OutputAudioDelta:
                 self.playback.sent(event.item_id, self._decode(event.item_id, event.delta), at)
+            elif type(event) is ev.OutputAudioBackchannel:  # the engine's "mm-hmm" echoes too
+                self.playback.sent(event.backchannel_id,
+                                   self._decode(event.backchannel_id, event.audio), at)
             elif type(event) is ev.ConversationItemTruncated:
                 self.playback.truncated(event.item_id, event.audio_end_ms)
 

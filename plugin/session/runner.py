@@ -39,12 +39,13 @@ from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.gate import FenceGate
 from vllm_duplex.domain.metrics import Metrics
-from vllm_duplex.domain.payloads import StageOutput, VideoFrame
+from vllm_duplex.domain.payloads import BackchannelText, StageOutput, VideoFrame
 from vllm_duplex.domain.session_config import SessionConfig
 from vllm_duplex.policy import ModelPolicy
 from vllm_duplex.replay.journal import Journal, JournalBudget, Replay
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.replay.outbox import Attachment, DurableMark, Outbox, OutboxLimits
+from vllm_duplex.session.backchannel import STAGE
 from vllm_duplex.session.coalesce import merge_queued
 from vllm_duplex.session.core import SessionCore
 from vllm_duplex.session.effects import (
@@ -145,7 +146,8 @@ class DuplexSession:
         self.core = SessionCore(session_id, config=config, policy=policy,
                                 stage_names=self.pipeline.names, metrics=metrics,
                                 now=clock.now(), limits=limits, extra_wire=extra_wire,
-                                asr_languages=_languages_heard(stages))
+                                asr_languages=_languages_heard(stages),
+                                says_clips=_says_clips(stages))
         self.feed = StageFeed(self.pipeline, pause=lambda: self.mailbox.pause(Lane.DATA),
                               resume=lambda: self.mailbox.resume(Lane.DATA),
                               failed=self._feed_failed, name=f"duplex-feed-{session_id}")
@@ -475,6 +477,12 @@ class DuplexSession:
 
 async def _handed_back(messages: list[Any], *, go_on: bool) -> tuple[list[Any], bool]:
     return messages, go_on
+
+
+def _says_clips(stages: Sequence[Stage]) -> bool:
+    """Whether the TTS stage makes backchannel clips (session/backchannel.py)."""
+    return any(s.name == STAGE and issubclass(BackchannelText, getattr(s, "accepted", ()))
+               for s in stages)
 
 
 def _languages_heard(stages: Sequence[Stage]) -> frozenset[str] | None:

@@ -13,6 +13,7 @@ import binascii
 from collections.abc import Callable
 from typing import Any
 
+from vllm_duplex.domain import backchanneling as bc
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.interruption import (
     INTERRUPTION_MODES,
@@ -435,6 +436,40 @@ def _echo_cancellation(v: Any, p: str) -> str | None:
     return kind
 
 
+def _backchannels(v: Any, p: str) -> Any:
+    """Duplex extension ``session.audio.output.backchannels``: ``null`` (off,
+    the default) or ``{phrases, after_speech_ms, min_words, pause_ms,
+    min_interval_ms}`` (fields not given take their defaults,
+    domain/backchanneling.py): the engine says one of ``phrases`` at a pause
+    of a long turn the user has not finished (session/backchannel.py)."""
+    if v is None:
+        return None  # off
+    obj = _obj(v, p)
+    kw: dict[str, Any] = {}
+    for key in obj:
+        if key not in ("phrases", "after_speech_ms", "min_words", "pause_ms", "min_interval_ms"):
+            raise _bad(f"{p}.{key}", f"{p} has no field {key!r}")
+    phrases = obj.get("phrases")
+    if phrases is not None:
+        pp = f"{p}.phrases"
+        if not isinstance(phrases, list) or not 1 <= len(phrases) <= bc.MAX_PHRASES:
+            raise _bad(pp, f"{pp} must be a list of 1 to {bc.MAX_PHRASES} strings")
+        for i, w in enumerate(phrases):
+            if (not isinstance(w, str) or len(w.strip()) > bc.MAX_PHRASE_CHARS
+                    or not any(c.isalpha() for c in w)):
+                raise _bad(f"{pp}[{i}]", f"{pp}[{i}] must be a short phrase "
+                           f"(at most {bc.MAX_PHRASE_CHARS} characters, with a letter)")
+            _str(w, f"{pp}[{i}]")
+        kw["phrases"] = tuple(w.strip() for w in phrases)
+    for key, hi, lo in (("after_speech_ms", bc.MAX_AFTER_SPEECH_MS, 0), ("min_words", 1_000, 0),
+                        ("pause_ms", bc.MAX_PAUSE_MS, bc.MIN_PAUSE_MS),
+                        ("min_interval_ms", bc.MAX_INTERVAL_MS, 0)):
+        val = _bounded_int(obj.get(key), f"{p}.{key}", hi, lo=lo)
+        if val is not _MISSING:
+            kw[key] = val
+    return bc.Backchanneling(**kw)
+
+
 # GA session path -> (SessionPatch field or None, value parser).
 _SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], Any]]] = {
     ("model",): ("model", _str),
@@ -450,6 +485,7 @@ _SESSION_FIELDS: dict[tuple[str, ...], tuple[str | None, Callable[[Any, str], An
     ("audio", "output", "voice"): ("voice", _voice),
     ("audio", "output", "speed"): ("speed", _speed),
     ("audio", "output", "pacing"): ("pacing", _pacing),  # duplex extension
+    ("audio", "output", "backchannels"): ("backchannels", _backchannels),  # duplex extension
     ("interruption",): ("interruption", _interruption),  # duplex extension
     ("tools",): ("tools", _tools),
     ("tool_choice",): ("tool_choice", _tool_choice),

@@ -9,11 +9,16 @@ scheduler (``stages/scheduler.py``), as soon as it is complete; its audio goes
 out in ``chunk_ms`` chunks, then one ``SpeechDone`` per response. A cancel
 stops the piece being made (the subclass's ``synthesize`` is cancelled). How a
 piece becomes audio is the subclass's ``synthesize``.
+
+A ``BackchannelText`` ("Mm-hmm.") is answered with its whole clip
+(``BackchannelAudio``), made once per stage -- one voice -- and kept, so the
+engine's backchannels (session/backchannel.py) cost nothing when they are said.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +30,8 @@ from vllm_duplex.domain.clock import Clock
 from vllm_duplex.domain.payloads import (
     INTERNAL_RATE,
     AudioOut,
+    BackchannelAudio,
+    BackchannelText,
     EndOfText,
     GenerationDone,
     SpeechDone,
@@ -34,6 +41,8 @@ from vllm_duplex.domain.payloads import (
 from vllm_duplex.stages.port import FencedPort, StageBase, StagePort
 from vllm_duplex.stages.scheduler import CARRIERS, Urgency, cpu_scheduler
 from vllm_duplex.stages.speech.pieces import first_piece, next_piece
+
+log = logging.getLogger(__name__)
 
 _FLUSH: Any = object()  # "no more text" marker in a speech's work queue
 
@@ -61,7 +70,8 @@ class StreamingTtsStage(StageBase):
     chunks (``text`` = the piece they speak, on its first chunk) and one
     ``SpeechDone`` per response out."""
 
-    accepted = (TextDelta, GenerationDone, EndOfText)
+    accepted = (TextDelta, GenerationDone, EndOfText, BackchannelText)
+    max_clips: ClassVar[int] = 256  # backchannel clips kept (sessions may name their own)
     # The program the stage runs, checked on PATH at construction so a missing
     # one fails the deployment at start, not the first reply: a synthesizer
     # binary, or Piper's phonemizer.
@@ -88,6 +98,7 @@ class StreamingTtsStage(StageBase):
         # being made, all sessions together; threads start on first use). How
         # many pieces are made at once, and whose first, is the CPU scheduler's.
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"duplex-{name}")
+        self._clips: dict[str, asyncio.Task[np.ndarray]] = {}  # text -> its clip, made once
 
     def port(self, session_id: str) -> StagePort:
         return _SynthPort(self, session_id)
@@ -98,6 +109,19 @@ class StreamingTtsStage(StageBase):
         ``urgency`` / ``due_in_s``: who waits on it, and when it must be
         ready (the CPU scheduler's order; ``stages/scheduler.py``)."""
         raise NotImplementedError
+
+    async def clip(self, text: str) -> np.ndarray:
+        """``text``'s whole audio, made once (in the background: nobody waits
+        on a clip made ahead) and kept; sessions asking at once share one
+        synthesis, and a cancelled asker does not cancel it."""
+        key = sanitize(text)
+        task = self._clips.get(key)
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            while len(self._clips) >= self.max_clips:
+                del self._clips[next(iter(self._clips))]
+            task = self._clips[key] = asyncio.ensure_future(
+                self.synthesize(key, urgency=Urgency.BACKGROUND))
+        return await asyncio.shield(task)
 
     def shutdown_workers(self) -> None:
         """Stop the worker threads (idempotent; ports must be closed first).
@@ -118,6 +142,9 @@ class _SynthPort(FencedPort):
 
     async def _handle(self, item: StageInput) -> None:
         payload = item.payload
+        if type(payload) is BackchannelText:
+            self._spawn(item, lambda: self._backchannel(item, payload))
+            return
         rid: str = payload.response_id
         speech = self._speeches.get(rid)
         if speech is None and rid in self._finished:
@@ -147,6 +174,22 @@ class _SynthPort(FencedPort):
             while len(self._finished) > 64:
                 del self._finished[next(iter(self._finished))]
             speech.work.put_nowait((item, _FLUSH))
+
+    async def _backchannel(self, item: StageInput, said: BackchannelText) -> None:
+        """A backchannel's clip; one that cannot be made is no backchannel
+        (logged, counted), never a failure of the reply the session may be
+        about to make."""
+        stage = self._stage
+        try:
+            pcm = await stage.clip(said.text)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("stage %s could not make the clip %r", self.name, said.text)
+            stage.failed_requests += 1
+            return
+        if said.play and pcm.size:
+            await self._emit(item.fence, item.request_id, BackchannelAudio(said.text, pcm, stage.rate))
 
     def _forget(self, rid: str, speech: _Speech) -> None:
         if self._speeches.get(rid) is speech:

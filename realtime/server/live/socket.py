@@ -277,11 +277,12 @@ class LiveSocket:
                 if cancel is not None:
                     with contextlib.suppress(DuplexError):  # the session is ending
                         port.deliver(cancel)
-                text = self.codec.render(item)
-                if text is not None:
+                texts = self.codec.frames(item)
+                for text in texts:
                     await self._send(text)
                 if self.line is not None:
-                    self.line.share(item, text)
+                    for text in texts or [None]:  # the reply's audio is reflected even unsent
+                        self.line.share(item, text)
                 for run in self.codec.decisions.take_runs():  # triggers this event fired
                     if self.decider is not None:
                         self.decider.offer(run)

@@ -27,6 +27,10 @@ What differs from Realtime, and where it is decided:
   The server paces the audio (the shell opens the session played here), so
   a barge-in stops what the client plays within the pacer's lead. A reply's
   end has no event of its own; ``session.usage.updated`` follows each one.
+- The engine's own backchannels ("Mm-hmm." while the user talks at length;
+  the duplex extension ``session.audio.output.backchannels``, which GPT-Live's
+  config lacks) are on the same timeline: their audio and transcript
+  fragments (``frames``), as a reply's are.
 - Appended instructions and thinking are system items of the conversation
   (``appends.py``); a delegation config is accepted where it means what this
   engine does (``delegation.py``). What each client event gets is one table,
@@ -295,7 +299,13 @@ class LiveCodec:
             self._check_format(fmt)
             audio_in["format"] = audio_out["format"] = {"type": fmt["type"], "rate": fmt["rate"]}
             self.silence = _SILENCE[fmt["type"]]
-        voice = (audio.get("output") or {}).get("voice")
+        output = audio.get("output") or {}
+        if not isinstance(output, dict):
+            raise DuplexError("invalid_value", "session.audio.output must be an object",
+                              param="session.audio.output")
+        if "backchannels" in output:  # duplex extension (realtime/wire/fields.py)
+            audio_out["backchannels"] = output["backchannels"]
+        voice = output.get("voice")
         if isinstance(voice, dict):
             raise DuplexError("unsupported_option", "custom voices are not supported; "
                               "name a built-in voice", param="session.audio.output.voice")
@@ -337,6 +347,20 @@ class LiveCodec:
         if self._t0 is None:
             self._t0 = now
         return max(0, int((now - self._t0) * 1000))
+
+    def frames(self, item: Envelope) -> list[str]:
+        """Every GPT-Live frame of ``item``: ``render``'s, or a backchannel's
+        two -- its audio, then its transcript fragment."""
+        e = item.event
+        if isinstance(e, ev.OutputAudioBackchannel):
+            start = self.now_ms()
+            audio = _encode({"type": "session.output_audio.delta",
+                             "delta": base64.b64encode(e.audio).decode("ascii")})
+            said = self._frame("session.output_transcript.delta", delta=e.transcript,
+                               start_ms=start, end_ms=start + e.duration_ms)
+            return [audio, said]
+        text = self.render(item)
+        return [] if text is None else [text]
 
     def render(self, item: Envelope) -> str | None:
         e = item.event
