@@ -133,11 +133,8 @@ def test_g711_format_and_blank_instructions():
     ({"model": "gpt-live-1", "delegation": {"type": "decisions", "decisions": {}}},
      "unsupported_option", "session.delegation.type"),
     ({"model": "gpt-live-1", "delegation": {"type": "responses", "responses": {
-        "model": "gpt-5", "tools": [{"type": "function", "name": "f", "parameters": {}}]}}},
-     "unsupported_option", "session.delegation.responses.tools"),
-    ({"model": "gpt-live-1", "delegation": {"type": "responses", "responses": {
-        "model": "gpt-5", "instructions": "Use the CRM."}}},
-     "unsupported_option", "session.delegation.responses.instructions"),
+        "model": "gpt-5", "tools": [{"type": "web_search"}]}}},
+     "unsupported_option", "session.delegation.responses.tools[0].type"),
     ({"model": "gpt-live-1", "store": True}, "unsupported_option", "session.store"),
     ({"model": "gpt-live-1", "input": [{"role": "user", "content": [{"text": "hi"}]}]},
      "unsupported_option", "session.input"),

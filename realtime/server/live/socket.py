@@ -11,6 +11,11 @@ dialect's few rules, kept here:
   frame it gets and has no ``output_audio_buffer.clear`` or truncate; pacing
   is what makes a barge-in stop the voice the client hears.
 - Mute and unmute are the codec's gate, acknowledged on the wire at once.
+- One client event may be several commands (``LiveCommands``: an answer to
+  a delegation and the reply it asks for), and one session event several
+  GPT-Live events (``render_all``); a reply the codec asked for while
+  another was shown is delivered when the writer has seen that one end
+  (``LiveCodec.due``).
 - There is no resume: a GPT-Live reconnect is a new session (the SDK and
   LiveKit start one), so when the socket ends, the session ends with it.
 """
@@ -29,6 +34,7 @@ from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.port.session_port import SessionPort
 from vllm_duplex.realtime.server.websocket_frames import next_frame
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveStart
+from vllm_duplex.realtime.wire.live.delegated import LiveCommands
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +110,8 @@ class LiveSocket:
                                   param="type", event_id=command.event_id)
             if isinstance(command, LiveAck):
                 return self.codec.render_ack(command)
-            port.deliver(command)
+            for one in command.commands if isinstance(command, LiveCommands) else (command,):
+                port.deliver(one)
             return None
         except DuplexError as err:
             self.sessions.count_error(err.code)
@@ -133,9 +140,13 @@ class LiveSocket:
         session = port.session
         try:
             async for item in port.events():
-                text = self.codec.render(item)
-                if text is not None:
+                for text in self.codec.render_all(item):
                     await self._send(text)
+                for command in self.codec.due():
+                    try:
+                        port.deliver(command)
+                    except DuplexError as err:  # the session is closing: nothing to ask of it
+                        log.debug("live: %s not delivered: %s", type(command).__name__, err)
             reason = session.close_reason or CloseReason.CLIENT
             await self.ws.close(code=reason.code, reason=reason.value)
         except Exception:  # the socket went away under us; the reader will notice

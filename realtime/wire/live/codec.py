@@ -28,9 +28,15 @@ What differs from Realtime, and where it is decided:
   a barge-in stops what the client plays within the pacer's lead. A reply's
   end has no event of its own; ``session.usage.updated`` follows each one.
 - Appended instructions and thinking are system items of the conversation
-  (``appends.py``); a delegation config is accepted where it means what this
-  engine does (``delegation.py``). What each client event gets is one table,
-  ``client_events.py``.
+  (``appends.py``). A delegation config becomes the session's tools and
+  instructions (``delegation.py``): the backend is this engine's own LLM,
+  and a reply that calls a tool is the delegation, rendered as GPT-Live's
+  delegation events; the client's answers (``response.item.create``,
+  ``response.create``, ``session.commentary.append``) are the session's
+  items and replies (``delegated.py``: one client event may be several
+  commands, ``LiveCommands``, and a reply asked for while another is shown
+  is delivered when it ends, ``due``). What each client event gets is one
+  table, ``client_events.py``.
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.realtime.wire.live.appends import APPENDS, Appends
-from vllm_duplex.realtime.wire.live.delegation import check_delegation
+from vllm_duplex.realtime.wire.live.delegated import Delegations, LiveCommands
+from vllm_duplex.realtime.wire.live.delegation import check_delegation, realtime_fields
 from vllm_duplex.realtime.wire.live.client_events import (
     HANDLED,
     LIVE_MODELS,
@@ -107,12 +114,23 @@ class LiveCodec:
         self._prefix = "event_live_" + secrets.token_hex(4)  # unique per connection
         self._counter = 0
         self._last_session: dict[str, Any] | None = None  # for session.closed's snapshot
-        self._delegation: dict[str, Any] | None = None  # as accepted (delegation.py)
-        self._appends = Appends(self._realtime)
+        self._instructions: str | None = None  # the Live instructions (the backend prompt is added)
+        self._delegations = Delegations(self._realtime, now_ms=self.now_ms,
+                                        owe=lambda *owed: self._appends.owe(*owed))
+        self._appends = Appends(self._realtime, self._delegations.check_delegation_id)
+
+    @property
+    def _delegation(self) -> dict[str, Any] | None:
+        """The delegation config as accepted (``delegation.py``)."""
+        return self._delegations.config
+
+    @_delegation.setter
+    def _delegation(self, value: dict[str, Any] | None) -> None:
+        self._delegations.config = value
 
     # ---- parse -------------------------------------------------------------------------
 
-    def parse(self, frame: str | bytes) -> Command | LiveStart | LiveAck:
+    def parse(self, frame: str | bytes) -> Command | LiveCommands | LiveStart | LiveAck:
         obj = self._object(frame)
         raw_eid = obj.get("event_id")
         eid = raw_eid if isinstance(raw_eid, str) else None
@@ -154,9 +172,13 @@ class LiveCodec:
             if not isinstance(session, dict):
                 raise DuplexError("invalid_value", "session must be an object", param="session")
             self._refuse_fields(session, ("triggers",))
-            self._update_delegation(session.get("delegation"))
+            patch = SessionPatch()
+            if session.get("delegation") is not None:
+                self._update_delegation(session.get("delegation"))
+                patch = self._realtime.session_patch(
+                    {"type": "realtime", **realtime_fields(self._delegation, self._instructions)})
             self._update_eids.append(eid)
-            return SessionUpdate(patch=SessionPatch(), event_id=eid)
+            return SessionUpdate(patch=patch, event_id=eid)
         if kind == "session.input_audio.append":
             audio = obj.get("audio")
             if not isinstance(audio, str):
@@ -175,6 +197,8 @@ class LiveCodec:
                            else "session.input_audio.unmuted", event_id=eid)
         if kind in APPENDS:
             return self._appends.parse(kind, obj, eid)
+        if kind in ("session.commentary.append", "response.create", "response.item.create"):
+            return self._delegations.parse(kind, obj, eid)
         assert kind == "session.close"
         return SessionClose(event_id=eid)
 
@@ -218,7 +242,8 @@ class LiveCodec:
                 raise DuplexError("invalid_value", "session.instructions must be a string",
                                   param="session.instructions")
             if instructions.strip():  # blank means the server's default, as GPT-Live says
-                doc["instructions"] = instructions
+                doc["instructions"] = self._instructions = instructions
+        doc.update(realtime_fields(self._delegation, self._instructions))
         audio_in: dict[str, Any] = {"turn_detection": dict(_TURN), "transcription": {}}
         audio_out: dict[str, Any] = {}
         audio = raw.get("audio") or {}
@@ -269,6 +294,21 @@ class LiveCodec:
         if self._t0 is None:
             self._t0 = now
         return max(0, int((now - self._t0) * 1000))
+
+    def render_all(self, item: Envelope) -> list[str]:
+        """Every GPT-Live event one session event means: the delegation's
+        (``delegated.py``), then ``render``'s."""
+        e = item.event
+        if isinstance(e, ev.ErrorEvent) and self._delegations.refused(e.error):
+            return []
+        frames = [self._frame(f.pop("type"), **f) for f in self._delegations.render(e)]
+        one = self.render(item)
+        return frames if one is None else [*frames, one]
+
+    def due(self) -> list[Command]:
+        """Commands the shell delivers now: replies asked for on the client's
+        behalf that waited for the one shown to end (``delegated.py``)."""
+        return self._delegations.due()
 
     def render(self, item: Envelope) -> str | None:
         e = item.event
@@ -344,8 +384,12 @@ class LiveCodec:
             "delegation": self._delegation,
             "store": False,
         }
-        if session.get("instructions"):
-            out["instructions"] = session["instructions"]
+        text = session.get("instructions") or ""
+        backend = ((self._delegation or {}).get("responses") or {}).get("instructions")
+        if backend and text.endswith(backend):  # the backend prompt is the delegation's
+            text = text[:-len(backend)].rstrip()
+        if text:
+            out["instructions"] = text
         return out
 
     def render_error(self, err: DuplexError, fence: Fence | None = None) -> str:
