@@ -168,6 +168,7 @@ def test_a_tool_call_is_a_delegation_and_its_continuation_is_spoken():
     assert isinstance(go, LiveCommands)
     [ask] = go.commands
     assert isinstance(ask, ResponseCreate)
+    assert ask.options.tool_choice == "none"  # "required" was the delegating turn's
 
     # the continuation: the engine's reply tagged with the delegation, spoken
     answer = reply("resp_2", metadata=ask.options.metadata)
@@ -273,3 +274,25 @@ def test_a_responses_delegation_refuses_a_delegation_id():
         c.parse(json.dumps({"type": "session.instructions.append", "content": "x",
                             "delegation_id": "deleg_1"}))
     assert err.value.param == "delegation_id"
+
+
+def test_the_calls_of_a_run_cut_short_are_void():
+    """A barge-in cuts the run that called: its calls take no output, and a
+    later ``response.create`` is not held up by them."""
+    c, _ = started(delegation=RESPONSES)
+    voice = reply("resp_1")
+    frames = []
+    for event in [voice.start_events()[0],
+                  *voice.on_tool_call(ToolCall("resp_1", "call_1", "get_weather", "{}"))[1],
+                  *voice.finish(ResponseStatus.CANCELLED,
+                                ResponseTimes(created_at=0.0, turn_end_at=None),
+                                {"type": "cancelled", "reason": "turn_detected"})]:
+        frames += render(c, event)
+    end = nested(frames)[-1]
+    assert end["type"] == "response.failed" and "turn_detected" in end["response"]["error"]["message"]
+    with pytest.raises(DuplexError) as err:
+        c.parse(ResponseItemCreateEvent(type="response.item.create", item={
+            "type": "function_call_output", "call_id": "call_1", "output": "x"}).to_json())
+    assert err.value.param == "item.call_id"
+    go = c.parse(ResponseCreateEvent(type="response.create").to_json())
+    assert isinstance(go.commands[0], ResponseCreate)

@@ -155,7 +155,9 @@ class Delegations:
             item = self._parse_item({"type": "message", "role": "system",
                                      "content": [{"type": "input_text", "text": text}]}, eid)
         self._owe(item.item.id, "session.commentary.appended", eid)
-        return LiveCommands((item, *self._respond(ResponseOptions(), eid)))
+        # The voice relays it: a reply in words, no new task (tools offered
+        # here, a small model writes calls into what it says).
+        return LiveCommands((item, *self._respond(ResponseOptions(tool_choice="none"), eid)))
 
     def _item(self, raw: Any, eid: str | None) -> ItemCreate:
         if not isinstance(raw, dict):
@@ -216,7 +218,13 @@ class Delegations:
                 self._by_call.pop(call_id, None)
             ready.calls.clear()
             ready.running = True
-        options = ResponseOptions(metadata={_TAG: ready.id if ready else ""})
+        # A forced choice ("required", a named function) is the delegating
+        # turn's: the continuation, whose context ends with the results,
+        # answers in words (forced again, it would call again forever).
+        choice = self._backend().get("tool_choice")
+        forced = choice == "required" or isinstance(choice, dict)
+        options = ResponseOptions(metadata={_TAG: ready.id if ready else ""},
+                                  tool_choice="none" if forced else None)
         return LiveCommands(tuple(self._respond(options, eid)))
 
     def _respond(self, options: ResponseOptions, eid: str | None) -> list[ResponseCreate]:
@@ -332,8 +340,13 @@ class Delegations:
         run = self._runs.pop(response["id"], None)
         if run is None or (run.delegation is None and not run.created):
             return []
+        status = response.get("status")
         if run.delegation is not None:
             run.delegation.running = False
+            if status != "completed":  # a run cut or failed: its calls are void, as GPT-Live's
+                for call_id in run.delegation.calls:
+                    self._by_call.pop(call_id, None)
+                run.delegation.calls.clear()
         out: list[dict[str, Any]] = []
         if run.delegation is None or run.delegation.target == "responses":
             if run.delegation is None or not run.delegation.calls:
@@ -344,7 +357,6 @@ class Delegations:
                                            item={**msg, "status": "in_progress", "content": []}),
                                 self._wrap(run, "response.output_item.done", output_index=i,
                                            item=msg)]
-            status = response.get("status")
             kind = {"completed": "response.completed",
                     "incomplete": "response.incomplete"}.get(status, "response.failed")
             out.append(self._wrap(run, kind, response=self._snapshot(response, status)))
