@@ -53,9 +53,9 @@ class Clock:
         return self.t
 
 
-def started(clock: Clock | None = None, **session) -> tuple[LiveCodec, LiveStart]:
+def started(clock: Clock | None = None, default: str = "", **session) -> tuple[LiveCodec, LiveStart]:
     c = LiveCodec(max_event_bytes=1 << 20, model_aliases={"smollm2": "smollm2"},
-                  clock=clock or Clock())
+                  clock=clock or Clock(), default_instructions=default)
     raw = {"type": "session.start", "session": {"model": "gpt-live-1", **session}}
     with contextlib.suppress(pydantic.ValidationError):  # a valid one is as the SDK sends it
         raw = json.loads(SessionStartEvent(type="session.start", session=SessionConfig(
@@ -107,6 +107,14 @@ def test_responses_tools_and_backend_prompt_become_the_sessions():
     update = c.parse(json.dumps({"type": "session.update", "session": {"delegation": {
         "type": "responses", "responses": {"tools": [], "tool_choice": "auto"}}}}))
     assert isinstance(update, SessionUpdate) and update.patch.tools == ()
+
+
+def test_the_backend_prompt_follows_the_servers_instructions_when_the_client_sent_none():
+    _, cmd = started(default="You are a helpful voice assistant.", delegation=RESPONSES)
+    assert cmd.patch.instructions == ("You are a helpful voice assistant.\n\n"
+                                      "Call get_weather for weather questions.")
+    _, cmd = started(default="You are a helpful voice assistant.")
+    assert cmd.patch.get("instructions") in (None, "You are a helpful voice assistant.")
 
 
 @pytest.mark.parametrize("responses, param", [

@@ -44,7 +44,8 @@ class LiveSocket:
         self.sessions = sessions
         self.ws = ws
         self.codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
-                               model_aliases=sessions.model_aliases, clock=sessions.now)
+                               model_aliases=sessions.model_aliases, clock=sessions.now,
+                               default_instructions=sessions.session_config().instructions)
         self._send_lock = asyncio.Lock()
 
     async def _send(self, text: str) -> None:

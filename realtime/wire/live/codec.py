@@ -96,7 +96,7 @@ class LiveAck:
 
 class LiveCodec:
     def __init__(self, *, max_event_bytes: int, model_aliases: Mapping[str, str],
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], default_instructions: str = "") -> None:
         self.max_event_bytes = max_event_bytes
         served = set(model_aliases.values())
         aliases = dict(model_aliases)
@@ -114,7 +114,8 @@ class LiveCodec:
         self._prefix = "event_live_" + secrets.token_hex(4)  # unique per connection
         self._counter = 0
         self._last_session: dict[str, Any] | None = None  # for session.closed's snapshot
-        self._instructions: str | None = None  # the Live instructions (the backend prompt is added)
+        # The Live instructions, else the server's (the backend prompt follows them).
+        self._instructions: str | None = default_instructions or None
         self._delegations = Delegations(self._realtime, now_ms=self.now_ms,
                                         owe=lambda *owed: self._appends.owe(*owed))
         self._appends = Appends(self._realtime, self._delegations.check_delegation_id)
