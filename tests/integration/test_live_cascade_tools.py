@@ -10,6 +10,7 @@ the result. Every frame is validated by the SDK's models
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -77,7 +78,7 @@ async def test_a_spoken_question_is_delegated_and_the_result_is_spoken(server):
         assert [c["name"] for c in calls] == ["get_weather"]
         city = json.loads(calls[0]["arguments"])["city"]
         assert "paris" in city.lower()  # the function runs with what the user asked
-        answered_at = mic.say(np.zeros(0, np.int16))
+        answered_at = time.monotonic()
         await conn.response.item.create(item={
             "type": "function_call_output", "call_id": calls[0]["call_id"],
             "output": "Sunny, 18 degrees."})

@@ -26,7 +26,6 @@ from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.payloads import ToolCall
-from vllm_duplex.domain.session_config import AudioEncoding, AudioFormat
 from vllm_duplex.realtime.wire.live.codec import LiveCodec, LiveStart
 from vllm_duplex.realtime.wire.live.delegated import LiveCommands
 from vllm_duplex.realtime.wire.live.delegation import DELEGATE_TOOL
