@@ -22,7 +22,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 async def results(tmp_path_factory):
     wav = write_wav(tmp_path_factory.mktemp("livekit_live") / "utterance.wav", utterance())
     async with serve() as server:
-        return await run_driver("livekit_live_driver", server.http_url, "--audio", str(wav))
+        return await run_driver("livekit_live_driver", server.http_url, "--audio", str(wav),
+                                "--scenarios", "conversation,mute")
 
 
 async def test_its_defaults_start_a_session(results):

@@ -46,3 +46,21 @@ def live_event(frame: str) -> BaseModel:
     event = model.model_validate(raw, strict=False)
     _no_extras(event, raw["type"])
     return event
+
+
+def _responses_models() -> dict[str, type[BaseModel]]:
+    from openai.types.responses import ResponseStreamEvent
+    return _by_type(ResponseStreamEvent)
+
+
+RESPONSES_MODELS: dict[str, type[BaseModel]] = _responses_models()
+
+
+def responses_event(raw: dict[str, Any]) -> BaseModel:
+    """A ``response.event``'s nested event as the SDK's model of its
+    Responses stream event type, strictly: no field the SDK does not define."""
+    model = RESPONSES_MODELS.get(raw.get("type"))
+    assert model is not None, f"not a Responses stream event: {raw.get('type')!r}"
+    event = model.model_validate(raw, strict=False)
+    _no_extras(event, raw["type"])
+    return event

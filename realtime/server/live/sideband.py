@@ -35,6 +35,7 @@ from vllm_duplex.realtime.server.live.lines import MAX_QUEUED, LiveLine, LiveLin
 from vllm_duplex.realtime.server.websocket_frames import next_frame
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, LiveStart
 from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
+from vllm_duplex.realtime.wire.live.delegated import each_command
 
 log = logging.getLogger(__name__)
 
@@ -132,4 +133,5 @@ class LiveSideband:
             line.to_sidebands(line.codec.render_dtmf("transport.dtmf.sent", command.digit,
                                                      command.event_id))
             return
-        line.port.deliver(command)
+        for one in each_command(command):
+            line.port.deliver(one)

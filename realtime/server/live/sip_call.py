@@ -38,7 +38,11 @@ class LiveSipCall(SipCall):
     async def _follow(self, item: Envelope) -> None:
         await super()._follow(item)  # what the phone plays
         audio = isinstance(item.event, ev.OutputAudioDelta)  # reflected as the sideband's own
-        self.line.share(item, None if audio else self.line.codec.render(item))
+        if audio or isinstance(item.event, ev.OutputAudioBackchannel):  # the phone plays
+            self.line.share(item, None)
+            return
+        for text in self.line.codec.frames(item) or [None]:
+            self.line.share(item, text)
 
     def _notify(self, kind: str, **fields: Any) -> None:
         # Realtime's call notices: only a key the caller pressed has a

@@ -17,6 +17,11 @@ dialect's few rules, kept here:
 - A stored session (``store: true``) is saved when it starts, after each
   reply and when it ends; a fork (``fork_of``) starts from one, its
   ``session.start`` read as the overrides it is (``realtime/wire/live/forks.py``).
+- One client event may be several commands (``LiveCommands``: an answer to
+  a delegation and the reply it asks for), and one session event several
+  GPT-Live events (``LiveCodec.frames``); a reply the codec asked for while
+  another was shown is delivered when the writer has seen that one end
+  (``LiveCodec.due``).
 - There is no resume: a GPT-Live reconnect is a new session (the SDK and
   LiveKit start one), so when the socket ends, the session ends with it.
 - Decisions are evaluated beside the session, not in it: the codec makes a
@@ -53,6 +58,7 @@ from vllm_duplex.realtime.server.live.fixture import play_fixture
 from vllm_duplex.realtime.server.websocket_frames import next_frame
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, LiveStart
 from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
+from vllm_duplex.realtime.wire.live.delegated import each_command
 from vllm_duplex.realtime.wire.live.fixtures import FixturePlay
 from vllm_duplex.realtime.wire.live.forks import fork_start, stored_items
 
@@ -75,7 +81,8 @@ class LiveSocket:
         self._key: str | None = None
         self.codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
                                model_aliases=sessions.model_aliases, clock=sessions.now,
-                               context_limit=sessions.context_limit)
+                               context_limit=sessions.context_limit,
+                               default_instructions=sessions.session_config().instructions)
         self.codec.decisions.available = chooser is not None
         self._chooser = chooser
         self.decider: DecisionRunner | None = None
@@ -225,7 +232,8 @@ class LiveSocket:
                 return None
             if isinstance(command, AudioAppend):
                 self.line.reflect(self.codec.raw_audio, port.config.input_format)
-            port.deliver(command)
+            for one in each_command(command):
+                port.deliver(one)
             return None
         except DuplexError as err:
             self.sessions.count_error(err.code)
@@ -286,6 +294,11 @@ class LiveSocket:
                 for run in self.codec.decisions.take_runs():  # triggers this event fired
                     if self.decider is not None:
                         self.decider.offer(run)
+                for command in self.codec.due():
+                    try:
+                        port.deliver(command)
+                    except DuplexError as err:  # the session is closing: nothing to ask of it
+                        log.debug("live: %s not delivered: %s", type(command).__name__, err)
             reason = session.close_reason or CloseReason.CLIENT
             await self.ws.close(code=reason.code, reason=reason.value)
         except Exception:  # the socket went away under us; the reader will notice

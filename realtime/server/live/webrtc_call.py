@@ -23,12 +23,14 @@ from typing import Any
 
 from vllm_duplex.domain.commands import AudioAppend
 from vllm_duplex.domain.errors import DuplexError
+from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.realtime.server.live.lines import LiveLine
 from vllm_duplex.realtime.server.webrtc.call import RtcCall
 from vllm_duplex.realtime.wire.live.client_events import HANDLED, REFUSED
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, LiveStart
 from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
+from vllm_duplex.realtime.wire.live.delegated import each_command
 
 _P = "session.client.data_channel"
 
@@ -117,7 +119,8 @@ class LiveRtcCall(RtcCall):
             if isinstance(command, DecisionRun):  # not available: no chooser on a call's codec
                 raise DuplexError("capability_unsupported", "Decisions on a WebRTC session are "
                                   "not supported yet", param="type", event_id=command.event_id)
-            self.port.deliver(command)
+            for one in each_command(command):
+                self.port.deliver(one)
         except DuplexError as err:
             self.port.sessions.count_error(err.code)
             self._send_now(self.port.error(err))
@@ -137,10 +140,14 @@ class LiveRtcCall(RtcCall):
         if self.track.player.follow(item.event, self.port.config):
             self.line.share(item, None)  # the reply's audio: the track's; reflected to sidebands
             return
-        text = self.line.codec.render(item)
-        if text is not None and self.policy.may_get(text):
-            await self._send(text)
-        self.line.share(item, text)
+        if isinstance(item.event, ev.OutputAudioBackchannel):
+            return  # its clip is no track audio yet (the track plays replies only)
+        texts = self.line.codec.frames(item)  # the delegation's events, then the event's own
+        for text in texts:
+            if self.policy.may_get(text):
+                await self._send(text)
+        for text in texts or [None]:
+            self.line.share(item, text)
 
     def _buffer_event(self, kind: str, response_id: str) -> None:
         """The track's ``output_audio_buffer.*``: GPT-Live has no such events."""

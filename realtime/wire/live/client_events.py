@@ -26,16 +26,15 @@ HANDLED: tuple[str, ...] = (
     # A sideband command for SIP calls: the sideband presses the key
     # (live/sideband.py); a primary socket refuses it (live/socket.py).
     "transport.dtmf.send",
+    "session.commentary.append",  # delegated.py, as the delegation events below
+    "response.create",  # with responses delegation: continue a delegation (delegated.py)
+    "response.item.create",  # with responses delegation: a function_call_output or a message
 )
 
-# Defined by the SDK, not built yet (issue 45, later slices): refused with
-# ``capability_unsupported`` naming the event, the socket stays open.
+# Defined by the SDK and not built: refused with ``capability_unsupported``
+# naming the event, the socket stays open. None today: every event is handled.
 NOT_YET = "is not supported by this engine yet (docs/live-conformance.md)"
-REFUSED: dict[str, str] = {
-    "session.commentary.append": f"appending commentary {NOT_YET}",
-    "response.create": f"delegated Responses {NOT_YET}",
-    "response.item.create": f"delegated Responses items {NOT_YET}",
-}
+REFUSED: dict[str, str] = {}
 
 # Session configuration fields a primary WebSocket may set that are refused
 # by name (``unsupported_option``), with why.

@@ -32,9 +32,15 @@ What differs from Realtime, and where it is decided:
   config lacks) are on the same timeline: their audio and transcript
   fragments (``frames``), as a reply's are.
 - Appended instructions and thinking are system items of the conversation
-  (``appends.py``); a delegation config is accepted where it means what this
-  engine does (``delegation.py``). What each client event gets is one table,
-  ``client_events.py``.
+  (``appends.py``). A delegation config becomes the session's tools and
+  instructions (``delegation.py``): the backend is this engine's own LLM,
+  and a reply that calls a tool is the delegation, rendered as GPT-Live's
+  delegation events; the client's answers (``response.item.create``,
+  ``response.create``, ``session.commentary.append``) are the session's
+  items and replies (``delegated.py``: one client event may be several
+  commands, ``LiveCommands``, and a reply asked for while another is shown
+  is delivered when it ends, ``due``). What each client event gets is one
+  table, ``client_events.py``.
 - Decisions (``decisions.py``): items are answered at once; ``decision.create``
   and a trigger firing are a ``DecisionRun`` the shell evaluates and renders
   (``render_decision``). The conversation they judge is taken from the
@@ -72,7 +78,8 @@ from vllm_duplex.realtime.wire.live.decisions import (
     ItemReply,
     decision_event,
 )
-from vllm_duplex.realtime.wire.live.delegation import check_delegation
+from vllm_duplex.realtime.wire.live.delegated import Delegations, LiveCommands
+from vllm_duplex.realtime.wire.live.delegation import check_delegation, realtime_fields
 from vllm_duplex.realtime.wire.live.fixtures import FIXTURE_FRAME_BYTES, FIXTURE_PLAY, Fixtures
 from vllm_duplex.realtime.wire.live.history import history_items
 from vllm_duplex.realtime.wire.live.client_events import (
@@ -124,7 +131,8 @@ class LiveAck:
 
 class LiveCodec:
     def __init__(self, *, max_event_bytes: int, model_aliases: Mapping[str, str],
-                 clock: Callable[[], float], context_limit: int | None = None) -> None:
+                 clock: Callable[[], float], context_limit: int | None = None,
+                 default_instructions: str = "") -> None:
         self.max_event_bytes = max_event_bytes
         self.context_limit = context_limit  # the model's context in tokens (None: unknown)
         served = set(model_aliases.values())
@@ -150,18 +158,30 @@ class LiveCodec:
         self._prefix = "event_live_" + secrets.token_hex(4)  # unique per connection
         self._counter = 0
         self._last_session: dict[str, Any] | None = None  # for session.closed's snapshot
-        self._delegation: dict[str, Any] | None = None  # as accepted (delegation.py)
-        self._appends = Appends(self._realtime)
+        # The Live instructions, else the server's (the backend prompt follows them).
+        self._instructions: str | None = default_instructions or None
+        self._delegations = Delegations(self._realtime, now_ms=self.now_ms,
+                                        owe=lambda *owed: self._appends.owe(*owed))
+        self._appends = Appends(self._realtime, self._delegations.check_delegation_id)
         self.decisions = Decisions()  # items, triggers, the conversation they judge
         self.last_event_id: str | None = None  # the last frame's (a trigger's source)
         self.fixtures = Fixtures()  # audio fixtures (fixtures.py); the shell plays them
         self.store = False  # store: true (forks.py)
         self.started_with: dict[str, Any] = {}  # the session.start config, for a stored session
 
+    @property
+    def _delegation(self) -> dict[str, Any] | None:
+        """The delegation config as accepted (``delegation.py``)."""
+        return self._delegations.config
+
+    @_delegation.setter
+    def _delegation(self, value: dict[str, Any] | None) -> None:
+        self._delegations.config = value
+
     # ---- parse -------------------------------------------------------------------------
 
-    def parse(self, frame: str | bytes
-              ) -> Command | LiveStart | LiveAck | LiveDtmf | DecisionRun | ItemReply:
+    def parse(self, frame: str | bytes) -> (Command | LiveCommands | LiveStart | LiveAck
+                                             | LiveDtmf | DecisionRun | ItemReply):
         obj = self._object(frame)
         raw_eid = obj.get("event_id")
         eid = raw_eid if isinstance(raw_eid, str) else None
@@ -208,11 +228,15 @@ class LiveCodec:
             if not isinstance(session, dict):
                 raise DuplexError("invalid_value", "session must be an object", param="session")
             triggers = self.decisions.check_triggers(session.get("triggers"))
-            self._update_delegation(session.get("delegation"))
+            patch = SessionPatch()
+            if session.get("delegation") is not None:
+                self._update_delegation(session.get("delegation"))
+                patch = self._realtime.session_patch(
+                    {"type": "realtime", **realtime_fields(self._delegation, self._instructions)})
             if triggers is not None:  # omitted: kept; a list replaces them
                 self.decisions.triggers = triggers
             self._update_eids.append(eid)
-            return SessionUpdate(patch=SessionPatch(), event_id=eid)
+            return SessionUpdate(patch=patch, event_id=eid)
         if kind == "session.input_audio.append":
             audio = obj.get("audio")
             if not isinstance(audio, str):
@@ -242,6 +266,8 @@ class LiveCodec:
                 raise DuplexError("invalid_value", "event is one DTMF key: 0-9, A-D, * or #",
                                   param="event")
             return LiveDtmf(digit=digit, event_id=eid)
+        if kind in ("session.commentary.append", "response.create", "response.item.create"):
+            return self._delegations.parse(kind, obj, eid)
         assert kind == "session.close"
         return SessionClose(event_id=eid)
 
@@ -287,7 +313,8 @@ class LiveCodec:
                 raise DuplexError("invalid_value", "session.instructions must be a string",
                                   param="session.instructions")
             if instructions.strip():  # blank means the server's default, as GPT-Live says
-                doc["instructions"] = instructions
+                doc["instructions"] = self._instructions = instructions
+        doc.update(realtime_fields(self._delegation, self._instructions))
         audio_in: dict[str, Any] = {"turn_detection": dict(_TURN), "transcription": {}}
         audio_out: dict[str, Any] = {}
         audio = raw.get("audio") or {}
@@ -349,8 +376,9 @@ class LiveCodec:
         return max(0, int((now - self._t0) * 1000))
 
     def frames(self, item: Envelope) -> list[str]:
-        """Every GPT-Live frame of ``item``: ``render``'s, or a backchannel's
-        two -- its audio, then its transcript fragment."""
+        """Every GPT-Live frame one session event means: a backchannel's two
+        (its audio, then its transcript fragment); else the delegation's
+        (``delegated.py``), then ``render``'s."""
         e = item.event
         if isinstance(e, ev.OutputAudioBackchannel):
             start = self.now_ms()
@@ -359,8 +387,16 @@ class LiveCodec:
             said = self._frame("session.output_transcript.delta", delta=e.transcript,
                                start_ms=start, end_ms=start + e.duration_ms)
             return [audio, said]
-        text = self.render(item)
-        return [] if text is None else [text]
+        if isinstance(e, ev.ErrorEvent) and self._delegations.refused(e.error):
+            return []
+        frames = [self._frame(f.pop("type"), **f) for f in self._delegations.render(e)]
+        one = self.render(item)
+        return frames if one is None else [*frames, one]
+
+    def due(self) -> list[Command]:
+        """Commands the shell delivers now: replies asked for on the client's
+        behalf that waited for the one shown to end (``delegated.py``)."""
+        return self._delegations.due()
 
     def render(self, item: Envelope) -> str | None:
         e = item.event
@@ -461,8 +497,12 @@ class LiveCodec:
             "delegation": self._delegation,
             "store": self.store,
         }
-        if session.get("instructions"):
-            out["instructions"] = session["instructions"]
+        text = session.get("instructions") or ""
+        backend = ((self._delegation or {}).get("responses") or {}).get("instructions")
+        if backend and text.endswith(backend):  # the backend prompt is the delegation's
+            text = text[:-len(backend)].rstrip()
+        if text:
+            out["instructions"] = text
         return out
 
     def render_error(self, err: DuplexError, fence: Fence | None = None) -> str:

@@ -4,15 +4,21 @@ GPTLiveModel`` -> ``GPTLiveSession``), unmodified and with its defaults
 our ``/v1/live/sessions``: only ``base_url`` and the API key point it here.
 Driven as ``AgentSession`` drives a duplex model: ``_update_session`` with
 the agent's instructions, then ``push_audio`` like a microphone (silence
-included) while its ``audio_stream`` is read."""
+included) while its ``audio_stream`` is read. ``tool_call`` gives it a
+``@function_tool`` and runs each call as ``AgentSession`` does (the result
+back through ``_append_items``), with ``responses_options`` its own option
+for the backend's tool choice."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import json
+
 from harness import Recorder, main, read_wav
 from livekit import rtc
+from livekit.agents import llm
 from livekit.plugins.openai.realtime import GPTLiveModel
 
 FRAME_MS = 20
@@ -24,9 +30,17 @@ def frame(pcm: bytes, rate: int) -> rtc.AudioFrame:
                           samples_per_channel=len(pcm) // 2)
 
 
+@llm.function_tool
+async def get_weather(city: str) -> str:
+    """Get the current weather in a city."""
+    # terse: SmolLM2 says such a result back as it is (test_live_cascade_tools.py)
+    return "Sunny, 18 degrees." if city else "No city given."
+
+
 class Run:
-    def __init__(self, args) -> None:
-        self.model = GPTLiveModel(base_url=args.base_url + "/v1", api_key=args.api_key)
+    def __init__(self, args, **options: Any) -> None:
+        self.model = GPTLiveModel(base_url=args.base_url + "/v1", api_key=args.api_key,
+                                  **options)
         self.session = self.model.session()
         self.rec = Recorder()
         self.errors: list[str] = []
@@ -37,8 +51,9 @@ class Run:
         self._queue: list[bytes] = []
         self._tasks: list[asyncio.Task] = []
 
-    async def start(self) -> None:
-        await self.session._update_session(instructions="You are a helpful voice assistant.")
+    async def start(self, tools: list[llm.Tool] | None = None) -> None:
+        await self.session._update_session(instructions="You are a helpful voice assistant.",
+                                           **({"tools": tools} if tools else {}))
         self._tasks = [asyncio.create_task(self._microphone()), asyncio.create_task(self._speaker())]
 
     async def _microphone(self) -> None:
@@ -115,5 +130,47 @@ async def mute(args) -> dict[str, Any]:
     return {**result, "while_muted": heard}
 
 
+async def tool_call(args) -> dict[str, Any]:
+    """A spoken question the backend answers with a function call: the
+    function runs with its arguments, its result goes back, and the voice
+    speaks the answer."""
+    run = Run(args, responses_options={"tool_choice": "required"})
+    calls: list[dict[str, Any]] = []
+    after: dict[str, Any] = {}
+
+    async def answer(call: llm.FunctionCall) -> None:
+        arguments = json.loads(call.arguments)
+        output = await get_weather(**arguments)
+        calls.append({"name": call.name, "arguments": arguments, "output": output})
+        after["transcript_at"] = len(run.text("session.output_transcript.delta"))
+        after["audio_ms_at"] = run.audio_ms
+        await run.session._append_items([llm.FunctionCallOutput(
+            call_id=call.call_id, name=call.name, output=output, is_error=False)])
+
+    tasks: list[asyncio.Task] = []
+    run.session.on("function_call", lambda call: tasks.append(asyncio.create_task(answer(call))))
+    try:
+        await run.start([get_weather])
+        await run.until(lambda: run.rec.first("session.started"), 10)
+        run.say()
+        await run.until(lambda: calls, args.timeout / 2)
+        # the continuation's run ends once its words are spoken (the voice is paced)
+        await run.until(lambda: len(completed(run)) >= 2, args.timeout / 2)
+        await asyncio.gather(*tasks)
+    finally:
+        result = await run.close()
+    result["calls"] = calls
+    result["answer"] = result["output_transcript"][after.get("transcript_at", 0):]
+    result["answer_audio_ms"] = result["audio_ms"] - after.get("audio_ms_at", 0.0)
+    result["response_events"] = [(e.get("event") or {}).get("type") for e in run.rec.events
+                                 if e.get("type") == "response.event"]
+    return result
+
+
+def completed(run: Run) -> list[dict[str, Any]]:
+    return [e for e in run.rec.events if e.get("type") == "response.event"
+            and (e.get("event") or {}).get("type") == "response.completed"]
+
+
 if __name__ == "__main__":
-    main({"conversation": conversation, "mute": mute})
+    main({"conversation": conversation, "mute": mute, "tool_call": tool_call})
