@@ -68,7 +68,7 @@ from lib.speech_corpus import espeak, flite
 from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
-from vllm_duplex.domain.payloads import VadSpeechStarted
+from vllm_duplex.domain.payloads import VadConfig, VadSpeechStarted
 from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.echo import EchoCanceller
 from vllm_duplex.realtime.client.realtime import RealtimeClient
@@ -143,7 +143,9 @@ def replay_vad(mic: list[bytes], deltas: list[tuple[int, bytes]], echo: bool, ph
     buf = InputBuffer(AudioFormat(), max_ms=600_000, clock=lambda: clock[0])
     if echo:
         buf.set_echo_cancellation("server", AudioFormat(), EchoCanceller())
-    vad = SileroVad(load_model(), onset_phases=phases)
+    # as a session has it: with echo cancellation, the main windows alone
+    vad = SileroVad(load_model(), onset_phases=phases,
+                    config=VadConfig(half_window_onsets=not echo))
     pending = list(deltas)
     for i, chunk in enumerate(mic):
         clock[0] = (i + 1) * 0.02

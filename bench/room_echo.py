@@ -122,12 +122,14 @@ def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str
     return np.concatenate(out), cpu
 
 
-def onsets_ms(vad_model: Any, pcm: np.ndarray) -> list[int]:
-    """Where Silero (the stage's settings) starts speech in ``pcm``."""
-    from vllm_duplex.domain.payloads import VadSpeechStarted
+def onsets_ms(vad_model: Any, pcm: np.ndarray, variant: str) -> list[int]:
+    """Where Silero (the stage's settings) starts speech in ``pcm``: with echo
+    cancellation on, a session's VAD decides onsets on its main windows alone
+    (``VadConfig.half_window_onsets``)."""
+    from vllm_duplex.domain.payloads import VadConfig, VadSpeechStarted
     from vllm_duplex.stages.listening.silero_vad import SileroVad
 
-    vad = SileroVad(vad_model)
+    vad = SileroVad(vad_model, config=VadConfig(half_window_onsets=variant == "off"))
     return [e.audio_ms for i in range(0, len(pcm), CHUNK)
             for e in vad.feed(pcm[i:i + CHUNK], i // 16) if isinstance(e, VadSpeechStarted)]
 
@@ -179,7 +181,7 @@ def measure(replies: int, voices: int) -> dict[str, Any]:
                         audio_s += pcm.size / RATE
                     rows.append({"kind": "echo", "level": level, "room": room_spec[0],
                                  "voice": voice, "variant": variant,
-                                 "onsets": len(onsets_ms(vad_model, pcm))})
+                                 "onsets": len(onsets_ms(vad_model, pcm, variant))})
             # words over the echo
             for k, person in enumerate(people):
                 if k % len(ROOMS) != r:
@@ -200,7 +202,7 @@ def measure(replies: int, voices: int) -> dict[str, Any]:
                                             *(((f"echo, {v}", cases[True], v) for v in VARIANTS))):
                     pcm, _ = run_input(mic, reply if label != "no echo" else None, variant)
                     heard = whisper.transcribe(pcm[span], options).text
-                    later = [t for t in onsets_ms(vad_model, pcm)
+                    later = [t for t in onsets_ms(vad_model, pcm, variant)
                              if t >= (SENT_AT + SAY_AT) * 1000 - 100]
                     rows.append({"kind": "words", "level": level, "room": room_spec[0],
                                  "person": person.name, "part": person.part, "case": label,

@@ -83,6 +83,19 @@ def test_the_second_phase_starts_speech_only_on_a_window_it_is_sure_of():
                                 VadSpeechStarted(audio_ms=(sound_at + HALF) // 16))
 
 
+def test_where_the_server_cancels_the_echo_the_main_grid_alone_decides():
+    # the echo's residual scores sure windows too: a second grid would
+    # give it twice the chances (bench/room_echo.py)
+    sound_at = 4 * WINDOW + HALF
+    pcm = np.zeros(sound_at + RATE, np.int16)
+    pcm[sound_at:] = 1000
+    one = heard(SileroVad(WholeWindowSilero(), config=VadConfig(prefix_padding_ms=0),
+                          onset_phases=1), pcm)
+    off = heard(SileroVad(WholeWindowSilero(), config=VadConfig(
+        prefix_padding_ms=0, half_window_onsets=False)), pcm)
+    assert off[0] == one[0]
+
+
 def onset_chunk(pcm: np.ndarray) -> int:
     floor = 32768.0 * 10 ** (ONSET_DBFS / 20)
     loud = [k for k, i in enumerate(range(0, pcm.size, CHUNK))

@@ -346,3 +346,19 @@ def test_the_suppressor_changes_nothing_without_a_reference():
     pre = np.clip(voice, -32768, 32767).astype(np.int16)
     out = _suppressed(pre, pre, np.zeros_like(voice))
     assert np.array_equal(out, pre[:out.size])
+
+
+@pytest.mark.parametrize("turn_detection", ["server_vad", "semantic_vad"])
+def test_where_the_server_cancels_the_echo_the_vad_decides_onsets_on_its_main_windows(
+        turn_detection):
+    # The echo's residual scores windows Silero is sure of: a second grid of
+    # windows (a sooner barge-in) would give it twice the chances.
+    from vllm_duplex.domain.session_config import SessionConfig, TurnDetection
+    from vllm_duplex.session.user_turn import UserTurn
+
+    td = TurnDetection(type=turn_detection)
+    plain = SessionConfig(model="m", policy="cascade", turn_detection=td)
+    cancelled = SessionConfig(model="m", policy="cascade", turn_detection=td,
+                              echo_cancellation="server")
+    assert UserTurn.vad_config(plain).half_window_onsets
+    assert not UserTurn.vad_config(cancelled).half_window_onsets

@@ -79,7 +79,9 @@ SURE_ONSET_MARGIN = 0.3
 # minutes each) start nothing either way. With the two-window rule on the
 # second phase too, 20 s of typing at -25 dBFS started speech (two windows
 # at 0.57): a click gets twice the chances. Costs a second inference per
-# window (~0.1 ms per 32 ms).
+# window (~0.1 ms per 32 ms). Not under server echo cancellation
+# (``VadConfig.half_window_onsets``): the residual's sure windows started
+# replies on their own echo (bench/room_echo.py, -10 dB: 0 -> 2 of 20).
 # The end of speech is the main phase's alone (unchanged).
 
 Backend = Literal["onnx", "jit"]
@@ -179,7 +181,8 @@ class SileroVad(EnergyVad):
     Speech starts after ``min_speech_ms`` of voiced windows, or on one window
     at ``threshold + SURE_ONSET_MARGIN``, on the main windows or on the
     onset phase's windows half a window later, where one sure window starts
-    it (``onset_phases=2``, the default; 1: the main windows alone),
+    it (``onset_phases=2``, the default, and ``VadConfig.half_window_onsets``,
+    off where the server cancels the echo; 1: the main windows alone),
     whichever is first.
     Once speaking, a window quieter than ``quiet_dbfs`` is silence
     (``SUGGESTED_QUIET_DBFS``; None, the default: Silero alone).
@@ -271,7 +274,7 @@ class SileroVad(EnergyVad):
             return  # before the stream (or a gap) began: nothing to judge
         x = history[lo:lo + CONTEXT + WINDOW].reshape(1, -1) * (1.0 / 32768.0)
         p, self._half_state = self.model.infer(x.astype(np.float32), self._half_state)
-        if self.speaking or p < self._sure:
+        if self.speaking or p < self._sure or not self.config.half_window_onsets:
             return
         begin_ms = (end - WINDOW) // self._spms
         # A run of the main phase's voiced windows began no later: the onset
