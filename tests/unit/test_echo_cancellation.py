@@ -254,13 +254,17 @@ def test_a_session_update_turns_it_on_and_says_so():
     from vllm_duplex.domain import commands as cmd
     from vllm_duplex.domain.session_config import SessionPatch
 
+    from vllm_duplex.session.effects import Submit
+
     core = make_core()
-    [updated] = emitted(core.handle(cmd.SessionUpdate(
-        patch=SessionPatch(echo_cancellation="server")), 0.0))
-    assert updated.session["audio"]["input"]["echo_cancellation"] == {"type": "server"}
-    [updated] = emitted(core.handle(cmd.SessionUpdate(
-        patch=SessionPatch(echo_cancellation=None)), 0.0))
-    assert updated.session["audio"]["input"]["echo_cancellation"] is None
+    for kind, half in (("server", False), (None, True)):
+        effects = core.handle(cmd.SessionUpdate(patch=SessionPatch(echo_cancellation=kind)), 0.0)
+        # the VAD hears of it (no second onset grid over the echo's residual)
+        [vad] = [e.payload for e in effects if isinstance(e, Submit) and e.stage == "vad"]
+        assert vad.half_window_onsets is half
+        [updated] = emitted([e for e in effects if not isinstance(e, Submit)])
+        expected = {"type": kind} if kind else None
+        assert updated.session["audio"]["input"]["echo_cancellation"] == expected
 
 
 def test_without_livekit_the_update_is_refused_whole(monkeypatch):
