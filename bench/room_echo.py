@@ -53,6 +53,7 @@ import soxr
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib import machine
 from lib.real_corpus import part
+from lib.rooms import ROOMS, impulse
 from lib.speech_corpus import WerCount, espeak, flite
 from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.events import Envelope
@@ -67,15 +68,9 @@ from vllm_duplex.testing.room import Room
 RATE = 16000  # the room and the bench's own audio
 WIRE = 24000  # the socket's
 CHUNK = 320  # 20 ms at 16 kHz
-DEVICE_MS = 60  # the device's output + input buffers
 SENT_AT = 1.0  # the reply's deltas are sent from here, 100 ms of audio per ms
 SAY_AT = 2.0  # an interruption starts this long into the reply
 LEVELS = (-20, -10, 0, 6)
-ROOMS = (  # name, size (m), RT60 (s), speaker-microphone distance (m)
-    ("small", (3.0, 3.0, 2.5), 0.25, 0.5),
-    ("medium", (5.0, 4.0, 3.0), 0.45, 1.0),
-    ("large", (8.0, 6.0, 3.5), 0.7, 2.0),
-)
 REPLIES = (
     "The capital of France is Paris, a city on the river Seine known for its museums.",
     "A spider has eight legs, and most spiders also have eight eyes.",
@@ -93,25 +88,6 @@ VOICES = (flite("slt"), flite("awb"), espeak("en-us"), flite("rms"))
 # suppressor); AEC3 and the suppressor (what the product runs)
 VARIANTS = ("off", "aec3", "aec3 + suppressor")
 ON = VARIANTS[1:]
-
-
-def impulse(room: tuple, level_db: float) -> np.ndarray:
-    """An image-method room's response, the device's latency before it,
-    scaled so the echo's energy is ``level_db`` against the reply as played
-    (the echo return loss: the direct path and the reverberation together)."""
-    import pyroomacoustics as pra
-
-    _, dims, rt60, dist = room
-    absorption, order = pra.inverse_sabine(rt60, list(dims))
-    shoebox = pra.ShoeBox(list(dims), fs=RATE, materials=pra.Material(absorption),
-                          max_order=min(order, 30))
-    mic = np.array([dims[0] / 2, dims[1] / 2, 1.2])
-    shoebox.add_source(list(mic + [dist, 0.0, 0.0]))
-    shoebox.add_microphone(list(mic))
-    shoebox.compute_rir()
-    rir = np.asarray(shoebox.rir[0][0], np.float64)
-    rir = rir / np.sqrt(np.sum(rir ** 2)) * 10 ** (level_db / 20)
-    return np.concatenate([np.zeros(RATE * DEVICE_MS // 1000), rir])
 
 
 def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str
@@ -146,12 +122,14 @@ def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str
     return np.concatenate(out), cpu
 
 
-def onsets_ms(vad_model: Any, pcm: np.ndarray) -> list[int]:
-    """Where Silero (the stage's settings) starts speech in ``pcm``."""
-    from vllm_duplex.domain.payloads import VadSpeechStarted
+def onsets_ms(vad_model: Any, pcm: np.ndarray, variant: str) -> list[int]:
+    """Where Silero (the stage's settings) starts speech in ``pcm``: with echo
+    cancellation on, a session's VAD decides onsets on its main windows alone
+    (``VadConfig.half_window_onsets``)."""
+    from vllm_duplex.domain.payloads import VadConfig, VadSpeechStarted
     from vllm_duplex.stages.listening.silero_vad import SileroVad
 
-    vad = SileroVad(vad_model)
+    vad = SileroVad(vad_model, config=VadConfig(half_window_onsets=variant == "off"))
     return [e.audio_ms for i in range(0, len(pcm), CHUNK)
             for e in vad.feed(pcm[i:i + CHUNK], i // 16) if isinstance(e, VadSpeechStarted)]
 
@@ -203,7 +181,7 @@ def measure(replies: int, voices: int) -> dict[str, Any]:
                         audio_s += pcm.size / RATE
                     rows.append({"kind": "echo", "level": level, "room": room_spec[0],
                                  "voice": voice, "variant": variant,
-                                 "onsets": len(onsets_ms(vad_model, pcm))})
+                                 "onsets": len(onsets_ms(vad_model, pcm, variant))})
             # words over the echo
             for k, person in enumerate(people):
                 if k % len(ROOMS) != r:
@@ -224,7 +202,7 @@ def measure(replies: int, voices: int) -> dict[str, Any]:
                                             *(((f"echo, {v}", cases[True], v) for v in VARIANTS))):
                     pcm, _ = run_input(mic, reply if label != "no echo" else None, variant)
                     heard = whisper.transcribe(pcm[span], options).text
-                    later = [t for t in onsets_ms(vad_model, pcm)
+                    later = [t for t in onsets_ms(vad_model, pcm, variant)
                              if t >= (SENT_AT + SAY_AT) * 1000 - 100]
                     rows.append({"kind": "words", "level": level, "room": room_spec[0],
                                  "person": person.name, "part": person.part, "case": label,

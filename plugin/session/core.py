@@ -333,7 +333,8 @@ class SessionCore(SessionViewOfParts, CarriesAsks):
         self._config = self.floor.config = new
         self.input.set_format(new.input_format)
         self.input.set_noise_reduction(new.noise_reduction)
-        if new.turn_detection is not None and new.turn_detection != old.turn_detection:
+        if new.turn_detection is not None and (new.turn_detection != old.turn_detection
+                                               or new.echo_cancellation != old.echo_cancellation):
             self.execute(self.policy.plan_append(self, self.user.vad_config(new)))
         self._configure_asr(hearing.asr_config(old))
         self.carry(backchannel.prepare(old.backchannels, new, self.gate.fence))

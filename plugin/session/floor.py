@@ -177,6 +177,12 @@ class Floor:
                 shown.pacer.push(payload)
                 return self.send_due()
             return []
+        if (type(payload) is AudioOut and shown is not None and shown.id == payload.response_id
+                and self.phase.value is Phase.BARGE_PAUSED):
+            # Unpaced, paused by speech over it: the client stopped playing
+            # at speech_started, and audio sent now would play on after it.
+            shown.paused_audio.append(payload)
+            return []
         return list(rendering.render(payload, self._scope()))
 
     def send_due(self) -> Steps:
@@ -210,8 +216,12 @@ class Floor:
         self._metrics.barge_ins.inc(outcome="dismissed")
         self.phase.to(Phase.RESPONDING)
         steps.append(barge_in.resume(shown, self._out.now, reason, transcript))
-        if shown.pacer is None and shown.complete:
-            steps += self.finish()
+        if shown.pacer is None:
+            held, shown.paused_audio = shown.paused_audio, []
+            for audio in held:  # unpaced: from where it paused, as made meanwhile
+                steps += rendering.render(audio, self._scope())
+            if shown.complete:
+                steps += self.finish()
         return steps + self.send_due()
 
     def barge_in_due(self) -> Steps:

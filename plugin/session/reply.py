@@ -94,6 +94,9 @@ class Reply:
         self.held: list[tuple[StageOutput, Sequence[PolicyStep]]] = []  # its outputs while unseen
         self.record: ResponseRecord | None = None  # what the client sees of it, once shown
         self.pacer: OutputPacer | None = None  # paced audio (None: as fast as made)
+        # Unpaced: the audio made while speech over it is judged (BARGE_PAUSED),
+        # sent if the reply resumes, dropped if it is cut.
+        self.paused_audio: list[AudioOut] = []
         self.times = ResponseTimes(created_at=0.0, turn_end_at=None)
         self.first_audio_at: float | None = None  # when the client got its first audio
         self.complete = False  # generated to the end; response.done waits for its audio ...

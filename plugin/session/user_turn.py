@@ -121,9 +121,11 @@ class UserTurn:
         # turn is decided by the session (turn_end.py). server_vad: the VAD
         # ends the turn after its silence, and reports the pause before that,
         # so the reply is prepared while the silence accrues (pauses.py).
+        half = config.echo_cancellation is None  # the echo's residual: the main grid alone
         if td.semantic:
             return VadConfig(threshold=td.threshold, prefix_padding_ms=td.prefix_padding_ms,
-                             silence_duration_ms=PAUSE_DETECT_MS)
+                             silence_duration_ms=PAUSE_DETECT_MS, half_window_onsets=half)
         pause = PAUSE_DETECT_MS if PAUSE_DETECT_MS < td.silence_duration_ms else 0
         return VadConfig(threshold=td.threshold, prefix_padding_ms=td.prefix_padding_ms,
-                         silence_duration_ms=td.silence_duration_ms, pause_ms=pause)
+                         silence_duration_ms=td.silence_duration_ms, pause_ms=pause,
+                         half_window_onsets=half)

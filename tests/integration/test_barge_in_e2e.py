@@ -98,3 +98,34 @@ async def test_a_new_question_cancels_the_reply_and_is_answered(server):
     assert started < stopped_at
     assert answer.response_id != rid and answer.status == "completed"
     assert "Paris" in answer.transcript, answer.transcript
+
+
+async def test_speech_over_a_reply_stops_its_audio_at_speech_started(server):
+    """Issue 44: the old audio stops at once. What the client receives of a
+    paced reply after ``speech_started``, until it is cut: nothing. (Unpaced,
+    the audio TTS makes meanwhile is held: tests/unit/test_output_pacing.py;
+    here an unpaced reply is often made whole before the user speaks.)"""
+    pacing = "realtime"
+    async with await RealtimeClient.connect(server.ws_url) as client:
+        await client.update_session({"max_output_tokens": 300,
+                                     "audio": {"output": {"pacing": {"type": pacing}}}})
+        await client.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text":
+                "Count from one to one hundred in words, one number a line."}]}})
+        await client.create_response()
+        rid = (await client.wait_for("response.output_audio.delta", timeout=60))["response_id"]
+        mark = len(client.events)
+        await say(client, speak("Stop, wait a moment please.", lead_s=0.1, tail_s=1.0))
+        async with asyncio.timeout(60):
+            while not any(e["type"] == "response.done" and e["response"]["id"] == rid
+                          for e in client.events):
+                await client.recv()
+    events = client.events
+    started = next(i for i, e in enumerate(events[mark:], mark)
+                   if e["type"] == "input_audio_buffer.speech_started")
+    done = next(i for i, e in enumerate(events) if e["type"] == "response.done")
+    # cut, not finished: still playing when the user spoke
+    assert started < done and events[done]["response"]["status"] == "cancelled"
+    # none of its audio reached the client after speech_started
+    assert not [e for e in events[started + 1:done]
+                if e["type"] == "response.output_audio.delta" and e["response_id"] == rid]

@@ -254,13 +254,17 @@ def test_a_session_update_turns_it_on_and_says_so():
     from vllm_duplex.domain import commands as cmd
     from vllm_duplex.domain.session_config import SessionPatch
 
+    from vllm_duplex.session.effects import Submit
+
     core = make_core()
-    [updated] = emitted(core.handle(cmd.SessionUpdate(
-        patch=SessionPatch(echo_cancellation="server")), 0.0))
-    assert updated.session["audio"]["input"]["echo_cancellation"] == {"type": "server"}
-    [updated] = emitted(core.handle(cmd.SessionUpdate(
-        patch=SessionPatch(echo_cancellation=None)), 0.0))
-    assert updated.session["audio"]["input"]["echo_cancellation"] is None
+    for kind, half in (("server", False), (None, True)):
+        effects = core.handle(cmd.SessionUpdate(patch=SessionPatch(echo_cancellation=kind)), 0.0)
+        # the VAD hears of it (no second onset grid over the echo's residual)
+        [vad] = [e.payload for e in effects if isinstance(e, Submit) and e.stage == "vad"]
+        assert vad.half_window_onsets is half
+        [updated] = emitted([e for e in effects if not isinstance(e, Submit)])
+        expected = {"type": kind} if kind else None
+        assert updated.session["audio"]["input"]["echo_cancellation"] == expected
 
 
 def test_without_livekit_the_update_is_refused_whole(monkeypatch):
@@ -346,3 +350,19 @@ def test_the_suppressor_changes_nothing_without_a_reference():
     pre = np.clip(voice, -32768, 32767).astype(np.int16)
     out = _suppressed(pre, pre, np.zeros_like(voice))
     assert np.array_equal(out, pre[:out.size])
+
+
+@pytest.mark.parametrize("turn_detection", ["server_vad", "semantic_vad"])
+def test_where_the_server_cancels_the_echo_the_vad_decides_onsets_on_its_main_windows(
+        turn_detection):
+    # The echo's residual scores windows Silero is sure of: a second grid of
+    # windows (a sooner barge-in) would give it twice the chances.
+    from vllm_duplex.domain.session_config import SessionConfig, TurnDetection
+    from vllm_duplex.session.user_turn import UserTurn
+
+    td = TurnDetection(type=turn_detection)
+    plain = SessionConfig(model="m", policy="cascade", turn_detection=td)
+    cancelled = SessionConfig(model="m", policy="cascade", turn_detection=td,
+                              echo_cancellation="server")
+    assert UserTurn.vad_config(plain).half_window_onsets
+    assert not UserTurn.vad_config(cancelled).half_window_onsets

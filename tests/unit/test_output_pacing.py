@@ -29,6 +29,7 @@ from vllm_duplex.session.effects import ArmTimer, CancelTimer, Emit, TimerFired
 from vllm_duplex.session.pacing import FRAME_MS
 
 RATE = 16000
+AUDIO = "response.output_audio.delta"
 
 
 class Client:
@@ -257,5 +258,58 @@ def test_under_semantic_vad_a_pause_being_judged_is_not_long_speech():
     [resumed] = [e for _, e in client.sent if isinstance(e, ev.OutputAudioResumed)]
     assert (resumed.response_id, resumed.reason) == (rid, "backchannel")
     client.advance(9.0)
+    done = [e for _, e in client.sent if isinstance(e, ev.ResponseDone)]
+    assert [d.response["status"] for d in done] == ["completed"]
+
+
+def unpaced_reply_in_the_making(client: Client) -> str:
+    """An unpaced reply whose TTS has made its first second of audio so far."""
+    client.handle(cmd.ResponseCreate())
+    rid = client.core.shown.id
+    client.stage(TextDelta(rid, "one two three four"), "llm")
+    client.stage(AudioOut(rid, np.full(RATE, 1000, np.int16), RATE, "one two"), "tts")
+    return rid
+
+
+def test_unpaced_audio_made_while_speech_is_judged_is_not_sent_and_a_cut_drops_it():
+    # The client stops playing at speech_started (OpenAI clients do): audio
+    # sent after it would play on over the user.
+    client = Client(pacing=OutputPacing("none"))
+    rid = unpaced_reply_in_the_making(client)
+    client.advance(0.5)
+    client.stage(VadSpeechStarted(audio_ms=500), "vad")
+    mark = len(client.sent)
+    client.stage(AudioOut(rid, np.full(RATE, 1000, np.int16), RATE, "three four"), "tts")
+    assert client.types(mark) == []  # made, not sent
+    client.advance(0.7)
+    client.stage(TranscriptPartial("what is the time"), "asr")
+    client.stage(TranscriptPartial("what is the time"), "asr")
+    types = client.types(mark)
+    assert "response.done" in types and AUDIO not in types  # cut: never sent
+    assert sum(ms for _, ms in client.audio()) == 1000
+    truncated = next(e for _, e in client.sent if isinstance(e, ev.ConversationItemTruncated))
+    assert truncated.audio_end_ms <= 1000
+
+
+def test_unpaced_audio_held_while_a_backchannel_is_judged_follows_the_resume():
+    client = Client(pacing=OutputPacing("none"))
+    rid = unpaced_reply_in_the_making(client)
+    client.advance(0.5)
+    client.stage(VadSpeechStarted(audio_ms=500), "vad")
+    mark = len(client.sent)
+    client.stage(AudioOut(rid, np.full(RATE, 1000, np.int16), RATE, "three four"), "tts")
+    client.stage(GenerationDone(rid, "stop"), "llm")
+    client.stage(SpeechDone(rid), "tts")
+    client.advance(0.8)
+    client.stage(VadSpeechStopped(audio_ms=800), "vad")
+    assert AUDIO not in client.types(mark) and "response.done" not in client.types(mark)
+    client.stage(TranscriptFinal("Okay."), "asr")
+    types = client.types(mark)
+    resumed = types.index("duplex.output_audio.resumed")
+    # the held second follows the resume, then the reply ends as usual
+    assert types[resumed + 1:].count(AUDIO) >= 1 and types[-1] == "response.done"
+    [r] = [e for _, e in client.sent if isinstance(e, ev.OutputAudioResumed)]
+    assert (r.response_id, r.audio_start_ms) == (rid, 1000)  # where the sent audio ended
+    assert sum(ms for _, ms in client.audio()) == 2000  # each second once
     done = [e for _, e in client.sent if isinstance(e, ev.ResponseDone)]
     assert [d.response["status"] for d in done] == ["completed"]

@@ -131,11 +131,7 @@ class EnergyVad:
                 self._run_start_ms = begin_ms
             self._run_frames += 1
             if sure or self._run_frames * self.frame_ms >= self.min_speech_ms:
-                self.speaking = True
-                self._silence_ms = 0
-                self._last_voiced_end_ms = end_ms
-                onset = max(0, self._run_start_ms - self.config.prefix_padding_ms)
-                events.append(VadSpeechStarted(audio_ms=onset))
+                self._start_speech(self._run_start_ms, end_ms, events)
         elif voiced:
             if self._paused:
                 self._paused = False
@@ -144,6 +140,15 @@ class EnergyVad:
             self._last_voiced_end_ms = end_ms
         else:
             self._unvoiced(self.frame_ms, events)
+
+    def _start_speech(self, run_start_ms: int, end_ms: int, events: list[Any]) -> None:
+        """Speech began at ``run_start_ms``; the frame that decided it ends at ``end_ms``."""
+        self.speaking = True
+        self._run_frames = 0
+        self._silence_ms = 0
+        self._last_voiced_end_ms = end_ms
+        onset = max(0, run_start_ms - self.config.prefix_padding_ms)
+        events.append(VadSpeechStarted(audio_ms=onset))
 
     def _unvoiced(self, ms: int, events: list[Any]) -> None:
         self._run_frames = 0
