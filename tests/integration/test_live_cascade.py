@@ -11,8 +11,6 @@ Every raw frame is validated against the SDK's model of its type."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -20,14 +18,14 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
+from support.live_kit import Microphone
 from support.live_shapes import live_event
-from support.speech_fixtures import RATE, cascade_runtime, chunks, recognize, speak
+from support.speech_fixtures import RATE, cascade_runtime, recognize, speak
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
 from vllm_duplex.realtime.server.serving import BackgroundServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-SILENCE = np.zeros(RATE // 50, np.int16).astype("<i2").tobytes()  # 20 ms
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -36,65 +34,6 @@ async def server(vllm_stage):  # noqa: F811
         yield srv
 
 
-class Microphone:
-    """Sends speech when given, silence otherwise, at real time, and reads
-    every server event (stamped with when it arrived)."""
-
-    def __init__(self, conn) -> None:
-        self.conn = conn
-        self.events: list[tuple[float, object]] = []
-        self._queue: list[bytes] = []
-        self._tasks: list[asyncio.Task] = []
-
-    async def __aenter__(self) -> Microphone:
-        self._tasks = [asyncio.create_task(self._send()), asyncio.create_task(self._read())]
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def say(self, pcm: np.ndarray) -> float:
-        """Queue ``pcm``; returns when its first chunk goes out (about)."""
-        self._queue.extend(chunks(pcm))
-        return time.monotonic() + 0.02
-
-    async def _send(self) -> None:
-        start = time.monotonic()
-        i = 0
-        while True:
-            chunk = self._queue.pop(0) if self._queue else SILENCE
-            await self.conn.session.input_audio.append(audio=base64.b64encode(chunk).decode())
-            i += 1
-            await asyncio.sleep(max(0.0, start + i * 0.02 - time.monotonic()))
-
-    async def _read(self) -> None:
-        while True:
-            event = live_event((await self.conn.recv_bytes()).decode())
-            self.events.append((time.monotonic(), event))
-
-    def of(self, kind: str, since: float = 0.0) -> list:
-        return [e for t, e in self.events if e.type == kind and t >= since]
-
-    def text(self, kind: str, since: float = 0.0) -> str:
-        return "".join(e.delta for e in self.of(kind, since))
-
-    def audio(self, since: float = 0.0, until: float = float("inf")) -> bytes:
-        return b"".join(base64.b64decode(e.delta) for t, e in self.events
-                        if e.type == "session.output_audio.delta" and since <= t < until)
-
-    def quiet(self, seconds: float) -> bool:
-        """Some reply audio came, and none for ``seconds`` (GPT-Live has no
-        "done": a reply ends when its voice does)."""
-        stamps = [t for t, e in self.events if e.type == "session.output_audio.delta"]
-        return bool(stamps) and time.monotonic() - stamps[-1] > seconds
-
-    async def until(self, done, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not done():
-            assert time.monotonic() < deadline, [e.type for _, e in self.events][-20:]
-            await asyncio.sleep(0.05)
 
 
 @asynccontextmanager

@@ -21,7 +21,7 @@ from openai import AsyncOpenAI
 from support.live_shapes import live_event, responses_event
 from support.speech_fixtures import RATE, cascade_runtime, recognize, speak
 from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
-from test_live_cascade import Microphone
+from support.live_kit import Microphone
 from vllm_duplex.realtime.server.serving import BackgroundServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -21,7 +21,7 @@ from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks override
     silence,
     utterance,
 )
-from test_live_socket import Reader, live, started
+from support.live_kit import Reader, live, started
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -24,7 +24,7 @@ from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks override
     silence,
     utterance,
 )
-from test_live_socket import live, started
+from support.live_kit import live, started
 from vllm_duplex.host.deploy import StageSpec
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import httpx
 import pytest
-from openai import AsyncOpenAI
-from support.live_shapes import live_event
+from support.live_kit import Reader, live, started
 from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks overrides the conftest fixture)
     b64,
     chunks,
@@ -29,37 +26,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 server = module_server()
 
 
-@asynccontextmanager
-async def live(server) -> AsyncIterator:
-    async with AsyncOpenAI(api_key="sk-local", base_url=server.http_url + "/v1") as client:
-        async with client.live.connect() as conn:
-            yield conn
-
-
-class Reader:
-    """Server events through the SDK, each raw frame validated by its model."""
-
-    def __init__(self, conn) -> None:
-        self.conn = conn
-        self.events: list = []
-
-    async def until(self, kind: str, timeout: float = 20.0):
-        async def read():
-            while True:
-                event = live_event((await self.conn.recv_bytes()).decode())
-                self.events.append(event)
-                if event.type == kind:
-                    return event
-        return await asyncio.wait_for(read(), timeout)
-
-    def of(self, kind: str) -> list:
-        return [e for e in self.events if e.type == kind]
-
-
-async def started(conn, **session) -> tuple[Reader, object]:
-    events = Reader(conn)
-    await conn.session.start(session={"model": "gpt-live-1", **session}, event_id="start_1")
-    return events, await events.until("session.started")
 
 
 async def test_session_start_answers_session_started(server):

@@ -17,60 +17,21 @@ from openai.types.live import (
     InputAudioMuteEvent,
     InputAudioUnmuteEvent,
     SessionCloseEvent,
-    SessionStartEvent,
     SessionUpdateEvent,
 )
 from openai.types.live.client_event import ClientEvent
 from openai.types.live.connect_client_event import ConnectClientEvent
-from openai.types.live.session_config import SessionConfig
 from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.commands import AudioAppend, ItemCreate, SessionClose, SessionUpdate
 from vllm_duplex.domain.errors import DuplexError
-from vllm_duplex.domain.events import Envelope
-from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.session_config import AudioEncoding
 from vllm_duplex.realtime.wire.live.client_events import HANDLED, REFUSED
-from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveStart
+from vllm_duplex.realtime.wire.live.codec import LiveAck
 
+from support.live_kit import SESSION_DOC, Clock, codec, env, frame, start
 from support.live_shapes import SERVER_MODELS, live_event
 
-FENCE = Fence("sess_1")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def codec(clock: Clock | None = None) -> LiveCodec:
-    return LiveCodec(max_event_bytes=1 << 20, model_aliases={"smollm2": "smollm2"},
-                     clock=clock or Clock())
-
-
-def frame(event) -> str:
-    return event.to_json(use_api_names=True, exclude_unset=True)
-
-
-def start(c: LiveCodec, **session) -> LiveStart:
-    session.setdefault("model", "gpt-live-1")
-    cmd = c.parse(frame(SessionStartEvent(type="session.start", event_id="start_1",
-                                          session=SessionConfig(**session))))
-    assert isinstance(cmd, LiveStart)
-    return cmd
-
-
-def env(event: ev.ServerEvent, seq: int = 1) -> Envelope:
-    return Envelope(seq=seq, fence=FENCE, event=event)
-
-
-SESSION_DOC = {"id": "sess_1", "model": "smollm2", "instructions": "Be brief.",
-               "expires_at": 1_800_000_000,
-               "audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000},
-                                    "voice": "marin"}}}
 
 
 def client_types(union) -> set[str]:

@@ -20,7 +20,7 @@ from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
 from vllm_duplex.testing.decisions import ScriptedChooser
 
 from support.live_shapes import live_event
-from test_live_codec import SESSION_DOC, codec, env, frame, start
+from support.live_kit import SESSION_DOC, codec, env, frame, start
 
 WEATHER = {"type": "predicate", "name": "weather",
            "instructions": "Did the user ask about the weather?"}
