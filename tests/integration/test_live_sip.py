@@ -222,7 +222,11 @@ async def test_call_control_refuses_what_it_cannot_do_typed(server, receiver):
                                                               "rate": 24000}}},
                                 "session.audio.format"),
                                ({**LIVE, "model": "gpt-4o"}, "session.model"),
-                               ({**LIVE, "store": True}, "session.store")):
+                               ({**LIVE, "store": True}, "session.store"),
+                               ({**LIVE, "input": [{"type": "message", "role": "user",
+                                                    "content": [{"type": "input_text",
+                                                                 "text": "Hi."}]}]},
+                                "session.input")):
             with pytest.raises(openai.APIStatusError) as bad:
                 await api.live.sessions.accept(call_id, session=session)
             assert bad.value.status_code in (400, 404) and bad.value.body["param"] == param

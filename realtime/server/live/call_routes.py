@@ -105,7 +105,7 @@ def live_call_routes(sessions: RealtimeSessions, calls: Calls | None, agent: Cal
         codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
                           model_aliases=sessions.model_aliases, clock=sessions.now)
         codec.session_id = call_id
-        _, patch = codec.session_patch({k: v for k, v in session.items() if k != "type"})
+        _, patch = codec.call_session_patch({k: v for k, v in session.items() if k != "type"})
         call = await the_agent().accept(call_id, key, patch, kind=LiveSipCall, codec=codec)
         assert isinstance(call, LiveSipCall)
         if not call.ended.is_set():

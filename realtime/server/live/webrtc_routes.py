@@ -82,7 +82,8 @@ def live_webrtc_routes(sessions: RealtimeSessions, settings: WebRtc, calls: Call
             codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
                               model_aliases=sessions.model_aliases, clock=sessions.now)
             codec.session_id = call_id
-            _, patch = codec.session_patch({k: v for k, v in session.items() if k != "client"})
+            _, patch = codec.call_session_patch({k: v for k, v in session.items()
+                                                   if k != "client"})
             offer = check_offer(sdp, settings.host_addresses)
             call, answer = await LiveRtcCall.answer(sessions, settings, call_id, key, offer,
                                                     patch, on_end=calls.remove, codec=codec)

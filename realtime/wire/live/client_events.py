@@ -40,6 +40,10 @@ REFUSED: dict[str, str] = {}
 # by name (``unsupported_option``), with why.
 REFUSED_FIELDS: dict[str, str] = {
     "client": "client capabilities apply to a WebRTC frontend; this is a primary WebSocket",
+    # On a WebRTC or SIP session (LiveCodec.call_session_patch):
+    "input": "an initial history is taken by a WebSocket session only, not yet by a "
+             "WebRTC or SIP one",
+    "store": "stored sessions are WebSocket sessions only, not yet WebRTC or SIP ones",
 }
 
 # Session fields that are honoured ("audio", "instructions", "model") or

@@ -292,6 +292,15 @@ class LiveCodec:
                 raise DuplexError("unsupported_option", REFUSED_FIELDS[name],
                                   param=f"session.{name}")
 
+    def call_session_patch(self, raw: dict[str, Any]) -> tuple[str, SessionPatch]:
+        """A WebRTC or SIP session's config (``live.create``, an accept) as
+        ``session_patch``; what only a primary WebSocket's session keeps --
+        an initial history, a stored session -- refused by name."""
+        self._refuse_fields(raw, ("input",))
+        if raw.get("store") is True:
+            raise DuplexError("unsupported_option", REFUSED_FIELDS["store"], param="session.store")
+        return self.session_patch(raw)
+
     def session_patch(self, raw: Any) -> tuple[str, SessionPatch]:
         """A ``session.start``'s config as the Realtime session it means
         (validated by the Realtime codec's field parsers)."""
