@@ -16,7 +16,6 @@ this key's: ``session_not_found`` (404); the rest as the Realtime routes.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +34,6 @@ from vllm_duplex.realtime.server.telephony.sip_call import SipCall
 from vllm_duplex.realtime.wire.live.codec import LiveCodec
 
 _MAX_BODY = 1 << 20
-_SIP_URI = ("sip:", "sips:", "tel:")
 
 
 def live_call_routes(sessions: RealtimeSessions, calls: Calls | None, agent: Callable[[], Any],
@@ -60,22 +58,21 @@ def live_call_routes(sessions: RealtimeSessions, calls: Calls | None, agent: Cal
         return data
 
     def as_live(err: DuplexError) -> DuplexError:
-        """The SIP agent's ``call_not_found`` as the live surface's ``session_not_found``."""
+        """The SIP agent's ``call_not_found`` as the live surface's
+        ``session_not_found``; its ``call_id`` as the surface's ``session_id``."""
         if err.code == "call_not_found":
             return DuplexError("session_not_found", err.message.replace("call", "session"),
                                param="session_id")
+        if err.param == "call_id":
+            return DuplexError(err.code, err.message, param="session_id")
         return err
 
-    def the_call(request: Request, key: str | None, *, sip: bool = True) -> Call:
-        """The call of this key's; ``sip``: only a SIP call will do (a refer)."""
+    def the_call(request: Request, key: str | None) -> Call:
+        """The call of this key's, by the id in the path."""
         if calls is None:
             raise DuplexError("session_not_found", "this server takes no calls",
                               param="session_id")
-        call = calls.get(request.path_params["session_id"], key)
-        if sip and not isinstance(call, SipCall):
-            raise DuplexError("capability_unsupported", "only a SIP call can be referred",
-                              param="session_id")
-        return call
+        return calls.get(request.path_params["session_id"], key)
 
     def route(handler: Callable[[Request, str | None], Any]):
         async def endpoint(request: Request):
@@ -120,23 +117,10 @@ def live_call_routes(sessions: RealtimeSessions, calls: Calls | None, agent: Cal
 
     async def refer(request: Request, key: str | None) -> None:
         target = (await body(request)).get("target_uri")
-        if not isinstance(target, str) or not target.startswith(_SIP_URI) \
-                or any(c in target for c in "<>\r\n \t"):
-            raise DuplexError("invalid_value", "target_uri is a sip:, sips: or tel: URI",
-                              param="target_uri")
-        call = the_call(request, key)
-        assert isinstance(call, SipCall)
-        try:
-            status = await call.refer(target)
-        except (asyncio.TimeoutError, ConnectionError):
-            raise DuplexError("session_not_found", "the caller's side did not answer the REFER",
-                              param="session_id") from None
-        if not 200 <= status < 300:
-            raise DuplexError("invalid_value", f"the caller's side refused the transfer "
-                              f"(SIP {status})", param="target_uri")
+        await SipCall.transfer(the_call(request, key), target)
 
     async def hangup(request: Request, key: str | None) -> None:
-        await the_call(request, key, sip=False).hangup()  # a WebRTC session's too
+        await the_call(request, key).hangup()  # a WebRTC session's too
 
     base = "/v1/live/sessions/{session_id}"
     return [Route(f"{base}/{name}", route(handler), methods=["POST"])

@@ -261,6 +261,27 @@ class SipCall(Call):
         """Transfer the caller (SIP REFER); the status the caller's side answered."""
         return await self.dialog.refer(target_uri)
 
+    @staticmethod
+    async def transfer(call: Call, target_uri: Any) -> None:
+        """A REST refer of ``call`` to ``target_uri``, checked: a SIP, SIPS or
+        tel URI, a SIP call, a caller's side that answers and agrees; else a
+        typed error (``param`` the call's id as ``call_id``)."""
+        if not isinstance(target_uri, str) or not target_uri.startswith(("sip:", "sips:", "tel:")) \
+                or any(c in target_uri for c in "<>\r\n \t"):
+            raise DuplexError("invalid_value", "target_uri is a sip:, sips: or tel: URI",
+                              param="target_uri")
+        if not isinstance(call, SipCall):
+            raise DuplexError("capability_unsupported", "only a SIP call can be referred",
+                              param="call_id")
+        try:
+            status = await call.refer(target_uri)
+        except (asyncio.TimeoutError, ConnectionError):
+            raise DuplexError("call_not_found", "the caller's side did not answer the REFER",
+                              param="call_id") from None
+        if not 200 <= status < 300:
+            raise DuplexError("invalid_value", f"the caller's side refused the transfer "
+                              f"(SIP {status})", param="target_uri")
+
     # ---- the end ------------------------------------------------------------------------
 
     async def hangup(self, *, send_bye: bool = True,

@@ -13,7 +13,6 @@ Errors are the typed HTTP errors of every route.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -89,22 +88,7 @@ def sip_routes(sessions: RealtimeSessions, calls: Any, agent: Callable[[], SipAg
         try:
             key = authorized(request)
             target = (await body(request)).get("target_uri")
-            if not isinstance(target, str) or not target.startswith(("sip:", "sips:", "tel:")) \
-                    or any(c in target for c in "<>\r\n \t"):
-                raise DuplexError("invalid_value", "target_uri is a sip:, sips: or tel: URI",
-                                  param="target_uri")
-            call = calls.get(request.path_params["call_id"], key)
-            if not isinstance(call, SipCall):
-                raise DuplexError("capability_unsupported", "only a SIP call can be referred",
-                                  param="call_id")
-            try:
-                status = await call.refer(target)
-            except (asyncio.TimeoutError, ConnectionError):
-                raise DuplexError("call_not_found", "the caller's side did not answer the REFER",
-                                  param="call_id") from None
-            if not 200 <= status < 300:
-                raise DuplexError("invalid_value", f"the caller's side refused the transfer "
-                                  f"(SIP {status})", param="target_uri")
+            await SipCall.transfer(calls.get(request.path_params["call_id"], key), target)
         except DuplexError as err:
             return error_response(err)
         return Response(status_code=200)
