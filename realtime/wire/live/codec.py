@@ -82,18 +82,13 @@ from vllm_duplex.realtime.wire.live.delegated import Delegations, LiveCommands
 from vllm_duplex.realtime.wire.live.delegation import check_delegation, realtime_fields
 from vllm_duplex.realtime.wire.live.fixtures import FIXTURE_FRAME_BYTES, FIXTURE_PLAY, Fixtures
 from vllm_duplex.realtime.wire.live.history import history_items
+from vllm_duplex.realtime.wire.live.start_config import SILENCE, read_start, refuse_fields
 from vllm_duplex.realtime.wire.live.client_events import (
     HANDLED,
     LIVE_MODELS,
     REFUSED,
     REFUSED_FIELDS,
 )
-
-# What every GPT-Live session is on this engine (see the module docstring).
-_TURN = {"type": "semantic_vad", "create_response": True, "interrupt_response": True}
-
-# Silence in each input encoding: what a muted microphone sends on.
-_SILENCE = {"audio/pcm": b"\x00", "audio/pcmu": b"\xff", "audio/pcma": b"\xd5"}
 
 # Our close reasons as GPT-Live's ``session.closed`` reasons.
 _CLOSED = {"client": "close_requested", "hangup": "close_requested", "expired": "expired",
@@ -149,7 +144,7 @@ class LiveCodec:
         # The id the application knows the session by, where it is not the
         # session's own: a call's (its controls and sideband use it).
         self.session_id: str | None = None
-        self.silence = _SILENCE["audio/pcm"]
+        self.silence = SILENCE["audio/pcm"]
         self._start_eid: str | None = None
         self._update_eids: list[str | None] = []  # session.update acks, in order
         self._speech: dict[str, int] = {}  # transcript stream -> where its fragment run began
@@ -285,91 +280,34 @@ class LiveCodec:
                     delegation[backend] = {**current.get(backend, {}), **delegation[backend]}
             self._delegation = {**current, **delegation} if same else delegation
 
-    def _refuse_fields(self, session: dict[str, Any], names: tuple[str, ...]) -> None:
-        for name in names:
-            value = session.get(name)
-            if value not in (None, [], {}):
-                raise DuplexError("unsupported_option", REFUSED_FIELDS[name],
-                                  param=f"session.{name}")
-
     def call_session_patch(self, raw: dict[str, Any]) -> tuple[str, SessionPatch]:
         """A WebRTC or SIP session's config (``live.create``, an accept) as
         ``session_patch``; what only a primary WebSocket's session keeps --
         an initial history, a stored session -- refused by name."""
-        self._refuse_fields(raw, ("input",))
+        refuse_fields(raw, ("input",))
         if raw.get("store") is True:
             raise DuplexError("unsupported_option", REFUSED_FIELDS["store"], param="session.store")
         return self.session_patch(raw)
 
     def session_patch(self, raw: Any) -> tuple[str, SessionPatch]:
         """A ``session.start``'s config as the Realtime session it means
-        (validated by the Realtime codec's field parsers)."""
-        if not isinstance(raw, dict):
-            raise DuplexError("invalid_value", "session must be an object", param="session")
-        model = raw.get("model")
-        if not isinstance(model, str) or not model:
-            raise DuplexError("invalid_value", "session.model is required", param="session.model")
-        self._refuse_fields(raw, ("client",))
-        if raw.get("store") not in (None, True, False):
-            raise DuplexError("invalid_value", "session.store must be a boolean",
-                              param="session.store")
-        self._delegation = check_delegation(raw.get("delegation"))
+        (``start_config.py``; validated by the Realtime codec's field parsers)."""
+        start = read_start(raw)
+        self._delegation = start.delegation
         self.decisions.triggers = self.decisions.check_triggers(raw.get("triggers")) or {}
-        doc: dict[str, Any] = {"type": "realtime", "model": model}
-        instructions = raw.get("instructions")
-        if instructions is not None:
-            if not isinstance(instructions, str):
-                raise DuplexError("invalid_value", "session.instructions must be a string",
-                                  param="session.instructions")
-            if instructions.strip():  # blank means the server's default, as GPT-Live says
-                doc["instructions"] = self._instructions = instructions
-        doc.update(realtime_fields(self._delegation, self._instructions))
-        audio_in: dict[str, Any] = {"turn_detection": dict(_TURN), "transcription": {}}
-        audio_out: dict[str, Any] = {}
-        audio = raw.get("audio") or {}
-        if not isinstance(audio, dict):
-            raise DuplexError("invalid_value", "session.audio must be an object",
-                              param="session.audio")
-        fmt = audio.get("format")
-        if fmt is not None:
-            self._check_format(fmt)
-            audio_in["format"] = audio_out["format"] = {"type": fmt["type"], "rate": fmt["rate"]}
-            self.silence = _SILENCE[fmt["type"]]
-        output = audio.get("output") or {}
-        if not isinstance(output, dict):
-            raise DuplexError("invalid_value", "session.audio.output must be an object",
-                              param="session.audio.output")
-        if "backchannels" in output:  # duplex extension (realtime/wire/fields.py)
-            audio_out["backchannels"] = output["backchannels"]
-        voice = output.get("voice")
-        if isinstance(voice, dict):
-            raise DuplexError("unsupported_option", "custom voices are not supported; "
-                              "name a built-in voice", param="session.audio.output.voice")
-        if voice is not None:
-            audio_out["voice"] = voice
-        doc["audio"] = {"input": audio_in, "output": audio_out}
+        if start.instructions is not None:
+            self._instructions = start.instructions
+        if start.silence is not None:
+            self.silence = start.silence
+        doc = {**start.doc, **realtime_fields(self._delegation, self._instructions)}
         patch = self._realtime.session_patch(doc)
         if patch.get("model") not in self._realtime.model_aliases.values():
-            raise DuplexError("model_not_found", f"model {model!r} is not served here",
+            raise DuplexError("model_not_found", f"model {start.model!r} is not served here",
                               param="session.model")
-        self.model = model
-        self.store = bool(raw.get("store"))
-        # What a stored session keeps of its start (forks.py): all of it but its history.
-        self.started_with = json.loads(json.dumps({k: v for k, v in raw.items() if k != "input"}))
-        return model, patch
-
-    @staticmethod
-    def _check_format(fmt: Any) -> None:
-        p = "session.audio.format"
-        if not isinstance(fmt, dict) or fmt.get("type") not in _SILENCE:
-            raise DuplexError("unsupported_audio_format",
-                              "format.type must be audio/pcm, audio/pcmu or audio/pcma",
-                              param=f"{p}.type")
-        rates = (16000, 24000) if fmt["type"] == "audio/pcm" else (8000,)
-        if fmt.get("rate") not in rates:
-            raise DuplexError("unsupported_audio_format",
-                              f"{fmt['type']} takes a rate of {' or '.join(map(str, rates))}",
-                              param=f"{p}.rate")
+        self.model = start.model
+        self.store = start.store
+        self.started_with = start.started_with
+        return start.model, patch
 
     # ---- render ------------------------------------------------------------------------
 
