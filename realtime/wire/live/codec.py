@@ -156,7 +156,9 @@ class LiveCodec:
         # The Live instructions, else the server's (the backend prompt follows them).
         self._instructions: str | None = default_instructions or None
         self._delegations = Delegations(self._realtime, now_ms=self.now_ms,
-                                        owe=lambda *owed: self._appends.owe(*owed))
+                                        owe=lambda *owed: self._appends.owe(*owed),
+                                        conversation=lambda: self.decisions.conversation)
+        self.remote = self._delegations.remote  # delegations on external backends (the shell's)
         self._appends = Appends(self._realtime, self._delegations.check_delegation_id)
         self.decisions = Decisions()  # items, triggers, the conversation they judge
         self.last_event_id: str | None = None  # the last frame's (a trigger's source)
@@ -473,6 +475,13 @@ class LiveCodec:
     def render_ack(self, ack: LiveAck | ItemReply) -> str:
         fields = ack.fields if isinstance(ack, ItemReply) else {}
         return self._frame(ack.type, client_event_id=ack.event_id, **fields)
+
+    def render_remote(self, events: list[dict[str, Any]]) -> list[str]:
+        """A remote run's events (``remote.py``), framed; its delegation's
+        creation placed on the session timeline."""
+        return [self._frame(kind, **e, offset_ms=self.now_ms() if kind ==
+                            "session.delegation.created" else None)
+                for e in events for kind in [e.pop("type")]]
 
     def render_delegated(self, run: DecisionRun) -> str:
         """``session.delegation.created`` for a ``decision.create``'s run."""
