@@ -1,108 +1,52 @@
 """A GPT-Live delegation on a real external Responses backend: vLLM's own
-OpenAI-compatible server (``vllm.entrypoints.openai.api_server``, SmolLM2 on
-the CPU, tool calls parsed by its ``hermes`` parser) on loopback, named in
-the deployment's ``responses_backends``. The ``openai`` SDK's live client
-speaks to the scripted voice, whose reply calls the delegation's tool: the
-turn runs on vLLM's ``/v1/responses``, its stream comes back as
-``session.delegation.created`` + ``response.event`` (every frame and every
-nested Responses event validated by the SDK's models), the backend's
+OpenAI-compatible server (the app ``vllm serve`` builds: ``/v1/responses``, tool
+calls parsed by its ``hermes`` parser) over SmolLM2 on the CPU, on loopback,
+named in the deployment's ``responses_backends`` (``support.vllm_responses``:
+vLLM's app on the suite's shared engine, no second engine). The ``openai``
+SDK's live client speaks to the scripted voice, whose reply calls the
+delegation's tool: the turn runs on vLLM's ``/v1/responses``, its stream comes
+back as ``session.delegation.created`` + ``response.event`` (every frame and
+every nested Responses event validated by the SDK's models), the backend's
 function call goes to the client, whose output and ``response.create``
 continue the run on the same backend with the full input, and the voice
 speaks when the backend has answered in words.
-
-The backend is a second vLLM engine beside the suite's: started eager
-(``--enforce-eager``, no compilation), small (``--max-model-len 2048``,
-``VLLM_CPU_KVCACHE_SPACE=1``), once for the module.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 
-import httpx
 import pytest
+import pytest_asyncio
 from support.clients import tools_config
 from support.live_kit import live, started
 from support.live_shapes import responses_event
-from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks overrides the conftest fixture)
-    b64,
-    chunks,
-    module_server,
-    no_leaked_tasks,
-    silence,
-    utterance,
-)
-from vllm_duplex.assets.prepare import prepared_model_dir
+from support.realtime_fixtures import b64, chunks, silence, utterance
+from support.vllm_fixtures import no_leaked_tasks  # noqa: F401
+from support.vllm_responses import vllm_responses_backend
 from vllm_duplex.domain.backends import ResponsesBackend
-from vllm_duplex.realtime.server.serving import free_port
+from vllm_duplex.host.runtime import Runtime
+from vllm_duplex.realtime.server.serving import BackgroundServer
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-HOST = "127.0.0.1"
-START_TIMEOUT_S = 300.0  # ~60-90 s on a quiet 2-core CPU; more when other engines share it
 WEATHER = {"type": "function", "name": "get_weather",
            "description": "Get the current weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                           "required": ["city"]}}
 
-server = module_server(tools_config())
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def vllm_backend(vllm_stage) -> AsyncIterator[ResponsesBackend]:
+    async with vllm_responses_backend(vllm_stage.host.engine) as backend:
+        yield backend
 
 
-def stop_group(proc: subprocess.Popen) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-@pytest.fixture(scope="module")
-def vllm_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ResponsesBackend]:
-    port = free_port(HOST)
-    log = tmp_path_factory.mktemp("vllm-backend") / "server.log"
-    # One OpenMP thread on the first core: the suite's engine is bound to the
-    # last ones (domain/machine.py), and threads of two engines spinning on the
-    # same cores wait on each other's barriers (minutes per request on 2 cores).
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": str(min(os.sched_getaffinity(0)))}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-             "--model", str(prepared_model_dir()), "--served-model-name", "smollm2",
-             "--host", HOST, "--port", str(port), "--dtype", "float32", "--enforce-eager",
-             "--max-model-len", "2048", "--enable-auto-tool-choice",
-             "--tool-call-parser", "hermes"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        started = time.monotonic()
-        deadline = started + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM's server exited: {log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"http://{HOST}:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM's server did not start in {START_TIMEOUT_S:g} s: "
-                            f"{log.read_text()[-3000:]}")
-            time.sleep(1.0)
-        print(f"vLLM's server up in {time.monotonic() - started:.0f} s")
-        yield ResponsesBackend("vllm", f"http://{HOST}:{port}/v1", "smollm2", timeout_s=120.0)
-    finally:
-        stop_group(proc)
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def server() -> AsyncIterator[BackgroundServer]:
+    async with BackgroundServer(Runtime(tools_config())) as srv:
+        yield srv
 
 
 async def speak(conn) -> None:
