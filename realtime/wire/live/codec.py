@@ -81,7 +81,9 @@ from vllm_duplex.realtime.wire.live.decisions import (
 from vllm_duplex.realtime.wire.live.delegated import Delegations, LiveCommands
 from vllm_duplex.realtime.wire.live.delegation import check_delegation, realtime_fields
 from vllm_duplex.realtime.wire.live.fixtures import FIXTURE_FRAME_BYTES, FIXTURE_PLAY, Fixtures
+from vllm_duplex.realtime.wire.live.fragments import final_rest
 from vllm_duplex.realtime.wire.live.history import history_items
+from vllm_duplex.realtime.wire.live.remote import RemoteRun
 from vllm_duplex.realtime.wire.live.start_config import SILENCE, read_start, refuse_fields
 from vllm_duplex.realtime.wire.live.client_events import (
     HANDLED,
@@ -178,7 +180,7 @@ class LiveCodec:
     # ---- parse -------------------------------------------------------------------------
 
     def parse(self, frame: str | bytes) -> (Command | LiveCommands | LiveStart | LiveAck
-                                             | LiveDtmf | DecisionRun | ItemReply):
+                                             | LiveDtmf | DecisionRun | ItemReply | RemoteRun):
         obj = self._object(frame)
         raw_eid = obj.get("event_id")
         eid = raw_eid if isinstance(raw_eid, str) else None
@@ -519,22 +521,6 @@ class LiveCodec:
         self.last_event_id = out["event_id"]
         out.update({k: v for k, v in fields.items() if v is not None})
         return _encode(out)
-
-
-def final_rest(sent: str, final: str) -> str:
-    """What of the final transcript the fragments sent did not say.
-
-    GPT-Live's input transcript is fragments only (no "completed", no
-    revision), and ours are the partial decode's stable words: the words the
-    final alone hears (the turn's last ones, typically) would never reach the
-    client. They follow as one more fragment: the final's text after what was
-    sent when it goes on from it, else its words after as many words as were
-    sent (a fragment cannot take back a word the final heard otherwise)."""
-    if final.startswith(sent):
-        return final[len(sent):]
-    n = len(sent.split())
-    rest = final.split()[n:]
-    return (" " if n else "") + " ".join(rest) if rest else ""
 
 
 def _encode(obj: dict[str, Any]) -> str:
