@@ -49,6 +49,9 @@ setup(
         # remote MCP tools of a realtime session (session.tools {"type": "mcp"}):
         # the official SDK lists and calls the servers (session/mcp_client.py)
         "mcp>=2.3,<3",
+        # GPT-Live delegations on an external Responses backend stream it over
+        # HTTP (realtime/server/live/backend.py); mcp depends on it too
+        "httpx>=0.27",
     ],
     extras_require={
         # The embedded CPU voice stack. vLLM itself is installed by

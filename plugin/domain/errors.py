@@ -266,6 +266,9 @@ ERRORS: dict[str, ErrorSpec] = {
         ErrorSpec("stage_failed", _SERVER, True, 500, EngineError),
         # a session's remote MCP server did not answer as it should (session/mcp_calls.py)
         ErrorSpec("mcp_server_error", _SERVER, True, 502, EngineError),
+        # a GPT-Live delegation's external Responses backend failed its run
+        # (realtime/server/live/backend.py): the delegation ends, the session goes on
+        ErrorSpec("backend_error", _SERVER, True, 502, EngineError),
         ErrorSpec("engine_dead", _SERVER, True, 503, EngineDead),
         # a durable session store (durability: redis) cannot be reached: a session
         # not held here cannot be looked up or taken over now (durable/takeover.py)

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from vllm_duplex.domain.backends import ResponsesBackend
 from vllm_duplex.domain.devices import Device
+from vllm_duplex.host.backends import backends_from_raw
 from vllm_duplex.host.sip import Sip
 from vllm_duplex.host.store_config import StoreConfig
 from vllm_duplex.host.topology import Workers
@@ -134,6 +136,8 @@ class DeployConfig:
     served_model_names: tuple[str, ...] = ()
     # Where sessions are kept: memory (one process) or redis (host/store_config.py).
     durability: StoreConfig = StoreConfig()
+    # External Responses endpoints GPT-Live delegations may name (host/backends.py)
+    responses_backends: dict[str, ResponsesBackend] = field(default_factory=dict)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -181,6 +185,7 @@ class DeployConfig:
             served_model_names=tuple(aliases), webrtc=WebRtc.from_raw(raw.get("webrtc")),
             sip=Sip.from_raw(raw.get("sip")), twilio=Twilio.from_raw(raw.get("twilio")),
             durability=StoreConfig.from_raw(raw.get("durability")),
+            responses_backends=backends_from_raw(raw.get("responses_backends")),
         )
 
 

@@ -94,6 +94,7 @@ class RealtimeSessions:
         self.model_names: tuple[str, ...] = config.model_names
         self.model_aliases = {name: config.model for name in config.model_names}
         self.max_event_bytes = config.limits.max_event_bytes
+        self.responses_backends = dict(config.responses_backends)  # GPT-Live delegations'
         self.api_keys: tuple[str, ...] = tuple(config.api_keys)
         self.capacity = VoiceCapacity(config.limits.max_voice_sessions)
         self._refusals = metrics.counter(
@@ -361,6 +362,10 @@ class RealtimeSessions:
 
     def now(self) -> float:
         return self._clock.now()
+
+    async def sleep(self, seconds: float) -> None:
+        """On the session clock (a virtual one in tests)."""
+        await self._clock.sleep(seconds)
 
     def count_error(self, code: str) -> None:
         self._metrics.errors.inc(code=code)

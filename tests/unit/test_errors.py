@@ -58,6 +58,7 @@ def test_kinds_group_the_codes_that_code_branches_on() -> None:
                                    "invalid_signature"}
     assert codes(EngineDead) == {"engine_dead"}
     assert codes(EngineError) == {"stage_failed", "engine_dead", "internal_error", "mcp_server_error",
+                                  "backend_error",
                                   "store_unavailable"}
     assert codes(Unsupported) <= codes(InvalidRequest)
     # every code has exactly one kind, and only engine_dead ends the session

@@ -51,6 +51,7 @@ from vllm_duplex.domain.errors import Capacity, Closed, DuplexError
 from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
+from vllm_duplex.realtime.server.live.backend import RemoteRunner
 from vllm_duplex.realtime.server.live.decisions import DecisionRunner
 from vllm_duplex.realtime.server.live.lines import LiveLine, LiveLines
 from vllm_duplex.realtime.server.port.session_port import SessionPort
@@ -61,6 +62,7 @@ from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
 from vllm_duplex.realtime.wire.live.delegated import each_command
 from vllm_duplex.realtime.wire.live.fixtures import FixturePlay
 from vllm_duplex.realtime.wire.live.forks import fork_start, stored_items
+from vllm_duplex.realtime.wire.live.remote import RemoteRun
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,9 @@ class LiveSocket:
         self.codec.decisions.available = chooser is not None
         self._chooser = chooser
         self.decider: DecisionRunner | None = None
+        # Delegations on external Responses backends (backend.py), where the deployment names any
+        self.codec.remote.backends = dict(sessions.responses_backends)
+        self.remote: RemoteRunner | None = None
         self._send_lock = asyncio.Lock()
         self._fixture: asyncio.Task[None] | None = None  # the fixture playing, if any
 
@@ -116,6 +121,9 @@ class LiveSocket:
             self.lines.add(port.session.session_id, line)
         if self._chooser is not None:
             self.decider = DecisionRunner(self._chooser, self.codec, self._send_and_share)
+        if self.codec.remote.backends:
+            self.remote = RemoteRunner(self.codec, self._send_and_share, port.deliver,
+                                       self.sessions.sleep)
         writer = asyncio.create_task(self._write(port),
                                      name=f"duplex-live-writer-{port.session.session_id}")
         try:
@@ -123,6 +131,8 @@ class LiveSocket:
         finally:
             if self.decider is not None:  # a decision under way is aborted with its socket
                 await self.decider.close()
+            if self.remote is not None:  # so is a delegated run, its HTTP request closed
+                await self.remote.close()
             # No resume in GPT-Live: the session ends with its socket.
             if self._fixture is not None:
                 self._fixture.cancel()
@@ -227,6 +237,10 @@ class LiveSocket:
                 delegated = self.codec.render_delegated(command)
                 self.line.to_sidebands(delegated)
                 return delegated
+            if isinstance(command, RemoteRun):  # response.create continuing a remote run
+                assert self.remote is not None  # only a configured backend makes one
+                self.remote.submit(command)
+                return None
             if isinstance(command, FixturePlay):
                 self._play(port, command)
                 return None
@@ -294,6 +308,12 @@ class LiveSocket:
                 for run in self.codec.decisions.take_runs():  # triggers this event fired
                     if self.decider is not None:
                         self.decider.offer(run)
+                for run in self.codec.remote.take_runs():  # the voice delegated a turn
+                    try:
+                        assert self.remote is not None
+                        self.remote.submit(run)
+                    except DuplexError as err:
+                        await self._send(self.codec.render_error(err))
                 for command in self.codec.due():
                     try:
                         port.deliver(command)

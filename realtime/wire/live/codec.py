@@ -81,7 +81,9 @@ from vllm_duplex.realtime.wire.live.decisions import (
 from vllm_duplex.realtime.wire.live.delegated import Delegations, LiveCommands
 from vllm_duplex.realtime.wire.live.delegation import check_delegation, realtime_fields
 from vllm_duplex.realtime.wire.live.fixtures import FIXTURE_FRAME_BYTES, FIXTURE_PLAY, Fixtures
+from vllm_duplex.realtime.wire.live.fragments import final_rest
 from vllm_duplex.realtime.wire.live.history import history_items
+from vllm_duplex.realtime.wire.live.remote import RemoteRun
 from vllm_duplex.realtime.wire.live.start_config import SILENCE, read_start, refuse_fields
 from vllm_duplex.realtime.wire.live.client_events import (
     HANDLED,
@@ -156,7 +158,9 @@ class LiveCodec:
         # The Live instructions, else the server's (the backend prompt follows them).
         self._instructions: str | None = default_instructions or None
         self._delegations = Delegations(self._realtime, now_ms=self.now_ms,
-                                        owe=lambda *owed: self._appends.owe(*owed))
+                                        owe=lambda *owed: self._appends.owe(*owed),
+                                        conversation=lambda: self.decisions.conversation)
+        self.remote = self._delegations.remote  # delegations on external backends (the shell's)
         self._appends = Appends(self._realtime, self._delegations.check_delegation_id)
         self.decisions = Decisions()  # items, triggers, the conversation they judge
         self.last_event_id: str | None = None  # the last frame's (a trigger's source)
@@ -176,7 +180,7 @@ class LiveCodec:
     # ---- parse -------------------------------------------------------------------------
 
     def parse(self, frame: str | bytes) -> (Command | LiveCommands | LiveStart | LiveAck
-                                             | LiveDtmf | DecisionRun | ItemReply):
+                                             | LiveDtmf | DecisionRun | ItemReply | RemoteRun):
         obj = self._object(frame)
         raw_eid = obj.get("event_id")
         eid = raw_eid if isinstance(raw_eid, str) else None
@@ -474,6 +478,13 @@ class LiveCodec:
         fields = ack.fields if isinstance(ack, ItemReply) else {}
         return self._frame(ack.type, client_event_id=ack.event_id, **fields)
 
+    def render_remote(self, events: list[dict[str, Any]]) -> list[str]:
+        """A remote run's events (``remote.py``), framed; its delegation's
+        creation placed on the session timeline."""
+        return [self._frame(kind, **e, offset_ms=self.now_ms() if kind ==
+                            "session.delegation.created" else None)
+                for e in events for kind in [e.pop("type")]]
+
     def render_delegated(self, run: DecisionRun) -> str:
         """``session.delegation.created`` for a ``decision.create``'s run."""
         return self._frame("session.delegation.created",
@@ -510,22 +521,6 @@ class LiveCodec:
         self.last_event_id = out["event_id"]
         out.update({k: v for k, v in fields.items() if v is not None})
         return _encode(out)
-
-
-def final_rest(sent: str, final: str) -> str:
-    """What of the final transcript the fragments sent did not say.
-
-    GPT-Live's input transcript is fragments only (no "completed", no
-    revision), and ours are the partial decode's stable words: the words the
-    final alone hears (the turn's last ones, typically) would never reach the
-    client. They follow as one more fragment: the final's text after what was
-    sent when it goes on from it, else its words after as many words as were
-    sent (a fragment cannot take back a word the final heard otherwise)."""
-    if final.startswith(sent):
-        return final[len(sent):]
-    n = len(sent.split())
-    rest = final.split()[n:]
-    return (" " if n else "") + " ".join(rest) if rest else ""
 
 
 def _encode(obj: dict[str, Any]) -> str:

@@ -45,12 +45,16 @@ from vllm_duplex.domain.commands import Command, ItemCreate, ResponseCreate, Res
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.realtime.wire.live.delegation import DELEGATE_TOOL
+from vllm_duplex.realtime.wire.live.remote import RemoteRun
+from vllm_duplex.realtime.wire.live.remote_turns import RemoteTurns
 
 _TAG = "live_delegation"  # the response metadata key naming the delegation it continues
 _COMMENTARY = "Tell the user this now, in your own words: {}"
 _MORE = "More from the application on the task it was handed: {}"
 _BUSY = "conversation_already_has_active_response"
 _ASKED_KEPT = 64  # replies we asked for, remembered to tell their refusals apart
+_CALL_EVENTS = (ev.OutputItemAdded, ev.OutputItemDone, ev.FunctionCallArgumentsDelta,
+                ev.FunctionCallArgumentsDone)
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ class _Run:
 class Delegations:
     def __init__(self, realtime: RealtimeCodec, *, now_ms: Callable[[], int],
                  owe: Callable[[str, str, str | None], None],
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 conversation: Callable[[], list[tuple[str, str]]] = list) -> None:
         self._realtime = realtime
         self._now_ms = now_ms
         self._owe = owe  # (item id, ack type, client event id): an *.appended owed
@@ -101,6 +106,12 @@ class Delegations:
         self._deferred: list[ResponseCreate] = []  # replies to ask for once the floor is free
         self._asked: dict[str, tuple[ResponseCreate, str | None]] = {}  # ours -> (it, client eid)
         self._due: list[Command] = []
+        # Delegations whose backend is an external Responses endpoint (remote_turns.py)
+        self.remote = RemoteTurns(
+            next_id=self._next, conversation=conversation,
+            output_item=lambda call_id, text: self._parse_item(
+                {"type": "function_call_output", "call_id": call_id, "output": text}, None),
+            respond=lambda: self._respond(ResponseOptions(tool_choice="none"), None))
 
     # ---- config ---------------------------------------------------------------------
 
@@ -116,15 +127,24 @@ class Delegations:
 
     # ---- client events ----------------------------------------------------------------
 
-    def parse(self, kind: str, obj: dict[str, Any], eid: str | None) -> Command | LiveCommands:
+    def parse(self, kind: str, obj: dict[str, Any], eid: str | None
+              ) -> Command | LiveCommands | RemoteRun:
         if kind == "session.commentary.append":
             return self._commentary(obj, eid)
         if self.target != "responses":
             raise DuplexError("invalid_value", f"{kind} requires responses delegation "
                               "(session.delegation.type: responses)", param="type")
+        remote = self.remote.backend(self.config) is not None
         if kind == "response.item.create":
-            return self._item(obj.get("item"), eid)
+            item = obj.get("item")
+            if isinstance(item, dict) and item.get("type") == "function_call_output" \
+                    and self.remote.waits_for(item.get("call_id")):
+                self.remote.output(item["call_id"], _output_text(item.get("output")))
+                return LiveCommands(())  # the next run's input, not the session's
+            return self._item(item, eid)
         assert kind == "response.create"
+        if remote:
+            return self.remote.continue_run(self.config or {}, eid)
         return self._continue(eid)
 
     def check_delegation_id(self, raw: Any) -> _Delegation | None:
@@ -254,6 +274,9 @@ class Delegations:
     def render(self, e: ev.ServerEvent) -> list[dict[str, Any]]:
         """The GPT-Live events (without ``event_id``) this session event
         means for delegations, sent before what the codec renders of it."""
+        if self.remote.backend(self.config) is not None and isinstance(e, _CALL_EVENTS) \
+                and (e.item.get("type") == "function_call" if hasattr(e, "item") else True):
+            return self.remote.voice_call(e, self.config or {})  # the voice delegates
         if isinstance(e, ev.ResponseCreated):
             return self._created(e.response)
         if isinstance(e, ev.ResponseDone):
