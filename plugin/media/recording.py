@@ -81,12 +81,29 @@ class Recording:
         track.chunks.append((start, pcm))
         track.end = start + pcm.size
 
-    def wav(self) -> bytes:
-        """The recording so far: a stereo WAV, left caller, right assistant."""
+    def snapshot(self) -> Snapshot:
+        """The recording so far, frozen (chunks are never changed once laid):
+        its WAV may be built on another thread while this one goes on."""
         frames = min(self.limit, max(t.end for t in self._tracks))
-        stereo = np.zeros((frames, 2), dtype="<i2")
-        for channel, track in enumerate(self._tracks):
-            for start, pcm in track.chunks:
+        return Snapshot(frames, tuple(tuple(t.chunks) for t in self._tracks))
+
+    def wav(self) -> bytes:
+        return self.snapshot().wav()
+
+
+class Snapshot:
+    """A recording as it was: builds its WAV (tens of ms for minutes of audio:
+    off the event loop, ``StoredSession.keep``)."""
+
+    def __init__(self, frames: int, tracks: tuple[tuple[tuple[int, np.ndarray], ...], ...]) -> None:
+        self.frames = frames
+        self.tracks = tracks
+
+    def wav(self) -> bytes:
+        """A stereo WAV, left caller, right assistant."""
+        stereo = np.zeros((self.frames, 2), dtype="<i2")
+        for channel, chunks in enumerate(self.tracks):
+            for start, pcm in chunks:
                 stereo[start:start + pcm.size, channel] = pcm
         out = io.BytesIO()
         with wave.open(out, "wb") as w:

@@ -14,6 +14,7 @@ and backchannels, paced as they play -- on the session's clock.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from vllm_duplex.domain import events as ev
@@ -37,6 +38,9 @@ class StoredSession:
         config = port.config
         self.recording = Recording(config.input_format, config.output_format,
                                    started_at=sessions.now())
+        # One save at a time, each of the state when it began: a later save
+        # never lands before an earlier one (a reply's and the last may overlap).
+        self._saving = asyncio.Lock()
 
     def heard(self, audio: bytes) -> None:
         """The caller's audio as the session got it (input format)."""
@@ -53,12 +57,14 @@ class StoredSession:
         """Save now; the store's typed error if it could not (the session goes on)."""
         # The id its client knows: a call's (``rtc_…``), else the session's.
         session_id = self.codec.session_id or self.port.session.session_id
-        try:
-            await self.sessions.keep_live(
-                session_id, config=self.codec.started_with,
-                items=stored_items(self.port.session.snapshot()["items"]),
-                api_key=self.api_key, recording=self.recording.wav())
-        except DuplexError as err:
-            log.warning("live session %s not stored: %s", session_id, err)
-            return err
+        async with self._saving:
+            items = stored_items(self.port.session.snapshot()["items"])
+            # Minutes of audio take tens of ms to lay out: a thread's work, not the loop's.
+            wav = await asyncio.to_thread(self.recording.snapshot().wav)
+            try:
+                await self.sessions.keep_live(session_id, config=self.codec.started_with,
+                                              items=items, api_key=self.api_key, recording=wav)
+            except DuplexError as err:
+                log.warning("live session %s not stored: %s", session_id, err)
+                return err
         return None
