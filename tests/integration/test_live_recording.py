@@ -8,6 +8,7 @@ voice right where it was played."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import time
 import wave
@@ -98,3 +99,23 @@ async def test_no_recording_for_an_unknown_unstored_or_other_keys_session(server
         assert (missing.value.body["code"], missing.value.body["param"]) == (
             "session_not_found", "session_id")
     assert len(opened(await download(server, kept.session.id))) >= 0  # its owner's
+
+
+async def test_an_audio_fixture_is_recorded_as_the_client_played_it(server):
+    t = np.arange(int(0.8 * RATE)) / RATE
+    fixture = (np.sin(2 * np.pi * 523 * t) * 6000).astype("<i2").tobytes()
+    async with live(server) as conn:
+        _, start = await started(conn, store=True)
+        t0 = time.monotonic()
+        async with Microphone(conn) as mic:
+            await asyncio.sleep(0.4)
+            played_at = time.monotonic() - t0
+            await conn.session.output_audio.fixture.play(
+                audio=base64.b64encode(fixture).decode(), event_id="fx")
+            await mic.until(lambda: mic.of("session.output_audio.fixture.played"), 10)
+            await conn.session.close(event_id="bye")
+            await mic.until(lambda: mic.of("session.closed"), 10)
+    frames = opened(await download(server, start.session.id))
+    voice = loud(frames[:, 1])
+    assert abs(voice[0] - played_at) < 0.3 and abs(len(voice) * 0.02 - 0.8) < 0.1, voice
+    assert len(loud(frames[:, 0])) == 0  # the caller said nothing

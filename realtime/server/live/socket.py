@@ -249,7 +249,8 @@ class LiveSocket:
         config = port.config
         self._fixture = asyncio.create_task(
             play_fixture(play, self.codec, self._send, fmt=config.output_format,
-                         lead_ms=config.pacing.lead_ms, clock=self.sessions.now),
+                         lead_ms=config.pacing.lead_ms, clock=self.sessions.now,
+                         on_audio=None if self.stored is None else self.stored.played_audio),
             name=f"duplex-live-fixture-{port.session.session_id}")
 
     async def _read(self, port: SessionPort) -> None:

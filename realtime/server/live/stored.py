@@ -8,8 +8,9 @@ when their session is stored, and save at the start, after each reply and
 at the end.
 
 What is recorded: the caller's audio as the session got it (after the mute
-gate: muted is silence), and the engine's voice as it was sent -- replies
-and backchannels, paced as they play -- on the session's clock.
+gate: muted is silence), and what the client was sent to play -- replies,
+backchannels and a socket's audio fixtures, paced as they play -- on the
+session's clock.
 """
 
 from __future__ import annotations
@@ -49,9 +50,13 @@ class StoredSession:
     def played(self, event: ev.ServerEvent) -> None:
         """A session event on its way to the client: its voice, if it is any."""
         if isinstance(event, ev.OutputAudioDelta):
-            self.recording.played(event.delta, self.sessions.now())
+            self.played_audio(event.delta)
         elif isinstance(event, ev.OutputAudioBackchannel):
-            self.recording.played(event.audio, self.sessions.now())
+            self.played_audio(event.audio)
+
+    def played_audio(self, audio: bytes) -> None:
+        """Audio sent to the client now (output format): a reply's, a fixture's."""
+        self.recording.played(audio, self.sessions.now())
 
     async def keep(self) -> DuplexError | None:
         """Save now; the store's typed error if it could not (the session goes on)."""
