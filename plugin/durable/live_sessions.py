@@ -8,6 +8,11 @@ long as the store keeps any session's keys after their last write
 it -- so its record is created under generation 1 and saved under it; a fork
 only reads it.
 
+Its recording (``media/recording.py``: a stereo WAV, caller left, assistant
+right) is part of the record, so it has the same owner, store and lifetime,
+and is as fresh as the last save: a session still running has its recording
+up to its last reply.
+
 A session stored by another API key is not found, as everywhere else.
 """
 
@@ -28,10 +33,11 @@ _LEASE_S = 1.0
 
 
 async def keep(store: SessionStore, holder: str, session_id: str, *, config: dict[str, Any],
-               items: list[dict[str, Any]], api_key: str | None) -> None:
+               items: list[dict[str, Any]], api_key: str | None,
+               recording: bytes = b"") -> None:
     """Save the stored session now (created by its first save)."""
     record = LiveSessionRecord(config=config, items=tuple(items), key_sha=sha(api_key),
-                               stored_at=time.time())
+                               stored_at=time.time(), recording=recording)
     try:
         await store.apply([Save(LIVE_PREFIX + session_id, _GENERATION, record,  # type: ignore[arg-type]
                                 holder=holder, ttl_s=_LEASE_S)])

@@ -59,9 +59,11 @@ class LiveSessionRecord:
     """A stored GPT-Live session (``durable/live_sessions.py``): its config as
     the client started it (the SDK's ``SessionConfig``, without ``input``),
     its conversation as the SDK's ``InitialItem`` messages (role and text),
-    its API key's hash, and when it was stored (unix seconds)."""
+    its API key's hash, when it was stored (unix seconds), and its recording
+    so far (a stereo WAV, ``media/recording.py``; ``GET …/{id}/content``)."""
 
     config: dict[str, Any]
     items: tuple[dict[str, Any], ...]
     key_sha: str | None
     stored_at: float
+    recording: bytes = b""

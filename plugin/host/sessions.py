@@ -351,9 +351,11 @@ class RealtimeSessions:
     # ---- stored GPT-Live sessions (store: true; durable/live_sessions.py) -------------
 
     async def keep_live(self, session_id: str, *, config: dict[str, Any],
-                        items: list[dict[str, Any]], api_key: str | None) -> None:
+                        items: list[dict[str, Any]], api_key: str | None,
+                        recording: bytes = b"") -> None:
         await live_sessions.keep(self._durability.store, self._durability.holder, session_id,
-                                 config=config, items=items, api_key=api_key)
+                                 config=config, items=items, api_key=api_key,
+                                 recording=recording)
 
     async def find_live(self, session_id: str, api_key: str | None) -> LiveSessionRecord:
         return await live_sessions.find(self._durability.store, session_id, api_key)

@@ -122,11 +122,10 @@ async def test_close_answers_session_closed(server):
     assert closed.reason == "close_requested" and closed.session.id
 
 
-async def test_rest_calls_are_refused_by_name(server):
+async def test_rest_calls_on_a_session_never_stored_are_typed_404s(server):
     async with httpx.AsyncClient(base_url=server.http_url) as http:
-        r = await http.post("/v1/live/sessions/sess_x/fork", json={})
-        assert r.status_code == 400
-        body = r.json()["error"]
-        assert body["code"] == "capability_unsupported" and "fork" in body["message"]
+        r = await http.post("/v1/live/sessions/sess_x/fork",
+                            json={"transport": {"type": "webrtc", "sdp": "v=0"}})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
         r = await http.get("/v1/live/sessions/sess_x/content")
-        assert r.json()["error"]["code"] == "capability_unsupported"
+        assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"

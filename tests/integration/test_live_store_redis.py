@@ -38,3 +38,17 @@ async def test_a_stored_session_is_saved_again_and_found_by_its_key(store):
     with pytest.raises(DuplexError) as err:
         await live_sessions.find(store, "sess_r1", "sk-b")
     assert err.value.code == "session_not_found"
+
+
+async def test_a_recording_is_kept_with_its_session_in_redis(store):
+    from vllm_duplex.domain.session_config import AudioFormat
+    from vllm_duplex.media.recording import Recording
+
+    rec = Recording(AudioFormat(), AudioFormat(), started_at=0.0)
+    rec.heard(b"\x10\x00" * 24000, at=1.0)  # a second of the caller
+    wav = rec.wav()
+    await live_sessions.keep(store, "w1#1", "sess_r2", config=CONFIG, items=ITEMS,
+                             api_key="sk-a", recording=wav)
+    assert (await live_sessions.find(store, "sess_r2", "sk-a")).recording == wav
+    with pytest.raises(DuplexError):  # the same owner as its session
+        await live_sessions.find(store, "sess_r2", "sk-b")

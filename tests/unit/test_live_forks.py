@@ -108,6 +108,19 @@ def test_what_a_fork_may_not_set_is_refused_by_name(session, code, param):
     assert (err.value.code, err.value.param) == (code, param)
 
 
+def test_a_webrtc_fork_leaves_the_audio_format_to_webrtc_and_may_set_the_client():
+    client = {"data_channel": {"allowed_server_events": ["session.started"]}}
+    start = fork_start({"type": "session.start", "session": {"client": client}}, CONFIG,
+                       tuple(stored_items(WIRE_ITEMS)), webrtc=True)["session"]
+    assert "format" not in start["audio"] and start["audio"]["output"] == {"voice": "marin"}
+    assert start["client"] == client and start["input"] == stored_items(WIRE_ITEMS)
+    assert CONFIG["audio"]["format"] == {"type": "audio/pcm", "rate": 24000}  # kept as stored
+    with pytest.raises(DuplexError) as err:
+        fork_start({"type": "session.start", "session": {"audio": {"format": {
+            "type": "audio/pcm"}}}}, CONFIG, (), webrtc=True)
+    assert (err.value.code, err.value.param) == ("invalid_value", "session.audio")
+
+
 def test_other_frames_pass_through_to_the_codec():
     frame = {"type": "session.input_audio.append", "audio": ""}
     assert fork_start(frame, CONFIG, ()) is frame
@@ -126,6 +139,11 @@ async def test_a_stored_session_is_kept_in_the_session_store_and_found_by_its_ke
     record = await live_sessions.find(store, "sess_1", "sk-a")
     assert record.config == CONFIG and list(record.items) == items
     assert decode(encode(record)) == record  # through the allow-listed pickle of a shared store
+    assert record.recording == b""  # none given: an empty one
+    await live_sessions.keep(store, "w1#1", "sess_1", config=CONFIG, items=items,
+                             api_key="sk-a", recording=b"RIFF...")
+    record = await live_sessions.find(store, "sess_1", "sk-a")
+    assert decode(encode(record)).recording == b"RIFF..."  # kept with it, the same owner
     for sid, key in (("sess_1", "sk-b"), ("sess_1", None), ("sess_9", "sk-a")):
         with pytest.raises(DuplexError) as err:
             await live_sessions.find(store, sid, key)

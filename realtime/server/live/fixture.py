@@ -51,10 +51,12 @@ class FixturePlayer:
 
 
 async def play_fixture(play: FixturePlay, codec: LiveCodec, send: Callable[[str], Awaitable[None]],
-                       *, fmt: AudioFormat, lead_ms: int, clock: Callable[[], float]) -> None:
+                       *, fmt: AudioFormat, lead_ms: int, clock: Callable[[], float],
+                       on_audio: Callable[[bytes], None] | None = None) -> None:
     """``fixture.playing``, the fixture's audio at playback speed, then
     ``fixture.played`` once it drained; the dialect's playback state is
-    ended however this ends (a cancelled playback has no ``played``)."""
+    ended however this ends (a cancelled playback has no ``played``).
+    ``on_audio``: each chunk as it is sent (a stored session's recording)."""
     try:
         await send(codec.render_notice("session.output_audio.fixture.playing",
                                        client_event_id=play.event_id))
@@ -62,6 +64,8 @@ async def play_fixture(play: FixturePlay, codec: LiveCodec, send: Callable[[str]
         while True:
             now = clock()
             for chunk in player.due(now):
+                if on_audio is not None:
+                    on_audio(chunk)
                 await send(codec.render_audio(chunk))
             wake = player.next_at(now)
             if wake is None:

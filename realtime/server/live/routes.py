@@ -1,14 +1,23 @@
 """The GPT-Live routes: ``WS /v1/live/sessions`` (the primary socket,
-``socket.py``), ``WS …/{id}/attach`` (the sideband, ``sideband.py``), the SIP
-call control (``call_routes.py``), and the REST calls of the ``openai``
-SDK's ``live`` resources not built yet, answered with a typed error naming
-what they are (never a bare 404), so a client learns why.
+``socket.py``), ``WS …/{id}/attach`` (the sideband, ``sideband.py``), the
+WebRTC sessions and forks (``webrtc_routes.py``), the SIP call control
+(``call_routes.py``), and ``GET …/{id}/content``, a stored session's
+recording.
 
 ``WS /v1/live/sessions/{id}/fork`` (the SDK's ``live.forks``) is a session
-that starts from a stored one (``socket.py``). The SDK's paths (``openai/resources/live/``): ``POST /live/sessions``
-(create: a WebRTC/SIP session), ``…/{id}/accept``, ``/reject``, ``/refer``,
-``/hangup`` (SIP), ``…/{id}/fork``, ``GET …/{id}/content`` (a stored
-session's recording) and ``WS …/{id}/attach`` (the sideband).
+that starts from a stored one (``socket.py``); ``POST …/{id}/fork`` the
+same onto a new WebRTC connection. The SDK's paths
+(``openai/resources/live/``): ``POST /live/sessions`` (create: a WebRTC
+session), ``…/{id}/accept``, ``/reject``, ``/refer``, ``/hangup`` (SIP),
+``…/{id}/fork``, ``GET …/{id}/content`` and ``WS …/{id}/attach``.
+
+The recording (``download_recording``, ``Accept: application/binary``) is
+a stereo WAV, 24 kHz 16-bit, left the caller as the session heard them,
+right the engine's voice as played (``media/recording.py``), kept with the
+stored session (``durable/live_sessions.py``): the same owner, store and
+lifetime, and as fresh as its last save -- a session still running answers
+with its recording up to its last reply. An id never stored, another key's
+or one the store forgot: ``session_not_found`` (404).
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 from vllm_duplex.domain.decisions import Chooser
@@ -31,14 +41,6 @@ from vllm_duplex.realtime.server.live.sideband import LiveSideband
 from vllm_duplex.realtime.server.live.socket import LiveSocket
 from vllm_duplex.realtime.server.live.webrtc_routes import live_webrtc_routes
 from vllm_duplex.realtime.server.port.calls import Calls
-
-_NOT_YET = "is not supported by this engine yet (docs/live-conformance.md)"
-
-# REST call -> what it is, for the refusal's message.
-_REST = {
-    ("POST", "/v1/live/sessions/{session_id}/fork"): "forking a stored GPT-Live session",
-    ("GET", "/v1/live/sessions/{session_id}/content"): "a stored GPT-Live session's recording",
-}
 
 
 def live_routes(sessions: RealtimeSessions, webrtc: WebRtc, calls: Calls,
@@ -55,14 +57,15 @@ def live_routes(sessions: RealtimeSessions, webrtc: WebRtc, calls: Calls,
     async def attach(ws: WebSocket):
         await LiveSideband(sessions, lines, ws).serve()
 
-    def refusal(what: str):
-        async def refuse(request: Request):
-            try:
-                sessions.check_key(bearer_key(request.headers))
-                raise DuplexError("capability_unsupported", f"{what} {_NOT_YET}")
-            except DuplexError as err:
-                return error_response(err)
-        return refuse
+    async def recording(request: Request):
+        try:
+            key = bearer_key(request.headers)
+            sessions.check_key(key)
+            stored = await sessions.find_live(request.path_params["session_id"], key)
+        except DuplexError as err:
+            sessions.count_error(err.code)
+            return error_response(err)
+        return Response(stored.recording, media_type="audio/wav")
 
     async def fork(ws: WebSocket):  # a new session from a stored one (live.forks.connect)
         await LiveSocket(sessions, ws, lines, chooser, fork_of=ws.path_params["session_id"]).serve()
@@ -74,5 +77,5 @@ def live_routes(sessions: RealtimeSessions, webrtc: WebRtc, calls: Calls,
     ]
     routes += live_webrtc_routes(sessions, webrtc, calls, lines)
     routes += live_call_routes(sessions, calls, sip, lines)
-    routes += [Route(path, refusal(what), methods=[method]) for (method, path), what in _REST.items()]
+    routes.append(Route("/v1/live/sessions/{session_id}/content", recording, methods=["GET"]))
     return routes

@@ -14,8 +14,8 @@ dialect's few rules, kept here:
 - A session's initial history (``session.input``) is created before it
   hears anything; an audio fixture is played here, paced as the session's
   own audio (``fixture.py``).
-- A stored session (``store: true``) is saved when it starts, after each
-  reply and when it ends; a fork (``fork_of``) starts from one, its
+- A stored session (``store: true``) is recorded and saved when it starts,
+  after each reply and when it ends (``stored.py``); a fork (``fork_of``) starts from one, its
   ``session.start`` read as the overrides it is (``realtime/wire/live/forks.py``).
 - One client event may be several commands (``LiveCommands``: an answer to
   a delegation and the reply it asks for), and one session event several
@@ -54,6 +54,7 @@ from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.live.backend import RemoteRunner
 from vllm_duplex.realtime.server.live.decisions import DecisionRunner
 from vllm_duplex.realtime.server.live.lines import LiveLine, LiveLines
+from vllm_duplex.realtime.server.live.stored import StoredSession
 from vllm_duplex.realtime.server.port.session_port import SessionPort
 from vllm_duplex.realtime.server.live.fixture import play_fixture
 from vllm_duplex.realtime.server.websocket_frames import next_frame
@@ -61,7 +62,7 @@ from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, L
 from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
 from vllm_duplex.realtime.wire.live.delegated import each_command
 from vllm_duplex.realtime.wire.live.fixtures import FixturePlay
-from vllm_duplex.realtime.wire.live.forks import fork_start, stored_items
+from vllm_duplex.realtime.wire.live.forks import fork_start
 from vllm_duplex.realtime.wire.live.remote import RemoteRun
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class LiveSocket:
         # (the host's store keeps the record; a shell never reads the store).
         self._forked: tuple[dict[str, Any], tuple[dict[str, Any], ...]] | None = None
         self._key: str | None = None
+        self.stored: StoredSession | None = None  # its recording and saves, when store: true
         self.codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
                                model_aliases=sessions.model_aliases, clock=sessions.now,
                                context_limit=sessions.context_limit,
@@ -175,6 +177,8 @@ class LiveSocket:
                 await self.ws.close(code=1013 if isinstance(err, Capacity) else 1008,
                                     reason=err.code)
                 return None
+            if self.codec.store:
+                self.stored = StoredSession(self.sessions, port, self.codec, key)
             await self._keep(port)
             return port
         return None
@@ -197,18 +201,14 @@ class LiveSocket:
             raise err.with_event_id(eid if isinstance(eid, str) else None) from None
 
     async def _keep(self, port: SessionPort, *, tell: bool = True) -> None:
-        """Save a stored session now (its conversation so far); a store that
-        cannot take it is the client's typed error, and the session goes on."""
-        if not self.codec.store:
+        """Save a stored session now (its conversation and recording so far);
+        a store that cannot take it is the client's typed error, and the
+        session goes on."""
+        if self.stored is None:
             return
-        try:
-            await self.sessions.keep_live(
-                port.session.session_id, config=self.codec.started_with,
-                items=stored_items(port.session.snapshot()["items"]), api_key=self._key)
-        except DuplexError as err:
-            log.warning("live session %s not stored: %s", port.session.session_id, err)
-            if tell:
-                await self._try_send(port.error(err))
+        err = await self.stored.keep()
+        if err is not None and tell:
+            await self._try_send(port.error(err))
 
     async def _receive(self) -> str | bytes | None:
         # The close code does not matter here: the session ends with its socket.
@@ -246,6 +246,8 @@ class LiveSocket:
                 return None
             if isinstance(command, AudioAppend):
                 self.line.reflect(self.codec.raw_audio, port.config.input_format)
+                if self.stored is not None:
+                    self.stored.heard(command.audio)  # as heard: a mute's silence
             for one in each_command(command):
                 port.deliver(one)
             return None
@@ -261,7 +263,8 @@ class LiveSocket:
         config = port.config
         self._fixture = asyncio.create_task(
             play_fixture(play, self.codec, self._send, fmt=config.output_format,
-                         lead_ms=config.pacing.lead_ms, clock=self.sessions.now),
+                         lead_ms=config.pacing.lead_ms, clock=self.sessions.now,
+                         on_audio=None if self.stored is None else self.stored.played_audio),
             name=f"duplex-live-fixture-{port.session.session_id}")
 
     async def _read(self, port: SessionPort) -> None:
@@ -293,6 +296,8 @@ class LiveSocket:
         session = port.session
         try:
             async for item in port.events():
+                if self.stored is not None:
+                    self.stored.played(item.event)
                 if isinstance(item.event, ev.ResponseDone):
                     await self._keep(port)  # a stored session, after each reply
                 cancel = self.codec.fixtures.on_event(item.event)  # a reply over a fixture

@@ -13,6 +13,9 @@ data channel speaks GPT-Live.
   untrusted frontend may send and receive on the channel; sidebands are
   trusted and get everything (``lines.py``), the reply's audio included.
 - No ``output_audio_buffer.*``: GPT-Live has no such events.
+- A stored session (``store: true``; a fork inherits it) is recorded -- the
+  microphone after the mute gate, the reply as the track plays it -- and
+  saved at the start, after each reply and at the end (``stored.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.realtime.server.live.lines import LiveLine
+from vllm_duplex.realtime.server.live.stored import StoredSession
 from vllm_duplex.realtime.server.webrtc.call import RtcCall
 from vllm_duplex.realtime.wire.live.client_events import HANDLED, REFUSED
 from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, LiveStart
@@ -84,6 +88,7 @@ def _events(raw: Any, name: str) -> frozenset[str] | None:
 class LiveRtcCall(RtcCall):
     task_prefix = "live-rtc"
     policy = DataChannelPolicy()
+    stored: StoredSession | None = None  # its recording and saves, when store: true
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -128,7 +133,22 @@ class LiveRtcCall(RtcCall):
     def _heard(self, audio: bytes) -> bytes:
         codec = self.line.codec
         self.line.reflect(audio, self.port.config.input_format)
-        return codec.silence * len(audio) if codec.muted else audio
+        heard = codec.silence * len(audio) if codec.muted else audio
+        if self.stored is not None:
+            self.stored.heard(heard)
+        return heard
+
+    # ---- a stored session ----------------------------------------------------------
+
+    async def store(self, api_key: str | None) -> None:
+        """Keep this session (``store: true``): recorded from now, saved now,
+        after each reply and at the end. Before the peer connects."""
+        self.stored = StoredSession(self.port.sessions, self.port, self.line.codec, api_key)
+        await self._keep()
+
+    async def _keep(self) -> None:
+        if self.stored is not None and (err := await self.stored.keep()) is not None:
+            self._send_now(self.port.error(err))  # the session goes on
 
     # ---- the session's events, out -------------------------------------------------
 
@@ -137,6 +157,10 @@ class LiveRtcCall(RtcCall):
             self._send_now(text)
 
     async def _follow(self, item: Envelope) -> None:
+        if self.stored is not None:
+            self.stored.played(item.event)
+            if isinstance(item.event, ev.ResponseDone):
+                await self._keep()
         if self.track.player.follow(item.event, self.port.config):
             self.line.share(item, None)  # the reply's audio: the track's; reflected to sidebands
             return
@@ -154,6 +178,7 @@ class LiveRtcCall(RtcCall):
 
     async def _after_stop(self, reason: Any) -> None:
         await super()._after_stop(reason)
+        await self._keep()  # a stored session's last save
         self.line.end()
 
 

@@ -12,6 +12,17 @@ session config is a ``session.start``'s (the live codec parses it), but
 what WebRTC negotiates (``audio.format``: refused) and what this engine
 does not do: ``wake_policy`` and ``idle_timeout_s`` pause and wake
 inference, and nothing here pauses (refused by name, ``unsupported_option``).
+``store: true`` keeps it as a WebSocket session is kept (``stored.py``).
+
+``POST /v1/live/sessions/{id}/fork`` (the SDK's ``live.sessions.fork``) is
+the same with a stored session's config and conversation: its body's
+``session`` is the overrides only (``MediaSessionForkConfigParam``:
+``client``, ``delegation``, ``store``; absent or ``{}`` inherits all), read
+as ``realtime/wire/live/forks.py`` reads a WebSocket fork's, and the stored
+conversation is the new session's first items, delivered before the peer
+can speak. Answered as ``SessionForkResponse``: the new session's id and
+the SDP answer. An id never stored, another key's or one the store forgot:
+``session_not_found`` (404), before any ICE work.
 """
 
 from __future__ import annotations
@@ -30,9 +41,12 @@ from vllm_duplex.realtime.server.http_errors import error_response
 from vllm_duplex.realtime.server.live.lines import LiveLines
 from vllm_duplex.realtime.server.live.webrtc_call import DataChannelPolicy, LiveRtcCall
 from vllm_duplex.realtime.server.port.calls import Calls
+from vllm_duplex.realtime.server.port.session_port import realtime_codec
 from vllm_duplex.realtime.server.webrtc.ice import use_host_addresses
 from vllm_duplex.realtime.server.webrtc.offer import MAX_OFFER_BYTES, check_offer
 from vllm_duplex.realtime.wire.live.codec import LiveCodec
+from vllm_duplex.realtime.wire.live.forks import fork_start
+from vllm_duplex.realtime.wire.live.history import history_items
 
 _NO_PAUSE = ("this engine does not pause inference on idle (its stages run only on speech): "
              "{} is not supported")
@@ -42,7 +56,7 @@ def live_webrtc_routes(sessions: RealtimeSessions, settings: WebRtc, calls: Call
                        lines: LiveLines) -> list[Route]:
     use_host_addresses(settings.host_addresses)
 
-    async def read(request: Request) -> tuple[str, dict[str, Any]]:
+    async def read(request: Request, *, fork: bool = False) -> tuple[str, dict[str, Any]]:
         raw = await request.body()
         if len(raw) > MAX_OFFER_BYTES + (64 << 10):
             raise DuplexError("invalid_sdp", "the request is too large for an SDP offer",
@@ -53,7 +67,7 @@ def live_webrtc_routes(sessions: RealtimeSessions, settings: WebRtc, calls: Call
             raise DuplexError("invalid_json", "the body is not JSON") from None
         if not isinstance(body, dict):
             raise DuplexError("invalid_value", "the body is a JSON object", param="body")
-        transport, session = body.get("transport"), body.get("session")
+        transport, session = body.get("transport"), body.get("session", {} if fork else None)
         if not isinstance(transport, dict) or transport.get("type") != "webrtc" \
                 or not isinstance(transport.get("sdp"), str):
             raise DuplexError("invalid_value", 'transport is {"type": "webrtc", "sdp": offer}',
@@ -71,31 +85,60 @@ def live_webrtc_routes(sessions: RealtimeSessions, settings: WebRtc, calls: Call
                 raise DuplexError("unsupported_option", _NO_PAUSE.format(name),
                                   param=f"session.{name}")
 
+    async def answer(key: str | None, call_id: str, sdp: str, session: dict[str, Any],
+                     history: list[dict[str, Any]] | None = None):
+        """The session and its call, with what it starts with; the answer's JSON."""
+        check(session)
+        policy = DataChannelPolicy.parse(session.get("client"))
+        codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
+                          model_aliases=sessions.model_aliases, clock=sessions.now)
+        codec.session_id = call_id
+        _, patch = codec.call_session_patch({k: v for k, v in session.items()
+                                               if k != "client"}, storable=True)
+        items = history_items(history, realtime_codec(sessions)) if history else ()
+        offer = check_offer(sdp, settings.host_addresses)
+        call, answer = await LiveRtcCall.answer(sessions, settings, call_id, key, offer,
+                                                patch, on_end=calls.remove, codec=codec)
+        assert isinstance(call, LiveRtcCall)
+        call.policy = policy  # before the channel opens: nothing was sent on it yet
+        if not call.ended.is_set():
+            try:
+                for item in items:  # the stored conversation, before the peer can speak
+                    call.port.deliver(item)
+                if codec.store:
+                    await call.store(key)
+            except BaseException:
+                await call.hangup()
+                raise
+            calls.add(call)
+            lines.add(call_id, call.line)
+        return JSONResponse({"session": {"id": call_id},
+                             "transport": {"type": "webrtc", "sdp": answer}})
+
     async def create(request: Request):
         try:
             key = bearer_key(request.headers)
             # The room before the offer is read or any ICE work, as /v1/realtime/calls.
             call_id = sessions.admit(key, call="rtc")
             sdp, session = await read(request)
-            check(session)
-            policy = DataChannelPolicy.parse(session.get("client"))
-            codec = LiveCodec(max_event_bytes=sessions.max_event_bytes,
-                              model_aliases=sessions.model_aliases, clock=sessions.now)
-            codec.session_id = call_id
-            _, patch = codec.call_session_patch({k: v for k, v in session.items()
-                                                   if k != "client"})
-            offer = check_offer(sdp, settings.host_addresses)
-            call, answer = await LiveRtcCall.answer(sessions, settings, call_id, key, offer,
-                                                    patch, on_end=calls.remove, codec=codec)
+            return await answer(key, call_id, sdp, session)
         except DuplexError as err:
             sessions.count_error(err.code)
             return error_response(err)
-        assert isinstance(call, LiveRtcCall)
-        call.policy = policy  # before the channel opens: nothing was sent on it yet
-        if not call.ended.is_set():
-            calls.add(call)
-            lines.add(call_id, call.line)
-        return JSONResponse({"session": {"id": call_id},
-                             "transport": {"type": "webrtc", "sdp": answer}})
 
-    return [Route("/v1/live/sessions", create, methods=["POST"])]
+    async def fork(request: Request):
+        try:
+            key = bearer_key(request.headers)
+            call_id = sessions.admit(key, call="rtc")
+            sdp, overrides = await read(request, fork=True)
+            stored = await sessions.find_live(request.path_params["session_id"], key)
+            start = fork_start({"type": "session.start", "session": overrides},
+                               stored.config, stored.items, webrtc=True)["session"]
+            history = start.pop("input")
+            return await answer(key, call_id, sdp, start, history)
+        except DuplexError as err:
+            sessions.count_error(err.code)
+            return error_response(err)
+
+    return [Route("/v1/live/sessions", create, methods=["POST"]),
+            Route("/v1/live/sessions/{session_id}/fork", fork, methods=["POST"])]

@@ -43,7 +43,7 @@ REFUSED_FIELDS: dict[str, str] = {
     # On a WebRTC or SIP session (LiveCodec.call_session_patch):
     "input": "an initial history is taken by a WebSocket session only, not yet by a "
              "WebRTC or SIP one",
-    "store": "stored sessions are WebSocket sessions only, not yet WebRTC or SIP ones",
+    "store": "stored sessions are WebSocket and WebRTC sessions only, not yet SIP ones",
 }
 
 # Session fields that are honoured ("audio", "instructions", "model") or

@@ -284,12 +284,13 @@ class LiveCodec:
                     delegation[backend] = {**current.get(backend, {}), **delegation[backend]}
             self._delegation = {**current, **delegation} if same else delegation
 
-    def call_session_patch(self, raw: dict[str, Any]) -> tuple[str, SessionPatch]:
-        """A WebRTC or SIP session's config (``live.create``, an accept) as
-        ``session_patch``; what only a primary WebSocket's session keeps --
-        an initial history, a stored session -- refused by name."""
+    def call_session_patch(self, raw: dict[str, Any], *,
+                           storable: bool = False) -> tuple[str, SessionPatch]:
+        """A WebRTC or SIP session's config (``live.create``, a fork, an accept)
+        as ``session_patch``; an initial history refused by name (a fork's is
+        delivered by its route), and a stored session unless ``storable`` (WebRTC)."""
         refuse_fields(raw, ("input",))
-        if raw.get("store") is True:
+        if raw.get("store") is True and not storable:
             raise DuplexError("unsupported_option", REFUSED_FIELDS["store"], param="session.store")
         return self.session_patch(raw)
 

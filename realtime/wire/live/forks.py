@@ -15,6 +15,12 @@ means -- the stored config with the overrides, its conversation as
 ``session.input`` -- which the codec then parses as any other, so a fork is
 validated as a session is and starts the way an initial history does
 (``history.py``).
+
+A WebRTC fork (``POST /v1/live/sessions/{id}/fork``, the SDK's
+``live.sessions.fork``) is the same rewrite (``webrtc=True``) with the
+SDK's two differences: WebRTC negotiates its audio, so ``audio.format`` is
+refused and the stored one dropped, and ``client`` (the frontend's data
+channel permissions) is a WebRTC fork's to set.
 """
 
 from __future__ import annotations
@@ -50,9 +56,10 @@ def stored_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def fork_start(obj: dict[str, Any], config: dict[str, Any],
-               items: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+               items: tuple[dict[str, Any], ...], *, webrtc: bool = False) -> dict[str, Any]:
     """A fork's ``session.start`` (overrides only) as the ``session.start`` it
-    means. Not a ``session.start``: returned as it is (the codec answers it)."""
+    means. Not a ``session.start``: returned as it is (the codec answers it).
+    ``webrtc``: a fork onto a WebRTC connection (the module's docstring)."""
     if obj.get("type") != "session.start":
         return obj
     overrides = obj.get("session", {})
@@ -65,12 +72,20 @@ def fork_start(obj: dict[str, Any], config: dict[str, Any],
         if name not in _OVERRIDES:
             raise DuplexError("invalid_value", f"session.{name} is not a fork override "
                               f"(a fork may set {', '.join(_OVERRIDES)})", param=f"session.{name}")
-    if overrides.get("client") is not None:
+    if overrides.get("client") is not None and not webrtc:
         raise DuplexError("unsupported_option", "client overrides are only supported for "
                           "WebRTC forks; this is a WebSocket fork", param="session.client")
     session = copy.deepcopy(config)
     audio = overrides.get("audio")
-    if audio is not None:
+    if webrtc:
+        if audio is not None:
+            raise DuplexError("invalid_value", "WebRTC negotiates its audio format: "
+                              "audio.format is only supported on WebSocket forks",
+                              param="session.audio")
+        (session.get("audio") or {}).pop("format", None)
+        if overrides.get("client") is not None:
+            session["client"] = copy.deepcopy(overrides["client"])
+    elif audio is not None:
         if not isinstance(audio, dict) or set(audio) - {"format"}:
             raise DuplexError("invalid_value", "a fork's audio sets only format",
                               param="session.audio")

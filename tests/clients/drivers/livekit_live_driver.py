@@ -7,16 +7,20 @@ the agent's instructions, then ``push_audio`` like a microphone (silence
 included) while its ``audio_stream`` is read. ``tool_call`` gives it a
 ``@function_tool`` and runs each call as ``AgentSession`` does (the result
 back through ``_append_items``), with ``responses_options`` its own option
-for the backend's tool choice."""
+for the backend's tool choice. ``barge_in`` speaks a second question
+(``--barge-audio``) over the reply and records what LiveKit's session emits
+to the framework -- its audio frames, ``transcript_delta``,
+``input_speech_started``, final ``input_audio_transcription_completed`` --
+each stamped with when it came."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from typing import Any
 
-import json
-
-from harness import Recorder, main, read_wav
+from harness import Recorder, arguments, main, read_wav
 from livekit import rtc
 from livekit.agents import llm
 from livekit.plugins.openai.realtime import GPTLiveModel
@@ -45,6 +49,7 @@ class Run:
         self.rec = Recorder()
         self.errors: list[str] = []
         self.audio_ms = 0.0
+        self.frames: list[tuple[float, float]] = []  # (arrival, ms) of each audio frame
         self.session.on("openai_server_event_received", self.rec.add)
         self.session.on("error", lambda ev: self.errors.append(repr(ev.error)))
         self.utterance, self.rate = read_wav(args.audio)
@@ -70,11 +75,16 @@ class Run:
     async def _speaker(self) -> None:
         async for out in self.session.audio_stream:
             f = out.frame
-            self.audio_ms += 1000 * f.samples_per_channel / f.sample_rate
+            ms = 1000 * f.samples_per_channel / f.sample_rate
+            self.audio_ms += ms
+            self.frames.append((time.monotonic(), ms))
 
-    def say(self) -> None:
+    def say(self, utterance: bytes | None = None) -> float:
+        """Queue an utterance (the ``--audio`` one by default); when it starts (about)."""
+        pcm = self.utterance if utterance is None else utterance
         step = self.rate * FRAME_MS // 1000 * 2
-        self._queue.extend(self.utterance[i:i + step] for i in range(0, len(self.utterance), step))
+        self._queue.extend(pcm[i:i + step] for i in range(0, len(pcm), step))
+        return time.monotonic() + FRAME_MS / 1000
 
     def text(self, kind: str) -> str:
         return "".join(e.get("delta", "") for e in self.rec.events if e.get("type") == kind)
@@ -167,10 +177,49 @@ async def tool_call(args) -> dict[str, Any]:
     return result
 
 
+async def barge_in(args) -> dict[str, Any]:
+    """A question with a long answer, and a second one spoken over that
+    answer once a second of it played: what LiveKit emits to the framework,
+    stamped, relative to when the second question began (``onset``)."""
+    run = Run(args)
+    barge, rate = read_wav(args.barge_audio)
+    assert rate == run.rate, "both utterances at one rate"
+    seen: list[dict[str, Any]] = []
+
+    def stamp(kind: str, **fields: Any) -> None:
+        seen.append({"t": time.monotonic(), "kind": kind, **fields})
+
+    run.session.on("input_speech_started", lambda _: stamp("input_speech_started"))
+    run.session.on("input_audio_transcription_completed", lambda ev: stamp(
+        "user_transcript", text=ev.transcript) if ev.is_final else None)
+    run.session.on("transcript_delta", lambda ev: stamp(
+        "transcript_delta", text=ev.text, start_ms=ev.start_ms, end_ms=ev.end_ms))
+    onset = None
+    try:
+        await run.start()
+        await run.until(lambda: run.rec.first("session.started"), 10)
+        run.say()
+        await run.until(lambda: run.audio_ms > 1000, args.timeout / 2)  # a second of it played
+        onset = run.say(barge)
+        await run.until(lambda: "rome" in "".join(
+            e["text"] for e in seen if e["kind"] == "transcript_delta" and e["t"] >= onset
+        ).lower(), args.timeout / 2)
+        await asyncio.sleep(1.0)  # the answer goes on: its audio keeps coming
+    finally:
+        result = await run.close()
+    at = onset or time.monotonic()
+    result["onset_events"] = [{**e, "t": round(e["t"] - at, 3)} for e in seen]
+    result["frames"] = [(round(t - at, 3), ms) for t, ms in run.frames]
+    return result
+
+
 def completed(run: Run) -> list[dict[str, Any]]:
     return [e for e in run.rec.events if e.get("type") == "response.event"
             and (e.get("event") or {}).get("type") == "response.completed"]
 
 
 if __name__ == "__main__":
-    main({"conversation": conversation, "mute": mute, "tool_call": tool_call})
+    parser = arguments()
+    parser.add_argument("--barge-audio", help="barge_in: what is said over the reply (WAV)")
+    main({"conversation": conversation, "mute": mute, "tool_call": tool_call,
+          "barge_in": barge_in}, parser)
