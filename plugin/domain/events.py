@@ -185,6 +185,20 @@ class OutputAudioDelta(_PartEvent):
 
 
 @dataclass(frozen=True)
+class OutputAudioSpoken(_PartEvent):
+    """The words the reply's audio sent just before it speaks (``AudioOut.text``
+    of the audio in the last ``OutputAudioDelta``), sent with that audio. A
+    dialect whose transcript must follow the voice renders it (GPT-Live: a
+    barge-in cuts the words with the audio, and no event takes words back);
+    the Realtime wire has no such event (its transcript deltas are the text as
+    generated, and a client cuts it with ``conversation.item.truncate``)."""
+
+    type: ClassVar[str] = "duplex.output_audio.spoken"
+    realtime_wire: ClassVar[bool] = False
+    text: str = ""
+
+
+@dataclass(frozen=True)
 class OutputAudioDone(_PartEvent):
     type: ClassVar[str] = "response.output_audio.done"
 

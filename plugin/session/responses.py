@@ -64,6 +64,7 @@ class ResponseRecord:
         self._encoders: dict[int, AudioEncoder] = {}
         self.finish_reason: str | None = None
         self.text = ""  # what the client received of its words
+        self._unspoken = ""  # words whose audio the encoder still holds
 
     @classmethod
     def after(cls, response: Response, item_id: str, conversation: ItemStore, *,
@@ -124,7 +125,10 @@ class ResponseRecord:
         return [*opened, ev.OutputTextDelta(**self._ids(), delta=text)]
 
     def on_audio(self, out: AudioOut) -> list[ev.ServerEvent]:
-        if not self.audio or out.pcm.size == 0:
+        if not self.audio:
+            return []
+        self._unspoken += out.text
+        if out.pcm.size == 0:
             return []
         opened = self._open()
         encoder = self._encoders.get(out.rate)
@@ -138,7 +142,15 @@ class ResponseRecord:
             last = self.part.spoken[-1]
             self.part.spoken[-1] = SpokenSegment(last.start_ms, self.part.audio_ms, last.text)
         data = encoder.encode(out.pcm)
-        return [*opened, ev.OutputAudioDelta(**self._ids(), delta=data)] if data else opened
+        return [*opened, *self._sent(data)] if data else opened
+
+    def _sent(self, data: bytes) -> list[ev.ServerEvent]:
+        """Audio sent, and the words it is the first to speak."""
+        out: list[ev.ServerEvent] = [ev.OutputAudioDelta(**self._ids(), delta=data)]
+        if self._unspoken:
+            out.append(ev.OutputAudioSpoken(**self._ids(), text=self._unspoken))
+            self._unspoken = ""
+        return out
 
     def on_tool_call(self, call: ToolCall) -> tuple[ConversationItem, list[ev.ServerEvent]]:
         """A complete function call: its own output item, with the arguments
@@ -218,7 +230,9 @@ class ResponseRecord:
             # The resampler holds the last few ms of the reply: send them too.
             for encoder in self._encoders.values():
                 if tail := encoder.flush():
-                    out.append(ev.OutputAudioDelta(**self._ids(), delta=tail))
+                    out += self._sent(tail)
+            if self._unspoken and self.audio:  # what no audio says (a last "...")
+                out.append(ev.OutputAudioSpoken(**self._ids(), text=self._unspoken))
         if self.audio:
             out += [ev.OutputAudioDone(**self._ids()),
                     ev.OutputAudioTranscriptDone(**self._ids(), transcript=self.text)]

@@ -338,7 +338,9 @@ class _Plan:
         ga_type = cls.type
         self.type: str | None = ga_type
         self.doc: tuple[str, Callable[[Any], Any]] | None = None
-        if dialect is Dialect.BETA:
+        if not getattr(cls, "realtime_wire", True):
+            self.type = None  # the engine's own (events.py says which dialects show it)
+        elif dialect is Dialect.BETA:
             self.type = BETA_EVENT_TYPES.get(ga_type, ga_type)
             self.doc = _BETA_DOCS.get(ga_type)
         try:

@@ -79,22 +79,21 @@ async def test_the_spoken_turn_is_answered_in_speech(seen):
 
 
 async def test_speech_over_the_reply_cuts_it(seen):
-    """The old reply's audio stops while the user is still saying the words
-    spoken over it (not when it would have ended), LiveKit hears the user
-    (``input_speech_started`` before the answer), and ends the cut message:
-    the answer is a message of its own. How soon the voice yields is
-    measured in ``bench/barge_in.py``, not here: the bound is the user's words.
-
-    Not asserted: that the cut message holds only the words played. Its
-    words are the LLM's text as it is made, ahead of the voice (as
-    ``/v1/realtime``'s transcript deltas are), and GPT-Live has no event that
-    takes words back, so LiveKit keeps words the user never heard."""
+    """The old reply's audio and words stop while the user is still saying
+    the words spoken over it (not when it would have ended): its words come
+    with the audio that says them, so the cut message holds no word the user
+    never heard (GPT-Live has no event that takes words back). LiveKit hears
+    the user (``input_speech_started`` before the answer) and ends the cut
+    message: the answer is a message of its own. How soon the voice yields is
+    measured in ``bench/barge_in.py``, not here: the bound is the user's words."""
     said = messages(seen)
     assert len(said) >= 2, timeline(seen)
     cut, answer = said[0], said[-1]
     assert cut["first"] < 0 < answer["first"], timeline(seen)
     assert any(e["kind"] == "input_speech_started" and 0 <= e["t"] < answer["first"]
                for e in seen["onset_events"]), timeline(seen)
+    assert cut["last"] < seen["barge_s"], (f"the interrupted reply's words went on "
+                                           f"{cut['last']:.2f} s after the onset", timeline(seen))
     after = sum(ms for t, ms in seen["frames"] if 0 <= t < answer["first"]) / 1000
     assert after < seen["barge_s"], (f"{after:.2f} s of the interrupted reply's audio after "
                                      f"the onset", timeline(seen))

@@ -372,10 +372,12 @@ class LiveCodec:
                                      final_rest(self._heard.pop(e.item_id, ""), e.transcript))
             self.decisions.heard(e.transcript, self._fragments.pop("user", None))
             return frame
-        if isinstance(e, ev.OutputAudioTranscriptDelta):
-            frame = self._transcript("session.output_transcript.delta", "assistant", e.delta)
+        if isinstance(e, ev.OutputAudioSpoken):
+            # The reply's words as its voice says them, not as the LLM wrote
+            # them: a barge-in stops both, and GPT-Live cannot take words back.
+            frame = self._transcript("session.output_transcript.delta", "assistant", e.text)
             if frame is not None:
-                self.decisions.spoke(e.delta, self.last_event_id)
+                self.decisions.spoke(e.text, self.last_event_id)
             return frame
         if isinstance(e, (ev.SpeechStarted, ev.ResponseCreated)):
             # A new run of fragments: its start is where the speech began.
