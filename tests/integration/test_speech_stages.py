@@ -297,8 +297,11 @@ async def test_silero_jit_backend_agrees(flite_speech):
         stage.shutdown_workers()
 
 
-async def test_silero_inference_runs_off_the_event_loop(vad_stage, flite_speech):
+async def test_silero_inference_runs_on_the_stage_threads_when_not_inline(flite_speech):
+    """``inline: false``: the worker threads, never the event loop (inline, the
+    default, judges on the loop: test_vad_handoff.py)."""
     threads: set[str] = set()
+    vad_stage = SileroVadStage(clock=MonotonicClock(), inline=False)
     model = vad_stage.model
 
     class Spy:
@@ -310,7 +313,10 @@ async def test_silero_inference_runs_off_the_event_loop(vad_stage, flite_speech)
             return model.infer(x, state)
 
     vad_stage.model = Spy()
-    await run_vad(vad_stage, flite_speech[0][:RATE], 20)
+    try:
+        await run_vad(vad_stage, flite_speech[0][:RATE], 20)
+    finally:
+        vad_stage.shutdown_workers()
     assert threads and all(name.startswith("duplex-vad") for name in threads)
 
 

@@ -304,7 +304,7 @@ class SileroVadStage(ListeningStage):
     The model is loaded at construction (once per process and backend) so a
     missing or broken model fails at start-up, not on a caller's first word.
     ``inline`` (the default): each chunk is judged on the event loop, in the
-    ``submit`` that brings it (see ``INLINE_WHY``); False: on this stage's
+    ``submit`` that brings it (why: above ``_InlineSileroPort``); False: on this stage's
     worker threads, one job per session at a time (chunks stay in order;
     ``close()`` stops the workers).
     """
