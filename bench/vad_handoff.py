@@ -1,7 +1,7 @@
 """The VAD's hand-off (issue 44 item 3): from the chunk that lets Silero decide
 that speech started to ``VadSpeechStarted`` out of the stage's port, with the
-windows judged on a worker thread (the code before) and inline on the event
-loop (now), in one process, the two taking turns.
+windows judged on a worker thread (the default) and inline on the event loop
+(``inline``), in one process, the two taking turns.
 
 A stream of interruptions ("Stop, wait a moment please.", Flite) between
 0.7 s silences goes into ``SileroVadStage``'s port at real time in 20 ms

@@ -297,11 +297,8 @@ async def test_silero_jit_backend_agrees(flite_speech):
         stage.shutdown_workers()
 
 
-async def test_silero_inference_runs_on_the_stage_threads_when_not_inline(flite_speech):
-    """``inline: false``: the worker threads, never the event loop (inline, the
-    default, judges on the loop: test_vad_handoff.py)."""
+async def test_silero_inference_runs_off_the_event_loop(vad_stage, flite_speech):
     threads: set[str] = set()
-    vad_stage = SileroVadStage(clock=MonotonicClock(), inline=False)
     model = vad_stage.model
 
     class Spy:
@@ -313,10 +310,7 @@ async def test_silero_inference_runs_on_the_stage_threads_when_not_inline(flite_
             return model.infer(x, state)
 
     vad_stage.model = Spy()
-    try:
-        await run_vad(vad_stage, flite_speech[0][:RATE], 20)
-    finally:
-        vad_stage.shutdown_workers()
+    await run_vad(vad_stage, flite_speech[0][:RATE], 20)
     assert threads and all(name.startswith("duplex-vad") for name in threads)
 
 

@@ -1,11 +1,12 @@
-"""Silero's onset decision leaves the stage with the chunk that makes it
-(issue 44 item 3: a barge-in heard within 100 ms of its onset, every time).
+"""Silero judged inline (``SileroVadStage(inline=True)``): the onset decision
+leaves the stage with the chunk that makes it (issue 44 item 3: a barge-in
+heard within 100 ms of its onset, every time).
 
 The windows are judged on the event loop, in the ``submit`` that brings the
 chunk: no worker thread has to get a core and the GIL first, which on a
-loaded 2-core machine took 0.1-0.7 s now and then (``bench/vad_handoff.py``,
-``bench/barge_in_hops.py``). Deterministic: which chunk decides is the
-audio's (sample counts), and the event is checked before the next chunk.
+loaded 2-core machine let chunks queue for it (``bench/vad_handoff.py``).
+Deterministic: which chunk decides is the audio's (sample counts), and the
+event is checked before the next chunk.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ async def heard(stage: SileroVadStage, pcm: np.ndarray) -> tuple[list[tuple[int,
 
 
 async def test_the_onset_leaves_with_its_chunk_while_every_worker_thread_is_busy():
-    stage = SileroVadStage(clock=MonotonicClock(), workers=1)
+    stage = SileroVadStage(clock=MonotonicClock(), workers=1, inline=True)
     busy = threading.Event()
     stage.run_later(busy.wait)  # the stage's one worker thread never comes back in time
     try:
@@ -127,7 +128,7 @@ class FailsOnce:
 
 
 async def test_a_chunk_the_model_fails_on_fails_alone_and_listening_goes_on():
-    stage = SileroVadStage(clock=MonotonicClock())
+    stage = SileroVadStage(clock=MonotonicClock(), inline=True)
     stage.model = FailsOnce(stage.model)  # the ports' VADs are made from it
     port = stage.port("s1")
     await port.open(FENCE)

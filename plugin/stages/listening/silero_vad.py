@@ -303,10 +303,10 @@ class SileroVadStage(ListeningStage):
 
     The model is loaded at construction (once per process and backend) so a
     missing or broken model fails at start-up, not on a caller's first word.
-    ``inline`` (the default): each chunk is judged on the event loop, in the
-    ``submit`` that brings it (why: above ``_InlineSileroPort``); False: on this stage's
-    worker threads, one job per session at a time (chunks stay in order;
-    ``close()`` stops the workers).
+    Inference runs on this stage's worker threads, one job per session at a
+    time (chunks stay in order; ``close()`` stops the workers), or with
+    ``inline`` on the event loop, in the ``submit`` that brings the chunk
+    (why, and why not yet the default: above ``_InlineSileroPort``).
     """
 
     accepted = (AudioIn, VadConfig)
@@ -320,7 +320,7 @@ class SileroVadStage(ListeningStage):
         quiet_dbfs: float | None = None,
         backend: Backend = "onnx",
         workers: int | None = None,
-        inline: bool = True,
+        inline: bool = False,
     ) -> None:
         if min_speech_ms < 0:
             raise ValueError("min_speech_ms must be >= 0")
@@ -342,16 +342,18 @@ class SileroVadStage(ListeningStage):
         return SileroVad(self.model, min_speech_ms=self.min_speech_ms, quiet_dbfs=self.quiet_dbfs)
 
 
-# Why the windows are judged on the event loop, against the house rule that
-# model work runs on worker threads: a chunk's windows cost ~0.1-0.3 ms
-# (onnxruntime, one thread; the input path's soxr and AEC3 already run there
-# per chunk), and the hop to a worker thread and back was the barge-in's
-# tail. On a loaded 2-core machine the thread waited for its turn on a core
-# and for the GIL 0.1-0.7 s now and then after the chunk was queued for it,
-# while the loop that had just received the chunk was running anyway
-# (bench/vad_handoff.py, bench/barge_in_hops.py; docs/benchmarks.md
-# "Barge-in, hop by hop"). Inline, the decision leaves in the same turn of
-# the loop as the chunk that made it, and the session's mailbox takes it next.
+# ``inline``: the windows judged on the event loop, against the house rule
+# that model work runs on worker threads, because a chunk's windows cost
+# ~0.1-0.3 ms (onnxruntime, one thread; the input path's soxr and AEC3 already
+# run there per chunk) and the hop to a worker thread and back is two turns on
+# the CPU per chunk: on a loaded 2-core machine it fell behind real time and
+# chunks queued for it (bench/vad_handoff.py, load 10-11: up to 27-61 queued,
+# the decision's p90 96-166 ms against 7-32 ms inline). Not the default: in
+# whole sessions at load 7-20 (bench/barge_in_hops.py, two runs of 10 tries)
+# inline was heard no sooner and its tails were no shorter (up to 1.1 s),
+# perhaps because each onnxruntime call gives the GIL away and the loop must
+# win it back. A quiet machine's run decides (docs/benchmarks.md "Barge-in,
+# hop by hop").
 
 
 class _InlineSileroPort(ObservationPort):
