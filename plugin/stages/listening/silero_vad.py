@@ -349,10 +349,11 @@ class SileroVadStage(ListeningStage):
 # the CPU per chunk: on a loaded 2-core machine it fell behind real time and
 # chunks queued for it (bench/vad_handoff.py, load 10-11: up to 27-61 queued,
 # the decision's p90 96-166 ms against 7-32 ms inline). Not the default: in
-# whole sessions at load 7-20 (bench/barge_in_hops.py, two runs of 10 tries)
-# inline was heard no sooner and its tails were no shorter (up to 1.1 s),
-# perhaps because each onnxruntime call gives the GIL away and the loop must
-# win it back. A quiet machine's run decides (docs/benchmarks.md "Barge-in,
+# whole sessions at load 4-20 (bench/barge_in_hops.py, three runs of 10
+# tries) inline was heard no sooner (4/6/8 of 10 within 100 ms against
+# 4/7/8), its tails longer in two runs (up to 1.1 s) and shorter in one --
+# if it loses, perhaps because each onnxruntime call gives the GIL away and
+# the loop must win it back. A quiet machine's run decides (docs/benchmarks.md "Barge-in,
 # hop by hop").
 
 
