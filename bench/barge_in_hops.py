@@ -23,8 +23,9 @@ The interruption starts ``--after`` seconds into the reply's audio
 voice alone is louder than -40 dBFS. Per try, from the onset:
 
 * ``vad``: the chunk whose arrival let Silero decide, replayed offline
-  through this tree's input path and VAD with the side's onset rule (one
-  phase before, two now; ``bench/vad_onset.py``) -- with echo, the AEC3
+  through this tree's input path and VAD with the side's onset rule (two
+  phases; ``--ref-phases 1`` for a ref before the second grid, 7b26fc9;
+  ``bench/vad_onset.py``) -- with echo, the AEC3
   reference from the deltas' arrival times, so an approximation;
 * ``heard``: ``input_audio_buffer.speech_started`` at the client, and
   ``server``: heard minus vad (the stage's thread, the session's mailbox
@@ -34,8 +35,8 @@ voice alone is louder than -40 dBFS. Per try, from the onset:
 * ``done``: ``response.done`` (``cancelled``) or
   ``duplex.output_audio.resumed`` (the words were a backchannel).
 
-    .venv/bin/python bench/barge_in_hops.py [--sides before@7b26fc9 now] [--tries 10]
-        [--echo off on] [--vad semantic_vad server_vad] [--json out.json]
+    .venv/bin/python bench/barge_in_hops.py [--sides before@5f3afbd now] [--tries 10]
+        [--echo off on] [--vad semantic_vad server_vad] [--ref-phases 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -297,7 +298,7 @@ def report(rows: list[Try], sides: list[str]) -> None:
 async def run(args: argparse.Namespace) -> list[Try]:
     vs = voices()
     rows: list[Try] = []
-    phases = {Side.parse(s).name: (1 if "@" in s else 2) for s in args.sides}
+    phases = {Side.parse(s).name: (args.ref_phases if "@" in s else 2) for s in args.sides}
     with side_servers(args.sides, args.config) as servers:
         n = 0
         for echo in [e == "on" for e in args.echo]:
@@ -322,14 +323,17 @@ async def run(args: argparse.Namespace) -> list[Try]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sides", nargs="+", default=["before@7b26fc9", "now"],
+    p.add_argument("--sides", nargs="+", default=["before@5f3afbd", "now"],
                    help="NAME[@REF][:KEY=VALUE,...] each (fast_turns.py's sides); a side "
-                        "with @REF is replayed with one onset phase, else two")
+                        "with @REF is replayed with --ref-phases onset phases, else two")
     p.add_argument("--tries", type=int, default=10, help="per side, VAD and echo setting")
     p.add_argument("--after", type=float, nargs="+", default=[0.6, 1.4])
     p.add_argument("--echo", nargs="+", default=["off", "on"], choices=["off", "on"])
     p.add_argument("--vad", nargs="+", default=["semantic_vad", "server_vad"])
     p.add_argument("--config", default="configs/cascade-cpu.yaml")
+    p.add_argument("--ref-phases", type=int, default=2, choices=[1, 2],
+                   help="Silero's onset phases at a side's ref, for the offline replay of its "
+                        "decision (1: a ref before 7b26fc9's second grid)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     load0 = os.getloadavg()

@@ -28,14 +28,17 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 from vllm_duplex.domain.clock import Clock
+from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.payloads import (
     INTERNAL_RATE,
     AudioIn,
+    StageFailed,
+    StageInput,
     VadConfig,
     VadSpeechStarted,
     VadSpeechStopped,
 )
-from vllm_duplex.stages.listening.base import ListeningPort, ListeningStage
+from vllm_duplex.stages.listening.base import ListeningPort, ListeningStage, ObservationPort
 from vllm_duplex.stages.listening.energy_vad import EnergyVad
 from vllm_duplex.stages.port import StagePort
 from vllm_duplex.stages.scheduler import Urgency
@@ -301,7 +304,9 @@ class SileroVadStage(ListeningStage):
     The model is loaded at construction (once per process and backend) so a
     missing or broken model fails at start-up, not on a caller's first word.
     Inference runs on this stage's worker threads, one job per session at a
-    time (chunks stay in order); ``close()`` stops the workers.
+    time (chunks stay in order; ``close()`` stops the workers), or with
+    ``inline`` on the event loop, in the ``submit`` that brings the chunk
+    (why, and why not yet the default: above ``_InlineSileroPort``).
     """
 
     accepted = (AudioIn, VadConfig)
@@ -315,6 +320,7 @@ class SileroVadStage(ListeningStage):
         quiet_dbfs: float | None = None,
         backend: Backend = "onnx",
         workers: int | None = None,
+        inline: bool = False,
     ) -> None:
         if min_speech_ms < 0:
             raise ValueError("min_speech_ms must be >= 0")
@@ -324,19 +330,69 @@ class SileroVadStage(ListeningStage):
         self.min_speech_ms = min_speech_ms
         self.quiet_dbfs = quiet_dbfs
         self.backend = backend
+        self.inline = inline
         self.model = load_model(backend)
 
     def port(self, session_id: str) -> StagePort:
-        return _SileroPort(self, session_id)
+        if self.inline:
+            return _InlineSileroPort(self, session_id)
+        return _ThreadedSileroPort(self, session_id)
+
+    def new_vad(self) -> SileroVad:
+        return SileroVad(self.model, min_speech_ms=self.min_speech_ms, quiet_dbfs=self.quiet_dbfs)
 
 
-class _SileroPort(ListeningPort):
+# ``inline``: the windows judged on the event loop, against the house rule
+# that model work runs on worker threads, because a chunk's windows cost
+# ~0.1-0.3 ms (onnxruntime, one thread; the input path's soxr and AEC3 already
+# run there per chunk) and the hop to a worker thread and back is two turns on
+# the CPU per chunk: on a loaded 2-core machine it fell behind real time and
+# chunks queued for it (bench/vad_handoff.py, load 10-11: up to 27-61 queued,
+# the decision's p90 96-166 ms against 7-32 ms inline). Not the default: in
+# whole sessions at load 4-20 (bench/barge_in_hops.py, three runs of 10
+# tries) inline was heard no sooner (4/6/8 of 10 within 100 ms against
+# 4/7/8), its tails longer in two runs (up to 1.1 s) and shorter in one --
+# if it loses, perhaps because each onnxruntime call gives the GIL away and
+# the loop must win it back. A quiet machine's run decides (docs/benchmarks.md "Barge-in,
+# hop by hop").
+
+
+class _InlineSileroPort(ObservationPort):
     _stage: SileroVadStage
 
     def __init__(self, stage: SileroVadStage, session_id: str) -> None:
         super().__init__(stage, session_id)
-        self.vad = SileroVad(stage.model, min_speech_ms=stage.min_speech_ms,
-                             quiet_dbfs=stage.quiet_dbfs)
+        self.vad = stage.new_vad()
+
+    async def _handle(self, item: StageInput) -> None:
+        payload = item.payload
+        if isinstance(payload, VadConfig):  # in order with the audio: from the next chunk on
+            self.vad.configure(payload)
+            return
+        try:
+            # Counted by the CPU scheduler, holding no slot (weight 0: never waits).
+            with self._stage.scheduler.work(Urgency.TURN_END, self.name, weight=0):
+                events = self.vad.feed(payload.pcm, payload.start_ms)
+        except Exception as exc:  # one bad chunk must not stop listening
+            log.exception("stage %s failed on %s", self.name, item.request_id)
+            self._stage.failed_requests += 1
+            error = DuplexError("stage_failed", f"stage {self.name!r} failed: {exc!r}")
+            await self._emit(item.fence, item.request_id, StageFailed(error))
+            return
+        self._stage.completed_requests += 1
+        for event in events:
+            await self._emit(item.fence, item.request_id, event)
+
+    async def drained(self) -> None:
+        """Everything submitted has been judged (``submit`` returns after it)."""
+
+
+class _ThreadedSileroPort(ListeningPort):
+    _stage: SileroVadStage
+
+    def __init__(self, stage: SileroVadStage, session_id: str) -> None:
+        super().__init__(stage, session_id)
+        self.vad = stage.new_vad()
 
     def _work(self, payload: Any) -> list[Any]:
         if isinstance(payload, VadConfig):
