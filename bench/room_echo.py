@@ -28,8 +28,8 @@ makes ``speech_started``) and Whisper base, beam 5 (the final's model).
 
 Each case runs four ways in the same process (``VARIANTS``): echo
 cancellation off (the baseline), AEC3 alone (the canceller before its
-residual echo suppressor), AEC3 with the broadband suppressor (the code
-before) and AEC3 with the per-band suppressor (what the product runs); the
+residual echo suppressor), AEC3 with the broadband suppressor (what the
+product runs) and AEC3 with the per-band suppressor (measured beside it); the
 summary adds self-interruptions by room and the WER by part of the real
 voices (tune / held-out). The per-band suppressor's settings were chosen on
 replies 0-9 and the tune recordings alone; replies 10-19 (the same texts in
@@ -88,8 +88,8 @@ REPLIES = (
 )
 VOICES = (flite("slt"), flite("awb"), espeak("en-us"), flite("rms"))
 # echo cancellation off; AEC3 alone (the canceller before issue 44's residual
-# suppressor); AEC3 and the broadband suppressor (the code before); AEC3 and the
-# per-band suppressor (what the product runs)
+# suppressor); AEC3 and the broadband suppressor (what the product runs); AEC3 and
+# the per-band suppressor (media/echo_bands.py, measured beside it)
 VARIANTS = ("off", "aec3", "aec3 + broadband", "aec3 + bands")
 ON = VARIANTS[1:]
 RESIDUAL = {"aec3": None, "aec3 + broadband": "broadband", "aec3 + bands": "bands"}

@@ -15,9 +15,10 @@ it. Its high-pass filter runs too (the reference's as well as the
 microphone's low rumble is no voice); its noise suppressor and gain control
 do not: noise reduction is ``audio.input.noise_reduction``'s, after this.
 What AEC3 leaves of a reverberant room's echo, a residual echo suppressor
-turns down after it (the classic non-linear processor): band by band
-(``media/echo_bands.py``, the default), or whole frames
-(``ResidualEchoSuppressor``, the code before it, kept for the room bench).
+turns down after it (the classic non-linear processor): whole frames
+(``ResidualEchoSuppressor``, the default), or band by band
+(``media/echo_bands.py``: measured in the room bench beside it, not yet
+better where it counts and twice the CPU; bench/README.md).
 
 Stateful per stream (the echo path it learned): one per session input.
 ``livekit`` is an optional dependency (the ``echo`` extra), imported when a
@@ -59,7 +60,7 @@ class EchoCanceller:
     names (``RESIDUAL_SUPPRESSORS``; None: AEC3 alone, as the room bench
     compares)."""
 
-    def __init__(self, *, residual: str | None = "bands") -> None:
+    def __init__(self, *, residual: str | None = "broadband") -> None:
         self._frame, apm = _apm_class()
         self._apm = apm(echo_cancellation=True, noise_suppression=False,
                         high_pass_filter=True, auto_gain_control=False)

@@ -1,5 +1,7 @@
-"""The residual echo suppressor, band by band (after AEC3: ``media/echo.py``),
-sans-I/O numpy.
+"""A residual echo suppressor band by band (after AEC3: ``media/echo.py``),
+sans-I/O numpy: ``EchoCanceller(residual="bands")``. The room bench
+(``bench/room_echo.py``) measures it beside the broadband one, which stays
+the default: this one was not better there and costs over ten times its CPU.
 
 AEC3's linear filter, as the ``livekit`` binding builds it, is short for a
 reverberant room: 15-25 dB of the echo's tail remain, and Silero calls that
