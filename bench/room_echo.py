@@ -26,11 +26,14 @@ makes ``speech_started``) and Whisper base, beam 5 (the final's model).
   latency is the first Silero onset after the words begin.
 - **CPU**: the input path's process time per second of audio (one session).
 
-Each case runs three ways in the same process (``VARIANTS``): echo
+Each case runs four ways in the same process (``VARIANTS``): echo
 cancellation off (the baseline), AEC3 alone (the canceller before its
-residual echo suppressor) and AEC3 with the suppressor (what the product
-runs); the summary adds self-interruptions by room and the WER by part of
-the real voices (tune / held-out).
+residual echo suppressor), AEC3 with the broadband suppressor (what the
+product runs) and AEC3 with the per-band suppressor (measured beside it); the
+summary adds self-interruptions by room and the WER by part of the real
+voices (tune / held-out). The per-band suppressor's settings were chosen on
+replies 0-9 and the tune recordings alone; replies 10-19 (the same texts in
+other voices and rooms) and the held-out recordings never tuned it.
 """
 
 from __future__ import annotations
@@ -85,9 +88,11 @@ REPLIES = (
 )
 VOICES = (flite("slt"), flite("awb"), espeak("en-us"), flite("rms"))
 # echo cancellation off; AEC3 alone (the canceller before issue 44's residual
-# suppressor); AEC3 and the suppressor (what the product runs)
-VARIANTS = ("off", "aec3", "aec3 + suppressor")
+# suppressor); AEC3 and the broadband suppressor (what the product runs); AEC3 and
+# the per-band suppressor (media/echo_bands.py, measured beside it)
+VARIANTS = ("off", "aec3", "aec3 + broadband", "aec3 + bands")
 ON = VARIANTS[1:]
+RESIDUAL = {"aec3": None, "aec3 + broadband": "broadband", "aec3 + bands": "bands"}
 
 
 def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str
@@ -100,7 +105,7 @@ def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str
     buf = InputBuffer(AudioFormat(), max_ms=600_000, clock=lambda: clock[0])
     if variant != "off":
         buf.set_echo_cancellation("server", AudioFormat(), EchoCanceller(
-            residual_suppression=variant == "aec3 + suppressor"))
+            residual=RESIDUAL[variant]))
     wire = soxr.resample(mic, RATE, WIRE).astype(np.int16)
     out, sent, cpu = [], reply is None, 0.0
     step = WIRE * 20 // 1000
@@ -226,7 +231,7 @@ def summary(result: dict[str, Any]) -> None:
     cases = ("no echo", *(f"echo, {v}" for v in VARIANTS))
     print(machine.line())
     print("input path with echo cancellation, % of a core per session (the buffer's decode, "
-          "resampling, AEC3 and the suppressor): "
+          "resampling, AEC3 and its suppressor): "
           + ", ".join(f"{v} {p:.2f} %" for v, p in result["cpu_pct"].items()))
     print(f"| echo level | replies that interrupted themselves: {' / '.join(VARIANTS)} "
           f"| WER over the echo: no reply / {' / '.join(VARIANTS)} | onset p50 after the words "

@@ -14,8 +14,11 @@ room's response -- so the reference only has to lead the echo, never lag
 it. Its high-pass filter runs too (the reference's as well as the
 microphone's low rumble is no voice); its noise suppressor and gain control
 do not: noise reduction is ``audio.input.noise_reduction``'s, after this.
-What AEC3 leaves of a reverberant room's echo, ``ResidualEchoSuppressor``
-turns down after it (the classic non-linear processor).
+What AEC3 leaves of a reverberant room's echo, a residual echo suppressor
+turns down after it (the classic non-linear processor): whole frames
+(``ResidualEchoSuppressor``, the default), or band by band
+(``media/echo_bands.py``: measured in the room bench beside it, not yet
+better where it counts and twice the CPU; bench/README.md).
 
 Stateful per stream (the echo path it learned): one per session input.
 ``livekit`` is an optional dependency (the ``echo`` extra), imported when a
@@ -31,6 +34,7 @@ import numpy as np
 
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.payloads import INTERNAL_RATE
+from vllm_duplex.media.echo_bands import BandResidualSuppressor
 
 FRAME = INTERNAL_RATE // 100  # AEC3's step: 10 ms
 _RAMP = np.arange(1, FRAME + 1, dtype=np.float32) / FRAME  # a gain's change over a frame
@@ -52,14 +56,15 @@ class EchoCanceller:
     """Mono int16 PCM at 16 kHz: the microphone and, sample for sample, what
     the speaker played (the reference) in; the microphone without the echo
     out. ``process`` takes whole 10 ms frames of both, the same length.
-    AEC3's output goes through ``ResidualEchoSuppressor`` unless
-    ``residual_suppression`` is off (the room bench's "AEC3 alone")."""
+    AEC3's output goes through the residual echo suppressor ``residual``
+    names (``RESIDUAL_SUPPRESSORS``; None: AEC3 alone, as the room bench
+    compares)."""
 
-    def __init__(self, *, residual_suppression: bool = True) -> None:
+    def __init__(self, *, residual: str | None = "broadband") -> None:
         self._frame, apm = _apm_class()
         self._apm = apm(echo_cancellation=True, noise_suppression=False,
                         high_pass_filter=True, auto_gain_control=False)
-        self._residual = ResidualEchoSuppressor() if residual_suppression else None
+        self._residual = RESIDUAL_SUPPRESSORS[residual]() if residual else None
 
     def process(self, mic: np.ndarray, reference: np.ndarray) -> np.ndarray:
         if mic.size % FRAME or mic.size != reference.size:
@@ -159,3 +164,6 @@ class ResidualEchoSuppressor:
             return post[:n * FRAME]
         g = gains[:-1, None] + (gains[1:] - gains[:-1])[:, None] * _RAMP
         return np.round(frames[1] * g).astype(np.int16).reshape(-1)  # |gain| <= 1: no clipping
+
+
+RESIDUAL_SUPPRESSORS = {"bands": BandResidualSuppressor, "broadband": ResidualEchoSuppressor}

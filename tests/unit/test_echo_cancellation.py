@@ -14,6 +14,7 @@ from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.echo import FRAME, EchoCanceller, ResidualEchoSuppressor
+from vllm_duplex.media.echo_bands import BandResidualSuppressor
 from vllm_duplex.session.echo import REANCHOR_S, ClientPlayback, EchoPath
 from vllm_duplex.session.effects import Emit
 from vllm_duplex.session.input_buffer import InputBuffer
@@ -366,3 +367,106 @@ def test_where_the_server_cancels_the_echo_the_vad_decides_onsets_on_its_main_wi
                               echo_cancellation="server")
     assert UserTurn.vad_config(plain).half_window_onsets
     assert not UserTurn.vad_config(cancelled).half_window_onsets
+
+
+# ---- the residual echo suppressor band by band (no AEC3: frames made to measure) ----
+
+
+def _band_limited(x: np.ndarray, lo_hz: float, hi_hz: float) -> np.ndarray:
+    spectrum = np.fft.rfft(x)
+    hz = np.fft.rfftfreq(x.size, 1 / RATE)
+    spectrum[(hz < lo_hz) | (hz > hi_hz)] = 0
+    y = np.fft.irfft(spectrum, x.size)
+    return y / rms(y) * rms(x)
+
+
+def _band_suppressed(pre: np.ndarray, post: np.ndarray, reference: np.ndarray,
+                     step: int = 2 * FRAME) -> np.ndarray:
+    s = BandResidualSuppressor()
+    n = pre.size - pre.size % step
+    as16 = [np.clip(x, -32768, 32767).astype(np.int16) for x in (pre, post, reference)]
+    return np.concatenate([s.process(*(x[i:i + step] for x in as16)) for i in range(0, n, step)])
+
+
+def _room_with_user(user_band: tuple[float, float], user_db: float):
+    """The reference (speech-like noise under 1.5 kHz) at -20 dBFS; its echo
+    as loud at the microphone, 80 ms later; AEC3's residual 15 dB under it;
+    from 3 s the user at ``user_db`` dBFS in ``user_band``, ducked 8 dB by
+    AEC3; a background at -60 dBFS."""
+    seconds, onset = 4.0, 3.0
+    reference = _band_limited(_speechy(seconds, -20, seed=1), 100, 1500)
+    echo = np.concatenate([np.zeros(RATE * 80 // 1000), reference])[:reference.size]
+    user = _band_limited(_speechy(seconds, user_db, seed=2), *user_band)
+    user[:int(onset * RATE)] = 0
+    background = np.random.default_rng(3).normal(0, 32768 * 10 ** (-60 / 20), echo.size)
+    pre = echo + user + background
+    post = echo * 10 ** (-15 / 20) + user * 10 ** (-8 / 20) + background
+    return pre, post, reference, user, onset
+
+
+def test_the_band_suppressor_keeps_the_user_where_the_echo_is_not():
+    """The user above the echo's bands (2-6 kHz), no louder than the echo:
+    the broadband rule turns their frames down with the echo; band by band
+    their voice comes through within 3 dB where it is loud, while the
+    echo alone before it goes down to the room's background (comfort noise,
+    no louder than 6 dB over it), from 20 dB and more over it."""
+    pre, post, reference, user, onset = _room_with_user((2000, 6000), -20)
+    out = _band_suppressed(pre, post, reference)
+    n = out.size
+    frame = np.arange(n // FRAME)
+    echo_alone = (frame >= 100) & (frame < int(onset * 100))
+    background = 10 * np.log10((32768 * 10 ** (-60 / 20)) ** 2)
+    loud = _frames_db(post[:n]) > background + 20
+    assert loud[echo_alone].mean() > 0.25  # the residual's syllables
+    assert np.all(_frames_db(out)[echo_alone & loud] < background + 6), \
+        _frames_db(out)[echo_alone & loud].max() - background
+    said = _frames_db(user[:n]) > _frames_db(user).max() - 10
+    mine = _band_limited(out.astype(np.float64), 2000, 6000)  # the user's bands of the output
+    theirs = _band_limited(user[:n] * 10 ** (-8 / 20), 2000, 6000)
+    kept = _frames_db(mine) - _frames_db(theirs)
+    assert np.median(kept[said]) > -3, np.median(kept[said])
+    broadband = _suppressed(pre, post, reference)  # the broadband rule, for contrast
+    m = broadband.size // FRAME
+    lost = (_frames_db(_band_limited(broadband.astype(np.float64), 2000, 6000))
+            - _frames_db(theirs[:m * FRAME]))
+    assert np.median(lost[said[:m]]) < -10, np.median(lost[said[:m]])
+
+
+def test_the_band_suppressor_fills_what_it_took_with_the_room_s_background():
+    """Where the echo is turned down the output is the room's background
+    level (comfort noise), not digital silence: a faint leak of the echo
+    in silence would be the loudest thing the VAD hears."""
+    pre, post, reference, _, onset = _room_with_user((2000, 6000), -20)
+    out = _band_suppressed(pre, post, reference)
+    background = 20 * np.log10(32768 * 10 ** (-60 / 20))
+    echo_alone = slice(RATE, int(onset * RATE) - RATE // 5)
+    level = 20 * np.log10(rms(out[echo_alone]))
+    assert background - 6 < level < background + 6, (level, background)
+
+
+def test_the_band_suppressor_changes_nothing_without_a_reference():
+    voice = _speechy(1.0, -20, seed=4)
+    pre = np.clip(voice, -32768, 32767).astype(np.int16)
+    out = _band_suppressed(pre, pre, np.zeros_like(voice))
+    assert np.array_equal(out, pre[:out.size])
+
+
+def test_the_band_suppressor_gives_the_same_samples_however_the_input_is_cut():
+    """The input buffer hands it 10, 20 or 30 ms at a time: no sample moves."""
+    pre, post, reference, _, _ = _room_with_user((2000, 6000), -20)
+    coarse = _band_suppressed(pre, post, reference, step=6 * FRAME)
+    fine = _band_suppressed(pre, post, reference, step=FRAME)
+    assert coarse.size > 3 * RATE
+    assert np.array_equal(coarse, fine[:coarse.size])
+
+
+def test_after_the_reply_s_tail_the_band_suppressor_passes_the_input_as_it_is():
+    """A second of reply, then none: once its tail is over (60 dB in 0.6 s
+    and the hold), no comfort noise and no filter: the input, bit for bit."""
+    pre, post, reference, _, _ = _room_with_user((2000, 6000), -20)
+    reference[RATE:] = 0
+    post = post.copy()
+    post[RATE:] = pre[RATE:]  # no echo left either: the room's background and the user
+    out = _band_suppressed(pre, post, reference)
+    after = slice(int(2.5 * RATE), out.size)
+    assert np.array_equal(out[after], np.clip(post, -32768, 32767).astype(np.int16)[after])
