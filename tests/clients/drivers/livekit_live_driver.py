@@ -114,7 +114,9 @@ async def conversation(args) -> dict[str, Any]:
         await run.start()
         await run.until(lambda: run.rec.first("session.started"), 10)
         run.say()
-        await run.until(lambda: run.text("session.output_transcript.delta") and run.audio_ms > 500,
+        # the reply whole: its words come with the audio that says them, and
+        # usage follows its end
+        await run.until(lambda: run.rec.first("session.usage.updated") and run.audio_ms > 500,
                         args.timeout - 5)
     finally:
         result = await run.close()
