@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 
+import numpy as np
 import pydantic
 import pytest
 from openai.types.live import (
@@ -25,7 +26,9 @@ from vllm_duplex.domain.conversation import ItemType, Response, ResponseStatus
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
-from vllm_duplex.domain.payloads import ToolCall
+from vllm_duplex.domain.payloads import AudioOut, ToolCall
+from vllm_duplex.domain.session_config import AudioFormat
+from vllm_duplex.media.audio import AudioEncoder
 from vllm_duplex.realtime.wire.live.codec import LiveCodec, LiveStart
 from vllm_duplex.realtime.wire.live.delegated import LiveCommands
 from vllm_duplex.realtime.wire.live.delegation import DELEGATE_TOOL
@@ -77,8 +80,9 @@ def reply(rid: str, metadata: dict | None = None) -> ResponseRecord:
     response = Response(id=rid, conversation_id="conv_1", output_modalities=("audio",),
                         output_format={"type": "audio/pcm", "rate": 24000}, voice="marin",
                         metadata=metadata)
+    pcm = AudioFormat()  # PCM16 at 24 kHz
     return ResponseRecord(response, f"item_{rid}", in_conversation=True, previous_item_id=None,
-                          encoder_factory=lambda rate: None)
+                          encoder_factory=lambda rate: AudioEncoder(pcm, in_rate=rate))
 
 
 def finish(record: ResponseRecord) -> list[ev.ServerEvent]:
@@ -180,7 +184,9 @@ def test_a_tool_call_is_a_delegation_and_its_continuation_is_spoken():
     # the continuation: the engine's reply tagged with the delegation, spoken
     answer = reply("resp_2", metadata=ask.options.metadata)
     frames = render(c, answer.start_events()[0])
-    for event in [*answer.on_text("It is 18 degrees in Paris."), *finish(answer)]:
+    said = AudioOut("resp_2", np.ones(4800, np.int16), 24000, "It is 18 degrees in Paris.")
+    for event in [*answer.on_text("It is 18 degrees in Paris."), *answer.on_audio(said),
+                  *finish(answer)]:
         frames += render(c, event)
     stream = nested(frames)
     assert [e["type"] for e in stream] == ["response.created", "response.output_item.added",
