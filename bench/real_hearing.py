@@ -21,10 +21,14 @@ Reported per part (tune / held-out) and kind (real / synthetic): WER
 offline and streamed and their ratio (issue 42's target: streamed <= 1.1 x
 offline), empty finals (a turn the VAD heard that came back with no words),
 lost recordings (no words at all), and split recordings (more than one
-turn, with the WER of those). ``--show`` prints every recording.
+turn, with the WER of those). ``--show`` prints every recording;
+``--diff`` prints each hearing whose streamed words differ from the offline
+decode's: the errors of each against what was said, the words that differ,
+and the VAD's cuts beside the finals they made (where a streamed loss comes
+from: the segmentation, or the same audio heard elsewhere in the window).
 
     .venv/bin/python bench/real_hearing.py [--sides before@6d4a117 now] [--parts tune,held-out]
-        [--synthetic 4] [--show]
+        [--leads 0.3,0.5,1.0] [--synthetic 4] [--show] [--diff]
 
 ``--sides``: the code each side runs (``now``: this tree; ``NAME@REF``: a
 git worktree of REF, made for the run as ``fast_turns.py`` makes them,
@@ -56,6 +60,7 @@ from lib import machine  # noqa: E402
 from lib.real_corpus import RATE, RECORDINGS  # noqa: E402
 from lib.speech_corpus import (  # noqa: E402
     ASR_QUESTIONS,
+    normalize,
     HELD_OUT_SENTENCES,
     HELD_OUT_VOICES,
     VOICES,
@@ -72,6 +77,8 @@ from vllm_duplex.domain.payloads import (  # noqa: E402
     UserPaused,
     VadConfig,
     VadPaused,
+    VadSpeechStarted,
+    VadSpeechStopped,
 )
 from vllm_duplex.domain.session_config import SessionConfig, TurnDetection  # noqa: E402
 from vllm_duplex.models.cascade import CascadePolicy  # noqa: E402
@@ -103,6 +110,9 @@ class Heard:
     lead_s: float = LEADS_S[0]
     offline: str = ""
     finals: list[str] = field(default_factory=list)
+    # The VAD's turns, (speech_started, speech_stopped) in ms of the padded
+    # audio (stopped -1: never stopped): where the streamed finals were cut.
+    cuts: list[list[int]] = field(default_factory=list)
 
     @property
     def streamed(self) -> str:
@@ -171,9 +181,9 @@ def padded(pcm: np.ndarray, lead_s: float) -> np.ndarray:
 
 
 async def stream(stage: WhisperAsrStage, pcm: np.ndarray, session: str = "s1",
-                 vad_config: VadConfig = SERVER_VAD) -> list[str]:
+                 vad_config: VadConfig = SERVER_VAD, cuts: list[list[int]] | None = None) -> list[str]:
     """The final transcripts the listening path makes of ``pcm`` (int16 16 kHz,
-    with its silences), streamed in 20 ms chunks."""
+    with its silences), streamed in 20 ms chunks; ``cuts`` gets the VAD's turns."""
     fence = Fence(session)
     vad = SileroVad(load_model(), config=vad_config)
     port = stage.port(session)
@@ -198,6 +208,10 @@ async def stream(stage: WhisperAsrStage, pcm: np.ndarray, session: str = "s1",
         events = vad.feed(chunk, start_ms)
         await submit(AudioIn(chunk, start_ms))  # the policy sends audio to both at once
         for event in events:  # the VAD's events reach the ASR after the session saw them
+            if cuts is not None and isinstance(event, VadSpeechStarted):
+                cuts.append([event.audio_ms, -1])
+            elif cuts is not None and isinstance(event, VadSpeechStopped) and cuts:
+                cuts[-1][1] = event.audio_ms
             # The session makes a pause report the policy's UserPaused (session/pauses.py).
             payload = UserPaused(event.audio_ms) if isinstance(event, VadPaused) else event
             for asked in policy.route(payload, "vad"):
@@ -229,12 +243,42 @@ async def hear_all(stage: WhisperAsrStage, items: list[tuple[str, str, str, str,
         for lead in leads:
             audio = padded(pcm, lead)
             h = Heard(side, name, part, kind, text, lead, offline=offline(stage, audio))
-            h.finals = await stream(stage, audio, session=f"s{n}-{lead}")
+            h.finals = await stream(stage, audio, session=f"s{n}-{lead}", cuts=h.cuts)
             heard.append(h)
             if show:
                 print(f"{side:6} {part:8} {lead:.1f} {name[:40]:40} offline {h.offline!r}\n"
                       f"{'':60} streamed {h.finals!r}", flush=True)
     return heard
+
+
+def word_diff(a: str, b: str) -> str:
+    """Where two transcripts' words differ (as scored): ``-offline +streamed``."""
+    import difflib
+
+    x, y = normalize(a), normalize(b)
+    out = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=x, b=y, autojunk=False).get_opcodes():
+        if op != "equal":
+            out.append(f"-[{' '.join(x[i1:i2])}] +[{' '.join(y[j1:j2])}]")
+    return "  ".join(out)
+
+
+def diffs(heard: list[Heard]) -> None:
+    """Every hearing whose streamed words differ from the offline decode's:
+    the words each side got wrong, the words that differ, and the VAD's cuts
+    beside the finals they made (the segmentation the streamed side heard)."""
+    print("\nStreamed vs offline, hearing by hearing (errors against what was said; "
+          "cuts: the VAD's turns in ms of the audio, its lead included):")
+    for h in heard:
+        if normalize(h.offline) == normalize(h.streamed):
+            continue
+        off, on = WerCount(), WerCount()
+        off.add(h.text, h.offline)
+        on.add(h.text, h.streamed)
+        cuts = " ".join(f"{a}-{b if b >= 0 else 'open'}" for a, b in h.cuts)
+        print(f"{h.side:6} {h.part:8} {h.kind:9} {h.lead_s:.1f} s {h.name[:38]:38} errors "
+              f"{off.errors} -> {on.errors}  {word_diff(h.offline, h.streamed)}\n"
+              f"{'':16} cuts {cuts}  finals {h.finals!r}")
 
 
 def wer(rows: list[Heard], side: str) -> WerCount:
@@ -319,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--synthetic", type=int, default=4,
                    help="sentences per synthetic voice (0: real voices only)")
     p.add_argument("--show", action="store_true", help="print every recording's transcripts")
+    p.add_argument("--diff", action="store_true",
+                   help="print each hearing whose streamed words differ from offline's, "
+                        "with the VAD's cuts")
     p.add_argument("--json", help=argparse.SUPPRESS)  # a side's rows, for the parent
     args = p.parse_args(argv)
     t0, load0 = time.monotonic(), os.getloadavg()
@@ -335,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(h) for h in heard]))
         return 0
     print(f"\n{machine.line()} (at start {load0[0]:.1f}); {time.monotonic() - t0:.0f} s")
+    if args.diff:
+        diffs(heard)
     report(heard, names)
     return 0
 
