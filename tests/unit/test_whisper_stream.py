@@ -65,21 +65,6 @@ def test_a_vad_utterance_is_decoded_from_its_onset_with_a_tail():
     assert not lis.in_utterance
 
 
-def test_a_decode_starts_on_whispers_frame_grid_of_the_timeline():
-    """A VAD onset falls on any ms; Whisper's frames are 10 ms: the decode
-    takes up to 9 ms more before the onset, so its frames are those of an
-    offline decode of the same stream (a phrase's words moved with the phase).
-    The final still reports the VAD's onset: it names the speech's item."""
-    final, partial = Decoder(), Decoder()
-    lis = WhisperListener(final, partial, vad_gated=True, tail_ms=300)
-    feed(lis, 0, 1000)
-    lis.speech_started(607)
-    feed(lis, 1000, 1000)
-    assert lis.speech_stopped(1500) == [TranscriptFinal("12 words", 607)]
-    assert final.calls == [(timeline(600, 1)[0], (1800 - 600) * MS)]
-    assert partial.calls and all(first == timeline(600, 1)[0] for first, _ in partial.calls)
-
-
 def test_the_tail_is_what_has_arrived_nothing_waits_for_more():
     final = Decoder()
     lis = WhisperListener(final, None, vad_gated=True, tail_ms=300)

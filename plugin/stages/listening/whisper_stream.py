@@ -54,13 +54,7 @@ last ``prebuffer_ms`` of audio are kept for that, since the event comes after
 the audio it describes); ``VadSpeechStopped(end)`` closes it (plus up to ``tail_ms``
 of what followed, when it has arrived: a soft last consonant is not cut, and
 nothing waits for more audio); without a VAD, audio opens one and
-``EndOfUtterance`` closes it. Each decode's audio starts on Whisper's
-log-mel grid of the session's timeline (a multiple of its 10 ms hop, up to
-9 ms before the onset): its frames are then the very frames an offline
-decode of the same stream computes, not the same sound cut 2-8 ms apart. A
-real phrase's words moved with that phase alone (a VAD onset falls on any
-2 ms): "a spider" heard "the spider", "ill-disposed" heard "old-sposed",
-in one and not the other (issue 42, ``bench/real_hearing.py``). ``vad_gated``: True = only VAD events open
+``EndOfUtterance`` closes it. ``vad_gated``: True = only VAD events open
 utterances, False = audio does too, None = audio does until the first VAD
 event (whose onset then restarts the utterance). An utterance keeps at most
 its last ``max_utterance_s`` of audio, so memory stays bounded even when
@@ -88,7 +82,6 @@ log = logging.getLogger(__name__)
 SPMS = INTERNAL_RATE // 1000  # samples per ms
 _FRAME = 320  # 20 ms: the unit of the "did this audio add speech?" check
 _ENDING_QUIET_MS = 40  # this much quiet after speech: it may have ended (decode at once)
-_MEL_HOP = 160  # Whisper's log-mel hop (10 ms): a decode's audio starts on this grid
 # An at-pause answer of the partial decoder at least this sure (its average
 # log-probability) is the final transcript: on the speech bench's voices,
 # tiny.en's answers this sure are as right as base's (bench/speech_models.py,
@@ -306,7 +299,7 @@ class WhisperListener:
         assert self._end is not None
         keep_from = self._end - self._prebuffer
         if self._onset is not None:
-            keep_from = min(keep_from, self._first_sample(self._end))
+            keep_from = min(keep_from, max(self._onset, self._end - self._max_samples))
         while self._chunks and self._chunks[0][0] + len(self._chunks[0][1]) <= keep_from:
             self._chunks.popleft()
 
@@ -319,19 +312,12 @@ class WhisperListener:
                 parts.append(pcm[lo - start: hi - start])
         return np.concatenate(parts) if parts else np.zeros(0, np.int16)
 
-    def _first_sample(self, end: int) -> int:
-        """Where a decode of the open utterance up to ``end`` starts: at its
-        onset (or its last ``max_utterance_s``), on the log-mel grid."""
-        assert self._onset is not None
-        start = max(self._onset, end - self._max_samples)
-        return start - start % _MEL_HOP
-
     def _utterance_audio(self, end: int) -> np.ndarray:
         assert self._onset is not None
         if end - self._onset > self._max_samples:
             log.warning("utterance of %.0f s: transcribing its last %.0f s",
                         (end - self._onset) / INTERNAL_RATE, self._max_samples / INTERNAL_RATE)
-        return self._span(self._first_sample(end), end)
+        return self._span(max(self._onset, end - self._max_samples), end)
 
     def _maybe_partial(self, backlog: int) -> list[Any]:
         s = self._schedule
