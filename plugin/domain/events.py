@@ -16,6 +16,10 @@ from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.fence import Fence
 
 
+# A field's metadata for what the engine carries and no wire renders.
+ENGINE_ONLY = {"wire": False}
+
+
 @dataclass(frozen=True)
 class ServerEvent:
     type: ClassVar[str]
@@ -182,20 +186,12 @@ class ContentPartDone(_PartEvent):
 class OutputAudioDelta(_PartEvent):
     type: ClassVar[str] = "response.output_audio.delta"
     delta: bytes = b""  # encoded in the session's output format
-
-
-@dataclass(frozen=True)
-class OutputAudioSpoken(_PartEvent):
-    """The words the reply's audio sent just before it speaks (``AudioOut.text``
-    of the audio in the last ``OutputAudioDelta``), sent with that audio. A
-    dialect whose transcript must follow the voice renders it (GPT-Live: a
-    barge-in cuts the words with the audio, and no event takes words back);
-    the Realtime wire has no such event (its transcript deltas are the text as
-    generated, and a client cuts it with ``conversation.item.truncate``)."""
-
-    type: ClassVar[str] = "duplex.output_audio.spoken"
-    realtime_wire: ClassVar[bool] = False
-    text: str = ""
+    # The words this audio is the first to say (``AudioOut.text``). Not on the
+    # Realtime wire, whose transcript deltas are the text as generated (a
+    # client cuts it with ``conversation.item.truncate``); a dialect whose
+    # transcript follows the voice shows them (GPT-Live: a barge-in stops the
+    # words with the audio, and no event takes words back).
+    spoken: str = field(default="", metadata=ENGINE_ONLY)
 
 
 @dataclass(frozen=True)

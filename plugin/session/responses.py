@@ -64,7 +64,9 @@ class ResponseRecord:
         self._encoders: dict[int, AudioEncoder] = {}
         self.finish_reason: str | None = None
         self.text = ""  # what the client received of its words
-        self._unspoken = ""  # words whose audio the encoder still holds
+        # Words whose audio the encoder still holds; words no audio says (a
+        # last "...") are never shown as spoken.
+        self._unspoken = ""
 
     @classmethod
     def after(cls, response: Response, item_id: str, conversation: ItemStore, *,
@@ -145,12 +147,9 @@ class ResponseRecord:
         return [*opened, *self._sent(data)] if data else opened
 
     def _sent(self, data: bytes) -> list[ev.ServerEvent]:
-        """Audio sent, and the words it is the first to speak."""
-        out: list[ev.ServerEvent] = [ev.OutputAudioDelta(**self._ids(), delta=data)]
-        if self._unspoken:
-            out.append(ev.OutputAudioSpoken(**self._ids(), text=self._unspoken))
-            self._unspoken = ""
-        return out
+        """Audio sent, with the words it is the first to say."""
+        spoken, self._unspoken = self._unspoken, ""
+        return [ev.OutputAudioDelta(**self._ids(), delta=data, spoken=spoken)]
 
     def on_tool_call(self, call: ToolCall) -> tuple[ConversationItem, list[ev.ServerEvent]]:
         """A complete function call: its own output item, with the arguments
@@ -231,8 +230,6 @@ class ResponseRecord:
             for encoder in self._encoders.values():
                 if tail := encoder.flush():
                     out += self._sent(tail)
-            if self._unspoken and self.audio:  # what no audio says (a last "...")
-                out.append(ev.OutputAudioSpoken(**self._ids(), text=self._unspoken))
         if self.audio:
             out += [ev.OutputAudioDone(**self._ids()),
                     ev.OutputAudioTranscriptDone(**self._ids(), transcript=self.text)]

@@ -338,16 +338,15 @@ class _Plan:
         ga_type = cls.type
         self.type: str | None = ga_type
         self.doc: tuple[str, Callable[[Any], Any]] | None = None
-        if not getattr(cls, "realtime_wire", True):
-            self.type = None  # the engine's own (events.py says which dialects show it)
-        elif dialect is Dialect.BETA:
+        if dialect is Dialect.BETA:
             self.type = BETA_EVENT_TYPES.get(ga_type, ga_type)
             self.doc = _BETA_DOCS.get(ga_type)
         try:
             hints = typing.get_type_hints(cls)
         except Exception:  # unresolvable annotation: classify at run time
             hints = {}
-        self.fields = tuple((f.name, _kind(hints.get(f.name))) for f in dc_fields(cls))
+        self.fields = tuple((f.name, _kind(hints.get(f.name))) for f in dc_fields(cls)
+                            if f.metadata.get("wire", True))  # not events.ENGINE_ONLY
 
 
 def _kind(hint: Any) -> int:

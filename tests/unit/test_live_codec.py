@@ -248,7 +248,9 @@ def test_audio_and_transcripts_on_the_session_timeline():
     clock.t += 0.25
     # the LLM's words as written are not what the voice says yet: nothing
     assert c.render(env(ev.OutputAudioTranscriptDelta("r1", "a1", 0, 0, "Paris is"))) is None
-    said = live_event(c.render(env(ev.OutputAudioSpoken("r1", "a1", 0, 0, "Paris"))))
+    more, said = map(live_event, c.frames(env(ev.OutputAudioDelta("r1", "a1", 0, 0, pcm,
+                                                                  spoken="Paris"))))
+    assert more.type == "session.output_audio.delta"
     assert (said.delta, said.start_ms, said.end_ms) == ("Paris", 2500, 2750)
     clock.t += 3.0
     usage = live_event(c.render(env(ev.ResponseDone(response={"id": "r1"}))))

@@ -53,7 +53,8 @@ def a_turn(c, said: str, answered: str) -> tuple[str, str]:
     c.render(env(ev.SpeechStarted(audio_start_ms=0, item_id="u1")))
     heard = live_event(c.render(env(ev.InputTranscriptionCompleted("u1", 0, said))))
     c.render(env(ev.ResponseCreated(response={"id": "r1"})))
-    spoke = live_event(c.render(env(ev.OutputAudioSpoken("r1", "a1", 0, 0, answered))))
+    spoke = live_event(c.frames(env(ev.OutputAudioDelta("r1", "a1", 0, 0, b"\0\0",
+                                                         spoken=answered)))[-1])
     c.render(env(ev.ResponseDone(response={"id": "r1"})))
     return heard.event_id, spoke.event_id
 
@@ -268,8 +269,9 @@ def test_triggers_fire_once_per_turn_naming_the_fragment_that_ended_it():
         last.event_id, "session.input_transcript.delta")
     assert "User: Is it sunny?" in heard.asks[0].messages[-1].text
     c.render(env(ev.ResponseCreated(response={"id": "r1"})))
-    c.render(env(ev.OutputAudioSpoken("r1", "a1", 0, 0, "It is ")))
-    said = live_event(c.render(env(ev.OutputAudioSpoken("r1", "a1", 0, 0, "sunny."))))
+    c.frames(env(ev.OutputAudioDelta("r1", "a1", 0, 0, b"\0\0", spoken="It is ")))
+    said = live_event(c.frames(env(ev.OutputAudioDelta("r1", "a1", 0, 0, b"\0\0",
+                                                        spoken="sunny.")))[-1])
     assert c.decisions.take_runs() == []
     c.render(env(ev.ResponseDone(response={"id": "r1"})))
     (spoke,) = c.decisions.take_runs()

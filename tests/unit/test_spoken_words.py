@@ -1,8 +1,9 @@
-"""A reply's words travel with the audio that speaks them
-(``OutputAudioSpoken``, made by ``ResponseRecord.on_audio``): GPT-Live's
+"""A reply's words travel with the audio that says them
+(``OutputAudioDelta.spoken``, made by ``ResponseRecord.on_audio``): GPT-Live's
 output transcript follows the voice, so words a barge-in kept from being
 said never reach the client, while the Realtime wire is unchanged (its
-transcript deltas are the text as the LLM writes it)."""
+transcript deltas are the text as the LLM writes it; no field, no event, no
+gap in its ``seq``)."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def pcm(ms: int) -> np.ndarray:
 
 
 def spoken(events: list[ev.ServerEvent]) -> list[str]:
-    return [e.text for e in events if isinstance(e, ev.OutputAudioSpoken)]
+    return [e.spoken for e in events if isinstance(e, ev.OutputAudioDelta) and e.spoken]
 
 
 def test_words_come_with_the_first_audio_sent_that_speaks_them():
@@ -76,9 +77,8 @@ def test_words_come_with_the_first_audio_sent_that_speaks_them():
     held = r.on_audio(AudioOut("r1", pcm(20), 24000, "Paris is"))
     assert not any(isinstance(e, ev.OutputAudioDelta) for e in held) and spoken(held) == []
     sent = r.on_audio(AudioOut("r1", pcm(20), 24000, ""))
-    assert [type(e) for e in sent] == [ev.OutputAudioDelta, ev.OutputAudioSpoken]
     assert spoken(sent) == ["Paris is"]  # with the audio the encoder let go
-    more = r.on_audio(AudioOut("r1", pcm(0), 24000, " ..."))  # no sound: told with the next
+    more = r.on_audio(AudioOut("r1", pcm(0), 24000, " ..."))  # no sound: said with the next
     more += r.on_audio(AudioOut("r1", pcm(20), 24000, " the capital."))
     more += r.on_audio(AudioOut("r1", pcm(20), 24000, ""))
     done = r.finish(ResponseStatus.COMPLETED, ResponseTimes(created_at=0.0, turn_end_at=None))
@@ -95,7 +95,7 @@ def test_a_reply_cut_short_never_says_the_words_it_did_not_play():
     assert "".join(spoken(said + cut)) == "Paris is the capital."
 
 
-def test_gpt_live_shows_the_voices_words_and_realtime_shows_none_of_this_event():
+def test_gpt_live_shows_the_voices_words_and_the_realtime_wire_is_unchanged():
     c = live_codec()
     r = record()
     events = r.on_text("Rome.") + r.on_audio(AudioOut("r1", pcm(20), 24000, "Rome."))
@@ -104,8 +104,7 @@ def test_gpt_live_shows_the_voices_words_and_realtime_shows_none_of_this_event()
               for f in c.frames(Envelope(i + 1, Fence("sess_1"), e))]
     said = [f.delta for f in frames if f.type == "session.output_transcript.delta"]
     assert said == ["Rome."]  # once: from the voice, not the LLM's text too
-    realtime = RealtimeCodec()
-    line = realtime.render(Envelope(1, Fence("s"), ev.OutputAudioSpoken("r1", "i", 0, 0, "Rome.")))
-    assert line is None
-    audio = realtime.render(Envelope(2, Fence("s"), ev.OutputAudioDelta("r1", "i", 0, 0, b"\0\0")))
-    assert json.loads(audio)["type"] == "response.output_audio.delta"
+    audio = json.loads(RealtimeCodec().render(Envelope(2, Fence("s"), ev.OutputAudioDelta(
+        "r1", "i", 0, 0, b"\0\0", spoken="Rome."))))
+    assert audio["type"] == "response.output_audio.delta" and "spoken" not in audio
+    assert "Rome" not in json.dumps(audio)

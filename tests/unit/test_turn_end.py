@@ -358,8 +358,7 @@ def test_a_speculation_is_released_the_moment_the_final_transcript_confirms_its_
     assert emits(effects) == [
         "conversation.item.input_audio_transcription.completed", "response.created",
         "response.output_item.added", "conversation.item.added", "response.content_part.added",
-        "response.output_audio_transcript.delta", "response.output_audio.delta",
-        "duplex.output_audio.spoken"]
+        "response.output_audio_transcript.delta", "response.output_audio.delta"]
     assert [e for e in effects if isinstance(e, (Submit, Cancel))] == []
     assert tl.core.shown.id == rid
     assert tl.core.metrics.speculations.get(outcome="used") == 1

@@ -36,6 +36,7 @@ from vllm_duplex.realtime.wire.live.codec import LiveCodec
 Offer = Callable[[str | None], None]  # a listener's queue: one frame (None: the end); never waits
 REFLECT_RATE = 24000  # GPT-Live reflects input audio as PCM16 at 24 kHz
 MAX_QUEUED = 4096  # frames a sideband may fall behind (about 80 s of 20 ms audio)
+_AUDIO_FRAME = '{"type":"session.output_audio.delta"'  # LiveCodec.render_audio's start
 
 
 class LiveLine:
@@ -90,11 +91,12 @@ class LiveLine:
         ``item`` (``text``), for the sidebands -- but the reply's audio, which
         a sideband gets as GPT-Live reflects it: PCM16 at 24 kHz with its
         range on the session timeline, whatever the primary's format."""
-        if isinstance(item.event, ev.OutputAudioDelta):
+        if isinstance(item.event, ev.OutputAudioDelta) and (
+                text is None or text.startswith(_AUDIO_FRAME)):
             if self.sidebands and item.event.delta:
                 self._reflect_output(item.event.delta, self.port.config.output_format)
             return
-        self.to_sidebands(text)
+        self.to_sidebands(text)  # an audio delta's other frame: the words it says
 
     def _reflect_output(self, audio: bytes, fmt: AudioFormat) -> None:
         if self._replayer is None or self._replayer.fmt != fmt:

@@ -40,6 +40,8 @@ class LiveSipCall(SipCall):
         audio = isinstance(item.event, ev.OutputAudioDelta)  # reflected as the sideband's own
         if audio or isinstance(item.event, ev.OutputAudioBackchannel):  # the phone plays
             self.line.share(item, None)
+            if audio and (said := self.line.codec.said(item)) is not None:
+                self.line.share(item, said)  # the words it says, as it plays
             return
         for text in self.line.codec.frames(item) or [None]:
             self.line.share(item, text)

@@ -163,6 +163,11 @@ class LiveRtcCall(RtcCall):
                 await self._keep()
         if self.track.player.follow(item.event, self.port.config):
             self.line.share(item, None)  # the reply's audio: the track's; reflected to sidebands
+            said = self.line.codec.said(item)  # the words it says, as it plays
+            if said is not None:
+                if self.policy.may_get(said):
+                    await self._send(said)
+                self.line.share(item, said)
             return
         if isinstance(item.event, ev.OutputAudioBackchannel):
             return  # its clip is no track audio yet (the track plays replies only)

@@ -343,7 +343,21 @@ class LiveCodec:
             return []
         frames = [self._frame(f.pop("type"), **f) for f in self._delegations.render(e)]
         one = self.render(item)
-        return frames if one is None else [*frames, one]
+        said = self.said(item)
+        return [f for f in (*frames, one, said) if f is not None]
+
+    def said(self, item: Envelope) -> str | None:
+        """The words a reply's audio is the first to say, as the transcript
+        fragment sent with it (a transport that plays the audio itself sends
+        this alone). The reply's words as its voice says them, not as the LLM
+        wrote them: a barge-in stops both, and GPT-Live cannot take words back."""
+        e = item.event
+        if not isinstance(e, ev.OutputAudioDelta) or self.fixtures.drops(e):
+            return None
+        frame = self._transcript("session.output_transcript.delta", "assistant", e.spoken)
+        if frame is not None:
+            self.decisions.spoke(e.spoken, self.last_event_id)
+        return frame
 
     def due(self) -> list[Command]:
         """Commands the shell delivers now: replies asked for on the client's
@@ -371,13 +385,6 @@ class LiveCodec:
             frame = self._transcript("session.input_transcript.delta", "user",
                                      final_rest(self._heard.pop(e.item_id, ""), e.transcript))
             self.decisions.heard(e.transcript, self._fragments.pop("user", None))
-            return frame
-        if isinstance(e, ev.OutputAudioSpoken):
-            # The reply's words as its voice says them, not as the LLM wrote
-            # them: a barge-in stops both, and GPT-Live cannot take words back.
-            frame = self._transcript("session.output_transcript.delta", "assistant", e.text)
-            if frame is not None:
-                self.decisions.spoke(e.text, self.last_event_id)
             return frame
         if isinstance(e, (ev.SpeechStarted, ev.ResponseCreated)):
             # A new run of fragments: its start is where the speech began.

@@ -117,7 +117,7 @@ class Fixtures:
     def drops(self, e: Any) -> bool:
         """Whether the event is the model's voice, not sent while a fixture plays."""
         return self.playing is not None and isinstance(
-            e, (ev.OutputAudioDelta, ev.OutputAudioSpoken))
+            e, (ev.OutputAudioDelta, ev.OutputAudioTranscriptDelta))
 
     @staticmethod
     def own_error(err: DuplexError) -> bool:
