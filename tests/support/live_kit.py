@@ -18,7 +18,8 @@ from openai.types.live.session_config import SessionConfig
 from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
-from vllm_duplex.realtime.wire.live.codec import LiveCodec, LiveStart
+from vllm_duplex.realtime.wire.live.codec import LiveCodec
+from vllm_duplex.realtime.wire.live.commands import LiveStart
 
 from support.live_shapes import live_event
 from support.speech_fixtures import RATE, chunks

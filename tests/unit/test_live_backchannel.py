@@ -16,7 +16,8 @@ from vllm_duplex.domain.backchanneling import Backchanneling
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
-from vllm_duplex.realtime.wire.live.codec import LiveCodec, LiveStart
+from vllm_duplex.realtime.wire.live.codec import LiveCodec
+from vllm_duplex.realtime.wire.live.commands import LiveStart
 
 
 class Clock:

@@ -26,7 +26,7 @@ from vllm_duplex.domain.commands import AudioAppend, ItemCreate, SessionClose, S
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.session_config import AudioEncoding
 from vllm_duplex.realtime.wire.live.client_events import HANDLED, REFUSED
-from vllm_duplex.realtime.wire.live.codec import LiveAck
+from vllm_duplex.realtime.wire.live.commands import LiveAck
 
 from support.live_kit import SESSION_DOC, Clock, codec, env, frame, start
 from support.live_shapes import SERVER_MODELS, live_event

@@ -29,7 +29,8 @@ from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.payloads import AudioOut, ToolCall
 from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioEncoder
-from vllm_duplex.realtime.wire.live.codec import LiveCodec, LiveStart
+from vllm_duplex.realtime.wire.live.codec import LiveCodec
+from vllm_duplex.realtime.wire.live.commands import LiveStart
 from vllm_duplex.realtime.wire.live.delegated import LiveCommands
 from vllm_duplex.realtime.wire.live.delegation import DELEGATE_TOOL
 from vllm_duplex.session.latency import ResponseTimes

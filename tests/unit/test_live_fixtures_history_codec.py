@@ -24,7 +24,9 @@ from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.session_config import AudioEncoding, AudioFormat
 from vllm_duplex.realtime.server.live.fixture import FixturePlayer
-from vllm_duplex.realtime.wire.live.codec import LiveCodec, LiveStart
+from vllm_duplex.realtime.wire.live.audio_frames import audio_delta
+from vllm_duplex.realtime.wire.live.codec import LiveCodec
+from vllm_duplex.realtime.wire.live.commands import LiveStart
 from vllm_duplex.realtime.wire.live.fixtures import FixturePlay
 
 from support.live_shapes import live_event
@@ -175,7 +177,7 @@ def test_playing_and_played_are_the_sdk_shapes():
     played = live_event(c.render_notice("session.output_audio.fixture.played",
                                         client_event_id="f1"))
     assert (playing.client_event_id, played.client_event_id) == ("f1", "f1")
-    assert live_event(c.render_audio(b"\x00\x01")).type == "session.output_audio.delta"
+    assert live_event(audio_delta(b"\x00\x01")).type == "session.output_audio.delta"
 
 
 # ---- initial history --------------------------------------------------------------------

@@ -14,7 +14,8 @@ from vllm_duplex.durable import live_sessions
 from vllm_duplex.durable.memory import MemoryStore
 from vllm_duplex.durable.records import LIVE_PREFIX
 from vllm_duplex.durable.store import Bounds, decode, encode
-from vllm_duplex.realtime.wire.live.codec import LiveCodec, LiveStart
+from vllm_duplex.realtime.wire.live.codec import LiveCodec
+from vllm_duplex.realtime.wire.live.commands import LiveStart
 from vllm_duplex.realtime.wire.live.forks import fork_start, stored_items
 from vllm_duplex.testing.clock import VirtualClock
 

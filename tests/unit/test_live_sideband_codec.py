@@ -18,7 +18,9 @@ from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
 from vllm_duplex.realtime.server.live.webrtc_call import DataChannelPolicy
-from vllm_duplex.realtime.wire.live.codec import DTMF_KEYS, LiveCodec, LiveDtmf
+from vllm_duplex.realtime.wire.live.audio_frames import input_reflection, output_reflection
+from vllm_duplex.realtime.wire.live.codec import LiveCodec
+from vllm_duplex.realtime.wire.live.commands import DTMF_KEYS, LiveDtmf
 
 from support.live_shapes import live_event
 
@@ -47,7 +49,7 @@ def test_anything_else_is_refused_by_name_with_its_event_id(key):
 
 def test_reflected_audio_is_the_sdks_shape_and_bytes():
     pcm = bytes(range(256)) * 4
-    shaped = live_event(codec().render_input_audio(pcm))
+    shaped = live_event(input_reflection(pcm))
     assert base64.b64decode(shaped.audio) == pcm
 
 
@@ -88,5 +90,5 @@ def test_the_data_channel_policy_is_the_sdks():
 
 def test_reflected_reply_audio_carries_its_range_as_the_sdk_requires_on_a_sideband():
     pcm = b"\x01\x00" * 480  # 20 ms at 24 kHz
-    shaped = live_event(codec().render_output_reflection(pcm, 1000, 1020))
+    shaped = live_event(output_reflection(pcm, 1000, 1020))
     assert (base64.b64decode(shaped.delta), shaped.start_ms, shaped.end_ms) == (pcm, 1000, 1020)

@@ -23,6 +23,7 @@ import numpy as np
 from vllm_duplex.domain.payloads import AudioOut
 from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioEncoder
+from vllm_duplex.realtime.wire.live.audio_frames import audio_delta
 from vllm_duplex.realtime.wire.live.codec import LiveCodec
 from vllm_duplex.realtime.wire.live.fixtures import FIXTURE_RATE, FixturePlay
 from vllm_duplex.session.pacing import OutputPacer
@@ -66,7 +67,7 @@ async def play_fixture(play: FixturePlay, codec: LiveCodec, send: Callable[[str]
             for chunk in player.due(now):
                 if on_audio is not None:
                     on_audio(chunk)
-                await send(codec.render_audio(chunk))
+                await send(audio_delta(chunk))
             wake = player.next_at(now)
             if wake is None:
                 break

@@ -31,12 +31,16 @@ from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.media.audio import AudioDecoder
 from vllm_duplex.realtime.server.port.session_port import SessionPort
+from vllm_duplex.realtime.wire.live.audio_frames import (
+    input_reflection,
+    is_audio_delta,
+    output_reflection,
+)
 from vllm_duplex.realtime.wire.live.codec import LiveCodec
 
 Offer = Callable[[str | None], None]  # a listener's queue: one frame (None: the end); never waits
 REFLECT_RATE = 24000  # GPT-Live reflects input audio as PCM16 at 24 kHz
 MAX_QUEUED = 4096  # frames a sideband may fall behind (about 80 s of 20 ms audio)
-_AUDIO_FRAME = '{"type":"session.output_audio.delta"'  # LiveCodec.render_audio's start
 
 
 class LiveLine:
@@ -92,7 +96,7 @@ class LiveLine:
         a sideband gets as GPT-Live reflects it: PCM16 at 24 kHz with its
         range on the session timeline, whatever the primary's format."""
         if isinstance(item.event, ev.OutputAudioDelta) and (
-                text is None or text.startswith(_AUDIO_FRAME)):
+                text is None or is_audio_delta(text)):
             if self.sidebands and item.event.delta:
                 self._reflect_output(item.event.delta, self.port.config.output_format)
             return
@@ -107,7 +111,7 @@ class LiveLine:
         # Contiguous within a reply (the server paces it); a pause leaves a gap.
         start = max(self._reply_end_ms, self.codec.now_ms())
         self._reply_end_ms = start + pcm.size * 1000 // REFLECT_RATE
-        self.to_sidebands(self.codec.render_output_reflection(pcm.astype("<i2").tobytes(), start,
+        self.to_sidebands(output_reflection(pcm.astype("<i2").tobytes(), start,
                                                               self._reply_end_ms))
 
     def reflect(self, audio: bytes, fmt: AudioFormat) -> None:
@@ -119,7 +123,7 @@ class LiveLine:
             self._reflector = AudioDecoder(fmt, out_rate=REFLECT_RATE)
         pcm = self._reflector.decode(audio)
         if pcm.size:
-            self.to_sidebands(self.codec.render_input_audio(pcm.astype("<i2").tobytes()))
+            self.to_sidebands(input_reflection(pcm.astype("<i2").tobytes()))
 
     async def running(self) -> bool:
         """Wait until the session started (True) or ended first (False)."""

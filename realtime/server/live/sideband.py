@@ -33,7 +33,8 @@ from vllm_duplex.host.sessions import RealtimeSessions
 from vllm_duplex.realtime.server.auth import bearer_key
 from vllm_duplex.realtime.server.live.lines import MAX_QUEUED, LiveLine, LiveLines
 from vllm_duplex.realtime.server.websocket_frames import next_frame
-from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, LiveStart
+from vllm_duplex.realtime.wire.live.codec import LiveCodec
+from vllm_duplex.realtime.wire.live.commands import LiveAck, LiveDtmf, LiveStart
 from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
 from vllm_duplex.realtime.wire.live.delegated import each_command
 

@@ -58,7 +58,8 @@ from vllm_duplex.realtime.server.live.stored import StoredSession
 from vllm_duplex.realtime.server.port.session_port import SessionPort
 from vllm_duplex.realtime.server.live.fixture import play_fixture
 from vllm_duplex.realtime.server.websocket_frames import next_frame
-from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, LiveStart
+from vllm_duplex.realtime.wire.live.codec import LiveCodec
+from vllm_duplex.realtime.wire.live.commands import LiveAck, LiveDtmf, LiveStart
 from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
 from vllm_duplex.realtime.wire.live.delegated import each_command
 from vllm_duplex.realtime.wire.live.fixtures import FixturePlay

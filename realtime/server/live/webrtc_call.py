@@ -32,7 +32,8 @@ from vllm_duplex.realtime.server.live.lines import LiveLine
 from vllm_duplex.realtime.server.live.stored import StoredSession
 from vllm_duplex.realtime.server.webrtc.call import RtcCall
 from vllm_duplex.realtime.wire.live.client_events import HANDLED, REFUSED
-from vllm_duplex.realtime.wire.live.codec import LiveAck, LiveCodec, LiveDtmf, LiveStart
+from vllm_duplex.realtime.wire.live.codec import LiveCodec
+from vllm_duplex.realtime.wire.live.commands import LiveAck, LiveDtmf, LiveStart
 from vllm_duplex.realtime.wire.live.decisions import DecisionRun, ItemReply
 from vllm_duplex.realtime.wire.live.delegated import each_command
 

@@ -54,14 +54,12 @@ import binascii
 import json
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.commands import (
     AudioAppend,
     Command,
-    ItemCreate,
     SessionClose,
     SessionUpdate,
 )
@@ -71,6 +69,8 @@ from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.session_config import SessionPatch
 from vllm_duplex.realtime.wire.codec import RealtimeCodec
 from vllm_duplex.realtime.wire.live.appends import APPENDS, Appends
+from vllm_duplex.realtime.wire.live.audio_frames import audio_delta
+from vllm_duplex.realtime.wire.live.commands import DTMF_KEYS, LiveAck, LiveDtmf, LiveStart
 from vllm_duplex.realtime.wire.live.decisions import (
     DECISION_EVENTS,
     DecisionRun,
@@ -95,35 +95,6 @@ from vllm_duplex.realtime.wire.live.client_events import (
 # Our close reasons as GPT-Live's ``session.closed`` reasons.
 _CLOSED = {"client": "close_requested", "hangup": "close_requested", "expired": "expired",
            "max_duration": "expired", "disconnect": "connection_lost"}
-
-
-@dataclass(frozen=True)
-class LiveStart:
-    """``session.start``: the shell opens the session with ``patch``."""
-
-    patch: SessionPatch
-    model: str  # as the client named it (the session resource repeats it)
-    event_id: str | None = None
-    history: tuple[ItemCreate, ...] = ()  # session.input, created before anything is heard
-
-
-@dataclass(frozen=True)
-class LiveDtmf:
-    """``transport.dtmf.send``: a sideband presses ``digit`` on a SIP call."""
-
-    digit: str
-    event_id: str | None = None
-
-
-DTMF_KEYS = "0123456789*#ABCD"  # what transport.dtmf.send may press (the SDK's list)
-
-
-@dataclass(frozen=True)
-class LiveAck:
-    """A command the codec answers itself, at once (mute, unmute)."""
-
-    type: str
-    event_id: str | None = None
 
 
 class LiveCodec:
@@ -334,8 +305,7 @@ class LiveCodec:
         e = item.event
         if isinstance(e, ev.OutputAudioBackchannel):
             start = self.now_ms()
-            audio = _encode({"type": "session.output_audio.delta",
-                             "delta": base64.b64encode(e.audio).decode("ascii")})
+            audio = audio_delta(e.audio)
             said = self._frame("session.output_transcript.delta", delta=e.transcript,
                                start_ms=start, end_ms=start + e.duration_ms)
             return [audio, said]
@@ -377,7 +347,7 @@ class LiveCodec:
             return self._frame("session.updated", session=self.resource(e.session),
                                client_event_id=eid)
         if isinstance(e, ev.OutputAudioDelta):
-            return self.render_audio(e.delta) if e.delta else None
+            return audio_delta(e.delta) if e.delta else None
         if isinstance(e, ev.InputTranscriptionDelta):
             self._heard[e.item_id] = self._heard.get(e.item_id, "") + e.delta
             return self._transcript("session.input_transcript.delta", "user", e.delta)
@@ -477,13 +447,6 @@ class LiveCodec:
     def render_notice(self, kind: str, fence: Fence | None = None, **fields: Any) -> str:
         return self._frame(kind, **fields)
 
-    @staticmethod
-    def render_audio(audio: bytes) -> str:
-        """Output audio, in the session's format (a reply's, or a fixture's)."""
-        # No event_id: the SDK's shape has none on the primary socket.
-        return _encode({"type": "session.output_audio.delta",
-                        "delta": base64.b64encode(audio).decode("ascii")})
-
     def render_ack(self, ack: LiveAck | ItemReply) -> str:
         fields = ack.fields if isinstance(ack, ItemReply) else {}
         return self._frame(ack.type, client_event_id=ack.event_id, **fields)
@@ -511,20 +474,6 @@ class LiveCodec:
         ``transport.dtmf.sent`` (one a sideband pressed, ``client_event_id``
         its command's)."""
         return self._frame(kind, event=digit, client_event_id=event_id)
-
-    def render_output_reflection(self, pcm24k: bytes, start_ms: int, end_ms: int) -> str:
-        """The reply's audio reflected to a sideband: PCM16 at 24 kHz with its
-        range on the session timeline (the SDK requires both on a sideband;
-        no event_id in its shape)."""
-        return _encode({"type": "session.output_audio.delta",
-                        "delta": base64.b64encode(pcm24k).decode("ascii"),
-                        "start_ms": start_ms, "end_ms": end_ms})
-
-    def render_input_audio(self, pcm24k: bytes) -> str:
-        """The caller's audio reflected to a sideband (PCM16 at 24 kHz; the
-        SDK's shape has no event_id)."""
-        return _encode({"type": "session.input_audio.append",
-                        "audio": base64.b64encode(pcm24k).decode("ascii")})
 
     def _frame(self, kind: str, **fields: Any) -> str:
         out: dict[str, Any] = {"type": kind, "event_id": self.next_event_id()}
