@@ -21,7 +21,7 @@ import pytest
 from aiortc import RTCSessionDescription
 from openai import AsyncOpenAI
 from support.audio import silence, tone
-from support.live_kit import Reader, live, started
+from support.live_kit import live, started
 from support.live_shapes import live_event
 from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks: the module loop's leak check)
     b64,
