@@ -69,6 +69,14 @@ class ObservationPort(FencedPort):
         """Nothing to abort: only the session is checked."""
         self._check_session(fence, "cancelled")
 
+    async def _failed(self, item: StageInput, exc: Exception) -> None:
+        """One chunk the model failed on: a typed ``StageFailed``; listening
+        goes on (one bad chunk must not stop it)."""
+        log.exception("stage %s failed on %s", self.name, item.request_id)
+        self._stage.failed_requests += 1
+        error = DuplexError("stage_failed", f"stage {self.name!r} failed: {exc!r}")
+        await self._emit(item.fence, item.request_id, StageFailed(error))
+
 
 class ListeningPort(ObservationPort):
     _stage: ListeningStage
@@ -103,11 +111,8 @@ class ListeningPort(ObservationPort):
     async def _process(self, item: StageInput) -> None:
         try:
             outputs = await self._stage.run(self._work, item.payload)
-        except Exception as exc:  # one bad chunk must not stop listening
-            log.exception("stage %s failed on %s", self.name, item.request_id)
-            self._stage.failed_requests += 1
-            error = DuplexError("stage_failed", f"stage {self.name!r} failed: {exc!r}")
-            await self._emit(item.fence, item.request_id, StageFailed(error))
+        except Exception as exc:
+            await self._failed(item, exc)
             return
         self._stage.completed_requests += self._completed(item.payload, outputs)
         for out in outputs:
