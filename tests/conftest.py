@@ -8,9 +8,16 @@ modules would be a separate fixture in each, and start one engine per module.
 from __future__ import annotations
 
 import pytest_asyncio
+from hypothesis import settings
 from support.task_leaks import leak_check
 
 no_leaked_tasks = leak_check(tries=20)  # the per-function loop of most tests
+
+# Property tests check behaviour; speed is bench/'s. Hypothesis's default
+# 200 ms per example is a timing assertion a loaded machine misses
+# (test_fence's random text failed so once, at load 10-13).
+settings.register_profile("duplex", deadline=None)
+settings.load_profile("duplex")
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
