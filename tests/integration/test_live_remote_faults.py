@@ -151,3 +151,34 @@ async def test_a_backend_that_hangs_is_stopped_at_its_timeout_and_its_request_cl
                 break
             await asyncio.sleep(0.01)
         assert state.open == 0  # the hung request was closed
+
+
+@pytest.mark.parametrize("mode, says", [("refused", "could not be reached"),
+                                        ("error", "HTTP 500"),
+                                        ("malformed", "did not answer with a Responses object")])
+async def test_a_decision_on_a_failing_backend_is_a_typed_error_and_the_session_goes_on(
+        server, mode, says):
+    """``decision.create`` under a ``decisions`` delegation whose model names
+    a failing backend: its typed error, naming the decision's event, and the
+    next ``decision.item.create`` is answered as before."""
+    question = {"type": "choice", "name": "city", "instructions": "Which city?",
+                "choices": [{"value": "Paris"}, {"value": "Rome"}]}
+    async with misbehaving_backends() as (state, backends):
+        server.runtime.sessions.responses_backends = backends
+        try:
+            async with live(server) as conn:
+                events, _ = await started(conn, delegation={"type": "decisions", "decisions": {
+                    "model": mode, "questions": [question]}})
+                await conn.decision.create(event_id="d1")
+                error = await events.until("error")
+                assert (error.error.code, error.error.client_event_id) == ("backend_error", "d1")
+                assert f"'{mode}'" in error.error.message and says in error.error.message
+                assert "sk-backend-secret" not in error.error.message
+                assert not events.of("decision.event")
+                await conn.decision.item.create(event_id="i1", item={
+                    "role": "user", "content": "Rome, please."})
+                created = await events.until("decision.item.created")
+                assert created.client_event_id == "i1"
+            assert state.open == 0  # no request left open
+        finally:
+            server.runtime.sessions.responses_backends = {}

@@ -104,3 +104,35 @@ async def test_a_spoken_turn_runs_on_vllms_responses_endpoint_with_a_tool_call(
         assert not events.of("error")
     finally:
         server.runtime.sessions.responses_backends = {}
+
+
+CITY = {"type": "choice", "name": "city", "instructions": "Which city did the user ask about?",
+        "choices": [{"value": "Tokyo"}, {"value": "Paris"}, {"value": "London"}]}
+
+
+async def test_a_decision_runs_on_vllms_responses_endpoint(server, vllm_backend):
+    """``decision.create`` under a ``decisions`` delegation whose model names
+    the backend: asked of vLLM's ``/v1/responses`` (the answer held to the
+    options by its JSON schema, probabilities from its logprobs), answered as
+    the SDK's ``decision.event``."""
+    server.runtime.sessions.responses_backends = {"vllm": vllm_backend}
+    try:
+        async with live(server) as conn:
+            events, _ = await started(conn, delegation={"type": "decisions", "decisions": {
+                "model": "vllm", "questions": [CITY]}})
+            await conn.decision.item.create(event_id="i1", item={
+                "role": "user", "content": "What is the weather like in Paris today?"})
+            await events.until("decision.item.created", timeout=30)
+            await conn.decision.create(event_id="d1")
+            decided = await events.until("decision.event", timeout=120)
+            decision = decided.event.decision
+            assert decision.model == "smollm2"  # the backend's model answered
+            (city,) = decision.answers
+            assert city.choice in ("Tokyo", "Paris", "London")
+            probabilities = {p.value: p.probability for p in city.probabilities}
+            assert sum(probabilities.values()) == pytest.approx(1)
+            assert probabilities[city.choice] == max(probabilities.values())
+            assert decision.usage.input_tokens > 0
+        assert not events.of("error")
+    finally:
+        server.runtime.sessions.responses_backends = {}

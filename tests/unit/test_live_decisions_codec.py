@@ -307,7 +307,7 @@ async def test_the_runner_answers_in_order_and_a_failure_is_typed_and_goes_on():
     a_turn(c, "What's the weather like?", "Sunny.")
     chooser = ScriptedChooser(lambda ask: ask.options[-1])
     wire = Wire()
-    runner = DecisionRunner(chooser, c, wire.send)
+    runner = DecisionRunner(lambda: chooser, c, wire.send)
     try:
         runner.submit(c.parse(json.dumps({"type": "decision.create", "event_id": "d1"})))
         event = await wire.next()
@@ -330,7 +330,7 @@ async def test_a_decision_that_takes_too_long_is_stopped_and_told():
     c = decider(delegation=DECIDING)
     chooser = ScriptedChooser(hang=True)
     wire = Wire()
-    runner = DecisionRunner(chooser, c, wire.send, timeout_s=0.05)
+    runner = DecisionRunner(lambda: chooser, c, wire.send, timeout_s=0.05)
     try:
         runner.submit(c.parse(json.dumps({"type": "decision.create", "event_id": "slow"})))
         err = await wire.next()
@@ -345,7 +345,7 @@ async def test_a_full_queue_refuses_a_decision_and_skips_a_trigger():
         {"type": "decisions", "event_type": "session.input_transcript.delta",
          "decisions": {"questions": [WEATHER]}}])
     chooser = ScriptedChooser(hang=True)
-    runner = DecisionRunner(chooser, c, Wire().send, max_queued=1)
+    runner = DecisionRunner(lambda: chooser, c, Wire().send, max_queued=1)
     try:
         runner.submit(c.parse(json.dumps({"type": "decision.create", "event_id": "d1"})))
         await asyncio.sleep(0)  # the worker takes it: the queue is empty again

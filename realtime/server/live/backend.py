@@ -24,7 +24,10 @@ import httpx
 from vllm_duplex.domain.commands import Command
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.realtime.wire.live.codec import LiveCodec
+from vllm_duplex.domain.backends import ResponsesBackend
+from vllm_duplex.domain.decisions import ChoiceAsk, Chosen
 from vllm_duplex.realtime.wire.live.remote import Outcome, RemoteRun, failed_status
+from vllm_duplex.realtime.wire.live.remote_choice import choice_request, read_choice
 
 log = logging.getLogger(__name__)
 _QUEUED = 8  # a socket's runs waiting; more is a client asking faster than backends answer
@@ -41,6 +44,10 @@ class RemoteRunner:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
         self._queue: asyncio.Queue[RemoteRun] = asyncio.Queue(_QUEUED)
         self._task = asyncio.create_task(self._work(), name="duplex-live-remote")
+
+    def chooser(self, backend: ResponsesBackend) -> RemoteChooser:
+        """Decisions on ``backend``, over this socket's HTTP client."""
+        return RemoteChooser(backend, self._http)
 
     def submit(self, run: RemoteRun) -> None:
         try:
@@ -86,7 +93,7 @@ class RemoteRunner:
                                f"{run.backend.timeout_s:g} s; the delegated run was stopped")
         err = stream.exception()
         if err is not None:
-            return err if isinstance(err, DuplexError) else _backend_error(run, err)
+            return err if isinstance(err, DuplexError) else _backend_error(run.backend.name, err)
         outcome = stream.result()
         return failed_status(outcome, run.backend.name) or outcome
 
@@ -108,12 +115,46 @@ class RemoteRunner:
             return reader.finish()
 
 
-def _backend_error(run: RemoteRun, err: BaseException) -> DuplexError:
+class RemoteChooser:
+    """A ``Chooser`` (``domain/decisions.py``) on an external Responses
+    backend: each ask one ``POST {base_url}/responses``
+    (``wire/live/remote_choice.py`` says what it asks and reads). ``http``:
+    the socket's client, closed with it. A failure is ``backend_error``; the
+    decision's own deadline (``decisions.py``) and the backend's
+    ``timeout_s`` both bound it, and a cancel closes the request."""
+
+    def __init__(self, backend: ResponsesBackend, http: httpx.AsyncClient) -> None:
+        self.backend = backend
+        self.model = backend.model  # what the decision.event names
+        self._http = http
+
+    async def choose(self, ask: ChoiceAsk) -> Chosen:
+        backend = self.backend
+        headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
+        try:
+            response = await self._http.post(backend.url, json=choice_request(backend.model, ask),
+                                              headers=headers, timeout=backend.timeout_s)
+        except httpx.TimeoutException:
+            raise DuplexError("deadline_exceeded", f"the Responses backend {backend.name!r} "
+                              f"took longer than {backend.timeout_s:g} s") from None
+        except httpx.HTTPError as err:
+            raise _backend_error(backend.name, err) from None
+        if response.status_code >= 400:
+            raise DuplexError("backend_error", f"the Responses backend {backend.name!r} "
+                              f"answered HTTP {response.status_code}")
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        return read_choice(body, ask.options, backend.name)
+
+
+def _backend_error(name: str, err: BaseException) -> DuplexError:
     """An HTTP failure as the client's error: its kind, not its details (a
     URL's credentials or a key never leave the server)."""
     with contextlib.suppress(Exception):
-        log.info("Responses backend %s: %r", run.backend.name, err)
+        log.info("Responses backend %s: %r", name, err)
     what = ("could not be reached" if isinstance(err, httpx.ConnectError) else
             "broke off the stream" if isinstance(err, (httpx.ReadError, httpx.RemoteProtocolError))
             else f"failed ({type(err).__name__})")
-    return DuplexError("backend_error", f"the Responses backend {run.backend.name!r} {what}")
+    return DuplexError("backend_error", f"the Responses backend {name!r} {what}")

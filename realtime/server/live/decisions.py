@@ -30,9 +30,10 @@ MAX_QUEUED = 8
 
 
 class DecisionRunner:
-    def __init__(self, chooser: Chooser, codec: LiveCodec, send: Callable[[str], Awaitable[bool]],
-                 *, timeout_s: float = DECISION_TIMEOUT_S, max_queued: int = MAX_QUEUED) -> None:
-        self.chooser = chooser
+    def __init__(self, pick: Callable[[], Chooser], codec: LiveCodec,
+                 send: Callable[[str], Awaitable[bool]], *, timeout_s: float = DECISION_TIMEOUT_S,
+                 max_queued: int = MAX_QUEUED) -> None:
+        self.pick = pick  # the chooser for the session's decisions config now (or its typed error)
         self.codec = codec
         self._send = send  # False once the socket is gone
         self.timeout_s = timeout_s
@@ -70,8 +71,9 @@ class DecisionRunner:
 
     async def _evaluate(self, run: DecisionRun) -> str:
         try:
-            chosen = await asyncio.wait_for(self._answers(run), self.timeout_s)
-            return self.codec.render_decision(run, self.chooser.model, chosen)
+            chooser = self.pick()
+            chosen = await asyncio.wait_for(self._answers(run, chooser), self.timeout_s)
+            return self.codec.render_decision(run, chooser.model, chosen)
         except TimeoutError:
             err = DuplexError("deadline_exceeded", f"the decision took longer than "
                               f"{self.timeout_s:g} s; stopped")
@@ -82,5 +84,6 @@ class DecisionRunner:
             err = DuplexError("internal_error", f"the decision failed: {exc!r}")
         return self.codec.render_error(err.with_event_id(run.event_id))
 
-    async def _answers(self, run: DecisionRun) -> list:
-        return [await self.chooser.choose(ask) for ask in run.asks]
+    @staticmethod
+    async def _answers(run: DecisionRun, chooser: Chooser) -> list:
+        return [await chooser.choose(ask) for ask in run.asks]

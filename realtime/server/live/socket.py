@@ -88,7 +88,8 @@ class LiveSocket:
                                model_aliases=sessions.model_aliases, clock=sessions.now,
                                context_limit=sessions.context_limit,
                                default_instructions=sessions.session_config().instructions)
-        self.codec.decisions.available = chooser is not None
+        # Decisions run on the engine's chooser, or on a backend the decisions config names.
+        self.codec.decisions.available = chooser is not None or bool(sessions.responses_backends)
         self._chooser = chooser
         self.decider: DecisionRunner | None = None
         # Delegations on external Responses backends (backend.py), where the deployment names any
@@ -96,6 +97,19 @@ class LiveSocket:
         self.remote: RemoteRunner | None = None
         self._send_lock = asyncio.Lock()
         self._fixture: asyncio.Task[None] | None = None  # the fixture playing, if any
+
+    def _decisions_chooser(self) -> Chooser:
+        """What evaluates a decision now: the backend the session's decisions
+        config names (``delegation.decisions.model``), else the engine's own."""
+        name = ((self.codec.delegation or {}).get("decisions") or {}).get("model")
+        backend = self.codec.remote.backends.get(name or "")
+        if backend is not None and self.remote is not None:
+            return self.remote.chooser(backend)
+        if self._chooser is None:
+            raise DuplexError("capability_unsupported", f"decisions model {name!r} names none of "
+                              "this deployment's Responses backends, and this engine's LLM "
+                              "cannot evaluate decisions", param="delegation.decisions.model")
+        return self._chooser
 
     async def _send(self, text: str) -> None:
         async with self._send_lock:
@@ -122,11 +136,12 @@ class LiveSocket:
         line.primary = self._relay
         if self.lines is not None:
             self.lines.add(port.session.session_id, line)
-        if self._chooser is not None:
-            self.decider = DecisionRunner(self._chooser, self.codec, self._send_and_share)
         if self.codec.remote.backends:
             self.remote = RemoteRunner(self.codec, self._send_and_share, port.deliver,
                                        self.sessions.sleep)
+        if self.codec.decisions.available:
+            self.decider = DecisionRunner(self._decisions_chooser, self.codec,
+                                          self._send_and_share)
         writer = asyncio.create_task(self._write(port),
                                      name=f"duplex-live-writer-{port.session.session_id}")
         try:

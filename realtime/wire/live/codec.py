@@ -140,6 +140,11 @@ class LiveCodec:
         self.started_with: dict[str, Any] = {}  # the session.start config, for a stored session
 
     @property
+    def delegation(self) -> dict[str, Any] | None:
+        """The session's delegation config as accepted."""
+        return self._delegations.config
+
+    @property
     def _delegation(self) -> dict[str, Any] | None:
         """The delegation config as accepted (``delegation.py``)."""
         return self._delegations.config
