@@ -11,6 +11,8 @@ knows nothing of questions.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,3 +47,27 @@ class Chooser(Protocol):
     model: str
 
     async def choose(self, ask: ChoiceAsk) -> Chosen: ...
+
+
+def spread(firsts: Sequence[Hashable | None], chosen: int,
+           logprobs: Mapping[Hashable, float]) -> tuple[float, ...]:
+    """Each option's probability from its first token's: ``firsts[i]`` is
+    option i's first token (None: none seen), ``logprobs`` the answer's first
+    position's. A token outside ``logprobs`` gives nothing (less likely than
+    all of them); options that share a token split it, all of it to
+    ``chosen`` when it is among them; normalised to 1. Both choosers read
+    their answers so (``plugin/text/decisions.py`` with token ids,
+    ``realtime/wire/live/remote_choice.py`` with token texts)."""
+    mass = [0.0] * len(firsts)
+    for tok in {t for t in firsts if t is not None}:
+        p = math.exp(logprobs[tok]) if tok in logprobs else 0.0
+        sharing = [i for i, t in enumerate(firsts) if t == tok]
+        if chosen in sharing:
+            mass[chosen] += p
+        else:
+            for i in sharing:
+                mass[i] += p / len(sharing)
+    total = sum(mass)
+    if total <= 0.0:  # the chosen token is always among the logprobs; guard anyway
+        return tuple(1.0 if i == chosen else 0.0 for i in range(len(firsts)))
+    return tuple(m / total for m in mass)

@@ -18,13 +18,12 @@ the chosen option the most probable first token among the options', so
 from __future__ import annotations
 
 import asyncio
-import math
 
 from vllm import SamplingParams
 from vllm.inputs import tokens_input
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm_duplex.domain.decisions import ChoiceAsk, Chosen
+from vllm_duplex.domain.decisions import ChoiceAsk, Chosen, spread
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.fence import Fence
 from vllm_duplex.stages.vllm.host import EngineHost
@@ -74,25 +73,8 @@ class EngineChooser:
             raise DuplexError("stage_failed", f"the engine's answer {text!r} is not an option")
         index = ask.options.index(text)
         first = comp.logprobs[0] if comp.logprobs else {}
-        probabilities = _spread([chat.encode(o)[0] for o in ask.options], index,
+        probabilities = spread([chat.encode(o)[0] for o in ask.options], index,
                                 {tok: lp.logprob for tok, lp in first.items()})
         return Chosen(index, probabilities, input_tokens=len(prompt),
                       output_tokens=len(comp.token_ids),
                       cached_tokens=out.num_cached_tokens or 0)
-
-
-def _spread(firsts: list[int], chosen: int, logprobs: dict[int, float]) -> tuple[float, ...]:
-    """Each option's probability from its first token's (see the module doc)."""
-    mass = [0.0] * len(firsts)
-    for tok in set(firsts):
-        p = math.exp(logprobs[tok]) if tok in logprobs else 0.0
-        sharing = [i for i, t in enumerate(firsts) if t == tok]
-        if chosen in sharing:
-            mass[chosen] += p
-        else:
-            for i in sharing:
-                mass[i] += p / len(sharing)
-    total = sum(mass)
-    if total <= 0.0:  # the chosen token is always among the logprobs; guard anyway
-        return tuple(1.0 if i == chosen else 0.0 for i in range(len(firsts)))
-    return tuple(m / total for m in mass)

@@ -365,7 +365,7 @@ async def test_a_full_queue_refuses_a_decision_and_skips_a_trigger():
 # ---- the engine chooser's probabilities (no engine) --------------------------------------
 
 def test_probabilities_from_first_token_logprobs():
-    from vllm_duplex.text.decisions import _spread
+    from vllm_duplex.domain.decisions import spread as _spread
 
     # distinct first tokens: normalised over the options'
     probs = _spread([1, 2], 0, {1: math.log(0.6), 2: math.log(0.2), 3: math.log(0.2)})

@@ -24,10 +24,9 @@ choice probability 1: the answer is all it said.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
-from vllm_duplex.domain.decisions import ChoiceAsk, Chosen
+from vllm_duplex.domain.decisions import ChoiceAsk, Chosen, spread
 from vllm_duplex.domain.errors import DuplexError
 
 TOP_LOGPROBS = 20  # vLLM's default max_logprobs: the most a server is sure to allow
@@ -103,19 +102,7 @@ def _probabilities(logprobs: Any, options: tuple[str, ...], chosen: int) -> tupl
         begins = [t for t in logp if quoted.startswith((before + t).lstrip())
                   or (before + t).lstrip().startswith(quoted)]
         firsts.append(max(begins, key=len) if begins else None)
-    mass = [0.0] * len(options)
-    for token in {t for t in firsts if t is not None}:
-        p = math.exp(logp[token])
-        sharing = [i for i, t in enumerate(firsts) if t == token]
-        if chosen in sharing:
-            mass[chosen] += p
-        else:
-            for i in sharing:
-                mass[i] += p / len(sharing)
-    total = sum(mass)
-    if total <= 0.0:  # the chosen token is among its own alternatives; guard anyway
-        return tuple(1.0 if i == chosen else 0.0 for i in range(len(options)))
-    return tuple(m / total for m in mass)
+    return spread(firsts, chosen, logp)
 
 
 def _first_alternatives(logprobs: Any) -> tuple[str, str, list[tuple[str, float]]] | None:
