@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import time
 
 import numpy as np
@@ -20,21 +19,13 @@ from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks override
     chunks,
     module_server,
     no_leaked_tasks,
-    scripted_config,
+    recall_config,
     silence,
     utterance,
 )
 from support.live_kit import live, started
-from vllm_duplex.host.deploy import StageSpec
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-def recall_config():
-    base = scripted_config()
-    stages = tuple(StageSpec(s.type, {**s.options, "recall": True})
-                   if s.type == "scripted_llm" else s for s in base.stages)
-    return dataclasses.replace(base, stages=stages)
 
 
 server = module_server(recall_config())

@@ -19,7 +19,13 @@ from aiortc import RTCSessionDescription
 from openai import AsyncOpenAI
 from support.audio import silence, tone
 from support.live_shapes import live_event
-from support.realtime_fixtures import LONG_REPLY, no_leaked_tasks, scripted_config, serve  # noqa: F401
+from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks: the module loop's leak check)
+    LONG_REPLY,
+    calls_ended,
+    no_leaked_tasks,
+    scripted_config,
+    serve,
+)
 from support.webrtc import RtcClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -37,14 +43,7 @@ async def server():
 @pytest_asyncio.fixture(loop_scope="module", autouse=True)
 async def nothing_left(server):
     yield
-    app = server._server.config.app.state
-    for _ in range(300):
-        if not (len(app.calls) or len(app.live_lines) or len(server.runtime.manager)):
-            break
-        await asyncio.sleep(0.01)
-    assert len(app.calls) == 0, "a call outlived its test"
-    assert len(app.live_lines) == 0, "a live line outlived its call"
-    assert len(server.runtime.manager) == 0, "a session outlived its call"
+    await calls_ended(server)
 
 
 def api(server) -> AsyncOpenAI:

@@ -10,7 +10,6 @@ that quotes the stored conversation shows the fork holds it."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import io
 import time
 import wave
@@ -25,14 +24,14 @@ from support.live_kit import live, started
 from support.live_shapes import live_event
 from support.realtime_fixtures import (  # noqa: F401  (no_leaked_tasks: the module loop's leak check)
     b64,
+    calls_ended,
     chunks,
     module_server,
     no_leaked_tasks,
-    scripted_config,
+    recall_config,
     utterance,
 )
 from support.webrtc import RtcClient
-from vllm_duplex.host.deploy import StageSpec
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -42,26 +41,13 @@ HISTORY = [{"role": "user", "content": [{"text": "My seat is 12A."}]},
            {"role": "user", "content": [{"text": "Is there wifi?"}]}]
 
 
-def recall_config():
-    base = scripted_config()
-    stages = tuple(StageSpec(s.type, {**s.options, "recall": True})
-                   if s.type == "scripted_llm" else s for s in base.stages)
-    return dataclasses.replace(base, stages=stages)
-
-
 server = module_server(recall_config())
 
 
 @pytest.fixture(autouse=True)
 async def nothing_left(server):
     yield
-    app = server._server.config.app.state
-    for _ in range(300):
-        if not (len(app.calls) or len(app.live_lines) or len(server.runtime.manager)):
-            break
-        await asyncio.sleep(0.01)
-    assert len(app.calls) == 0, "a call outlived its test"
-    assert len(server.runtime.manager) == 0, "a session outlived its call"
+    await calls_ended(server)
 
 
 def api(server, key: str = KEY) -> AsyncOpenAI:

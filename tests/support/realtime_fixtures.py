@@ -16,6 +16,7 @@ task the test caused (server-side session tasks included) must be gone after it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -71,6 +72,28 @@ def scripted_config(*, reply: str | None = None, api_keys: tuple[str, ...] = (),
     if api_keys:
         config = dataclasses.replace(config, api_keys=api_keys)
     return config
+
+
+def recall_config() -> DeployConfig:
+    """``scripted_config`` whose LLM says back what its context holds
+    (``recall``): a test reads what a session started from in its replies."""
+    base = scripted_config()
+    stages = tuple(StageSpec(s.type, {**s.options, "recall": True})
+                   if s.type == "scripted_llm" else s for s in base.stages)
+    return dataclasses.replace(base, stages=stages)
+
+
+async def calls_ended(server: BackgroundServer) -> None:
+    """After a call test: every call, GPT-Live line and session it opened has
+    ended (each is given 3 s to finish closing)."""
+    app = server._server.config.app.state
+    for _ in range(300):
+        if not (len(app.calls) or len(app.live_lines) or len(server.runtime.manager)):
+            break
+        await asyncio.sleep(0.01)
+    assert len(app.calls) == 0, "a call outlived its test"
+    assert len(app.live_lines) == 0, "a live line outlived its call"
+    assert len(server.runtime.manager) == 0, "a session outlived its call"
 
 
 @asynccontextmanager
