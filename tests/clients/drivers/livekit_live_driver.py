@@ -216,10 +216,9 @@ async def barge_in(args) -> dict[str, Any]:
 
 
 def answered(seen: list[dict[str, Any]], onset: float) -> bool:
-    """Whether the voice has begun a reply after the user's words spoken over
-    it were heard whole (their final transcript, which mentions Italy)."""
-    heard = [e["t"] for e in seen if e["kind"] == "user_transcript" and e["t"] >= onset
-             and "italy" in e["text"].lower()]
+    """Whether the voice has begun a reply after LiveKit ended the user's
+    message spoken over it (its final transcript)."""
+    heard = [e["t"] for e in seen if e["kind"] == "user_transcript" and e["t"] >= onset]
     return bool(heard) and any(e["kind"] == "transcript_delta" and e["t"] > heard[0]
                                for e in seen)
 
