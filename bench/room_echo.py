@@ -21,15 +21,19 @@ makes ``speech_started``) and Whisper base, beam 5 (the final's model).
   played as echo alone: a reply with any Silero onset is one that would
   have interrupted itself.
 - **words over the echo**: real people (``bench/real_voices/``) interrupting
-  two seconds into a reply: WER of Whisper on the input over the words,
-  against the same words in the same room without the echo; the barge-in
-  latency is the first Silero onset after the words begin.
+  two seconds into a reply: WER of Whisper on the input over the words (what
+  the session's ASR is given: AEC3's output), against the same words in the
+  same room without the echo; the barge-in latency is the first Silero onset
+  after the words begin (on what the session's VAD is given: with a residual
+  suppressor, its output). With a suppressor the WER is also taken on the
+  VAD's view, as the ASR heard it before the two were split (``before``).
 - **CPU**: the input path's process time per second of audio (one session).
 
-Each case runs four ways in the same process (``VARIANTS``): echo
+Each case runs three ways in the same process (``VARIANTS``): echo
 cancellation off (the baseline), AEC3 alone (the canceller before its
 residual echo suppressor), AEC3 with the broadband suppressor (what the
-product runs) and AEC3 with the per-band suppressor (measured beside it); the
+product runs); ``--bands`` adds AEC3 with the per-band suppressor (measured
+beside it, twice as long a run); the
 summary adds self-interruptions by room and the WER by part of the real
 voices (tune / held-out). The per-band suppressor's settings were chosen on
 replies 0-9 and the tune recordings alone; replies 10-19 (the same texts in
@@ -90,24 +94,25 @@ VOICES = (flite("slt"), flite("awb"), espeak("en-us"), flite("rms"))
 # echo cancellation off; AEC3 alone (the canceller before issue 44's residual
 # suppressor); AEC3 and the broadband suppressor (what the product runs); AEC3 and
 # the per-band suppressor (media/echo_bands.py, measured beside it)
-VARIANTS = ("off", "aec3", "aec3 + broadband", "aec3 + bands")
-ON = VARIANTS[1:]
+VARIANTS = ("off", "aec3", "aec3 + broadband")
+BANDS = "aec3 + bands"
+BEFORE = ", ASR on the VAD's view (before)"  # a case's suffix: the ASR heard the suppressor's output
 RESIDUAL = {"aec3": None, "aec3 + broadband": "broadband", "aec3 + bands": "bands"}
 
 
 def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str
-              ) -> tuple[np.ndarray, float]:
+              ) -> tuple[np.ndarray, np.ndarray, float]:
     """``mic`` (16 kHz) through the session's input buffer at real time on a
     virtual clock, echo cancellation ``variant`` (``VARIANTS``); ``reply`` is
-    sent at ``SENT_AT``. Returns the 16 kHz input the VAD and ASR get, and
-    the process time spent in it."""
+    sent at ``SENT_AT``. Returns the 16 kHz input the ASR gets, the one the
+    VAD gets, and the process time spent in them."""
     clock = [0.0]
     buf = InputBuffer(AudioFormat(), max_ms=600_000, clock=lambda: clock[0])
     if variant != "off":
         buf.set_echo_cancellation("server", AudioFormat(), EchoCanceller(
             residual=RESIDUAL[variant]))
     wire = soxr.resample(mic, RATE, WIRE).astype(np.int16)
-    out, sent, cpu = [], reply is None, 0.0
+    out, vad, sent, cpu = [], [], reply is None, 0.0
     step = WIRE * 20 // 1000
     for i in range(0, wire.size - step + 1, step):
         clock[0] = (i + step) / WIRE
@@ -124,7 +129,8 @@ def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str
         cpu += time.process_time() - t
         if chunk is not None:
             out.append(chunk.pcm)
-    return np.concatenate(out), cpu
+            vad.append(chunk.for_vad().pcm)
+    return np.concatenate(out), np.concatenate(vad), cpu
 
 
 def onsets_ms(vad_model: Any, pcm: np.ndarray, variant: str) -> list[int]:
@@ -151,7 +157,7 @@ def in_room(room: Room, n: int, voice: np.ndarray | None = None, at: float = 0.0
     return room.mic(0, n, said)
 
 
-def measure(replies: int, voices: int) -> dict[str, Any]:
+def measure(replies: int, voices: int, variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
     from vllm_duplex.assets.locate import whisper_model_dir
     from vllm_duplex.stages.listening.silero_vad import load_model
     from vllm_duplex.stages.listening.whisper_model import DecodeOptions, load
@@ -165,7 +171,8 @@ def measure(replies: int, voices: int) -> dict[str, Any]:
                     for i in range(replies)]
     people = [r for r in part("held-out") + part("tune") if r.kind != "digits"][:voices]
     rows: list[dict[str, Any]] = []
-    cpu_s = dict.fromkeys(ON, 0.0)
+    on = variants[1:]
+    cpu_s = dict.fromkeys(on, 0.0)
     audio_s = 0.0
     for level in LEVELS:
         for r, room_spec in enumerate(ROOMS):
@@ -178,15 +185,15 @@ def measure(replies: int, voices: int) -> dict[str, Any]:
                 room = Room(ir, RATE, seconds=n / RATE + 1, noise=hum)
                 room.play(reply, int(SENT_AT * RATE))
                 mic = in_room(room, n)
-                for variant in VARIANTS:
-                    pcm, cpu = run_input(mic, reply, variant)
-                    if variant in ON:
+                for variant in variants:
+                    _, vad_pcm, cpu = run_input(mic, reply, variant)
+                    if variant in on:
                         cpu_s[variant] += cpu
-                    if variant == ON[0]:
-                        audio_s += pcm.size / RATE
+                    if variant == on[0]:
+                        audio_s += vad_pcm.size / RATE
                     rows.append({"kind": "echo", "level": level, "room": room_spec[0],
                                  "voice": voice, "variant": variant,
-                                 "onsets": len(onsets_ms(vad_model, pcm, variant))})
+                                 "onsets": len(onsets_ms(vad_model, vad_pcm, variant))})
             # words over the echo
             for k, person in enumerate(people):
                 if k % len(ROOMS) != r:
@@ -204,18 +211,20 @@ def measure(replies: int, voices: int) -> dict[str, Any]:
                     cases[echo] = in_room(room, n, words, SENT_AT + SAY_AT)
                 span = slice(int((SENT_AT + SAY_AT - 0.3) * RATE), n)
                 for label, mic, variant in (("no echo", cases[False], "off"),
-                                            *(((f"echo, {v}", cases[True], v) for v in VARIANTS))):
-                    pcm, _ = run_input(mic, reply if label != "no echo" else None, variant)
-                    heard = whisper.transcribe(pcm[span], options).text
-                    later = [t for t in onsets_ms(vad_model, pcm, variant)
+                                            *(((f"echo, {v}", cases[True], v) for v in variants))):
+                    pcm, vad_pcm, _ = run_input(mic, reply if label != "no echo" else None, variant)
+                    later = [t for t in onsets_ms(vad_model, vad_pcm, variant)
                              if t >= (SENT_AT + SAY_AT) * 1000 - 100]
-                    rows.append({"kind": "words", "level": level, "room": room_spec[0],
-                                 "person": person.name, "part": person.part, "case": label,
-                                 "text": person.text,
-                                 "heard": heard, "onset_ms": later[0] - (SENT_AT + SAY_AT) * 1000
-                                 if later else None})
-    return {"machine": machine.info(), "rows": rows,
-            "cpu_pct": {v: 100 * cpu_s[v] / max(audio_s, 1e-9) for v in ON}}
+                    row = {"kind": "words", "level": level, "room": room_spec[0],
+                           "person": person.name, "part": person.part, "case": label,
+                           "text": person.text, "heard": whisper.transcribe(pcm[span], options).text,
+                           "onset_ms": later[0] - (SENT_AT + SAY_AT) * 1000 if later else None}
+                    rows.append(row)
+                    if RESIDUAL.get(variant):  # the code before: the ASR heard the VAD's view
+                        rows.append({**row, "case": label + BEFORE,
+                                     "heard": whisper.transcribe(vad_pcm[span], options).text})
+    return {"machine": machine.info(), "rows": rows, "variants": list(variants),
+            "cpu_pct": {v: 100 * cpu_s[v] / max(audio_s, 1e-9) for v in on}}
 
 
 def _wer(rows: list[dict[str, Any]], case: str, **match: Any) -> float:
@@ -228,48 +237,57 @@ def _wer(rows: list[dict[str, Any]], case: str, **match: Any) -> float:
 
 def summary(result: dict[str, Any]) -> None:
     rows = result["rows"]
-    cases = ("no echo", *(f"echo, {v}" for v in VARIANTS))
+    variants = tuple(result["variants"])
+    on = variants[1:]
+    # the WER's cases: no reply, each variant (the ASR on AEC3's output), and each
+    # suppressor's "before" (the ASR on the VAD's view, as the code before gave it)
+    wer_cases = ("no echo", *(f"echo, {v}" for v in variants),
+                 *(f"echo, {v}{BEFORE}" for v in on if RESIDUAL[v]))
+    wer_names = ("no reply", *variants, *(f"{v} before" for v in on if RESIDUAL[v]))
+    onset_cases = ("no echo", *(f"echo, {v}" for v in on))
     print(machine.line())
     print("input path with echo cancellation, % of a core per session (the buffer's decode, "
           "resampling, AEC3 and its suppressor): "
           + ", ".join(f"{v} {p:.2f} %" for v, p in result["cpu_pct"].items()))
-    print(f"| echo level | replies that interrupted themselves: {' / '.join(VARIANTS)} "
-          f"| WER over the echo: no reply / {' / '.join(VARIANTS)} | onset p50 after the words "
-          f"(no reply / {' / '.join(ON)}) |")
+    print(f"| echo level | replies that interrupted themselves: {' / '.join(variants)} "
+          f"| WER over the echo: {' / '.join(wer_names)} | onset p50 after the words "
+          f"(no reply / {' / '.join(on)}) |")
     print("|---|---|---|---|")
     for level in LEVELS:
         echo = [r for r in rows if r["kind"] == "echo" and r["level"] == level]
-        total = len(echo) // len(VARIANTS)
-        selfs = [sum(r["onsets"] > 0 for r in echo if r["variant"] == v) for v in VARIANTS]
+        total = len(echo) // len(variants)
+        selfs = [sum(r["onsets"] > 0 for r in echo if r["variant"] == v) for v in variants]
         onset = {}
-        for case in cases:
+        for case in onset_cases:
             cs = [r for r in rows if r["kind"] == "words" and r["level"] == level
                   and r["case"] == case]
             heard = sorted(r["onset_ms"] for r in cs if r["onset_ms"] is not None)
             onset[case] = (f"{heard[len(heard) // 2]:.0f} ms ({len(heard)}/{len(cs)})"
                            if heard else f"- (0/{len(cs)})")
         print(f"| {level:+d} dB | {' / '.join(map(str, selfs))} of {total} "
-              f"| {' / '.join(f'{_wer(rows, c, level=level):.1f}' for c in cases)} % "
-              f"| {' / '.join(onset[c] for c in (cases[0], *cases[2:]))} |")
-    print(f"\nby room: self-interruptions ({' / '.join(ON)}) and WER over the echo "
-          f"(no reply / {' / '.join(ON)}) at {' / '.join(f'{x:+d}' for x in LEVELS)} dB")
+              f"| {' / '.join(f'{_wer(rows, c, level=level):.1f}' for c in wer_cases)} % "
+              f"| {' / '.join(onset[c] for c in onset_cases)} |")
+    room_cases = (wer_cases[0], *wer_cases[2:])
+    print(f"\nby room: self-interruptions ({' / '.join(on)}) and WER over the echo "
+          f"({' / '.join(n for n in wer_names if n != 'off')}) "
+          f"at {' / '.join(f'{x:+d}' for x in LEVELS)} dB")
     for name, *_ in ROOMS:
         parts = []
         for level in LEVELS:
             echo = [r for r in rows if r["kind"] == "echo" and r["level"] == level
                     and r["room"] == name]
-            n = len(echo) // len(VARIANTS)
+            n = len(echo) // len(variants)
             selfs = "/".join(str(sum(r["onsets"] > 0 for r in echo if r["variant"] == v))
-                             for v in ON)
-            wer = "/".join(f"{_wer(rows, c, level=level, room=name):.0f}"
-                           for c in (cases[0], *cases[2:]))
+                             for v in on)
+            wer = "/".join(f"{_wer(rows, c, level=level, room=name):.0f}" for c in room_cases)
             parts.append(f"{selfs} of {n}, {wer} %")
         print(f"  {name}: " + "; ".join(parts))
-    print(f"\nWER over the echo by part of the real voices (no reply / {' / '.join(ON)}):")
+    print("\nWER over the echo by part of the real voices "
+          f"({' / '.join(n for n in wer_names if n != 'off')}):")
     for part_name in ("tune", "held-out"):
         print(f"  {part_name}: " + "; ".join(
             f"{level:+d} dB " + "/".join(f"{_wer(rows, c, level=level, part=part_name):.1f}"
-                                        for c in (cases[0], *cases[2:]))
+                                        for c in room_cases)
             for level in LEVELS))
 
 
@@ -277,9 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--replies", type=int, default=20, help="replies per echo level")
     ap.add_argument("--voices", type=int, default=9, help="real recordings interrupting")
+    ap.add_argument("--bands", action="store_true",
+                    help="also AEC3 with the per-band suppressor (media/echo_bands.py)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    result = measure(args.replies, args.voices)
+    result = measure(args.replies, args.voices, VARIANTS + ((BANDS,) if args.bands else ()))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     summary(result)

@@ -177,9 +177,13 @@ class CascadePolicy(PolicyBase[CascadeState]):
     def plan_append(self, view: View, payload: Any) -> AppendPlan:
         if isinstance(payload, AudioIn):
             # The ASR hears everything; it cuts utterances at the VAD's events.
-            targets = (VAD, ASR) if view.config.turn_detection is not None else (ASR,)
+            # With echo cancellation the VAD hears the chunk with what is left
+            # of the echo turned down; the ASR the user's words as AEC3 left them.
+            asr = (StageSubmission(ASR, payload, "in"),)
+            if view.config.turn_detection is None:
+                return AppendPlan(InputMode.APPEND_AUDIO_CHUNK, asr)
             return AppendPlan(InputMode.APPEND_AUDIO_CHUNK,
-                              tuple(StageSubmission(t, payload, "in") for t in targets))
+                              (StageSubmission(VAD, payload.for_vad(), "in"), *asr))
         if isinstance(payload, VadConfig):
             return AppendPlan(InputMode.APPEND_AUDIO_CHUNK, (StageSubmission(VAD, payload, "in"),))
         if isinstance(payload, AsrConfig):

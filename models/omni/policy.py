@@ -215,7 +215,7 @@ class OmniPolicy(PolicyBase[OmniState]):
                     st.manual_start_ms = payload.start_ms
                 st.manual_samples += payload.pcm.size
                 return AppendPlan(InputMode.TURN_COMMIT_ONLY)
-            vad = (StageSubmission(VAD, payload, "in"),)
+            vad = (StageSubmission(VAD, payload.for_vad(), "in"),)  # the echo's residual turned down
             if view.user_speaking:  # server VAD: inside a user turn, units stream
                 st.ready += st.builder.add_audio(payload.pcm, payload.start_ms)
             else:

@@ -33,6 +33,17 @@ class AudioIn:
 
     pcm: np.ndarray
     start_ms: int
+    # With the server cancelling the echo (``audio.input.echo_cancellation``):
+    # the same samples with what is left of the reply's echo turned down as
+    # well, for the VAD's speech onsets. ``pcm`` (what the ASR transcribes and
+    # the turn keeps) has the echo taken out but is not gated with it: a
+    # suppressor that turns frames down whole takes the user's words spoken
+    # over the echo down too. None: the VAD hears ``pcm``.
+    vad_pcm: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    def for_vad(self) -> AudioIn:
+        """What a VAD stage is given of this chunk."""
+        return self if self.vad_pcm is None else AudioIn(self.vad_pcm, self.start_ms)
 
 
 @dataclass(frozen=True)

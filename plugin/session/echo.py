@@ -14,7 +14,9 @@ times are the server's clock when the audio was sent.
 sends (``sent``: the one tap on the output, made by the core on every batch
 of effects), places each microphone chunk on the same clock by its arrival
 (``captured``), and gives AEC3 (``media/echo.py``) the microphone with,
-sample for sample, what the model says the speaker played then.
+sample for sample, what the model says the speaker played then; what comes
+back is the microphone without the echo for the ASR and, with what is left
+of it turned down as well, for the VAD (``Cancelled``).
 
 Why the model may be rough: the real echo comes later than the model says
 -- the reply's trip to the client, its output and input buffers, the air,
@@ -43,7 +45,7 @@ from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.payloads import INTERNAL_RATE
 from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioDecoder
-from vllm_duplex.media.echo import FRAME, EchoCanceller
+from vllm_duplex.media.echo import FRAME, Cancelled, EchoCanceller
 from vllm_duplex.session.effects import Emit
 
 REANCHOR_S = 1.0  # a microphone chunk later than its place by more than this places the stream again
@@ -173,21 +175,22 @@ class EchoPath:
         if n:
             self._reference.append(np.zeros(n, np.int16))
 
-    def process(self, mic: np.ndarray) -> np.ndarray:
+    def process(self, mic: np.ndarray) -> Cancelled:
         """Whole 10 ms frames of the microphone (the oldest samples
         ``captured`` and not yet processed), without the echo."""
         return self._canceller.process(mic, self._take(mic.size))
 
-    def finish(self, mic: np.ndarray) -> np.ndarray:
+    def finish(self, mic: np.ndarray) -> Cancelled:
         """A last, partial frame: padded with silence, cut back to its length."""
         if mic.size == 0:
-            return mic
+            return Cancelled(mic, mic)
         whole = -(-mic.size // FRAME) * FRAME
         padded = np.zeros(whole, np.int16)
         padded[:mic.size] = mic
         reference = np.zeros(whole, np.int16)
         reference[:mic.size] = self._take(mic.size)
-        return self._canceller.process(padded, reference)[:mic.size]
+        out = self._canceller.process(padded, reference)
+        return Cancelled(out.words[:mic.size], out.speech[:mic.size])
 
     def _take(self, n: int) -> np.ndarray:
         """The next ``n`` reference samples (every microphone sample has one:

@@ -2,7 +2,9 @@
 
 Decodes wire audio into internal PCM (without the echo of the reply when the
 session asks: ``session/echo.py``; then noise-reduced when it asks:
-``media/noise.py``), keeps the uncommitted turn, stamps each chunk with its
+``media/noise.py``), keeps the uncommitted turn (what the ASR hears; with echo
+cancellation each chunk carries the VAD's own view as well, the residual echo
+turned down: ``AudioIn.vad_pcm``), stamps each chunk with its
 place on the session's audio timeline, and bounds memory: under
 server VAD, silence between turns is trimmed to what a turn can still claim;
 in all modes the buffer has a hard cap.
@@ -18,7 +20,7 @@ from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.payloads import IDLE_SLACK_MS, INTERNAL_RATE, AudioIn
 from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.audio import AudioDecoder
-from vllm_duplex.media.echo import EchoCanceller
+from vllm_duplex.media.echo import Cancelled, EchoCanceller
 from vllm_duplex.media.noise import FRAME, NoiseSuppressor
 from vllm_duplex.session.echo import EchoPath
 
@@ -38,6 +40,7 @@ class InputBuffer:
         self.samples = 0  # uncommitted
         self._timeline = 0  # every sample ever appended: VAD timestamps come from here
         self._noise: NoiseSuppressor | None = None
+        self._vad_noise: NoiseSuppressor | None = None  # the VAD's view's, with echo cancellation
         self._echo: EchoPath | None = None
         self._clock = clock  # when the audio being appended arrived (the echo's reference clock)
         self._held = _NO_PCM  # decoded, short of a whole 10 ms frame
@@ -52,6 +55,7 @@ class InputBuffer:
         or turn it off; audio held for a frame is kept either way."""
         if kind != (self._noise.kind if self._noise else None):
             self._noise = NoiseSuppressor(kind) if kind else None
+            self._vad_noise = NoiseSuppressor(kind) if kind else None
 
     def set_echo_cancellation(self, kind: str | None, output_format: AudioFormat,
                               canceller: EchoCanceller | None = None) -> None:
@@ -80,48 +84,56 @@ class InputBuffer:
 
     def append(self, data: bytes) -> AudioIn | None:
         """Decode and keep ``data``; None when it yields no sample yet."""
-        pcm = self._clean(self._captured(self._decoder.decode(data)))
+        pcm, vad_pcm = self._clean(self._captured(self._decoder.decode(data)))
         if pcm.size == 0:
             return None
         if self.samples + pcm.size > self._max_samples:
             raise DuplexError("resource_exhausted",
                               f"the input audio buffer is full ({self.max_ms} ms); "
                               "commit or clear it", param="audio")
-        return self._keep(pcm)
+        return self._keep(pcm, vad_pcm)
 
     def _captured(self, pcm: np.ndarray) -> np.ndarray:
         if self._echo is not None:
             self._echo.captured(pcm.size, self._clock())
         return pcm
 
-    def _clean(self, pcm: np.ndarray) -> np.ndarray:
+    def _clean(self, pcm: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """``pcm`` through the echo canceller and the noise suppressor: whole
         10 ms frames now, the rest held for the next chunk (at most 10 ms of
-        delay)."""
+        delay). Returns what the ASR hears and, where it differs (the echo's
+        residual turned down), what the VAD hears."""
         if self._held.size:
             pcm = np.concatenate([self._held, pcm])
             self._held = _NO_PCM
         if self._noise is None and self._echo is None:
-            return pcm
+            return pcm, None
         whole = pcm.size - pcm.size % FRAME
         self._held = pcm[whole:]
-        return self._frames(pcm[:whole])
-
-    def _frames(self, pcm: np.ndarray) -> np.ndarray:
-        if self._echo is not None:
-            pcm = self._echo.process(pcm)
-        return self._noise.process(pcm) if self._noise is not None else pcm
+        if self._echo is None:
+            return self._noise.process(pcm[:whole]) if self._noise is not None else pcm[:whole], None
+        return self._denoise(self._echo.process(pcm[:whole]), last=False)
 
     def _finish(self, pcm: np.ndarray) -> np.ndarray:
+        """The turn's last partial frame (what the ASR hears: the turn keeps it)."""
         if self._echo is not None:
-            pcm = self._echo.finish(pcm)
+            return self._denoise(self._echo.finish(pcm), last=True)[0]
         return self._noise.finish(pcm) if self._noise is not None else pcm
 
-    def _keep(self, pcm: np.ndarray) -> AudioIn:
+    def _denoise(self, out: Cancelled, *, last: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """The canceller's two views through a noise suppressor each (Speex
+        adapts to what it hears: one state per stream)."""
+        vad = None if out.speech is out.words else out.speech
+        if self._noise is None or self._vad_noise is None:
+            return out.words, vad
+        step = NoiseSuppressor.finish if last else NoiseSuppressor.process
+        return step(self._noise, out.words), None if vad is None else step(self._vad_noise, vad)
+
+    def _keep(self, pcm: np.ndarray, vad_pcm: np.ndarray | None = None) -> AudioIn:
         self._chunks.append(pcm)
         self.samples += pcm.size
         # Derived from a sample count, not summed per chunk: rounding must not drift.
-        chunk = AudioIn(pcm=pcm, start_ms=self._timeline * 1000 // INTERNAL_RATE)
+        chunk = AudioIn(pcm=pcm, start_ms=self._timeline * 1000 // INTERNAL_RATE, vad_pcm=vad_pcm)
         self._timeline += pcm.size
         return chunk
 
@@ -146,7 +158,7 @@ class InputBuffer:
         except DuplexError as err:
             errors.append(err)
             tail = self._decoder.flush()
-        tail = self._clean(self._captured(tail))
+        tail, _ = self._clean(self._captured(tail))  # the VAD hears no more of this turn
         if self._held.size:  # the turn's last partial frame
             tail = np.concatenate([tail, self._finish(self._held)])
             self._held = _NO_PCM

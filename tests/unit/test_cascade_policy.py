@@ -71,6 +71,15 @@ def test_audio_goes_to_vad_and_asr_under_server_vad():
     assert [s.stage for s in plan.submissions] == ["vad", "asr"]
 
 
+def test_with_echo_cancellation_the_vad_hears_the_residual_turned_down_the_asr_the_words():
+    words = np.full(320, 900, np.int16)
+    gated = np.full(320, 30, np.int16)
+    plan = policy.plan_append(CascadeView(), AudioIn(words, 40, vad_pcm=gated))
+    heard = {s.stage: s.payload for s in plan.submissions}
+    assert np.array_equal(heard["vad"].pcm, gated) and heard["vad"].start_ms == 40
+    assert np.array_equal(heard["asr"].pcm, words) and heard["asr"].start_ms == 40
+
+
 def test_stable_prefix_excludes_the_word_still_being_heard():
     assert stable_prefix([], ["what"]) == []
     assert stable_prefix(["what", "is"], ["what", "is", "the"]) == ["what", "is"]

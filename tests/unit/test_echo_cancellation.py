@@ -13,7 +13,7 @@ from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.session_config import AudioFormat
-from vllm_duplex.media.echo import FRAME, EchoCanceller, ResidualEchoSuppressor
+from vllm_duplex.media.echo import FRAME, Cancelled, EchoCanceller, ResidualEchoSuppressor
 from vllm_duplex.media.echo_bands import BandResidualSuppressor
 from vllm_duplex.session.echo import REANCHOR_S, ClientPlayback, EchoPath
 from vllm_duplex.session.effects import Emit
@@ -51,7 +51,8 @@ def in_room(reply: np.ndarray, gain_db: float, voice: np.ndarray | None = None) 
 
 
 def cancelled(mic: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    return EchoCanceller().process(mic, reference[:mic.size])
+    """What the VAD hears: AEC3's output with its residual turned down."""
+    return EchoCanceller().process(mic, reference[:mic.size]).speech
 
 
 @pytest.mark.parametrize("gain_db", [-10, 0])
@@ -69,7 +70,8 @@ def test_no_reference_no_change_to_the_voice():
     voice = voice[:voice.size - voice.size % FRAME]
     out = EchoCanceller().process(voice, np.zeros_like(voice))
     loud = np.abs(voice.astype(np.int32)) > 2000
-    assert abs(db(out[loud], voice[loud])) < 1.5
+    assert abs(db(out.words[loud], voice[loud])) < 1.5
+    assert abs(db(out.speech[loud], voice[loud])) < 1.5
 
 
 def test_the_user_speaking_over_the_reply_is_kept(reply):
@@ -90,6 +92,29 @@ def test_the_user_speaking_over_the_reply_is_kept(reply):
     assert db(out[loud], q[loud]) > -10, db(out[loud], q[loud])
     before = slice(RATE, int(2.4 * RATE))  # the reply alone
     assert db(out[before], mic[before]) < -20, db(out[before], mic[before])
+
+
+def test_words_over_a_loud_echo_reach_the_asr_not_gated_with_it(reply):
+    """Double talk with the echo as loud as the reply played (0 dB) and the
+    user quieter than it at the microphone: the residual suppressor takes
+    their frames down with the echo's, so the VAD's view loses them (fine:
+    an onset needs speech over the echo); the ASR's view keeps them as AEC3
+    left them (it ducks a voice over the echo some 12 dB), over 5 dB
+    louder than the VAD's. The echo alone is gone from both, the VAD's the
+    deeper."""
+    question = speak("Wait, what about Berlin and Rome?", rate=RATE, lead_s=2.5, tail_s=0.0,
+                     voice="rms").astype(np.float64) * 0.25
+    mic = in_room(reply, 0, voice=question)
+    out = EchoCanceller().process(mic, reply[:mic.size])
+    q = np.pad(question, (0, max(0, mic.size - question.size)))[:mic.size]
+    loud = np.abs(q) > 1000
+    assert db(mic[loud], q[loud]) > 5  # the echo louder than the user
+    words, speech = db(out.words[loud], q[loud]), db(out.speech[loud], q[loud])
+    assert words > -15, words
+    assert speech < words - 5, (words, speech)
+    before = slice(RATE, int(2.4 * RATE))  # the reply alone
+    assert db(out.words[before], mic[before]) < -25
+    assert db(out.speech[before], out.words[before]) < -20
 
 
 def test_whole_frames_of_the_same_length_only():
@@ -149,10 +174,10 @@ class Recording(EchoCanceller):
     def __init__(self) -> None:
         self.references: list[np.ndarray] = []
 
-    def process(self, mic: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    def process(self, mic: np.ndarray, reference: np.ndarray) -> Cancelled:
         assert mic.size == reference.size
         self.references.append(reference)
-        return mic
+        return Cancelled(mic, mic)
 
 
 def delta(item: str, pcm16k: np.ndarray) -> Emit:
@@ -234,6 +259,33 @@ def test_the_input_buffer_loses_and_shifts_nothing_with_echo_cancellation():
     stamps = [c.start_ms for c in chunks]
     lengths = np.cumsum([0] + [c.pcm.size for c in chunks])[:-1]
     assert stamps == [int(n) * 1000 // RATE for n in lengths]
+
+
+def test_the_turn_keeps_what_the_asr_hears_and_each_chunk_carries_the_vad_s_view():
+    """With echo cancellation a chunk's ``pcm`` is the ASR's (AEC3's output)
+    and its ``vad_pcm`` the VAD's, sample for sample; the committed turn is
+    the ASR's. Without it there is one view."""
+    reply = np.random.default_rng(5).normal(0, 3000, 16000).astype(np.int16)
+    mic = np.concatenate([np.zeros(1600), reply * 0.3])[:16000]
+    pcm24 = np.round(np.repeat(mic, 3)[::2]).astype(np.int16)  # 24 kHz, roughly
+    clock = [0.0]
+    buf = InputBuffer(AudioFormat(), max_ms=5000, clock=lambda: clock[0])
+    buf.set_echo_cancellation("server", AudioFormat(rate=16000))
+    buf.sent([delta("item_a", reply)], at=0.0)
+    chunks = []
+    for at in range(0, pcm24.size, 480):
+        clock[0] = (at + 480) / 24000
+        chunk = buf.append(pcm24[at:at + 480].astype("<i2").tobytes())
+        if chunk is not None:
+            chunks.append(chunk)
+    assert all(c.vad_pcm is not None and c.vad_pcm.size == c.pcm.size for c in chunks)
+    asr = np.concatenate([c.pcm for c in chunks])
+    vad = np.concatenate([c.vad_pcm for c in chunks])
+    assert rms(vad[8000:]) < rms(asr[8000:])  # the residual turned down for the VAD alone
+    audio, _ = buf.commit()
+    assert np.array_equal(audio[:asr.size], asr)
+    plain = InputBuffer(AudioFormat(), max_ms=5000)
+    assert plain.append(pcm24[:4800].astype("<i2").tobytes()).vad_pcm is None
 
 
 def test_echo_cancellation_without_livekit_is_refused(monkeypatch):
