@@ -2,7 +2,7 @@
 people interrupting over it, with server-side echo cancellation
 (``audio.input.echo_cancellation``) against the same without it.
 
-    python bench/room_echo.py [--replies 20] [--voices 9] [--json out.json]
+    python bench/room_echo.py [--replies 20] [--voices 9] [--bands] [--warm] [--json out.json]
 
 Rooms are pyroomacoustics image-method shoeboxes (three sizes and
 reverberation times, the speaker 0.5 / 1 / 2 m from the microphone), plus
@@ -19,7 +19,9 @@ makes ``speech_started``) and Whisper base, beam 5 (the final's model).
 
 - **self-interruptions**: replies (Flite and eSpeak NG voices saying answers)
   played as echo alone: a reply with any Silero onset is one that would
-  have interrupted itself.
+  have interrupted itself. Each is a session's first reply (the canceller
+  learns the room in it); ``--warm`` plays another reply before it in the
+  same room and counts the onsets in the second.
 - **words over the echo**: real people (``bench/real_voices/``) interrupting
   two seconds into a reply: WER of Whisper on the input over the words (what
   the session's ASR is given: AEC3's output), against the same words in the
@@ -157,7 +159,8 @@ def in_room(room: Room, n: int, voice: np.ndarray | None = None, at: float = 0.0
     return room.mic(0, n, said)
 
 
-def measure(replies: int, voices: int, variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
+def measure(replies: int, voices: int, variants: tuple[str, ...] = VARIANTS,
+            warm: bool = False) -> dict[str, Any]:
     from vllm_duplex.assets.locate import whisper_model_dir
     from vllm_duplex.stages.listening.silero_vad import load_model
     from vllm_duplex.stages.listening.whisper_model import DecodeOptions, load
@@ -181,6 +184,13 @@ def measure(replies: int, voices: int, variants: tuple[str, ...] = VARIANTS) -> 
             for k, (voice, reply) in enumerate(said_replies):
                 if k % len(ROOMS) != r:
                     continue  # each reply in one room per level
+                counted_from = 0.0  # onsets from here count (s)
+                if warm:  # the reply a session's second: another one played 2 s before it
+                    # (longer than the VAD's silence window: its state starts afresh)
+                    before = said_replies[(k + 1) % len(said_replies)][1]
+                    reply = np.concatenate([before, np.zeros(2 * RATE), reply])
+                    # (an onset's time may lead the audio a little: half the gap's slack)
+                    counted_from = SENT_AT + (before.size + 2 * RATE) / RATE - 0.5
                 n = int((SENT_AT + reply.size / RATE + 1.0) * RATE)
                 room = Room(ir, RATE, seconds=n / RATE + 1, noise=hum)
                 room.play(reply, int(SENT_AT * RATE))
@@ -191,9 +201,10 @@ def measure(replies: int, voices: int, variants: tuple[str, ...] = VARIANTS) -> 
                         cpu_s[variant] += cpu
                     if variant == on[0]:
                         audio_s += vad_pcm.size / RATE
+                    onsets = [t for t in onsets_ms(vad_model, vad_pcm, variant)
+                              if t >= counted_from * 1000]
                     rows.append({"kind": "echo", "level": level, "room": room_spec[0],
-                                 "voice": voice, "variant": variant,
-                                 "onsets": len(onsets_ms(vad_model, vad_pcm, variant))})
+                                 "voice": voice, "variant": variant, "onsets": len(onsets)})
             # words over the echo
             for k, person in enumerate(people):
                 if k % len(ROOMS) != r:
@@ -232,7 +243,7 @@ def _wer(rows: list[dict[str, Any]], case: str, **match: Any) -> float:
     for r in rows:
         if r["kind"] == "words" and r["case"] == case and all(r[k] == v for k, v in match.items()):
             count.add(r["text"], r["heard"])
-    return 100 * count.wer
+    return 100 * count.wer if count.words else float("nan")  # nan: no words (--voices 0)
 
 
 def summary(result: dict[str, Any]) -> None:
@@ -297,9 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--voices", type=int, default=9, help="real recordings interrupting")
     ap.add_argument("--bands", action="store_true",
                     help="also AEC3 with the per-band suppressor (media/echo_bands.py)")
+    ap.add_argument("--warm", action="store_true",
+                    help="each reply a session's second: another reply plays before it in the "
+                         "same room (the canceller has learned the room); its onsets are counted")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    result = measure(args.replies, args.voices, VARIANTS + ((BANDS,) if args.bands else ()))
+    result = measure(args.replies, args.voices, VARIANTS + ((BANDS,) if args.bands else ()),
+                     warm=args.warm)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     summary(result)
