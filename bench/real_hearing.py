@@ -19,7 +19,9 @@ file is transcribed.
 
 Reported per part (tune / held-out) and kind (real / synthetic): WER
 offline and streamed and their ratio (issue 42's target: streamed <= 1.1 x
-offline), empty finals (a turn the VAD heard that came back with no words),
+offline) with its 90 % interval over resamples of the recordings (how sure a
+ratio of a few dozen errors is), the hearings streamed heard better / worse
+than offline, empty finals (a turn the VAD heard that came back with no words),
 lost recordings (no words at all), and split recordings (more than one
 turn, with the WER of those). ``--show`` prints every recording;
 ``--diff`` prints each hearing whose streamed words differ from the offline
