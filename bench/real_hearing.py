@@ -19,7 +19,9 @@ file is transcribed.
 
 Reported per part (tune / held-out) and kind (real / synthetic): WER
 offline and streamed and their ratio (issue 42's target: streamed <= 1.1 x
-offline), empty finals (a turn the VAD heard that came back with no words),
+offline) with its 90 % interval over resamples of the recordings (how sure a
+ratio of a few dozen errors is), the hearings streamed heard better / worse
+than offline, empty finals (a turn the VAD heard that came back with no words),
 lost recordings (no words at all), and split recordings (more than one
 turn, with the WER of those). ``--show`` prints every recording;
 ``--diff`` prints each hearing whose streamed words differ from the offline
@@ -299,12 +301,63 @@ def by_lead(rows: list[Heard]) -> str:
     return "; ".join(cells)
 
 
+# Resamples of the recordings for a ratio's interval (``ratio_interval``).
+BOOTSTRAP_DRAWS = 2000
+
+
+def ratio_interval(pairs: list[tuple[int, int]], draws: int = BOOTSTRAP_DRAWS,
+                   seed: int = 0) -> tuple[float, float]:
+    """The 90 % interval of the streamed / offline error ratio over resamples
+    of the recordings (``pairs``: each recording's offline and streamed
+    errors, every lead's together: one recording's hearings are not
+    independent). A recording's words move with where it sits in the window
+    (``LEADS_S``), so a ratio of a few dozen errors is only as sure as the
+    spread this shows: the bootstrap of a paired WER comparison (Bisani and
+    Ney, ICASSP 2004). Seeded: the same rows give the same interval."""
+    if not pairs:
+        return (float("nan"), float("nan"))
+    errors = np.asarray(pairs, dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(errors), size=(draws, len(errors)))
+    offline, streamed = errors[picks, 0].sum(axis=1), errors[picks, 1].sum(axis=1)
+    ratios = np.divide(streamed, offline, out=np.full(draws, np.inf), where=offline > 0)
+    low, high = np.quantile(ratios, [0.05, 0.95])
+    return float(low), float(high)
+
+
+def recording_errors(rows: list[Heard]) -> list[tuple[int, int]]:
+    """Each recording's (offline, streamed) errors, its leads summed."""
+    by_name: dict[str, list[int]] = {}
+    for h in rows:
+        off, on = WerCount(), WerCount()
+        off.add(h.text, h.offline)
+        on.add(h.text, h.streamed)
+        pair = by_name.setdefault(h.name, [0, 0])
+        pair[0] += off.errors
+        pair[1] += on.errors
+    return [(a, b) for a, b in by_name.values()]
+
+
+def paired(rows: list[Heard]) -> str:
+    """Hearings whose streamed words have fewer / more errors than offline's."""
+    better = worse = 0
+    for h in rows:
+        off, on = WerCount(), WerCount()
+        off.add(h.text, h.offline)
+        on.add(h.text, h.streamed)
+        better += on.errors < off.errors
+        worse += on.errors > off.errors
+    return f"{better} / {worse}"
+
+
 def report(heard: list[Heard], sides: list[str]) -> None:
     print("\nEach recording heard once per lead; the figures pool every lead's words, the "
           "last column shows each lead's offline / streamed WER alone.")
+    print("The ratio's interval: 90 % of resamples of the recordings (bootstrap); streamed "
+          "better / worse: hearings with fewer / more errors than offline.")
     print("\n| part | voices | code | recordings x leads | WER offline | WER streamed | ratio "
-          "| empty finals | lost | split (WER streamed of those) | by lead |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---|")
+          "| ratio, 90 % interval | streamed better / worse | empty finals | lost "
+          "| split (WER streamed of those) | by lead |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for part in ("tune", "held-out"):
         for kind in ("real", "synthetic"):
             for side in sides:
@@ -317,8 +370,10 @@ def report(heard: list[Heard], sides: list[str]) -> None:
                 ratio = f"{on / off:.2f}" if off else "-"
                 split_wer = f" ({pct(wer(split, 'streamed').wer).strip()})" if split else ""
                 names = len({h.name for h in rows})
+                low, high = ratio_interval(recording_errors(rows))
                 print(f"| {part} | {kind} | {side} | {names} x {len(rows) // names} | {pct(off).strip()} "
-                      f"| {pct(on).strip()} | {ratio} | {sum(h.empty_finals for h in rows)} "
+                      f"| {pct(on).strip()} | {ratio} | {low:.2f}-{high:.2f} | {paired(rows)} "
+                      f"| {sum(h.empty_finals for h in rows)} "
                       f"| {lost} | {len(split)}{split_wer} | {by_lead(rows)} |")
 
 
