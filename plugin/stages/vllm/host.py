@@ -55,6 +55,11 @@ T = TypeVar("T")
 # How long a restart waits for vLLM to fail the dead engine's requests before
 # it shuts that engine down anyway (``EngineHost._retire``).
 FAN_OUT_GRACE_S = 5.0
+# How long a shutdown waits for the engine's process to exit by itself. vLLM's
+# default (5 s) is less than it takes on a loaded 2-core machine (its worker
+# alone took 4 s, measured); then vLLM SIGKILLs it and returns without reaping
+# it, so the process is still there when the stage says it closed.
+ENGINE_EXIT_S = 30.0
 
 
 def prefill_params(logprobs: int | None = None) -> SamplingParams:
@@ -259,7 +264,7 @@ class EngineHost:
                 return
             started = time.monotonic()
             if self._engine is None:
-                self._engine = await build_in_thread(self._build_engine, lambda e: e.shutdown())
+                self._engine = await build_in_thread(self._build_engine, _shut_down)
             self._chat = ChatTemplate(self._engine.get_tokenizer())
             await self._warm_up(self._engine)
             self.engine_start_s = time.monotonic() - started
@@ -295,11 +300,11 @@ class EngineHost:
         log.warning("stage %s: the vLLM engine died; restarting it", self.name)
         if self._engine is not None:
             await self._retire(self._engine)
-        engine = await build_in_thread(self._build_engine, lambda e: e.shutdown())
+        engine = await build_in_thread(self._build_engine, _shut_down)
         try:
             await self._warm_up(engine)
         except BaseException:
-            engine.shutdown()
+            _shut_down(engine)
             raise
         self._engine = engine
         self.engine_start_s = time.monotonic() - started
@@ -324,7 +329,7 @@ class EngineHost:
         if dead.is_running:
             log.warning("stage %s: the dead engine had not failed its requests after %.1f s; "
                         "shutting it down anyway", self.name, FAN_OUT_GRACE_S)
-        await asyncio.to_thread(dead.shutdown)
+        await asyncio.to_thread(_shut_down, dead)
 
     def _build_engine(self) -> EngineClient:
         return self._build(self.settings)
@@ -337,7 +342,13 @@ class EngineHost:
         await self.supervisor.close()  # first: no restart after this
         if self._owns_engine and self._engine is not None:
             engine, self._engine = self._engine, None
-            engine.shutdown()
+            _shut_down(engine)
+
+
+def _shut_down(engine: EngineClient) -> None:
+    """Stop ``engine``; when this returns its process has exited (within
+    ``ENGINE_EXIT_S``)."""
+    engine.shutdown(timeout=ENGINE_EXIT_S)
 
 
 def _build_async_llm(settings: EngineSettings) -> EngineClient:
