@@ -91,25 +91,64 @@ def test_bad_settings_are_refused() -> None:
                          poll_s=0)
 
 
-async def test_a_build_cancelled_midway_is_disposed_of() -> None:
-    started, release = threading.Event(), threading.Event()
-    disposed: list[str] = []
+class Builds:
+    """A build and a dispose that each wait for the test (vLLM's take
+    seconds: the build loads a model, the dispose joins processes)."""
 
-    def build() -> str:
-        started.set()
-        release.wait(10)
+    def __init__(self) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+        self.dispose_release = threading.Event()
+        self.disposed: list[tuple[str, int]] = []  # (what, on which thread)
+
+    def build(self) -> str:
+        self.started.set()
+        self.release.wait(10)
         return "engine"
 
-    task = asyncio.create_task(build_in_thread(build, disposed.append))
-    async with asyncio.timeout(10):
-        while not started.is_set():  # the thread is building
-            await asyncio.sleep(0.001)
+    def dispose(self, made: str) -> None:
+        self.dispose_release.wait(10)
+        self.disposed.append((made, threading.get_ident()))
+
+    async def building(self) -> asyncio.Task[str]:
+        task = asyncio.create_task(build_in_thread(self.build, self.dispose))
+        async with asyncio.timeout(10):
+            while not self.started.is_set():  # the thread is building
+                await asyncio.sleep(0.001)
+        return task
+
+
+async def test_a_build_cancelled_midway_is_disposed_of_off_the_loop() -> None:
+    builds = Builds()
+    task = await builds.building()
+    task.cancel()
+    builds.release.set()  # the build ends; its dispose now waits (a join)
+    ticks = 0
+    while ticks < 20:  # the loop runs meanwhile
+        await asyncio.sleep(0.005)
+        ticks += 1
+    assert not task.done()  # the cancelled caller waits for the disposal
+    builds.dispose_release.set()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(10):
+            await task
+    assert [made for made, _ in builds.disposed] == ["engine"]  # what the thread built did not leak
+    assert builds.disposed[0][1] != threading.get_ident()  # disposed of off the loop
+
+
+async def test_a_caller_that_stops_waiting_still_has_the_build_disposed_of() -> None:
+    builds = Builds()
+    task = await builds.building()
     task.cancel()
     await asyncio.sleep(0)
-    release.set()
+    task.cancel()  # cancelled again: it stops waiting
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert disposed == ["engine"]  # what the thread built did not leak
+    builds.release.set()
+    builds.dispose_release.set()
+    async with asyncio.timeout(10):
+        while not builds.disposed:
+            await asyncio.sleep(0.005)
+    assert builds.disposed[0][0] == "engine" and builds.disposed[0][1] != threading.get_ident()
 
 
 async def test_a_build_that_ends_is_returned() -> None:

@@ -52,6 +52,15 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# How long a restart waits for vLLM to fail the dead engine's requests before
+# it shuts that engine down anyway (``EngineHost._retire``).
+FAN_OUT_GRACE_S = 5.0
+# How long a shutdown waits for the engine's process to exit by itself. vLLM's
+# default (5 s) is less than it takes on a loaded 2-core machine (its worker
+# alone took 4 s, measured); then vLLM SIGKILLs it and returns without reaping
+# it, so the process is still there when the stage says it closed.
+ENGINE_EXIT_S = 30.0
+
 
 def prefill_params(logprobs: int | None = None) -> SamplingParams:
     """A chunk that only fills the KV: one greedy token, which vLLM drops when
@@ -157,7 +166,8 @@ class EngineHost:
     def __init__(self, name: str, settings: EngineSettings, *, engine: EngineClient | None = None,
                  clock: Clock | None = None, restart_on_failure: bool = True,
                  restart_backoff_s: float = 1.0,
-                 warm_prompt: Callable[[ChatTemplate], Any] | None = None) -> None:
+                 warm_prompt: Callable[[ChatTemplate], Any] | None = None,
+                 build_engine: Callable[[EngineSettings], EngineClient] | None = None) -> None:
         self.name = name
         self.settings = settings
         self.clock = clock or MonotonicClock()
@@ -171,6 +181,7 @@ class EngineHost:
         self._owns_engine = engine is None
         self._chat: ChatTemplate | None = None
         self._warm_prompt = warm_prompt
+        self._build = build_engine or _build_async_llm
         self._start_lock = asyncio.Lock()
         self._ids = itertools.count()
         self.restart_on_failure = restart_on_failure and self._owns_engine
@@ -253,7 +264,7 @@ class EngineHost:
                 return
             started = time.monotonic()
             if self._engine is None:
-                self._engine = await build_in_thread(self._build_engine, lambda e: e.shutdown())
+                self._engine = await build_in_thread(self._build_engine, _shut_down)
             self._chat = ChatTemplate(self._engine.get_tokenizer())
             await self._warm_up(self._engine)
             self.engine_start_s = time.monotonic() - started
@@ -288,21 +299,40 @@ class EngineHost:
         started = time.monotonic()
         log.warning("stage %s: the vLLM engine died; restarting it", self.name)
         if self._engine is not None:
-            self._engine.shutdown()  # its process is gone: frees the client side
-        engine = await build_in_thread(self._build_engine, lambda e: e.shutdown())
+            await self._retire(self._engine)
+        engine = await build_in_thread(self._build_engine, _shut_down)
         try:
             await self._warm_up(engine)
         except BaseException:
-            engine.shutdown()
+            _shut_down(engine)
             raise
         self._engine = engine
         self.engine_start_s = time.monotonic() - started
         log.warning("stage %s: engine restarted in %.1f s", self.name, self.engine_start_s)
 
-    def _build_engine(self) -> EngineClient:
-        from vllm.v1.engine.async_llm import AsyncLLM
+    async def _retire(self, dead: EngineClient) -> None:
+        """Shut the dead engine's client side down once vLLM has failed its
+        running requests, in a worker thread.
 
-        return AsyncLLM.from_engine_args(self.settings.engine_args())
+        vLLM learns of the death twice: its monitor thread sets ``errored``
+        (what the supervisor polls) at once; then its output handler, a task
+        on this loop, fails every running request with ``EngineDeadError``
+        and ends (``is_running`` turns False). ``shutdown`` cancels that
+        handler: called in between, it left every request waiting for ever
+        and their sessions never got ``engine_dead`` (a flaky run of
+        ``test_engine_faults``). The wait is bounded (``FAN_OUT_GRACE_S``):
+        a handler that never ends must not stop the restart. The shutdown
+        joins processes: never on the loop."""
+        deadline = self.clock.now() + FAN_OUT_GRACE_S
+        while dead.is_running and self.clock.now() < deadline:
+            await self.clock.sleep(self.supervisor.poll_s)
+        if dead.is_running:
+            log.warning("stage %s: the dead engine had not failed its requests after %.1f s; "
+                        "shutting it down anyway", self.name, FAN_OUT_GRACE_S)
+        await asyncio.to_thread(_shut_down, dead)
+
+    def _build_engine(self) -> EngineClient:
+        return self._build(self.settings)
 
     async def close(self) -> None:
         """Stop the engine if this host built it (a borrowed one is its
@@ -312,7 +342,19 @@ class EngineHost:
         await self.supervisor.close()  # first: no restart after this
         if self._owns_engine and self._engine is not None:
             engine, self._engine = self._engine, None
-            engine.shutdown()
+            _shut_down(engine)
+
+
+def _shut_down(engine: EngineClient) -> None:
+    """Stop ``engine``; when this returns its process has exited (within
+    ``ENGINE_EXIT_S``)."""
+    engine.shutdown(timeout=ENGINE_EXIT_S)
+
+
+def _build_async_llm(settings: EngineSettings) -> EngineClient:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(settings.engine_args())
 
 
 class HostedStage(Lifecycle, Metered):

@@ -2,10 +2,10 @@
 
 vLLM's engine client reports death in two ways: ``errored`` (its monitor
 thread sets it the moment the EngineCore process exits) and
-``EngineDeadError`` in the requests that were running. Those requests fail
-on their own (each session gets its terminal error from vLLM, not from
-here); what is left is to bring the engine back for the work that comes
-after. There is no awaitable "died" signal in vLLM's public API, so the
+``EngineDeadError`` in the requests that were running, moments later. Those
+requests fail on their own (each session gets its terminal error from vLLM,
+not from here; the restart must not stop that: ``EngineHost._retire``); what
+is left is to bring the engine back for the work that comes after. There is no awaitable "died" signal in vLLM's public API, so the
 supervisor reads ``errored`` every ``poll_s`` (one attribute read), then
 calls ``restart`` until it succeeds, with a growing backoff between failed
 attempts. All waiting goes through the injected ``Clock``.
@@ -87,17 +87,44 @@ class EngineSupervisor:
 
 async def build_in_thread(build: Callable[[], T], dispose: Callable[[T], Any]) -> T:
     """``build()`` in a worker thread. A thread cannot be interrupted: when
-    the caller is cancelled meanwhile, this waits for the build to end and
-    ``dispose``s what it made (an engine process must not outlive its owner)."""
-    fut = asyncio.ensure_future(asyncio.to_thread(build))
+    the caller is cancelled meanwhile, what the build makes is ``dispose``d
+    once it is made (an engine process must not outlive its owner), in a
+    worker thread too (vLLM's shutdown joins the engine's processes: the
+    loop must not wait on that). The cancelled caller waits for the
+    disposal; cancelled again, it stops waiting and the disposal goes on."""
+    loop = asyncio.get_running_loop()
+    built = loop.run_in_executor(None, build)
     try:
-        return await asyncio.shield(fut)
+        return await asyncio.shield(built)
     except asyncio.CancelledError:
-        def dispose_result(f: asyncio.Future[T]) -> None:
-            if not f.cancelled() and f.exception() is None:
-                dispose(f.result())
-
-        fut.add_done_callback(dispose_result)  # even if we stop waiting (a second cancel)
+        disposed = _dispose_when_built(built, dispose)
         with contextlib.suppress(BaseException):
-            await asyncio.shield(fut)
+            await asyncio.shield(disposed)
         raise
+
+
+def _dispose_when_built(built: asyncio.Future[T], dispose: Callable[[T], Any]) -> asyncio.Future[None]:
+    """A future that resolves once what ``built`` made (if it made anything)
+    was disposed of in a worker thread. Callbacks and executor jobs only, no
+    task: nothing is left on the loop when nobody waits for it."""
+    loop = asyncio.get_running_loop()
+    disposed: asyncio.Future[None] = loop.create_future()
+
+    def resolve(_: object) -> None:
+        if not disposed.done():
+            disposed.set_result(None)
+
+    def dispose_logged(made: T) -> None:
+        try:
+            dispose(made)
+        except Exception:  # nobody may be waiting to hear it
+            log.exception("disposing of %r failed", made)
+
+    def on_built(f: asyncio.Future[T]) -> None:
+        if f.cancelled() or f.exception() is not None:
+            resolve(f)
+        else:
+            loop.run_in_executor(None, dispose_logged, f.result()).add_done_callback(resolve)
+
+    built.add_done_callback(on_built)
+    return disposed
