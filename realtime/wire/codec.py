@@ -77,24 +77,26 @@ from vllm_duplex.realtime.wire.aliases import (
 )
 from vllm_duplex.realtime.wire.fields import (
     _audio_format,
-    _b64,
-    _bad,
-    _bool,
-    _int,
     _max_tokens,
     _modalities,
-    _obj,
-    _opt_str,
-    _req_int,
-    _req_str,
     _session_patch,
-    _str,
     _tool_choice,
     _tools,
     _voice,
 )
 from vllm_duplex.realtime.wire.items import _item
 from vllm_duplex.realtime.wire.refusals import RESPONSE_REFUSED, refuse_paths, refused
+from vllm_duplex.realtime.wire.values import (
+    _b64,
+    _bad,
+    _bool,
+    _int,
+    _obj,
+    _opt_str,
+    _req_int,
+    _req_str,
+    _str,
+)
 
 __all__ = [
     "BETA_AUDIO_FORMATS",

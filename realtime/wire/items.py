@@ -13,7 +13,7 @@ from typing import Any
 from vllm_duplex.domain.conversation import ContentPart, ConversationItem, ItemType, Role
 from vllm_duplex.media.data_url import data_url_bytes
 from vllm_duplex.realtime.wire.aliases import _MISSING, CONTENT_GA_TO_BETA
-from vllm_duplex.realtime.wire.fields import _b64, _bad, _obj, _opt_str, _req_str, _str
+from vllm_duplex.realtime.wire.values import _b64, _bad, _obj, _opt_str, _req_str, _str
 from vllm_duplex.realtime.wire.mcp_items import MCP_ITEM_TYPES, mcp_item
 from vllm_duplex.realtime.wire.refusals import refused
 

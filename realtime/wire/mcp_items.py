@@ -14,7 +14,7 @@ from typing import Any
 
 from vllm_duplex.domain.conversation import ConversationItem, ItemType
 from vllm_duplex.realtime.wire.aliases import _MISSING
-from vllm_duplex.realtime.wire.fields import _bad, _obj, _opt_str, _req_str, _str
+from vllm_duplex.realtime.wire.values import _bad, _obj, _opt_str, _req_str, _str
 
 MCP_ITEM_TYPES = frozenset(t.value for t in (ItemType.MCP_CALL, ItemType.MCP_LIST_TOOLS,
                                              ItemType.MCP_APPROVAL_REQUEST,
