@@ -121,7 +121,13 @@ class ResidualEchoSuppressor:
     there (envelope x path gain, ``MARGIN_DB`` over it) is echo: its gain
     falls to ``FLOOR_DB`` within a few frames; a frame over it (the user,
     louder than what is left of the echo could be) opens the gain at once,
-    so an onset is not clipped. With no reference, or after the tail, the
+    so an onset is not clipped. In a pause of the reply (the envelope in its
+    tail) that prediction is short of a large room's reverberation, which
+    keeps ringing from all the reply before the pause, and AEC3 passes
+    most of it: there a frame is the user only if the microphone is also
+    louder than the loudest echo it heard lately (``heard_echo``, decaying
+    ``HEARD_DECAY_DB`` a frame) -- a room in a pause only decays, so what
+    rises over its ring is someone new. With no reference, or after the tail, the
     gain is 1: nothing changes without echo. Broadband, not per band: the
     user's voice passes where it is some 9 dB over the echo; where it is
     not (the echo at 0 dB and over in ``bench/room_echo.py``) the words
@@ -139,6 +145,11 @@ class ResidualEchoSuppressor:
     # at -80 dB).
     FLOOR_DB = -80.0
     RELEASE_DB = 10.0  # the gain falls this much a frame; rises at once
+    # The room's ring in a pause: 60 dB in 1.2 s, slower than the rooms' own
+    # decay (RT60 up to 0.7 s in the room bench), since the quieter reply in
+    # the pause keeps feeding it. Chosen on replies 0-9 in every room (0.7 dB:
+    # more self-interruptions; slower: later onsets in a pause).
+    HEARD_DECAY_DB = 0.5
     PATH_START_DB = 0.0  # before it has heard the room: the echo as loud as the reference
     PATH_UP_DB, PATH_DOWN_DB = 0.6, 0.2  # the path gain's quantile tracker (the 75th percentile)
     ACTIVE = 1e3  # reference energy under this (-65 dBFS) is silence
@@ -150,6 +161,7 @@ class ResidualEchoSuppressor:
         self._at = 0
         self._tail = 0.0  # the envelope after the hold
         self.path_db = self.PATH_START_DB
+        self.heard_echo = 0.0  # the microphone's loudest echo lately (energy), decaying
         self.gain = 1.0
 
     def process(self, pre: np.ndarray, post: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -164,22 +176,28 @@ class ResidualEchoSuppressor:
         decay = 10 ** (-self.DECAY_DB / 10)
         floor = 10 ** (self.FLOOR_DB / 20)
         release = 10 ** (-self.RELEASE_DB / 20)
+        ringing = 10 ** (-self.HEARD_DECAY_DB / 10)
         for i, (p, e, r) in enumerate(zip(*(x.tolist() for x in energy))):
             self._recent[self._at] = r
             self._at = (self._at + 1) % self.HOLD_FRAMES
             self._tail = max(self._tail * decay, self._recent[self._at])  # the oldest held leaves
             held = max(self._recent)
             envelope = max(self._tail, held)
+            self.heard_echo *= ringing
             if envelope < self.ACTIVE:
                 self.gain = 1.0
             else:
-                echo = envelope * 10 ** ((self.path_db + self.MARGIN_DB) / 10)
-                if e > echo:
+                at_most = envelope * 10 ** (self.path_db / 10)  # the echo at the microphone
+                over = e > at_most * 10 ** (self.MARGIN_DB / 10)
+                in_pause = self._tail > held
+                if over and not (in_pause and p <= self.heard_echo):
                     self.gain = 1.0
-                    learn = False  # the user: their voice must not lift the path
                 else:
                     self.gain = max(floor, self.gain * release)
-                    learn = p > self.QUIET and held > self.LOUD  # not the tail's noise
+                    if p <= at_most:  # a voice louder than the echo can be must not lift the ring
+                        self.heard_echo = max(self.heard_echo, p)
+                # the user, or the ring alone over the prediction: neither lifts the path
+                learn = not over and p > self.QUIET and held > self.LOUD  # not the tail's noise
                 if learn:
                     ratio = 10 * math.log10(p / envelope)
                     self.path_db += self.PATH_UP_DB if ratio > self.path_db else -self.PATH_DOWN_DB
