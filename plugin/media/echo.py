@@ -125,10 +125,12 @@ class ResidualEchoSuppressor:
     tail) that prediction is short of a large room's reverberation, which
     keeps ringing from all the reply before the pause, and AEC3 passes
     most of it: there a frame is the user only if the microphone is also
-    louder than the loudest echo it heard lately (``heard_echo``, decaying
-    ``HEARD_DECAY_DB`` a frame) -- a room in a pause only decays, so what
-    rises over its ring is someone new. With no reference, or after the tail, the
-    gain is 1: nothing changes without echo. Broadband, not per band: the
+    louder than the loudest echo it heard lately (``heard_echo``: frames
+    judged echo and no louder than the echo can be, so the user's voice
+    never lifts it; decaying ``HEARD_DECAY_DB`` a frame) -- a room in a
+    pause only decays, so what rises over its ring is someone new. With no
+    reference, or after the tail, the gain is 1: nothing changes without
+    echo. Broadband, not per band: the
     user's voice passes where it is some 9 dB over the echo; where it is
     not (the echo at 0 dB and over in ``bench/room_echo.py``) the words
     over the echo are turned down with it -- which is why only the VAD
