@@ -137,6 +137,9 @@ class WordsChooser:
     ACTIVE = 1e4  # reference frames under this energy (-50 dBFS) are not playing
     UP_DB, DOWN_DB = 0.5, 0.5  # the quantile tracker's steps: the median
 
+    _ECHO_ONLY = 10 ** (ECHO_ONLY_DB / 10)
+    _RAMP = np.arange(1, FRAME + 1, dtype=np.float32) / FRAME  # a change of view over a frame
+
     def __init__(self) -> None:
         self.erle_db = 0.0
         self.linear = False  # the view of the last frame
@@ -145,28 +148,24 @@ class WordsChooser:
                reference: np.ndarray) -> np.ndarray:
         """Whole 10 ms frames, all four the same length: the ASR's view."""
         n = mic.size // FRAME
-        frames = [x[:n * FRAME].reshape(n, FRAME).astype(np.float32)
-                  for x in (mic, aec3, linear, reference)]
+        frames = np.stack((mic, aec3, linear, reference)).reshape(4, n, FRAME).astype(np.float32)
         # frame energies (+1: a silent frame is -90 dBFS, not log(0))
-        m, a, lin, r = (np.einsum("ij,ij->i", f, f) / FRAME + 1.0 for f in frames)
-        echo_only = (r > self.ACTIVE) & (a < m * 10 ** (self.ECHO_ONLY_DB / 10))
-        ratio_db = 10 * np.log10(lin / m)
-        views = np.empty(n + 1, np.float32)
-        views[0] = self.linear
-        for i in range(n):
-            if echo_only[i]:
-                step = self.UP_DB if ratio_db[i] > self.erle_db else -self.DOWN_DB
-                self.erle_db = min(10.0, max(-60.0, self.erle_db + step))
-            if self.erle_db < self.LEARNED_DB:
-                self.linear = True
-            elif self.erle_db > self.LOST_DB:
-                self.linear = False
-            views[i + 1] = self.linear
-        if np.all(views == 1.0):
-            return linear
-        if np.all(views == 0.0):
-            return aec3
-        ramp = np.arange(1, FRAME + 1, dtype=np.float32) / FRAME
-        w = views[:-1, None] + (views[1:] - views[:-1])[:, None] * ramp  # the linear's weight
+        m, a, lin, r = np.einsum("kij,kij->ki", frames, frames) / FRAME + 1.0
+        echo_only = (r > self.ACTIVE) & (a < m * self._ECHO_ONLY)
+        views = np.full(n + 1, self.linear, np.float32)
+        if echo_only.any():  # else nothing is learned: the view stays
+            ratio_db = (10 * np.log10(lin / m)).tolist()
+            for i, learn in enumerate(echo_only.tolist()):
+                if learn:
+                    step = self.UP_DB if ratio_db[i] > self.erle_db else -self.DOWN_DB
+                    self.erle_db = min(10.0, max(-60.0, self.erle_db + step))
+                    if self.erle_db < self.LEARNED_DB:
+                        self.linear = True
+                    elif self.erle_db > self.LOST_DB:
+                        self.linear = False
+                views[i + 1] = self.linear
+        if views.min() == views.max():  # one view throughout
+            return linear if views[0] else aec3
+        w = views[:-1, None] + (views[1:] - views[:-1])[:, None] * self._RAMP  # the linear's weight
         mixed = frames[2] * w + frames[1] * (1 - w)
         return np.round(mixed).astype(np.int16).reshape(-1)
