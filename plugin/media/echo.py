@@ -73,7 +73,7 @@ def _apm_class():
 class Cancelled:
     """The microphone without the echo, sample for sample, two ways."""
 
-    words: np.ndarray  # the linear canceller's output: what the ASR transcribes
+    words: np.ndarray  # the linear canceller's output (AEC3's till it has the room): for the ASR
     speech: np.ndarray  # AEC3's output with the residual echo turned down: what the VAD hears
 
 
