@@ -114,7 +114,9 @@ setup(
         # audio.input.echo_cancellation: WebRTC's AEC3 through the livekit
         # package's AudioProcessingModule (Apache-2.0; its native library is in
         # the wheel, no network at import), plugin/media/echo.py. Pinned: the
-        # canceller's figures (bench/room_echo.py) are this build's.
+        # canceller's figures (bench/room_echo.py) are this build's. The ASR's
+        # view needs libspeexdsp too (plugin/media/echo_linear.py, ctypes): a
+        # system library, not a wheel (Debian: libspeexdsp1; scripts/setup.sh).
         "echo": [
             "livekit==1.2.0",
         ],

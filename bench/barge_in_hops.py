@@ -158,7 +158,8 @@ def replay_vad(mic: list[bytes], deltas: list[tuple[int, bytes]], echo: bool, ph
         audio = buf.append(chunk)
         if audio is None:
             continue
-        started = any(isinstance(e, VadSpeechStarted) for e in vad.feed(audio.pcm, audio.start_ms))
+        view = audio.for_vad()  # with echo cancellation, the VAD's own view (AudioIn.vad_pcm)
+        started = any(isinstance(e, VadSpeechStarted) for e in vad.feed(view.pcm, view.start_ms))
         if started and i >= from_chunk:
             return i
         if len(buf._chunks) > 64:  # noqa: SLF001 -- a bench: keep the buffer small

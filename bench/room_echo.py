@@ -2,7 +2,8 @@
 people interrupting over it, with server-side echo cancellation
 (``audio.input.echo_cancellation``) against the same without it.
 
-    python bench/room_echo.py [--replies 20] [--voices 9] [--bands] [--warm] [--json out.json]
+    python bench/room_echo.py [--replies 20] [--voices 9] [--part both|tune|held-out]
+        [--filter-ms 250[,400...]] [--bands] [--warm] [--json out.json]
 
 Rooms are pyroomacoustics image-method shoeboxes (three sizes and
 reverberation times, the speaker 0.5 / 1 / 2 m from the microphone), plus
@@ -24,22 +25,27 @@ makes ``speech_started``) and Whisper base, beam 5 (the final's model).
   same room and counts the onsets in the second.
 - **words over the echo**: real people (``bench/real_voices/``) interrupting
   two seconds into a reply: WER of Whisper on the input over the words (what
-  the session's ASR is given: AEC3's output), against the same words in the
-  same room without the echo; the barge-in latency is the first Silero onset
-  after the words begin (on what the session's VAD is given: with a residual
-  suppressor, its output). With a suppressor the WER is also taken on the
-  VAD's view, as the ASR heard it before the two were split (``before``).
+  the session's ASR is given: Speex's linear filter's output in the product,
+  AEC3's in the variants before it), against the same words in the same room
+  without the echo; the barge-in latency is the first Silero onset after the
+  words begin (on what the session's VAD is given: with a residual
+  suppressor, its output). With a suppressor and the ASR on AEC3's output
+  the WER is also taken on the VAD's view, as the ASR heard it before the
+  two were split (``before``).
 - **CPU**: the input path's process time per second of audio (one session).
 
-Each case runs three ways in the same process (``VARIANTS``): echo
+Each case runs four ways in the same process (``VARIANTS``): echo
 cancellation off (the baseline), AEC3 alone (the canceller before its
-residual echo suppressor), AEC3 with the broadband suppressor (what the
-product runs); ``--bands`` adds AEC3 with the per-band suppressor (measured
-beside it, twice as long a run); the
+residual echo suppressor; the ASR on its output), AEC3 with the broadband
+suppressor and the ASR on AEC3's output (the code before), and the product:
+the VAD's view the same, the ASR on Speex's linear filter
+(``media/echo_linear.py``) -- one variant per ``--filter-ms`` length;
+``--bands`` adds AEC3 with the per-band suppressor (measured beside it); the
 summary adds self-interruptions by room and the WER by part of the real
-voices (tune / held-out). The per-band suppressor's settings were chosen on
-replies 0-9 and the tune recordings alone; replies 10-19 (the same texts in
-other voices and rooms) and the held-out recordings never tuned it.
+voices (tune / held-out). The per-band suppressor's settings and the linear
+filter's length were chosen on the tune recordings alone (``--part tune``;
+the suppressor's on replies 0-9 too); replies 10-19 (the same texts in
+other voices and rooms) and the held-out recordings never tuned them.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.echo import EchoCanceller
+from vllm_duplex.media.echo_linear import FILTER_MS
 from vllm_duplex.session.effects import Emit
 from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.testing import noise
@@ -94,12 +101,25 @@ REPLIES = (
 )
 VOICES = (flite("slt"), flite("awb"), espeak("en-us"), flite("rms"))
 # echo cancellation off; AEC3 alone (the canceller before issue 44's residual
-# suppressor); AEC3 and the broadband suppressor (what the product runs); AEC3 and
-# the per-band suppressor (media/echo_bands.py, measured beside it)
+# suppressor); AEC3 and the broadband suppressor, the ASR on AEC3's output (the code
+# before); the product: the same for the VAD, the ASR on Speex's linear filter
+# (``linear(ms)``); AEC3 and the per-band suppressor (media/echo_bands.py, beside it)
 VARIANTS = ("off", "aec3", "aec3 + broadband")
 BANDS = "aec3 + bands"
 BEFORE = ", ASR on the VAD's view (before)"  # a case's suffix: the ASR heard the suppressor's output
 RESIDUAL = {"aec3": None, "aec3 + broadband": "broadband", "aec3 + bands": "bands"}
+
+
+def linear(ms: int) -> str:
+    """The product's variant with a linear filter ``ms`` long."""
+    return f"speex {ms} ms + aec3 + broadband"
+
+
+def canceller(variant: str) -> EchoCanceller:
+    if variant.startswith("speex "):
+        return EchoCanceller(residual="broadband", words="linear",
+                             filter_ms=int(variant.split()[1]))
+    return EchoCanceller(residual=RESIDUAL[variant], words="aec3")
 
 
 def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str
@@ -111,8 +131,7 @@ def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str
     clock = [0.0]
     buf = InputBuffer(AudioFormat(), max_ms=600_000, clock=lambda: clock[0])
     if variant != "off":
-        buf.set_echo_cancellation("server", AudioFormat(), EchoCanceller(
-            residual=RESIDUAL[variant]))
+        buf.set_echo_cancellation("server", AudioFormat(), canceller(variant))
     wire = soxr.resample(mic, RATE, WIRE).astype(np.int16)
     out, vad, sent, cpu = [], [], reply is None, 0.0
     step = WIRE * 20 // 1000
@@ -160,7 +179,7 @@ def in_room(room: Room, n: int, voice: np.ndarray | None = None, at: float = 0.0
 
 
 def measure(replies: int, voices: int, variants: tuple[str, ...] = VARIANTS,
-            warm: bool = False) -> dict[str, Any]:
+            warm: bool = False, parts: tuple[str, ...] = ("held-out", "tune")) -> dict[str, Any]:
     from vllm_duplex.assets.locate import whisper_model_dir
     from vllm_duplex.stages.listening.silero_vad import load_model
     from vllm_duplex.stages.listening.whisper_model import DecodeOptions, load
@@ -172,7 +191,7 @@ def measure(replies: int, voices: int, variants: tuple[str, ...] = VARIANTS,
     said_replies = [(VOICES[i % len(VOICES)].name,
                      VOICES[i % len(VOICES)].speak(REPLIES[i % len(REPLIES)]))
                     for i in range(replies)]
-    people = [r for r in part("held-out") + part("tune") if r.kind != "digits"][:voices]
+    people = [r for p in parts for r in part(p) if r.kind != "digits"][:voices]
     rows: list[dict[str, Any]] = []
     on = variants[1:]
     cpu_s = dict.fromkeys(on, 0.0)
@@ -231,7 +250,7 @@ def measure(replies: int, voices: int, variants: tuple[str, ...] = VARIANTS,
                            "text": person.text, "heard": whisper.transcribe(pcm[span], options).text,
                            "onset_ms": later[0] - (SENT_AT + SAY_AT) * 1000 if later else None}
                     rows.append(row)
-                    if RESIDUAL.get(variant):  # the code before: the ASR heard the VAD's view
+                    if RESIDUAL.get(variant):  # the code before that: the ASR heard the VAD's view
                         rows.append({**row, "case": label + BEFORE,
                                      "heard": whisper.transcribe(vad_pcm[span], options).text})
     return {"machine": machine.info(), "rows": rows, "variants": list(variants),
@@ -253,12 +272,12 @@ def summary(result: dict[str, Any]) -> None:
     # the WER's cases: no reply, each variant (the ASR on AEC3's output), and each
     # suppressor's "before" (the ASR on the VAD's view, as the code before gave it)
     wer_cases = ("no echo", *(f"echo, {v}" for v in variants),
-                 *(f"echo, {v}{BEFORE}" for v in on if RESIDUAL[v]))
-    wer_names = ("no reply", *variants, *(f"{v} before" for v in on if RESIDUAL[v]))
+                 *(f"echo, {v}{BEFORE}" for v in on if RESIDUAL.get(v)))
+    wer_names = ("no reply", *variants, *(f"{v} before" for v in on if RESIDUAL.get(v)))
     onset_cases = ("no echo", *(f"echo, {v}" for v in on))
     print(machine.line())
     print("input path with echo cancellation, % of a core per session (the buffer's decode, "
-          "resampling, AEC3 and its suppressor): "
+          "resampling, AEC3, its suppressor and the linear filter where there is one): "
           + ", ".join(f"{v} {p:.2f} %" for v, p in result["cpu_pct"].items()))
     print(f"| echo level | replies that interrupted themselves: {' / '.join(variants)} "
           f"| WER over the echo: {' / '.join(wer_names)} | onset p50 after the words "
@@ -306,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--replies", type=int, default=20, help="replies per echo level")
     ap.add_argument("--voices", type=int, default=9, help="real recordings interrupting")
+    ap.add_argument("--part", choices=("both", "tune", "held-out"), default="both",
+                    help="which real recordings (both: the held-out ones first)")
+    ap.add_argument("--filter-ms", default=str(FILTER_MS),
+                    help="the product's linear filter lengths, comma-separated: one variant each")
     ap.add_argument("--bands", action="store_true",
                     help="also AEC3 with the per-band suppressor (media/echo_bands.py)")
     ap.add_argument("--warm", action="store_true",
@@ -313,8 +336,11 @@ def main(argv: list[str] | None = None) -> int:
                          "same room (the canceller has learned the room); its onsets are counted")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    result = measure(args.replies, args.voices, VARIANTS + ((BANDS,) if args.bands else ()),
-                     warm=args.warm)
+    products = tuple(linear(int(ms)) for ms in args.filter_ms.split(","))
+    parts = ("held-out", "tune") if args.part == "both" else (args.part,)
+    result = measure(args.replies, args.voices,
+                     VARIANTS + products + ((BANDS,) if args.bands else ()),
+                     warm=args.warm, parts=parts)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     summary(result)

@@ -60,6 +60,8 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)  # s
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)  # durability: store: redis (sessions outlive their worker)
 command -v baresip >/dev/null 2>&1 || need+=(baresip)  # a real SIP phone for the SIP call tests
 command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the SIP TLS test's certificate
+# echo cancellation's linear filter for the ASR (plugin/media/echo_linear.py, ctypes)
+ldconfig -p 2>/dev/null | grep -q 'libspeexdsp\.so\.1 ' || need+=(libspeexdsp1)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     (apt-get install -y -qq "${need[@]}" >/dev/null 2>&1 \

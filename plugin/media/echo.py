@@ -20,19 +20,25 @@ turns down after it (the classic non-linear processor): whole frames
 (``media/echo_bands.py``: measured in the room bench beside it, not yet
 better where it counts and twice the CPU; bench/README.md).
 
-So the canceller gives two views of the same samples (``Cancelled``): AEC3's
-output, for the ASR (the echo taken out, the user's words over it kept as
-AEC3 left them), and that with the residual turned down, for the VAD (what
-is left of the echo must not start a turn). The suppressor judges whole
-frames: where the user speaks over the echo and is not some 9 dB louder
-than it, their frames are turned down with it -- right for deciding an
-onset (the echo must not), wrong for the words (bench/room_echo.py: the
-WER over the echo at -10 dB 41 % through it, 24 % without it).
+So the canceller gives two views of the same samples (``Cancelled``). The
+VAD's is AEC3's output with the residual turned down (what is left of the
+echo must not start a turn). The suppressor judges whole frames: where the
+user speaks over the echo and is not some 9 dB louder than it, their frames
+are turned down with it -- right for deciding an onset (the echo must not),
+wrong for the words (bench/room_echo.py: the WER over the echo at -10 dB
+41 % through it). AEC3's own output is no better for them: its non-linear
+stage ducks a voice over the echo 10-12 dB (24 % at -10 dB). The ASR's view
+is a linear canceller's instead (``media/echo_linear.py``, Speex's adaptive
+filter alone): less of the echo taken out, none of the user's voice -- once
+it has learned the room, AEC3's output until then (``WordsChooser``;
+``words="linear"``, the default; ``"aec3"`` gives the ASR AEC3's output
+always, as the room bench compares).
 
 Stateful per stream (the echo path it learned): one per session input.
-``livekit`` is an optional dependency (the ``echo`` extra), imported when a
-session first asks for echo cancellation; without it the ask is refused
-(``capability_unsupported``), not failed later.
+``livekit`` is an optional dependency (the ``echo`` extra), and libspeexdsp a
+system library; both are loaded when a session first asks for echo
+cancellation; without either the ask is refused (``capability_unsupported``),
+not failed later.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import numpy as np
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.payloads import INTERNAL_RATE
 from vllm_duplex.media.echo_bands import BandResidualSuppressor
+from vllm_duplex.media.echo_linear import FILTER_MS, LinearEchoCanceller, WordsChooser
 
 FRAME = INTERNAL_RATE // 100  # AEC3's step: 10 ms
 _RAMP = np.arange(1, FRAME + 1, dtype=np.float32) / FRAME  # a gain's change over a frame
@@ -66,20 +73,27 @@ def _apm_class():
 class Cancelled:
     """The microphone without the echo, sample for sample, two ways."""
 
-    words: np.ndarray  # AEC3's output: what the ASR transcribes
-    speech: np.ndarray  # ``words`` with the residual echo turned down: what the VAD hears
+    words: np.ndarray  # the linear canceller's output (AEC3's till it has the room): for the ASR
+    speech: np.ndarray  # AEC3's output with the residual echo turned down: what the VAD hears
 
 
 class EchoCanceller:
     """Mono int16 PCM at 16 kHz: the microphone and, sample for sample, what
     the speaker played (the reference) in; the microphone without the echo
     out (``Cancelled``). ``process`` takes whole 10 ms frames of both, the
-    same length. AEC3's output is the ASR's; the VAD's goes on through the
-    residual echo suppressor ``residual`` names (``RESIDUAL_SUPPRESSORS``;
-    None: AEC3's output for both, as the room bench compares)."""
+    same length. The VAD's view is AEC3's output through the residual echo
+    suppressor ``residual`` names (``RESIDUAL_SUPPRESSORS``; None: AEC3's
+    output as it is); the ASR's is ``words``'s (``WORDS_VIEWS``): the linear
+    canceller's (its filter ``filter_ms`` long), or AEC3's output (the code
+    before, as the room bench compares)."""
 
-    def __init__(self, *, residual: str | None = "broadband") -> None:
+    def __init__(self, *, residual: str | None = "broadband", words: str = "linear",
+                 filter_ms: int = FILTER_MS) -> None:
+        if words not in WORDS_VIEWS:
+            raise ValueError(f"words: one of {WORDS_VIEWS}, not {words!r}")
         self._frame, apm = _apm_class()
+        self._linear = LinearEchoCanceller(filter_ms=filter_ms) if words == "linear" else None
+        self._chooser = WordsChooser()
         self._apm = apm(echo_cancellation=True, noise_suppression=False,
                         high_pass_filter=True, auto_gain_control=False)
         self._residual = RESIDUAL_SUPPRESSORS[residual]() if residual else None
@@ -98,9 +112,11 @@ class EchoCanceller:
             self._apm.process_stream(heard)  # in place
             out[i:i + _FRAME_BYTES] = heard.data.cast("B")
         cancelled = np.frombuffer(bytes(out), dtype=np.int16).copy()
-        if self._residual is None:
-            return Cancelled(cancelled, cancelled)
-        return Cancelled(cancelled, self._residual.process(mic, cancelled, reference))
+        speech = (cancelled if self._residual is None
+                  else self._residual.process(mic, cancelled, reference))
+        words = cancelled if self._linear is None else self._chooser.choose(
+            mic, cancelled, self._linear.process(mic, reference), reference)
+        return Cancelled(words, speech)
 
 
 class ResidualEchoSuppressor:
@@ -212,3 +228,4 @@ class ResidualEchoSuppressor:
 
 
 RESIDUAL_SUPPRESSORS = {"bands": BandResidualSuppressor, "broadband": ResidualEchoSuppressor}
+WORDS_VIEWS = ("linear", "aec3")  # the ASR's: Speex's linear filter alone, or AEC3's output
