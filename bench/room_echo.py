@@ -4,6 +4,7 @@ people interrupting over it, with server-side echo cancellation
 
     python bench/room_echo.py [--replies 20] [--voices 9] [--part both|tune|held-out]
         [--filter-ms 250[,400...]] [--bands] [--warm] [--json out.json]
+    python bench/room_echo.py --replay [--json out.json]   # the VAD's suppressor before / now
 
 Rooms are pyroomacoustics image-method shoeboxes (three sizes and
 reverberation times, the speaker 0.5 / 1 / 2 m from the microphone), plus
@@ -122,16 +123,17 @@ def canceller(variant: str) -> EchoCanceller:
     return EchoCanceller(residual=RESIDUAL[variant], words="aec3")
 
 
-def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str
-              ) -> tuple[np.ndarray, np.ndarray, float]:
+def run_input(mic: np.ndarray, reply: np.ndarray | None, variant: str,
+              echo: EchoCanceller | None = None) -> tuple[np.ndarray, np.ndarray, float]:
     """``mic`` (16 kHz) through the session's input buffer at real time on a
-    virtual clock, echo cancellation ``variant`` (``VARIANTS``); ``reply`` is
-    sent at ``SENT_AT``. Returns the 16 kHz input the ASR gets, the one the
-    VAD gets, and the process time spent in them."""
+    virtual clock, echo cancellation ``variant`` (``VARIANTS``; ``echo``: that
+    canceller instead, ``--replay``'s); ``reply`` is sent at ``SENT_AT``.
+    Returns the 16 kHz input the ASR gets, the one the VAD gets, and the
+    process time spent in them."""
     clock = [0.0]
     buf = InputBuffer(AudioFormat(), max_ms=600_000, clock=lambda: clock[0])
     if variant != "off":
-        buf.set_echo_cancellation("server", AudioFormat(), canceller(variant))
+        buf.set_echo_cancellation("server", AudioFormat(), echo or canceller(variant))
     wire = soxr.resample(mic, RATE, WIRE).astype(np.int16)
     out, vad, sent, cpu = [], [], reply is None, 0.0
     step = WIRE * 20 // 1000
@@ -321,6 +323,28 @@ def summary(result: dict[str, Any]) -> None:
             for level in LEVELS))
 
 
+def replay_suppressor(replies: int, out: Path | None) -> int:
+    from lib import suppressor_replay as replay
+    from vllm_duplex.stages.listening.silero_vad import load_model
+
+    vad_model = load_model()
+
+    def through_aec3(mic: np.ndarray, reply: np.ndarray) -> tuple[np.ndarray, ...]:
+        kept = replay.Kept()
+        run_input(mic, reply, "aec3", echo=kept)
+        return kept.signals()
+
+    said = [VOICES[i % len(VOICES)].speak(REPLIES[i % len(REPLIES)]) for i in range(replies)]
+    people = [r for r in part("tune") if r.kind != "digits"]
+    result = replay.measure(said, people, LEVELS, through_aec3=through_aec3,
+                            onsets=lambda pcm: onsets_ms(vad_model, pcm, "aec3"),
+                            in_room=in_room, sent_at=SENT_AT, say_at=SAY_AT)
+    if out:
+        out.write_text(json.dumps(result, indent=1))
+    replay.summary(result)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--replies", type=int, default=20, help="replies per echo level")
@@ -334,8 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", action="store_true",
                     help="each reply a session's second: another reply plays before it in the "
                          "same room (the canceller has learned the room); its onsets are counted")
+    ap.add_argument("--replay", action="store_true",
+                    help="the residual suppressor before and now, replayed on AEC3's output: "
+                         "each reply in every room, the tune recordings 2 s into a reply and "
+                         "in its pauses (lib/suppressor_replay.py)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.replay:
+        return replay_suppressor(args.replies, args.json)
     products = tuple(linear(int(ms)) for ms in args.filter_ms.split(","))
     parts = ("held-out", "tune") if args.part == "both" else (args.part,)
     result = measure(args.replies, args.voices,
