@@ -14,25 +14,27 @@ room's response -- so the reference only has to lead the echo, never lag
 it. Its high-pass filter runs too (the reference's as well as the
 microphone's low rumble is no voice); its noise suppressor and gain control
 do not: noise reduction is ``audio.input.noise_reduction``'s, after this.
-What AEC3 leaves of a reverberant room's echo, a residual echo suppressor
-turns down after it (the classic non-linear processor): whole frames
-(``ResidualEchoSuppressor``, the default), or band by band
-(``media/echo_bands.py``: measured in the room bench beside it, not yet
-better where it counts and twice the CPU; bench/README.md).
 
-So the canceller gives two views of the same samples (``Cancelled``). The
-VAD's is AEC3's output with the residual turned down (what is left of the
-echo must not start a turn). The suppressor judges whole frames: where the
-user speaks over the echo and is not some 9 dB louder than it, their frames
-are turned down with it -- right for deciding an onset (the echo must not),
-wrong for the words (bench/room_echo.py: the WER over the echo at -10 dB
-41 % through it). AEC3's own output is no better for them: its non-linear
-stage ducks a voice over the echo 10-12 dB (24 % at -10 dB). The ASR's view
-is a linear canceller's instead (``media/echo_linear.py``, Speex's adaptive
-filter alone): less of the echo taken out, none of the user's voice -- once
-it has learned the room, AEC3's output until then (``WordsChooser``;
-``words="linear"``, the default; ``"aec3"`` gives the ASR AEC3's output
-always, as the room bench compares).
+So the canceller gives two views of the same samples (``Cancelled``), both
+from a linear canceller (``media/echo_linear.py``, Speex's adaptive filter
+alone) beside AEC3. AEC3 takes more of the echo out, but its non-linear
+stage ducks a voice over the echo 10-12 dB, and most in the first hundreds
+of milliseconds of double talk -- where a barge-in is decided and where the
+ASR hears the first words; with a reply playing and no echo heard (a
+headset) it ducks the voice alone. The linear filter leaves the voice as
+it was and less of the echo taken out:
+
+* the ASR's view (``words``) is the linear filter's output once it has
+  learned the room, AEC3's output until then and wherever the echo is
+  later than the filter reaches (``WordsChooser``);
+* the VAD's (``speech``) is the linear filter's output through a residual
+  echo suppressor, the classic non-linear processor: whole frames under
+  ``MARGIN_DB`` over what the filter leaves of the echo are turned down to
+  silence (``LinearResidualSuppressor``; what is left of the echo must not
+  start a turn). ``residual="broadband"`` is the code before: AEC3's output
+  through ``ResidualEchoSuppressor``; ``"bands"`` band by band
+  (``media/echo_bands.py``); both measured beside it in the room bench
+  (bench/README.md).
 
 Stateful per stream (the echo path it learned): one per session input.
 ``livekit`` is an optional dependency (the ``echo`` extra), and libspeexdsp a
@@ -74,16 +76,17 @@ class Cancelled:
     """The microphone without the echo, sample for sample, two ways."""
 
     words: np.ndarray  # the linear canceller's output (AEC3's till it has the room): for the ASR
-    speech: np.ndarray  # AEC3's output with the residual echo turned down: what the VAD hears
+    speech: np.ndarray  # the linear canceller's, its residual echo turned down: for the VAD
 
 
 class EchoCanceller:
     """Mono int16 PCM at 16 kHz: the microphone and, sample for sample, what
     the speaker played (the reference) in; the microphone without the echo
     out (``Cancelled``). ``process`` takes whole 10 ms frames of both, the
-    same length. The VAD's view is AEC3's output through the residual echo
-    suppressor ``residual`` names (``RESIDUAL_SUPPRESSORS``; None: AEC3's
-    output as it is); the ASR's is ``words``'s (``WORDS_VIEWS``): the linear
+    same length. The VAD's view goes through the residual echo suppressor
+    ``residual`` names (``RESIDUAL_SUPPRESSORS``: ``"linear"`` over the
+    linear filter's output, the others over AEC3's; None: AEC3's output as
+    it is); the ASR's is ``words``'s (``WORDS_VIEWS``): the linear
     canceller's (its filter ``filter_ms`` long), or AEC3's output (the code
     before, as the room bench compares)."""
 
