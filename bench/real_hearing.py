@@ -69,6 +69,23 @@ from lib.speech_corpus import (  # noqa: E402
     WerCount,
     pct,
 )
+
+
+def _older_trees_domain() -> None:
+    """A tree from before issue 43 (``--sides before@6d4a117``) named its
+    domain types ``vllm_duplex.core``, and its stages accept only those
+    classes: the imports below take them from there."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("vllm_duplex.core") is None:
+        return  # this tree: vllm_duplex.domain
+    sys.modules["vllm_duplex.domain"] = importlib.import_module("vllm_duplex.core")
+    for name in ("clock", "fence", "payloads", "session_config"):
+        sys.modules[f"vllm_duplex.domain.{name}"] = importlib.import_module(f"vllm_duplex.core.{name}")
+
+
+_older_trees_domain()
 from vllm_duplex.domain.clock import MonotonicClock  # noqa: E402
 from vllm_duplex.domain.fence import Fence  # noqa: E402
 from vllm_duplex.domain.payloads import (  # noqa: E402

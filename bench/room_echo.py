@@ -112,14 +112,20 @@ RESIDUAL = {"aec3": None, "aec3 + broadband": "broadband", "aec3 + bands": "band
 
 
 def linear(ms: int) -> str:
-    """The product's variant with a linear filter ``ms`` long."""
-    return f"speex {ms} ms + aec3 + broadband"
+    """The product's variant with a linear filter ``ms`` long: the ASR on its
+    output (``WordsChooser``), the VAD on it through ``LinearResidualSuppressor``."""
+    return f"speex {ms} ms"
+
+
+# the ASR on the linear filter, the VAD on AEC3 and the broadband suppressor (the code
+# before the VAD moved to the linear filter, a49c9db)
+VAD_ON_AEC3 = "speex 250 ms + aec3 + broadband"
 
 
 def canceller(variant: str) -> EchoCanceller:
     if variant.startswith("speex "):
-        return EchoCanceller(residual="broadband", words="linear",
-                             filter_ms=int(variant.split()[1]))
+        return EchoCanceller(residual="broadband" if variant.endswith("broadband") else "linear",
+                             words="linear", filter_ms=int(variant.split()[1]))
     return EchoCanceller(residual=RESIDUAL[variant], words="aec3")
 
 
@@ -353,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="which real recordings (both: the held-out ones first)")
     ap.add_argument("--filter-ms", default=str(FILTER_MS),
                     help="the product's linear filter lengths, comma-separated: one variant each")
+    ap.add_argument("--vad-on-aec3", action="store_true",
+                    help=f"also {VAD_ON_AEC3!r}: the VAD's view from AEC3, as before a49c9db")
     ap.add_argument("--bands", action="store_true",
                     help="also AEC3 with the per-band suppressor (media/echo_bands.py)")
     ap.add_argument("--warm", action="store_true",
@@ -369,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     products = tuple(linear(int(ms)) for ms in args.filter_ms.split(","))
     parts = ("held-out", "tune") if args.part == "both" else (args.part,)
     result = measure(args.replies, args.voices,
-                     VARIANTS + products + ((BANDS,) if args.bands else ()),
+                     VARIANTS + ((VAD_ON_AEC3,) if args.vad_on_aec3 else ()) + products
+                     + ((BANDS,) if args.bands else ()),
                      warm=args.warm, parts=parts)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

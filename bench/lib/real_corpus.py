@@ -4,16 +4,20 @@ source, its licence and commit; ``make.py`` how the files were made).
 
 Issue 42: the speech bench had synthetic voices only (Flite, eSpeak NG,
 Piper), and the streaming path lost a third against the same models'
-offline decode on real recordings. These are about 15 speakers: read
-audiobooks (LibriSpeech, LibriVox, LJ Speech), a president's speech with
-its pauses (JFK), a meeting's headset microphone (AMI), CMU's close-talking
-command recordings (among them the issue's "five five"), and six people's
-spoken digits at 8 kHz (FSDD: US, Belgian-French, Greek and German
-accents), strung into short number phrases the way a caller says them.
+offline decode on real recordings. These are 22 speakers: read audiobooks
+(LibriSpeech, LibriVox, LJ Speech), a president's speech with its pauses
+(JFK), a meeting's headset microphone (AMI), CMU's close-talking command
+recordings (among them the issue's "five five"), six people's spoken digits
+at 8 kHz (FSDD: US, Belgian-French, Greek and German accents), strung into
+short number phrases the way a caller says them, and six more people's
+single digits, recorded quietly (peaks at 1-4 % of full scale; AudioMNIST:
+German and Syrian-Arabic accents): one short word alone, the turn a
+no-speech gate is most tempted to drop.
 
 Two parts, as the synthetic bench has: ``tune`` (the settings are chosen on
 it) and ``held-out`` (other speakers, never used to choose a setting;
-reported apart). Everything loads from the repository: no network.
+reported apart), assigned by speaker before any was decoded. Everything
+loads from the repository: no network.
 """
 
 from __future__ import annotations
@@ -93,7 +97,19 @@ _READ = [
     _one("lj-LJ002-0035", "held-out", "lj", "read", "eight the press yard"),
     _one("ami-ES2011a-headset0", "held-out", "ami-es2011a", "meeting",
          "i'm abigail claflin you can call me abbie"),
+    # LibriSpeech dev-clean 1272-128104-0000 (Picovoice Leopard's test audio)
+    _one("ls-1272-128104-0000", "tune", "ls-1272", "read",
+         "mister quilter is the apostle of the middle classes and we are glad to welcome "
+         "his gospel"),
 ]
+
+# AudioMNIST: one digit from each of six speakers, a file each (make.py
+# AUDIOMNIST_TAKES): (speaker, accent, digit, take, part).
+_AUDIOMNIST = (("01", "German", 0, 0, "tune"), ("02", "German", 5, 10, "tune"),
+               ("08", "German", 2, 8, "held-out"), ("42", "Syrian-Arabic", 9, 10, "held-out"),
+               ("51", "German", 3, 37, "held-out"), ("56", "German", 6, 49, "held-out"))
+_SINGLE_DIGITS = [_one(f"audiomnist-{d}_{s}_{t}", part, f"audiomnist-{s}", "digits", DIGITS[d])
+                  for s, _, d, t, part in _AUDIOMNIST]
 
 # FSDD: (speaker, accent, part); each says four number phrases made of its
 # own takes (bench/real_voices/make.py FSDD_TAKES).
@@ -111,8 +127,9 @@ def _digits(speaker: str, part: str) -> list[Recording]:
 
 
 RECORDINGS: tuple[Recording, ...] = (
-    *_READ, *[r for s, _, part in _FSDD_SPEAKERS for r in _digits(s, part)])
-ACCENTS = {f"fsdd-{s}": a for s, a, _ in _FSDD_SPEAKERS}
+    *_READ, *[r for s, _, part in _FSDD_SPEAKERS for r in _digits(s, part)], *_SINGLE_DIGITS)
+ACCENTS = {**{f"fsdd-{s}": a for s, a, _ in _FSDD_SPEAKERS},
+           **{f"audiomnist-{s}": a for s, a, *_ in _AUDIOMNIST}}
 
 
 def part(name: str) -> list[Recording]:

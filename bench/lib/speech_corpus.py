@@ -145,8 +145,9 @@ QA = (
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
          "fourteen fifteen sixteen seventeen eighteen nineteen").split()
 _TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+# Whisper writes "Mr." where LibriSpeech and LibriVox spell out "mister": one word.
 _SPELLING = {"colour": "color", "favourite": "favorite", "neighbour": "neighbor",
-             "grey": "gray", "ok": "okay", "mum": "mom"}
+             "grey": "gray", "ok": "okay", "mum": "mom", "mr": "mister"}
 
 
 def _number(n: int) -> list[str]:
@@ -159,7 +160,8 @@ def _number(n: int) -> list[str]:
 
 def normalize(text: str) -> list[str]:
     """Lowercase words without punctuation; numbers under 100 as words; a few
-    British spellings as American (what the references use)."""
+    British spellings as American and "Mr" as "mister" (what the references
+    use)."""
     text = re.sub(r"(\d)-(\d)", r"\1 \2", text.lower()).replace("-", " ")
     out: list[str] = []
     for w in re.sub(r"[^\w' ]", " ", text).split():

@@ -1,0 +1,83 @@
+"""What the VAD hears with server echo cancellation (``Cancelled.speech``):
+a barge-in is decided on its first frames, so a user interrupting over the
+echo -- or over a reply their headset keeps out of the microphone -- must
+reach the VAD as loud as they spoke from the first frame, while the echo
+alone stays silence to it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.speech_fixtures import speak
+from vllm_duplex.media.echo import FRAME, EchoCanceller
+from vllm_duplex.testing.room import Room, impulse_response
+
+RATE = 16000
+REPLY = ("The capital of France is Paris, a city on the river Seine, famous for the "
+         "Eiffel Tower, its museums and its cafes, and home to more than two million people.")
+SAY_AT = 2.5  # s into the reply: the canceller has heard the room
+
+
+def level_db(x: np.ndarray) -> float:
+    return 10 * np.log10(np.mean(x.astype(np.float64) ** 2) + 1e-9)
+
+
+@pytest.fixture(scope="module")
+def reply() -> np.ndarray:
+    return speak(REPLY, rate=RATE, lead_s=0.0, tail_s=0.3, voice="slt")
+
+
+@pytest.fixture(scope="module")
+def question() -> np.ndarray:
+    """The interruption, as loud at the microphone as the reply at the speaker."""
+    return speak("Stop, wait a moment please.", rate=RATE, lead_s=0.0, tail_s=0.0, voice="awb")
+
+
+def microphone(reply: np.ndarray, echo_db: float | None, voice: np.ndarray | None) -> np.ndarray:
+    """The reply playing from 0 into a room (``echo_db``: its echo's level;
+    None: a headset, nothing of it reaches the microphone), faint noise, and
+    ``voice`` from ``SAY_AT``."""
+    ir = np.zeros(1) if echo_db is None else impulse_response(RATE, gain_db=echo_db, tail_ms=300)
+    noise = np.random.default_rng(5).normal(0, 30, RATE)  # about -60 dBFS
+    n = reply.size - reply.size % FRAME
+    room = Room(ir, RATE, seconds=n / RATE + 1, noise=noise)
+    room.play(reply, 0)
+    said = np.zeros(n)
+    if voice is not None:
+        at = int(SAY_AT * RATE)
+        said[at:at + voice.size] = voice[:n - at]
+    return room.mic(0, n, said)
+
+
+def frame_db(x: np.ndarray) -> np.ndarray:
+    frames = x[:x.size - x.size % FRAME].reshape(-1, FRAME).astype(np.float64)
+    return 10 * np.log10(np.mean(frames ** 2, axis=1) + 1e-9)
+
+
+@pytest.mark.parametrize("echo_db", [None, -10.0], ids=["headset", "echo at -10 dB"])
+def test_an_interruption_reaches_the_vad_as_loud_as_it_was_said_from_its_first_frames(
+        reply, question, echo_db):
+    """From the first frame where the voice is louder than the echo at the
+    microphone (a soft "s" under the echo is no one's to tell apart), the
+    VAD hears it as loud as it was said: the onset a barge-in waits for."""
+    mic = microphone(reply, echo_db, question)
+    voice = microphone(np.zeros_like(reply), None, question)  # the voice, no reply anywhere
+    echo = microphone(reply, echo_db, None)
+    speech = EchoCanceller().process(mic, reply[:mic.size]).speech
+    said = int(SAY_AT * RATE) // FRAME
+    over = np.flatnonzero((frame_db(voice) > frame_db(echo) + 3) & (frame_db(voice) > 50))
+    first = over[over >= said][0] * FRAME
+    heard = slice(first, first + RATE // 10)  # its first 100 ms
+    lost = level_db(voice[heard]) - level_db(speech[heard])
+    # before (the VAD's view from AEC3's output through the broadband
+    # suppressor): the whole first 300 ms of "Stop" silence to the VAD, here
+    # and with the headset: AEC3 ducked the voice, the suppressor gated it
+    assert lost < 3.0, f"the VAD heard the interruption's first 100 ms {lost:.1f} dB down"
+
+
+@pytest.mark.parametrize("echo_db", [-10.0, 0.0])
+def test_the_echo_alone_is_silence_to_the_vad_once_the_room_is_learned(reply, echo_db):
+    mic = microphone(reply, echo_db, None)
+    speech = EchoCanceller().process(mic, reply[:mic.size]).speech
+    later = slice(2 * RATE, mic.size)
+    assert level_db(speech[later]) < level_db(mic[later]) - 40
