@@ -113,18 +113,17 @@ RESIDUAL = {"aec3": None, "aec3 + broadband": "broadband", "aec3 + bands": "band
 
 def linear(ms: int) -> str:
     """The product's variant with a linear filter ``ms`` long: the ASR on its
-    output (``WordsChooser``), the VAD on it through ``LinearResidualSuppressor``."""
-    return f"speex {ms} ms"
+    output (``WordsChooser``), the VAD on AEC3 and the broadband suppressor."""
+    return f"speex {ms} ms + aec3 + broadband"
 
 
-# the ASR on the linear filter, the VAD on AEC3 and the broadband suppressor (the code
-# before the VAD moved to the linear filter, a49c9db)
-VAD_ON_AEC3 = "speex 250 ms + aec3 + broadband"
+# the VAD on the linear filter too (``LinearResidualSuppressor``): measured, not the default
+VAD_ON_LINEAR = "speex 250 ms, VAD on it"
 
 
 def canceller(variant: str) -> EchoCanceller:
     if variant.startswith("speex "):
-        return EchoCanceller(residual="broadband" if variant.endswith("broadband") else "linear",
+        return EchoCanceller(residual="linear" if variant == VAD_ON_LINEAR else "broadband",
                              words="linear", filter_ms=int(variant.split()[1]))
     return EchoCanceller(residual=RESIDUAL[variant], words="aec3")
 
@@ -359,8 +358,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="which real recordings (both: the held-out ones first)")
     ap.add_argument("--filter-ms", default=str(FILTER_MS),
                     help="the product's linear filter lengths, comma-separated: one variant each")
-    ap.add_argument("--vad-on-aec3", action="store_true",
-                    help=f"also {VAD_ON_AEC3!r}: the VAD's view from AEC3, as before a49c9db")
+    ap.add_argument("--vad-on-linear", action="store_true",
+                    help=f"also {VAD_ON_LINEAR!r}: the VAD's view from the linear filter "
+                         "(residual='linear')")
     ap.add_argument("--bands", action="store_true",
                     help="also AEC3 with the per-band suppressor (media/echo_bands.py)")
     ap.add_argument("--warm", action="store_true",
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     products = tuple(linear(int(ms)) for ms in args.filter_ms.split(","))
     parts = ("held-out", "tune") if args.part == "both" else (args.part,)
     result = measure(args.replies, args.voices,
-                     VARIANTS + ((VAD_ON_AEC3,) if args.vad_on_aec3 else ()) + products
+                     VARIANTS + products + ((VAD_ON_LINEAR,) if args.vad_on_linear else ())
                      + ((BANDS,) if args.bands else ()),
                      warm=args.warm, parts=parts)
     if args.json:

@@ -2,9 +2,12 @@
 a person interrupts a reply a raw-socket client plays on its own speaker,
 with server echo cancellation -- offline, no server, on a virtual clock, the
 session's input path and VAD at the settings a session with
-``audio.input.echo_cancellation`` uses, one onset phase (the main 32 ms grid
-alone, what such a session runs) against two (``half_window_onsets``: the
-second phase half a window later, as sessions without echo cancellation run).
+``audio.input.echo_cancellation`` uses: the VAD's view from AEC3 and the
+broadband residual suppressor (the product) against the linear filter and
+``LinearResidualSuppressor`` (``residual="linear"``, measured beside it), on
+the main 32 ms grid alone (what such a session runs), and the linear view
+with the second onset phase (``half_window_onsets``, as sessions without
+echo cancellation run).
 
     python bench/vad_onset_echo.py [--leads 2] [--level -10] [--room medium] [--json out.json]
 
@@ -61,9 +64,9 @@ from vllm_duplex.testing.room import Room
 
 SAY_AT = 2.0  # the interruption starts this long into the reply (s)
 # (the VAD's view: EchoCanceller's ``residual``, the second onset phase)
-SIDES = {"before: AEC3 + broadband suppressor (main grid)": ("broadband", False),
-         "now: linear filter + its suppressor (main grid)": ("linear", False),
-         "now, two phases": ("linear", True)}
+SIDES = {"product: AEC3 + broadband suppressor (main grid)": ("broadband", False),
+         "linear filter + its suppressor (main grid)": ("linear", False),
+         "linear, two phases": ("linear", True)}
 TARGET_MS = 130  # leaves the server and the socket ~20 ms of the 150 ms target
 
 

@@ -1,8 +1,9 @@
-"""What the VAD hears with server echo cancellation (``Cancelled.speech``):
-a barge-in is decided on its first frames, so a user interrupting over the
-echo -- or over a reply their headset keeps out of the microphone -- must
-reach the VAD as loud as they spoke from the first frame, while the echo
-alone stays silence to it."""
+"""The VAD's view from the linear echo filter (``EchoCanceller(residual=
+"linear")``, ``LinearResidualSuppressor``; measured beside the default, not
+it): a barge-in is decided on its first frames, so a user interrupting over
+the echo -- or over a reply their headset keeps out of the microphone --
+reaches the VAD as loud as they spoke from the first frame, where AEC3's
+view (the default) loses it, while the echo alone stays silence to it."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def frame_db(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("echo_db", [None, -10.0], ids=["headset", "echo at -10 dB"])
-def test_an_interruption_reaches_the_vad_as_loud_as_it_was_said_from_its_first_frames(
+def test_the_linear_view_keeps_an_interruption_as_loud_as_it_was_said_from_its_first_frames(
         reply, question, echo_db):
     """From the first frame where the voice is louder than the echo at the
     microphone (a soft "s" under the echo is no one's to tell apart), the
@@ -63,21 +64,21 @@ def test_an_interruption_reaches_the_vad_as_loud_as_it_was_said_from_its_first_f
     mic = microphone(reply, echo_db, question)
     voice = microphone(np.zeros_like(reply), None, question)  # the voice, no reply anywhere
     echo = microphone(reply, echo_db, None)
-    speech = EchoCanceller().process(mic, reply[:mic.size]).speech
+    speech = EchoCanceller(residual="linear").process(mic, reply[:mic.size]).speech
     said = int(SAY_AT * RATE) // FRAME
     over = np.flatnonzero((frame_db(voice) > frame_db(echo) + 3) & (frame_db(voice) > 50))
     first = over[over >= said][0] * FRAME
     heard = slice(first, first + RATE // 10)  # its first 100 ms
     lost = level_db(voice[heard]) - level_db(speech[heard])
-    # before (the VAD's view from AEC3's output through the broadband
-    # suppressor): the whole first 300 ms of "Stop" silence to the VAD, here
-    # and with the headset: AEC3 ducked the voice, the suppressor gated it
+    # AEC3's view (the default, residual="broadband"): the whole first 300 ms
+    # of "Stop" silence to the VAD, here and with the headset: AEC3 ducked
+    # the voice, the suppressor gated it
     assert lost < 3.0, f"the VAD heard the interruption's first 100 ms {lost:.1f} dB down"
 
 
 @pytest.mark.parametrize("echo_db", [-10.0, 0.0])
-def test_the_echo_alone_is_silence_to_the_vad_once_the_room_is_learned(reply, echo_db):
+def test_the_echo_alone_is_silence_in_the_linear_view_once_the_room_is_learned(reply, echo_db):
     mic = microphone(reply, echo_db, None)
-    speech = EchoCanceller().process(mic, reply[:mic.size]).speech
+    speech = EchoCanceller(residual="linear").process(mic, reply[:mic.size]).speech
     later = slice(2 * RATE, mic.size)
     assert level_db(speech[later]) < level_db(mic[later]) - 40
