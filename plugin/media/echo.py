@@ -263,12 +263,12 @@ class LinearResidualSuppressor(ResidualEchoSuppressor):
     (never heard 28 -> 61), large room at -10 dB 48 -> 104, a headset 8 ->
     115; room bench self-interruptions 1 / 0 / 2 / 3 -> 0 / 0 / 1 / 1 of 20
     at -20 / -10 / 0 / +6 dB. Not the default: over a live socket it
-    interrupted its own reply in 1 of 2 runs of tests/integration/
-    test_echo_e2e.py under load (5 and 7 of 7 passed quiet; AEC3's view
-    passed there), a residual burst 12 dB over what it had learned; the
-    suspect is the echo's delay moving while the reply plays (a player that
-    ran dry restarting), which AEC3 follows and a 250 ms linear filter must
-    learn again. Not yet shown."""
+    interrupted its own reply in 2 of 9 runs of tests/integration/
+    test_echo_e2e.py (load 2-6; AEC3's view passed the runs beside it). The
+    suspect, not yet shown: the echo's delay moving while the reply plays
+    (a player that ran dry starting again), which AEC3 follows and a 250 ms
+    linear filter must learn again, its residual rising over what this
+    learned."""
 
     MARGIN_DB = 12.0
     LEARN_FROM_QUIET = True
