@@ -178,7 +178,8 @@ class CascadePolicy(PolicyBase[CascadeState]):
         if isinstance(payload, AudioIn):
             # The ASR hears everything; it cuts utterances at the VAD's events.
             # With echo cancellation the VAD hears the chunk with what is left
-            # of the echo turned down; the ASR the user's words as AEC3 left them.
+            # of the echo turned down (AudioIn.vad_pcm); the ASR the user's words
+            # ungated (media/echo.py: the linear filter's view).
             asr = (StageSubmission(ASR, payload, "in"),)
             if view.config.turn_detection is None:
                 return AppendPlan(InputMode.APPEND_AUDIO_CHUNK, asr)

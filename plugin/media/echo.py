@@ -155,11 +155,11 @@ class ResidualEchoSuppressor:
     never lifts it; decaying ``HEARD_DECAY_DB`` a frame) -- a room in a
     pause only decays, so what rises over its ring is someone new. With no
     reference, or after the tail, the gain is 1: nothing changes without
-    echo. Broadband, not per band: the
-    user's voice passes where it is some 9 dB over the echo; where it is
-    not (the echo at 0 dB and over in ``bench/room_echo.py``) the words
-    over the echo are turned down with it -- which is why only the VAD
-    hears its output (``Cancelled``). About a quarter of AEC3's CPU."""
+    echo. Broadband, not per band: the user's voice passes where it is some
+    9 dB over the echo; where it is not (the echo at 0 dB and over in
+    ``bench/room_echo.py``) the words over the echo are turned down with it
+    -- which is why only the VAD hears its output (``Cancelled``). About a
+    quarter of AEC3's CPU."""
 
     HOLD_FRAMES = 20  # 200 ms: the reference leads its echo by up to this (device, air)
     DECAY_DB = 1.0  # then the tail: 60 dB in 0.6 s
