@@ -8,7 +8,8 @@ not from here; the restart must not stop that: ``EngineHost._retire``); what
 is left is to bring the engine back for the work that comes after. There is
 no awaitable "died" signal in vLLM's public API, so the supervisor reads
 ``errored`` every ``poll_s`` (one attribute read), then calls ``restart``
-until it succeeds, with a growing backoff between failed attempts. All waiting goes through the injected ``Clock``.
+until it succeeds, with a growing backoff between failed attempts. All
+waiting goes through the injected ``Clock``.
 
 No vLLM import here: the loop is tested with fakes and a ``VirtualClock``.
 """
