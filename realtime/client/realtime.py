@@ -39,6 +39,7 @@ _TRANSCRIPT_DELTA = {"response.output_audio_transcript.delta", "response.audio_t
 _TRANSCRIPT_DONE = {"response.output_audio_transcript.done", "response.audio_transcript.done"}
 _TEXT_DELTA = {"response.output_text.delta", "response.text.delta"}
 _TEXT_DONE = {"response.output_text.done", "response.text.done"}
+STORE_RETRY_S = 0.1  # the first pause before a resume refused ``store_unavailable`` is asked again
 
 
 class RealtimeError(Exception):
@@ -202,6 +203,21 @@ class RealtimeClient:
         if self.resume_token is None:
             raise RuntimeError("no resume token: the session was never opened")
         kwargs.setdefault("owner", self.owner)
+        # A store that cannot be reached is answered ``store_unavailable``
+        # ("retry"): the session store restarting, say. It is asked again
+        # until ``open_timeout`` has passed, then the refusal is raised.
+        deadline = time.monotonic() + kwargs.get("open_timeout", 10)
+        pause = STORE_RETRY_S
+        while True:
+            try:
+                return await self._resume_here_or_moved(kwargs)
+            except RealtimeError as err:
+                if err.code != "store_unavailable" or time.monotonic() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 1.0)
+
+    async def _resume_here_or_moved(self, kwargs: dict[str, Any]) -> RealtimeClient:
         try:
             return await RealtimeClient.resume(self.url, self.session_id, self.resume_token,
                                                self.last_seq, api_key=self.api_key, **kwargs)

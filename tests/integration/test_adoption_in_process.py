@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import time
 import urllib.request
 
 import pytest
@@ -136,8 +137,9 @@ async def test_a_store_that_stops_answering_degrades_durability_not_the_session(
 
 async def test_a_resume_that_needs_an_unreachable_store_is_told_to_retry():
     """A session not held here cannot be looked up while the store is away:
-    ``store_unavailable`` (503, retryable), not an internal error; once the
-    store answers, the same resume adopts it."""
+    ``store_unavailable`` (503, retryable), not an internal error; our
+    client asks again until its open timeout, so a store that answers
+    meanwhile (a restart) costs the caller a pause, not its session."""
     store = FlakyStore(MonotonicClock(), shared=True)
     async with BackgroundServer(Runtime(config(), instance_id="a", store=store)) as a, \
             BackgroundServer(Runtime(config(), instance_id="b", store=store)) as b:
@@ -147,11 +149,13 @@ async def test_a_resume_that_needs_an_unreachable_store_is_told_to_retry():
         await store.mark_dead(a.runtime.durability.holder)
         store.down = True
         c.url = b.ws_url
+        started = time.monotonic()
         with pytest.raises(RealtimeError) as refused:
-            await c.reconnect()
+            await c.reconnect(open_timeout=1.0)
         assert refused.value.code == "store_unavailable"
         assert (refused.value.event.get("error") or {}).get("retryable") is True
-        store.down = False
+        assert time.monotonic() - started > 0.5  # asked again, not given up at the first refusal
+        asyncio.get_running_loop().call_later(0.5, setattr, store, "down", False)
         resumed = await c.reconnect()
         assert resumed.owner == "b"
         assert (await say(resumed, "color?")).endswith("You said before: my color is green.")
