@@ -28,9 +28,16 @@ arrive late by a varying amount (the network, the server's own event loop
 busy with a decode). So each chunk says "my samples were heard no later
 than my arrival minus their length", and the stream is placed by the
 earliest any chunk said (the least delayed one): a late chunk moves
-nothing, so the reference never jumps with jitter. Only a chunk later than
-that by more than ``REANCHOR_S`` (the client paused its microphone) places
-the stream again.
+nothing, so the reference never jumps with jitter. Only chunks later than
+that by more than ``REANCHOR_S`` place the stream again (the client paused
+its microphone), and only once ``CONFIRM_S`` of audio has come late at
+about the pace of real time: a stall (the network, or our own process,
+frozen for seconds) is followed by its backlog faster than that, every
+chunk of it late and the last ones on time again. Placing the stream by the
+first of them moved the reference seconds ahead of the echo (and dropped
+the reply between as played) until the backlog came: that reply's own
+echo, with no reference left for it, interrupted it. (After a real pause,
+the first ``CONFIRM_S`` are heard against the stream's old place.)
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ from vllm_duplex.media.echo import FRAME, Cancelled, EchoCanceller
 from vllm_duplex.session.effects import Emit
 
 REANCHOR_S = 1.0  # a microphone chunk later than its place by more than this places the stream again
+CONFIRM_S = 0.2  # ... once this much audio has come late
+PAUSE_PACE = 0.8  # ... no faster than this against real time (a backlog comes faster)
 _NO_PCM = np.zeros(0, np.int16)
 
 
@@ -129,6 +138,8 @@ class EchoPath:
         self._decoder: tuple[str, AudioDecoder] | None = None  # the item playing's
         self._offset: float | None = None  # mic sample k was heard at offset + k / rate
         self._heard = 0  # microphone samples so far
+        # (arrival, samples heard before) of the first of the late chunks coming now
+        self._late_since: tuple[float, int] | None = None
         self._reference: deque[np.ndarray] = deque()  # rendered, its mic samples not yet cancelled
 
     def set_output_format(self, fmt: AudioFormat) -> None:
@@ -165,8 +176,18 @@ class EchoPath:
             return
         self._heard += n
         offset = at - self._heard / INTERNAL_RATE  # what this chunk says
-        if self._offset is None or offset < self._offset or offset > self._offset + REANCHOR_S:
+        late = self._offset is not None and offset > self._offset + REANCHOR_S
+        if self._offset is None or offset < self._offset:
             self._offset = offset
+        elif late and self._late_since is None:
+            self._late_since = (at, self._heard - n)
+        elif late:
+            since, heard_then = self._late_since
+            audio_s = (self._heard - heard_then) / INTERNAL_RATE
+            if audio_s >= CONFIRM_S and at - since >= PAUSE_PACE * audio_s:
+                self._offset = offset  # late all along, at the pace of real time: a pause
+        if not late:
+            self._late_since = None
         start = self._offset + (self._heard - n) / INTERNAL_RATE
         self._reference.append(self.playback.render(start, n))
 

@@ -16,7 +16,7 @@ from vllm_duplex.domain.fence import Fence
 from vllm_duplex.domain.session_config import AudioFormat
 from vllm_duplex.media.echo import FRAME, Cancelled, EchoCanceller, ResidualEchoSuppressor
 from vllm_duplex.media.echo_bands import BandResidualSuppressor
-from vllm_duplex.session.echo import REANCHOR_S, ClientPlayback, EchoPath
+from vllm_duplex.session.echo import CONFIRM_S, REANCHOR_S, ClientPlayback, EchoPath
 from vllm_duplex.session.effects import Emit
 from vllm_duplex.session.input_buffer import InputBuffer
 from vllm_duplex.testing.room import Room, impulse_response
@@ -254,12 +254,40 @@ def test_the_microphone_hears_the_reply_at_the_time_it_played():
     reference = np.concatenate(rec.references)
     assert not reference[:16000].any()
     assert np.array_equal(reference[16000:32000], reply[:16000])
-    # The client stops streaming for 1.5 s: its next chunk is placed by its
-    # arrival (heard from 3.5 s), not where the stream had stopped (2.0 s).
-    path.captured(chunk, 2.02 + REANCHOR_S + 0.5)
-    path.process(np.zeros(chunk, np.int16))
-    heard = int((2.0 + REANCHOR_S + 0.5 - 1.0) * RATE)
+    # The client stops streaming for 1.5 s: once its chunks have come late at
+    # real time for CONFIRM_S, the stream is placed by their arrival (heard
+    # from 3.5 s), not where it had stopped (2.0 s).
+    resumed = 2.02 + REANCHOR_S + 0.5
+    for k in range(int(CONFIRM_S / 0.02) + 2):
+        path.captured(chunk, resumed + 0.02 * k)
+        path.process(np.zeros(chunk, np.int16))
+    heard = int((resumed - 0.02 + 0.02 * k - 1.0) * RATE)
     assert np.array_equal(rec.references[-1], reply[heard:heard + chunk])
+
+
+def test_a_stall_then_its_backlog_keeps_the_reply_where_it_played():
+    """The microphone streams at real time while the reply plays, then
+    nothing comes for 2.7 s (the network, or the server's own process
+    frozen), then the backlog faster than real time, and real time again. Every
+    sample was heard when its place says: the reference goes on with the
+    reply where it was, without a gap or a jump."""
+    rec = Recording()
+    path = EchoPath(AudioFormat(rate=16000), canceller=rec)
+    reply = ramp(16000 * 8, 5)  # plays from 0.5 to 8.5
+    path.sent([delta("item_a", reply)], at=0.5)
+    chunk = 320
+    arrivals = [(i + 1) * 0.02 for i in range(100)]  # 2 s at real time
+    # 2.7 s of it twice as fast as real time (the server reading the backlog
+    # as fast as it handles each chunk), then real time again
+    arrivals += [4.7 + 0.01 * k for k in range(135)]
+    arrivals += [arrivals[-1] + (k + 1) * 0.02 for k in range(50)]
+    for at in arrivals:
+        path.captured(chunk, at)
+        path.process(np.zeros(chunk, np.int16))
+    reference = np.concatenate(rec.references)
+    expected = np.zeros(reference.size, np.int16)
+    expected[8000:] = reply[:reference.size - 8000]
+    assert np.array_equal(reference, expected)
 
 
 # ---- the input buffer ----------------------------------------------------------------
