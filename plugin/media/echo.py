@@ -52,6 +52,7 @@ import numpy as np
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.payloads import INTERNAL_RATE
 from vllm_duplex.media.echo_bands import BandResidualSuppressor
+from vllm_duplex.media.echo_lag import EchoAligner
 from vllm_duplex.media.echo_linear import FILTER_MS, LinearEchoCanceller, WordsChooser
 
 FRAME = INTERNAL_RATE // 100  # AEC3's step: 10 ms
@@ -87,10 +88,12 @@ class EchoCanceller:
     linear filter's output, the others over AEC3's; None: AEC3's output as
     it is); the ASR's is ``words``'s (``WORDS_VIEWS``): the linear
     canceller's (its filter ``filter_ms`` long), or AEC3's output (the code
-    before, as the room bench compares)."""
+    before, as the room bench compares). ``align``: the reference held
+    back where the echo comes later than the cancellers reach
+    (``EchoAligner``); False: the reference as it came."""
 
     def __init__(self, *, residual: str | None = "broadband", words: str = "linear",
-                 filter_ms: int = FILTER_MS) -> None:
+                 filter_ms: int = FILTER_MS, align: bool = True) -> None:
         if words not in WORDS_VIEWS:
             raise ValueError(f"words: one of {WORDS_VIEWS}, not {words!r}")
         self._frame, apm = _apm_class()
@@ -105,17 +108,22 @@ class EchoCanceller:
         self._played = self._frame(bytearray(_FRAME_BYTES), INTERNAL_RATE, 1, FRAME)
         self._heard = self._frame(bytearray(_FRAME_BYTES), INTERNAL_RATE, 1, FRAME)
         self._residual = RESIDUAL_SUPPRESSORS[residual]() if residual else None
+        # A reference that leads its echo further than the cancellers reach
+        # is held back to meet it (``media/echo_lag.py``); off: as it came.
+        self._aligner = EchoAligner() if align else None
 
     def process(self, mic: np.ndarray, reference: np.ndarray) -> Cancelled:
         if mic.size % FRAME or mic.size != reference.size:
             raise ValueError(f"{mic.size} microphone and {reference.size} reference samples: "
                              f"not the same whole {FRAME}-sample frames")
         near = np.ascontiguousarray(mic, dtype=np.int16)
-        far = np.ascontiguousarray(reference, dtype=np.int16)
+        reference = np.ascontiguousarray(reference, dtype=np.int16)
+        if self._aligner is not None:
+            reference = self._aligner.align(near, reference)
         cancelled = np.empty_like(near)
         played, heard = self._played.data, self._heard.data
         for i in range(0, near.size, FRAME):
-            played[:] = far[i:i + FRAME]
+            played[:] = reference[i:i + FRAME]
             self._apm.process_reverse_stream(self._played)  # the speaker first, then the mic
             heard[:] = near[i:i + FRAME]
             self._apm.process_stream(self._heard)  # in place

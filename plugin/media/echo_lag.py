@@ -1,0 +1,153 @@
+"""How late the echo comes after the modelled playback, and the reference
+held back to meet it, sans-I/O.
+
+(docstring: measured figures filled in below)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from vllm_duplex.domain.payloads import INTERNAL_RATE
+
+FRAME = INTERNAL_RATE // 100  # 10 ms
+MAX_LAG_FRAMES = 100  # 1 s: AEC3's reach
+ACTIVE = 1e3  # reference energy under this (-65 dBFS) is silence
+# A reply starts where it is loud (-40 dBFS): recordings and synthesis lead in
+# with their own noise at -60 dBFS or so, and its echo is under the room's.
+LOUD = 1e5
+# A reply starts from silence once the reference was silent this long: longer
+# than the farthest echo and its room's tail, which would lift the floor.
+QUIET_FRAMES = MAX_LAG_FRAMES + 30
+FLOOR_FRAMES = 20  # the microphone's floor: its loudest of the last 200 ms of silence
+RISE = 4.0  # 6 dB over that floor, two frames running: the echo has come
+SLACK_FRAMES = 3  # the correlation's lag may be this much past the echo's first rise
+LEARNED_FRAMES = 100  # a second of the reply heard before the correlation may move the lag
+STEADY_FRAMES = 100  # ... and its best lag within FLICKER_FRAMES of one place this long
+FLICKER_FRAMES = 2
+STRONGER = 1.5  # and its peak this much over the correlation at the rise
+RATE = 0.005  # the average's weight of each new frame, in the end (a time constant of 2 s)
+
+
+class EchoLag:
+    """Feed frame energies (mean squares) of the microphone and the
+    reference, frame by frame; ``lag`` is the echo's delay in frames."""
+
+    def __init__(self) -> None:
+        # the reference's log-energy changes, twice over (a ring read newest first, no copies)
+        self._change = np.zeros(2 * MAX_LAG_FRAMES)
+        self._at = 0
+        self._ref_level = self._mic_level = 0.0
+        self._since_loud = MAX_LAG_FRAMES  # frames since the reference last played
+        self._quiet = QUIET_FRAMES  # frames the reference has been silent (as if long before)
+        self._armed = True
+        self._floor: list[float] = []  # the microphone's last energies in that silence
+        self._watch = -1  # frames since the reply started from silence, while its echo is awaited
+        self._floor_at = 0.0
+        self._rising = 0
+        self.first = -1  # the echo's first rise after the last reply's start (frames); -1: none
+        self._corr = np.zeros(MAX_LAG_FRAMES)
+        self._learned = 0
+        self._anchor, self._steady = -1, 0
+        self.lag = 0
+
+    def update(self, mic: float, reference: float) -> int:
+        """One frame; returns ``lag``."""
+        self._onset(mic, reference)
+        level = math.log10(reference + 1.0)
+        at = self._at = (self._at - 1) % MAX_LAG_FRAMES
+        self._change[at] = self._change[at + MAX_LAG_FRAMES] = level - self._ref_level
+        self._ref_level = level
+        level = math.log10(mic + 1.0)
+        change, self._mic_level = level - self._mic_level, level
+        self._since_loud = 0 if reference > ACTIVE else self._since_loud + 1
+        if self._since_loud >= MAX_LAG_FRAMES:
+            return self.lag  # nothing played within reach: nothing to learn
+        self._learned += 1
+        rate = max(RATE, 1.0 / self._learned)  # the mean of all, until that is the window's
+        corr = self._corr
+        corr *= 1.0 - rate
+        corr += (rate * change) * self._change[at:at + MAX_LAG_FRAMES]
+        if self.first < 0 or self._learned < LEARNED_FRAMES:
+            return self.lag
+        # The echo's first rise is the lag, unless the correlation holds, for
+        # a second, a lag well under it that is clearly stronger than the
+        # rise's (the rise came late: the reply began too softly to hear).
+        # Never later than the rise: speech's syllables (some 4 a second)
+        # leave side peaks a syllable either side of the echo's, and a
+        # reference held back past its echo cancels nothing.
+        near = corr[max(0, self.first - FLICKER_FRAMES):self.first + FLICKER_FRAMES + 1].max()
+        best = int(np.argmax(corr[:self.first + SLACK_FRAMES + 1]))
+        if best >= self.first - FLICKER_FRAMES or corr[best] < STRONGER * near:
+            best = self.first
+        if abs(best - self._anchor) <= FLICKER_FRAMES:
+            self._steady += 1
+        else:
+            self._anchor, self._steady = best, 0
+        if self._steady >= STEADY_FRAMES:
+            self.lag = self._anchor
+        return self.lag
+
+    def _onset(self, mic: float, reference: float) -> None:
+        """The echo's first rise over the microphone's floor after a reply
+        starts from silence: the echo cannot be earlier than its lag, nor,
+        if the reply is loud enough to hear, much later."""
+        self._floor.append(mic)
+        del self._floor[:-FLOOR_FRAMES]
+        if reference <= ACTIVE:
+            self._quiet += 1
+            if self._quiet >= QUIET_FRAMES:
+                self._armed = True  # the next loud frame starts a reply from silence
+        else:
+            self._quiet = 0
+        if self._armed and reference > LOUD:  # a reply from silence: await its echo
+            self._armed = False
+            self._watch, self._rising = 0, 0
+            self._floor_at = RISE * max(self._floor[:-1], default=0.0)
+        if self._watch < 0:
+            return
+        if mic > self._floor_at:
+            self._rising += 1
+            if self._rising == 2:
+                self.first = self.lag = self._watch - 1
+                self._anchor, self._steady = self.first, 0
+                self._watch = -1
+                return
+        else:
+            self._rising = 0
+        self._watch += 1
+        if self._watch > MAX_LAG_FRAMES + 1:
+            self._watch = -1  # no echo heard (a headset, a quiet room): the lag stays
+
+
+class EchoAligner:
+    """Whole 10 ms frames of the microphone and the reference in; the
+    reference held back ``shift`` frames out (the same length)."""
+
+    FAR_FRAMES = 40  # lags up to 400 ms: the cancellers' own reach
+    LEAD_FRAMES = 5  # a reference held back still leads its echo by 50 ms
+    MOVE_FRAMES = 3
+
+    def __init__(self) -> None:
+        self.estimate = EchoLag()
+        self._past = np.zeros(MAX_LAG_FRAMES * FRAME, np.int16)  # the reference's last second
+        self.shift = 0
+
+    def align(self, mic: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        frames = np.stack((mic, reference)).reshape(2, -1, FRAME).astype(np.float32)
+        energy = np.einsum("kij,kij->ki", frames, frames) / FRAME
+        for m, r in zip(*energy.tolist()):
+            self.estimate.update(m, r)
+        lag = self.estimate.lag
+        if lag > self.FAR_FRAMES or self.shift:
+            target = max(0, lag - self.LEAD_FRAMES) if lag > self.FAR_FRAMES else 0
+            if abs(target - self.shift) >= self.MOVE_FRAMES or not target:
+                self.shift = target
+        held = np.concatenate((self._past, reference))
+        self._past = held[reference.size:]
+        if not self.shift:
+            return reference  # the cancellers take it as it is, as they were tuned
+        end = held.size - self.shift * FRAME
+        return held[end - reference.size:end]
