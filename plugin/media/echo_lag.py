@@ -14,6 +14,7 @@ from vllm_duplex.domain.payloads import INTERNAL_RATE
 
 FRAME = INTERNAL_RATE // 100  # 10 ms
 MAX_LAG_FRAMES = 100  # 1 s: AEC3's reach
+HELD = MAX_LAG_FRAMES * FRAME  # the reference held: a second
 ACTIVE = 1e3  # reference energy under this (-65 dBFS) is silence
 # A reply starts where it is loud (-40 dBFS): recordings and synthesis lead in
 # with their own noise at -60 dBFS or so, and its echo is under the room's.
@@ -33,9 +34,14 @@ RATE = 0.005  # the average's weight of each new frame, in the end (a time const
 
 class EchoLag:
     """Feed frame energies (mean squares) of the microphone and the
-    reference, frame by frame; ``lag`` is the echo's delay in frames."""
+    reference, frame by frame; ``lag`` is the echo's delay in frames. The
+    correlation, which only ever moves the lag earlier, is kept only while
+    the echo's rise is awaited or was past ``far`` frames (``EchoAligner``:
+    nearer, nothing is held back, and that is most sessions: they pay for
+    little more than the rise)."""
 
-    def __init__(self) -> None:
+    def __init__(self, far: int = 0) -> None:
+        self._far = far
         # the reference's log-energy changes, twice over (a ring read newest first, no copies)
         self._change = np.zeros(2 * MAX_LAG_FRAMES)
         self._at = 0
@@ -65,12 +71,14 @@ class EchoLag:
         self._since_loud = 0 if reference > ACTIVE else self._since_loud + 1
         if self._since_loud >= MAX_LAG_FRAMES:
             return self.lag  # nothing played within reach: nothing to learn
+        if self._watch < 0 and self.first <= self._far:
+            return self.lag  # the echo is near: no need
         self._learned += 1
         rate = max(RATE, 1.0 / self._learned)  # the mean of all, until that is the window's
         corr = self._corr
         corr *= 1.0 - rate
         corr += (rate * change) * self._change[at:at + MAX_LAG_FRAMES]
-        if self.first < 0 or self._learned < LEARNED_FRAMES:
+        if self._learned < LEARNED_FRAMES:
             return self.lag
         # The echo's first rise is the lag, unless the correlation holds, for
         # a second, a lag well under it that is clearly stronger than the
@@ -131,23 +139,33 @@ class EchoAligner:
     MOVE_FRAMES = 3
 
     def __init__(self) -> None:
-        self.estimate = EchoLag()
-        self._past = np.zeros(MAX_LAG_FRAMES * FRAME, np.int16)  # the reference's last second
+        self.estimate = EchoLag(far=self.FAR_FRAMES)
+        # The reference's last second, and room for two more before it is
+        # moved back to the front: no copy of a second per chunk.
+        self._held = np.zeros(3 * HELD, np.int16)
+        self._end = HELD
         self.shift = 0
 
     def align(self, mic: np.ndarray, reference: np.ndarray) -> np.ndarray:
-        frames = np.stack((mic, reference)).reshape(2, -1, FRAME).astype(np.float32)
-        energy = np.einsum("kij,kij->ki", frames, frames) / FRAME
-        for m, r in zip(*energy.tolist()):
-            self.estimate.update(m, r)
+        frames = np.concatenate((mic, reference)).astype(np.float32).reshape(-1, FRAME)
+        energy = (np.einsum("ij,ij->i", frames, frames) / FRAME).tolist()  # mean squares
+        update, n = self.estimate.update, len(energy) // 2
+        for m, r in zip(energy[:n], energy[n:]):
+            update(m, r)
         lag = self.estimate.lag
         if lag > self.FAR_FRAMES or self.shift:
             target = max(0, lag - self.LEAD_FRAMES) if lag > self.FAR_FRAMES else 0
             if abs(target - self.shift) >= self.MOVE_FRAMES or not target:
                 self.shift = target
-        held = np.concatenate((self._past, reference))
-        self._past = held[reference.size:]
+        n, held, end = reference.size, self._held, self._end
+        if end + n > held.size:  # full: its last second to the front
+            last = held[end - HELD:end].copy()
+            if HELD + n > held.size:  # a chunk longer than two seconds
+                held = self._held = np.zeros(3 * HELD + n, np.int16)
+            held[:HELD], end = last, HELD
+        held[end:end + n] = reference
+        self._end = end = end + n
         if not self.shift:
             return reference  # the cancellers take it as it is, as they were tuned
-        end = held.size - self.shift * FRAME
-        return held[end - reference.size:end]
+        end -= self.shift * FRAME
+        return held[end - n:end].copy()
