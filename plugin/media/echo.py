@@ -101,8 +101,9 @@ class EchoCanceller:
                         if "linear" in (words, residual) else None)
         self._words_linear = words == "linear"
         self._chooser = WordsChooser()
-        self._apm = apm(echo_cancellation=True, noise_suppression=False,
-                        high_pass_filter=True, auto_gain_control=False)
+        self._new_apm = lambda: apm(echo_cancellation=True, noise_suppression=False,
+                                    high_pass_filter=True, auto_gain_control=False)
+        self._apm = self._new_apm()
         # One frame each way, filled in place: a new frame per 10 ms (its
         # buffer copied twice more by the binding) cost a fifth of AEC3's time.
         self._played = self._frame(bytearray(_FRAME_BYTES), INTERNAL_RATE, 1, FRAME)
@@ -119,7 +120,13 @@ class EchoCanceller:
         near = np.ascontiguousarray(mic, dtype=np.int16)
         reference = np.ascontiguousarray(reference, dtype=np.int16)
         if self._aligner is not None:
+            shift = self._aligner.shift
             reference = self._aligner.align(near, reference)
+            if self._aligner.shift != shift:
+                # AEC3 starts again: the reference it has is the one it gets
+                # again now, and it locked onto the echo's match with the
+                # first copy, a lag ago, and lost the echo when that ended.
+                self._apm = self._new_apm()
         cancelled = np.empty_like(near)
         played, heard = self._played.data, self._heard.data
         for i in range(0, near.size, FRAME):
