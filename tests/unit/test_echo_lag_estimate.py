@@ -180,3 +180,16 @@ def test_a_reply_heard_half_a_second_late_is_taken_out_as_at_a_short_lag(reply):
     assert heard - vad > 40, (heard, vad)  # under the room's noise
     assert vad_as_came - vad > 30, (vad_as_came, vad)  # which the reference as it came was not
     assert vad <= vad_short + 3 and asr <= asr_short + 3, (vad, vad_short, asr, asr_short)
+
+
+def test_a_reply_that_starts_over_someone_still_speaking_is_not_measured():
+    """Their voice up to the reply's start (-40 dBFS) is no floor to hear
+    the echo rise over: the reply's soft start is under it, and the echo,
+    at a lag the cancellers take (350 ms), would be heard first 300 ms late
+    and held back past itself. The reference stays as it came."""
+    mic, reference = _echoed(35, quiet_start_s=0.3)
+    voice = _syllables(0.75, -40, seed=4, regular=False)
+    mic[RATE // 2:RATE // 2 + voice.size] += voice  # from 0.5 s to 1.25 s
+    aligner, _, same, _ = _aligned(mic, reference)
+    assert aligner.estimate.first == -1
+    assert all(same) and aligner.shift == 0
