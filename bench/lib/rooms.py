@@ -16,10 +16,11 @@ ROOMS = (  # name, size (m), RT60 (s), speaker-microphone distance (m)
 )
 
 
-def impulse(room: tuple, level_db: float, device_ms: int = DEVICE_MS) -> np.ndarray:
+def impulse(room: tuple, level_db: float, device_ms: int | None = None) -> np.ndarray:
     """An image-method room's response at ``RATE``, the device's latency
-    (``device_ms``: more where the client's playback runs behind the
-    server's model of it, ``echo_lag.py``) before it, scaled so the echo's
+    (``device_ms``, ``DEVICE_MS`` unless given: more where the client's
+    playback runs behind the server's model of it, ``room_echo.py --lags``)
+    before it, scaled so the echo's
     energy is ``level_db`` against the reply as played (the echo return
     loss: the direct path and the reverberation together)."""
     import pyroomacoustics as pra
@@ -34,4 +35,5 @@ def impulse(room: tuple, level_db: float, device_ms: int = DEVICE_MS) -> np.ndar
     shoebox.compute_rir()
     rir = np.asarray(shoebox.rir[0][0], np.float64)
     rir = rir / np.sqrt(np.sum(rir ** 2)) * 10 ** (level_db / 20)
+    device_ms = DEVICE_MS if device_ms is None else device_ms
     return np.concatenate([np.zeros(RATE * device_ms // 1000), rir])

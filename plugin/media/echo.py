@@ -9,11 +9,14 @@ self-contained native library: no network), given the *reference*: what the
 client's speaker played for each microphone sample (``session/echo.py``
 models that timeline from what the server sent).
 
-AEC3 finds the echo path itself -- the delay (up to about a second) and the
-room's response -- so the reference only has to lead the echo, never lag
-it. Its high-pass filter runs too (the reference's as well as the
-microphone's low rumble is no voice); its noise suppressor and gain control
-do not: noise reduction is ``audio.input.noise_reduction``'s, after this.
+AEC3 finds the echo path itself -- the delay and the room's response -- so
+the reference only has to lead the echo, never lag it; where it leads by
+more than the cancellers reach (a client playing 400 ms and more behind the
+model: AEC3 did not find 500 ms in a reverberant room), it is held back to
+meet the echo (``media/echo_lag.py``). Its high-pass filter runs too (the
+reference's as well as the microphone's low rumble is no voice); its noise
+suppressor and gain control do not: noise reduction is
+``audio.input.noise_reduction``'s, after this.
 
 So the canceller gives two views of the same samples (``Cancelled``), from
 AEC3 and from a linear canceller beside it (``media/echo_linear.py``,
