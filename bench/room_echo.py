@@ -5,6 +5,8 @@ people interrupting over it, with server-side echo cancellation
     python bench/room_echo.py [--replies 20] [--voices 9] [--part both|tune|held-out]
         [--filter-ms 250[,400...]] [--bands] [--warm] [--json out.json]
     python bench/room_echo.py --replay [--json out.json]   # the VAD's suppressor before / now
+    python bench/room_echo.py --lags 60,300,500,700 [--lag-levels -10,0] [--replies 9]
+        [--corpus-voices] [--json out.json]   # the echo later than the playback's model
 
 Rooms are pyroomacoustics image-method shoeboxes (three sizes and
 reverberation times, the speaker 0.5 / 1 / 2 m from the microphone), plus
@@ -70,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib import machine
 from lib.real_corpus import part
 from lib.rooms import ROOMS, impulse
+from lib.speech_corpus import VOICES as CORPUS_VOICES
 from lib.speech_corpus import WerCount, espeak, flite
 from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.events import Envelope
@@ -350,6 +353,45 @@ def replay_suppressor(replies: int, out: Path | None) -> int:
     return 0
 
 
+def lag_table(lags: list[int], levels: list[float], replies: int,
+              corpus_voices: bool = False) -> dict[str, Any]:
+    """Self-interruptions when the client's speaker plays the reply later
+    than the server's model of its playback (``plugin/session/echo.py``)
+    says: the device's latency set to each lag, the product's canceller
+    with the reference as it came (``align=False``, the code before) and
+    held back to meet its echo (``plugin/media/echo_lag.py``), on the same
+    microphone signals; the voices ``VOICES``, or ``lib/speech_corpus.py``'s
+    nine (real recordings among them)."""
+    from vllm_duplex.stages.listening.silero_vad import load_model
+
+    vad_model = load_model()
+    variant = linear(FILTER_MS)
+    hum = noise.fan(30.0, -55).astype(np.float64)
+    speakers = CORPUS_VOICES if corpus_voices else VOICES
+    said = [speakers[i % len(speakers)].speak(REPLIES[i % len(REPLIES)]) for i in range(replies)]
+    ways = {"as it came": False, "held back": True}
+    rows = []
+    for lag in lags:
+        for level in levels:
+            row: dict[str, Any] = {"lag_ms": lag, "level_db": level}
+            for way, align in ways.items():
+                row[way] = []
+                for k, reply in enumerate(said):
+                    n = int((SENT_AT + reply.size / RATE + 1.0) * RATE)
+                    room = Room(impulse(ROOMS[k % len(ROOMS)], level, device_ms=lag), RATE,
+                                seconds=n / RATE + 1, noise=hum)
+                    room.play(reply, int(SENT_AT * RATE))
+                    echo = EchoCanceller(filter_ms=FILTER_MS, align=align)
+                    _, vad_pcm, _ = run_input(in_room(room, n), reply, variant, echo=echo)
+                    if onsets_ms(vad_model, vad_pcm, variant):
+                        row[way].append(f"{k} ({ROOMS[k % len(ROOMS)][0]})")
+            rows.append(row)
+            print(f"lag {lag} ms, echo {level:+.0f} dB: self-interruptions of {replies}: "
+                  + ", ".join(f"{way} {len(row[way])} {row[way]}" for way in ways), flush=True)
+    return {"machine": machine.info(), "replies": replies, "corpus_voices": corpus_voices,
+            "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--replies", type=int, default=20, help="replies per echo level")
@@ -370,10 +412,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="the residual suppressor before and now, replayed on AEC3's output: "
                          "each reply in every room, the tune recordings 2 s into a reply and "
                          "in its pauses (lib/suppressor_replay.py)")
+    ap.add_argument("--lags", help="self-interruptions alone, the echo this much later than "
+                    "the playback's model (ms, comma-separated), the reference as it came and "
+                    "held back (plugin/media/echo_lag.py)")
+    ap.add_argument("--lag-levels", default="-10,0", help="--lags' echo levels (dB)")
+    ap.add_argument("--corpus-voices", action="store_true",
+                    help="--lags' replies in lib/speech_corpus.py's voices")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if args.replay:
         return replay_suppressor(args.replies, args.json)
+    if args.lags:
+        print(machine.line(), flush=True)
+        table = lag_table([int(x) for x in args.lags.split(",")],
+                          [float(x) for x in args.lag_levels.split(",")], args.replies,
+                          args.corpus_voices)
+        if args.json:
+            args.json.write_text(json.dumps(table, indent=1))
+        return 0
     products = tuple(linear(int(ms)) for ms in args.filter_ms.split(","))
     parts = ("held-out", "tune") if args.part == "both" else (args.part,)
     result = measure(args.replies, args.voices,

@@ -16,11 +16,13 @@ ROOMS = (  # name, size (m), RT60 (s), speaker-microphone distance (m)
 )
 
 
-def impulse(room: tuple, level_db: float) -> np.ndarray:
+def impulse(room: tuple, level_db: float, device_ms: int | None = None) -> np.ndarray:
     """An image-method room's response at ``RATE``, the device's latency
-    before it, scaled so the echo's energy is ``level_db`` against the reply
-    as played (the echo return loss: the direct path and the reverberation
-    together)."""
+    (``device_ms``, ``DEVICE_MS`` unless given: more where the client's
+    playback runs behind the server's model of it, ``room_echo.py --lags``)
+    before it, scaled so the echo's
+    energy is ``level_db`` against the reply as played (the echo return
+    loss: the direct path and the reverberation together)."""
     import pyroomacoustics as pra
 
     _, dims, rt60, dist = room
@@ -33,4 +35,5 @@ def impulse(room: tuple, level_db: float) -> np.ndarray:
     shoebox.compute_rir()
     rir = np.asarray(shoebox.rir[0][0], np.float64)
     rir = rir / np.sqrt(np.sum(rir ** 2)) * 10 ** (level_db / 20)
-    return np.concatenate([np.zeros(RATE * DEVICE_MS // 1000), rir])
+    device_ms = DEVICE_MS if device_ms is None else device_ms
+    return np.concatenate([np.zeros(RATE * device_ms // 1000), rir])

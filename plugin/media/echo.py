@@ -9,11 +9,14 @@ self-contained native library: no network), given the *reference*: what the
 client's speaker played for each microphone sample (``session/echo.py``
 models that timeline from what the server sent).
 
-AEC3 finds the echo path itself -- the delay (up to about a second) and the
-room's response -- so the reference only has to lead the echo, never lag
-it. Its high-pass filter runs too (the reference's as well as the
-microphone's low rumble is no voice); its noise suppressor and gain control
-do not: noise reduction is ``audio.input.noise_reduction``'s, after this.
+AEC3 finds the echo path itself -- the delay and the room's response -- so
+the reference only has to lead the echo, never lag it; where it leads by
+more than the cancellers reach (a client playing 400 ms and more behind the
+model: AEC3 did not find 500 ms in a reverberant room), it is held back to
+meet the echo (``media/echo_lag.py``). Its high-pass filter runs too (the
+reference's as well as the microphone's low rumble is no voice); its noise
+suppressor and gain control do not: noise reduction is
+``audio.input.noise_reduction``'s, after this.
 
 So the canceller gives two views of the same samples (``Cancelled``), from
 AEC3 and from a linear canceller beside it (``media/echo_linear.py``,
@@ -52,6 +55,7 @@ import numpy as np
 from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.payloads import INTERNAL_RATE
 from vllm_duplex.media.echo_bands import BandResidualSuppressor
+from vllm_duplex.media.echo_lag import EchoAligner
 from vllm_duplex.media.echo_linear import FILTER_MS, LinearEchoCanceller, WordsChooser
 
 FRAME = INTERNAL_RATE // 100  # AEC3's step: 10 ms
@@ -87,10 +91,12 @@ class EchoCanceller:
     linear filter's output, the others over AEC3's; None: AEC3's output as
     it is); the ASR's is ``words``'s (``WORDS_VIEWS``): the linear
     canceller's (its filter ``filter_ms`` long), or AEC3's output (the code
-    before, as the room bench compares)."""
+    before, as the room bench compares). ``align``: the reference held
+    back where the echo comes later than the cancellers reach
+    (``EchoAligner``); False: the reference as it came."""
 
     def __init__(self, *, residual: str | None = "broadband", words: str = "linear",
-                 filter_ms: int = FILTER_MS) -> None:
+                 filter_ms: int = FILTER_MS, align: bool = True) -> None:
         if words not in WORDS_VIEWS:
             raise ValueError(f"words: one of {WORDS_VIEWS}, not {words!r}")
         self._frame, apm = _apm_class()
@@ -98,24 +104,36 @@ class EchoCanceller:
                         if "linear" in (words, residual) else None)
         self._words_linear = words == "linear"
         self._chooser = WordsChooser()
-        self._apm = apm(echo_cancellation=True, noise_suppression=False,
-                        high_pass_filter=True, auto_gain_control=False)
+        self._new_apm = lambda: apm(echo_cancellation=True, noise_suppression=False,
+                                    high_pass_filter=True, auto_gain_control=False)
+        self._apm = self._new_apm()
         # One frame each way, filled in place: a new frame per 10 ms (its
         # buffer copied twice more by the binding) cost a fifth of AEC3's time.
         self._played = self._frame(bytearray(_FRAME_BYTES), INTERNAL_RATE, 1, FRAME)
         self._heard = self._frame(bytearray(_FRAME_BYTES), INTERNAL_RATE, 1, FRAME)
         self._residual = RESIDUAL_SUPPRESSORS[residual]() if residual else None
+        # A reference that leads its echo further than the cancellers reach
+        # is held back to meet it (``media/echo_lag.py``); off: as it came.
+        self._aligner = EchoAligner() if align else None
 
     def process(self, mic: np.ndarray, reference: np.ndarray) -> Cancelled:
         if mic.size % FRAME or mic.size != reference.size:
             raise ValueError(f"{mic.size} microphone and {reference.size} reference samples: "
                              f"not the same whole {FRAME}-sample frames")
         near = np.ascontiguousarray(mic, dtype=np.int16)
-        far = np.ascontiguousarray(reference, dtype=np.int16)
+        reference = np.ascontiguousarray(reference, dtype=np.int16)
+        if self._aligner is not None:
+            shift = self._aligner.shift
+            reference = self._aligner.align(near, reference)
+            if self._aligner.shift != shift:
+                # AEC3 starts again: the reference it has is the one it gets
+                # again now, and it locked onto the echo's match with the
+                # first copy, a lag ago, and lost the echo when that ended.
+                self._apm = self._new_apm()
         cancelled = np.empty_like(near)
         played, heard = self._played.data, self._heard.data
         for i in range(0, near.size, FRAME):
-            played[:] = far[i:i + FRAME]
+            played[:] = reference[i:i + FRAME]
             self._apm.process_reverse_stream(self._played)  # the speaker first, then the mic
             heard[:] = near[i:i + FRAME]
             self._apm.process_stream(self._heard)  # in place

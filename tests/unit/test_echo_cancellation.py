@@ -148,15 +148,18 @@ def test_an_echo_later_than_the_linear_filter_reaches_is_still_taken_out_for_the
     """The reference leads the echo by more than the linear filter spans (a
     client's long playback buffer: 470 ms here, the filter 250): the linear
     filter cannot take it out, so the ASR hears AEC3's output, which finds
-    the delay itself -- the echo down as far as there, not left in."""
+    the delay itself -- the echo down as far as there, not left in. (The
+    reference as it came: past 400 ms the canceller holds it back to meet
+    its echo, ``media/echo_lag.py``, and the linear filter reaches it again;
+    this is what is left where that is off or the lag not yet known.)"""
     noise = np.random.default_rng(3).normal(0, 30, RATE)
     room = Room(impulse_response(RATE, gain_db=-10, delay_ms=470), RATE,
                 seconds=reply.size / RATE + 1, noise=noise)
     room.play(reply, 0)
     n = reply.size - reply.size % FRAME
     mic = room.mic(0, n)
-    words = EchoCanceller().process(mic, reply[:n]).words
-    aec3 = EchoCanceller(words="aec3").process(mic, reply[:n]).words
+    words = EchoCanceller(align=False).process(mic, reply[:n]).words
+    aec3 = EchoCanceller(words="aec3", align=False).process(mic, reply[:n]).words
     later = slice(RATE, n)
     assert db(aec3[later], mic[later]) < -25  # AEC3 has it
     assert db(words[later], mic[later]) < db(aec3[later], mic[later]) + 3
