@@ -24,17 +24,12 @@ CHUNK_MS = 20
 async def talk_in_room(client: RealtimeClient, room: Room, voice: np.ndarray, *,
                        done: Callable[[list[dict[str, Any]]], bool], max_s: float = 120.0,
                        tail_s: float = 1.0,
-                       over_reply: tuple[float, np.ndarray] | None = None,
-                       stall: tuple[float, float] | None = None) -> int | None:
+                       over_reply: tuple[float, np.ndarray] | None = None) -> int | None:
     """Stream the room's microphone (the user's ``voice`` from the start,
     then silence) until ``done(events)`` and the speaker ran dry ``tail_s``
     ago, or ``max_s``. ``over_reply`` = (s, pcm): the user also says ``pcm``
     ``s`` seconds after the first reply starts playing (double talk);
-    returns the sample where it began (None if no reply played).
-    ``stall`` = (s, seconds): ``s`` seconds after the first reply starts
-    playing, the whole process freezes that long (a blocking sleep on the
-    event loop the server shares: a loaded machine, a long GC); the room
-    plays on, and the microphone's backlog then goes out in a burst."""
+    returns the sample where it began (None if no reply played)."""
     rate = room.rate
     said_at: list[int] = []
     line = np.zeros(room.played.size, np.float64)  # what the user says, when
@@ -77,9 +72,6 @@ async def talk_in_room(client: RealtimeClient, room: Room, voice: np.ndarray, *,
             if listener.done():
                 listener.result()  # the socket failed: say why
             start = i * step
-            if stall is not None and playing and now() > min(playing.values()) + stall[0] * rate:
-                time.sleep(stall[1])  # blocking on purpose: the freeze is the point
-                stall = None
             await client.append_audio(room.mic(start, step, line[start:start + step])
                                       .astype("<i2").tobytes())
             i += 1
