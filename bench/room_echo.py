@@ -409,9 +409,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="each reply a session's second: another reply plays before it in the "
                          "same room (the canceller has learned the room); its onsets are counted")
     ap.add_argument("--replay", action="store_true",
-                    help="the residual suppressor before and now, replayed on AEC3's output: "
-                         "each reply in every room, the tune recordings 2 s into a reply and "
-                         "in its pauses (lib/suppressor_replay.py)")
+                    help="the residual suppressor before and now, replayed on AEC3's and the "
+                         "linear filter's outputs: each reply in every room, the tune "
+                         "recordings 2 s into a reply and in its pauses "
+                         "(lib/suppressor_replay.py)")
     ap.add_argument("--lags", help="self-interruptions alone, the echo this much later than "
                     "the playback's model (ms, comma-separated), the reference as it came and "
                     "held back (plugin/media/echo_lag.py)")

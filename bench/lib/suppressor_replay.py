@@ -2,12 +2,12 @@
 ``room_echo.py``'s table gives it, in minutes (issue 44): ``room_echo.py
 --replay``.
 
-The suppressor (``ResidualEchoSuppressor``, the VAD's view) comes after AEC3,
-and AEC3 does not depend on it: each case runs through the session's input
-path once (the bench's ``run_input``: the ``InputBuffer``, AEC3, on a
-virtual clock), its microphone, AEC3's output and the reference are kept,
-and each suppressor replays them, then Silero (the stage's settings, as the
-bench):
+The suppressor (``ResidualEchoSuppressor``, the VAD's view) comes after AEC3
+and the linear filter, and neither depends on it: each case runs through
+the session's input path once (the bench's ``run_input``: the
+``InputBuffer``, AEC3, on a virtual clock), its microphone, AEC3's output,
+the reference and the linear filter's output are kept, and each suppressor
+replays them, then Silero (the stage's settings, as the bench):
 
 - **self-interruptions**: each of the bench's 20 replies (replies 0-9 chose
   the suppressor's settings, 10-19 never did) as echo alone in *every* room
@@ -21,9 +21,11 @@ bench):
   onset came later or earlier by more than 20 ms (Silero's windows are
   32 ms), or was lost or found.
 
-Variants: ``before``, the suppressor without the room's ring in a pause
-(``HEARD_DECAY_DB`` infinite: the ring forgotten at once, the rule before,
-sample for sample), and ``now``, the product's.
+Variants: ``before``, the suppressor judging what AEC3 left alone (the
+rule before 2026-12-07, sample for sample), and ``now``, the product's: the
+lower of what AEC3 and the linear filter left (AEC3 now and then lets go of
+the echo). (Until 2026-12-06 ``before`` was the rule without the room's ring
+in a pause: ``e7c34f3``'s figures in bench/README.md.)
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import numpy as np
 from lib import machine
 from lib.rooms import ROOMS, impulse
 from vllm_duplex.media.echo import EchoCanceller, ResidualEchoSuppressor
+from vllm_duplex.media.echo_linear import LinearEchoCanceller
 from vllm_duplex.testing import noise
 from vllm_duplex.testing.room import Room
 
@@ -43,28 +46,39 @@ RATE = 16000
 STEP = 2 * RATE // 100  # 20 ms: what a client sends
 
 
-class _Forgetful(ResidualEchoSuppressor):
-    HEARD_DECAY_DB = float("inf")  # the room's ring forgotten at once: the rule before
+def _aec3_alone(pre: np.ndarray, post: np.ndarray, reference: np.ndarray,
+                linear: np.ndarray, s: ResidualEchoSuppressor) -> np.ndarray:
+    return s.process(pre, post, reference)  # what AEC3 left, alone: the rule before
 
 
-VARIANTS = {"before": _Forgetful, "now": ResidualEchoSuppressor}
+def _lower_of_both(pre: np.ndarray, post: np.ndarray, reference: np.ndarray,
+                   linear: np.ndarray, s: ResidualEchoSuppressor) -> np.ndarray:
+    return s.process(pre, post, reference, linear)  # the product's
+
+
+VARIANTS = {"before": _aec3_alone, "now": _lower_of_both}
 
 
 class Kept(EchoCanceller):
-    """AEC3 alone (``words="aec3"``, no suppressor), keeping what the
-    suppressor is given: the microphone, AEC3's output and the reference."""
+    """AEC3 alone (``words="aec3"``, no suppressor) and the product's linear
+    filter beside it on the same reference (the bench's rooms are within the
+    cancellers' reach: the aligner holds nothing back), keeping what the
+    suppressor is given: the microphone, AEC3's output, the reference and
+    the linear filter's output."""
 
     def __init__(self) -> None:
         super().__init__(residual=None, words="aec3")
-        self.kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.beside = LinearEchoCanceller()
+        self.kept: list[tuple[np.ndarray, ...]] = []
 
     def process(self, mic: np.ndarray, reference: np.ndarray):  # type: ignore[override]
         out = super().process(mic, reference)
-        self.kept.append((mic.copy(), out.words.copy(), reference.copy()))
+        self.kept.append((mic.copy(), out.words.copy(), reference.copy(),
+                          self.beside.process(mic, reference).suppressed))
         return out
 
     def signals(self) -> tuple[np.ndarray, ...]:
-        return tuple(np.concatenate([k[i] for k in self.kept]) for i in range(3))
+        return tuple(np.concatenate([k[i] for k in self.kept]) for i in range(4))
 
 
 def first_pause(reply: np.ndarray, after: float = 1.5) -> float:
@@ -79,12 +93,11 @@ def first_pause(reply: np.ndarray, after: float = 1.5) -> float:
     raise ValueError("no pause of 200 ms in the reply")
 
 
-def replay(onsets: Callable[[np.ndarray], list[int]], suppressor: type,
+def replay(onsets: Callable[[np.ndarray], list[int]], variant: Callable[..., np.ndarray],
            signals: tuple[np.ndarray, ...]) -> list[int]:
-    s = suppressor()
-    pre, post, reference = signals
-    n = post.size - post.size % STEP
-    speech = np.concatenate([s.process(pre[i:i + STEP], post[i:i + STEP], reference[i:i + STEP])
+    s = ResidualEchoSuppressor()
+    n = signals[0].size - signals[0].size % STEP
+    speech = np.concatenate([variant(*(x[i:i + STEP] for x in signals), s)
                              for i in range(0, n, STEP)])
     return onsets(speech)
 
@@ -101,8 +114,8 @@ def measure(said: Sequence[np.ndarray], people: Sequence[Any], levels: Sequence[
 
     def run(case: dict[str, Any], mic: np.ndarray, reply: np.ndarray) -> None:
         signals = through_aec3(mic, reply)
-        for name, suppressor in VARIANTS.items():
-            found = replay(onsets, suppressor, signals)
+        for name, variant in VARIANTS.items():
+            found = replay(onsets, variant, signals)
             if case["kind"] == "echo":
                 rows.append({**case, "variant": name, "onsets": len(found)})
             else:

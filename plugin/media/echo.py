@@ -56,7 +56,7 @@ from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.payloads import INTERNAL_RATE
 from vllm_duplex.media.echo_bands import BandResidualSuppressor
 from vllm_duplex.media.echo_lag import EchoAligner
-from vllm_duplex.media.echo_linear import FILTER_MS, LinearEchoCanceller, WordsChooser
+from vllm_duplex.media.echo_linear import FILTER_MS, LinearEchoCanceller, LinearOut, WordsChooser
 
 FRAME = INTERNAL_RATE // 100  # AEC3's step: 10 ms
 _RAMP = np.arange(1, FRAME + 1, dtype=np.float32) / FRAME  # a gain's change over a frame
@@ -100,7 +100,11 @@ class EchoCanceller:
         if words not in WORDS_VIEWS:
             raise ValueError(f"words: one of {WORDS_VIEWS}, not {words!r}")
         self._frame, apm = _apm_class()
-        self._linear = (LinearEchoCanceller(filter_ms=filter_ms)
+        # Speex's residual echo suppressor after its filter, for the ASR; the
+        # VAD's view from the linear filter (measured beside it) is the
+        # filter's output alone, as it was measured.
+        self._linear = (LinearEchoCanceller(filter_ms=filter_ms,
+                                            suppress_residual=residual != "linear")
                         if "linear" in (words, residual) else None)
         self._words_linear = words == "linear"
         self._chooser = WordsChooser()
@@ -138,22 +142,26 @@ class EchoCanceller:
             heard[:] = near[i:i + FRAME]
             self._apm.process_stream(self._heard)  # in place
             cancelled[i:i + FRAME] = heard
-        linear = cancelled if self._linear is None else self._linear.process(mic, reference)
-        # The four signals' frames and energies, once: the suppressor and the chooser share them.
-        frames = np.stack((mic, cancelled, linear, reference)).reshape(4, -1, FRAME).astype(
-            np.float32)
+        if self._linear is None:
+            linear = LinearOut(cancelled, cancelled)
+        else:
+            linear = self._linear.process(mic, reference)
+        # The signals' frames and energies, once: the suppressor and the chooser share them.
+        frames = np.stack((mic, cancelled, linear.filtered, reference, linear.suppressed)).reshape(
+            5, -1, FRAME).astype(np.float32)
         energy = _energies(frames)
         residual = self._residual
         if residual is None:
             speech = cancelled
         elif isinstance(residual, LinearResidualSuppressor):
-            speech = residual.on_frames(linear, frames[2], energy[2], energy[2], energy[3])
+            speech = residual.on_frames(linear.filtered, frames[2], energy[2], energy[2], energy[3])
         elif isinstance(residual, ResidualEchoSuppressor):
-            speech = residual.on_frames(cancelled, frames[1], energy[0], energy[1], energy[3])
+            speech = residual.on_frames(cancelled, frames[1], energy[0],
+                                        np.minimum(energy[1], energy[4]), energy[3])
         else:
             speech = residual.process(mic, cancelled, reference)
-        words = (self._chooser.on_frames(cancelled, linear, frames, energy) if self._words_linear
-                 else cancelled)
+        words = (self._chooser.on_frames(cancelled, linear.suppressed, frames, energy)
+                 if self._words_linear else cancelled)
         return Cancelled(words, speech)
 
 
@@ -169,7 +177,16 @@ class ResidualEchoSuppressor:
     and more, and Silero calls that speech).
 
     Per 10 ms frame it knows the microphone before AEC3 (``pre``), after it
-    (``post``) and the reference. The echo can be at the microphone while
+    (``post``) and the reference; what is left of the echo is judged on the
+    lower of ``post`` and the linear canceller's output (Speex's filter and
+    its residual echo suppressor, ``media/echo_linear.py``) where there is
+    one: AEC3 now and then stops taking the echo out for some
+    tens of milliseconds, its output suddenly as loud as the microphone while
+    the microphone has not risen (its own double-talk detector fooled by a
+    large room's tail, the room bench's large room 2-3 s into a first reply),
+    and the linear canceller, which has no such detector, still takes the
+    echo down there. A voice over the echo is in both (the linear filter never
+    ducks it), so the lower is AEC3's wherever someone speaks. The echo can be at the microphone while
     the reference is loud or shortly after: ``envelope`` is the reference's
     energy held for ``HOLD_FRAMES`` (the delay AEC3 allows for) and then
     decaying by ``DECAY_DB`` a frame (the room's tail). The echo path's gain
@@ -187,9 +204,8 @@ class ResidualEchoSuppressor:
     louder than the loudest echo it heard lately (``heard_echo``: frames
     judged echo and no louder than the echo can be, so the user's voice
     never lifts it; decaying ``HEARD_DECAY_DB`` a frame) -- a room in a
-    pause only decays, so what rises over its ring is someone new. With no
-    reference, or after the tail, the gain is 1: nothing changes without
-    echo. Broadband, not per band: the user's voice passes where it is some
+    pause only decays, so what rises over its ring is someone new. With no reference, or after the tail, the gain is 1: nothing
+    changes without echo. Broadband, not per band: the user's voice passes where it is some
     9 dB over the echo; where it is not (the echo at 0 dB and over in
     ``bench/room_echo.py``) the words over the echo are turned down with it
     -- which is why only the VAD hears its output (``Cancelled``). About a
@@ -226,23 +242,29 @@ class ResidualEchoSuppressor:
         self.heard_echo = 0.0  # the microphone's loudest echo lately (energy), decaying
         self.gain = 1.0
 
-    def process(self, pre: np.ndarray, post: np.ndarray, reference: np.ndarray) -> np.ndarray:
-        """Whole 10 ms frames: ``post`` with the echo left in it turned down."""
+    def process(self, pre: np.ndarray, post: np.ndarray, reference: np.ndarray,
+                linear: np.ndarray | None = None) -> np.ndarray:
+        """Whole 10 ms frames: ``post`` with the echo left in it turned down;
+        ``linear``: the linear canceller's output for the same frames, where
+        there is one (what is left of the echo is the lower of the two)."""
         n = post.size // FRAME
         if n == 0:
             return post
-        frames = np.stack([x[:n * FRAME] for x in (pre, post, reference)]).reshape(
-            3, n, FRAME).astype(np.float32)
+        signals = (pre, post, reference) if linear is None else (pre, post, reference, linear)
+        frames = np.stack([x[:n * FRAME] for x in signals]).reshape(
+            len(signals), n, FRAME).astype(np.float32)
         energy = _energies(frames)
-        return self.on_frames(post[:n * FRAME], frames[1], energy[0], energy[1], energy[2])
+        left = energy[1] if linear is None else np.minimum(energy[1], energy[3])
+        return self.on_frames(post[:n * FRAME], frames[1], energy[0], left, energy[2])
 
     def on_frames(self, post: np.ndarray, post_frames: np.ndarray, pre_energy: np.ndarray,
-                  post_energy: np.ndarray, reference_energy: np.ndarray) -> np.ndarray:
-        """``process`` given ``post`` as float frames and the three signals'
-        frame energies (``EchoCanceller`` has them already: the chooser
-        needs them too)."""
+                  left_energy: np.ndarray, reference_energy: np.ndarray) -> np.ndarray:
+        """``process`` given ``post`` as float frames and the frame energies
+        of the microphone, of what the cancellers left (``post``'s, or the
+        lower of it and the linear filter's) and of the reference
+        (``EchoCanceller`` has them already: the chooser needs them too)."""
         n = post_frames.shape[0]
-        energy = (pre_energy, post_energy, reference_energy)
+        energy = (pre_energy, left_energy, reference_energy)
         gains = np.empty(n + 1, np.float32)
         gains[0] = self.gain
         decay = 10 ** (-self.DECAY_DB / 10)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.speech_fixtures import speak
+from support.speech_fixtures import recognize, speak
 from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.events import Envelope
 from vllm_duplex.domain.fence import Fence
@@ -119,29 +119,30 @@ def test_words_over_a_loud_echo_reach_the_asr_not_gated_with_it(reply):
 
 
 @pytest.mark.parametrize("gain_db", [-10, 0, 6])
-def test_the_asr_hears_the_user_over_a_loud_echo_as_loud_as_they_spoke(reply, gain_db):
+def test_the_asr_hears_the_user_over_a_loud_echo_and_little_of_the_echo(reply, gain_db):
     """What the ASR is given where the user speaks over the reply (from 2.5
-    to 5 s; the user 2-13 dB under the echo at the microphone): their voice
-    in it (the ASR's view with them less the same room's without them)
-    keeps its level within 2 dB and its waveform, where AEC3's output
-    ducked it 8-15 dB. The echo alone is still taken out once the filter
-    has learned the room (after the user: over 15 dB), and talking over the
-    reply did not unsettle the filter (the echo after it as deep down, within
-    3 dB, as with no one talking)."""
-    question = speak("Wait, what about Berlin and Rome?", rate=RATE, lead_s=2.5, tail_s=0.0,
-                     voice="rms").astype(np.float64) * 0.25
-    mic, alone = in_room(reply, gain_db, voice=question), in_room(reply, gain_db)
+    s, as loud at the microphone as the echo): Whisper hears their question
+    in it, and their voice keeps more of its level than in AEC3's output
+    (some 5 dB down where the echo's bands are turned down with it; AEC3
+    ducks it 9-11 dB here). The echo alone after them is taken more than 22 dB
+    down: the linear filter's residual turned down band by band (the filter
+    alone left it 19-20 dB down here)."""
+    said = speak("Wait, what about Berlin and Rome?", rate=RATE, lead_s=2.5, tail_s=0.0,
+                 voice="rms").astype(np.float64)
+    alone = in_room(reply, gain_db)
+    question = slice(int(2.5 * RATE), said.size)
+    said *= rms(alone[question]) / rms(said[question])  # as loud as the echo there
+    mic = in_room(reply, gain_db, voice=said)
     words = EchoCanceller().process(mic, reply[:mic.size]).words
-    echo_only = EchoCanceller().process(alone, reply[:mic.size]).words
-    q = np.pad(question, (0, max(0, mic.size - question.size)))[:mic.size]
-    loud = np.abs(q) > 1000
-    assert db(mic[loud], q[loud]) > 1  # the echo louder than the user
-    user = words.astype(np.float64) - echo_only
-    assert abs(db(user[loud], q[loud])) < 2, db(user[loud], q[loud])
-    assert np.corrcoef(user[loud], q[loud])[0, 1] > 0.8
-    after = slice(question.size + RATE // 10, mic.size)  # the reply alone again
-    assert db(words[after], mic[after]) < -15, db(words[after], mic[after])
-    assert abs(db(words[after], echo_only[after])) < 3
+    aec3 = EchoCanceller(words="aec3").process(mic, reply[:mic.size]).words
+    q = np.pad(said, (0, max(0, mic.size - said.size)))[:mic.size]
+    loud = np.abs(q) > np.abs(q).max() / 4
+    assert abs(db(mic[loud], q[loud])) < 3  # the echo about as loud as the user
+    assert db(words[loud], q[loud]) > db(aec3[loud], q[loud]) + 3
+    heard = recognize(words[int(2.3 * RATE):said.size + RATE // 2], RATE)
+    assert "berlin" in heard and "rome" in heard, heard
+    after = slice(said.size + RATE // 10, mic.size)  # the reply alone again
+    assert db(words[after], mic[after]) < -22, db(words[after], mic[after])
 
 
 def test_an_echo_later_than_the_linear_filter_reaches_is_still_taken_out_for_the_asr(reply):
@@ -443,11 +444,13 @@ def _speechy(seconds: float, level_db: float, seed: int) -> np.ndarray:
     return x / rms(x) * 32768 * 10 ** (level_db / 20)
 
 
-def _suppressed(pre: np.ndarray, post: np.ndarray, reference: np.ndarray) -> np.ndarray:
+def _suppressed(pre: np.ndarray, post: np.ndarray, reference: np.ndarray,
+                linear: np.ndarray | None = None) -> np.ndarray:
     s = ResidualEchoSuppressor()
     step = 3 * FRAME  # 30 ms chunks, as the input buffer gives them
     n = pre.size - pre.size % step
-    as16 = [np.clip(x, -32768, 32767).astype(np.int16) for x in (pre, post, reference)]
+    signals = [x for x in (pre, post, reference, linear) if x is not None]
+    as16 = [np.clip(x, -32768, 32767).astype(np.int16) for x in signals]
     return np.concatenate([s.process(*(x[i:i + step] for x in as16)) for i in range(0, n, step)])
 
 
@@ -490,6 +493,42 @@ def test_the_suppressor_pushes_echo_alone_down_and_lets_the_user_through():
     later = frame >= int(onset * 100) + 25
     assert np.mean(loss[strong & later] > -1.0) > 0.75, np.sort(loss[strong & later])[:10]
     assert np.mean(loss[voiced & later] > -1.0) > 0.6, np.sort(loss[voiced & later])[:10]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_aec3_letting_go_of_the_echo_for_a_moment_is_not_someone_speaking(seed):
+    """AEC3's output is, for 200 ms mid-reply, the echo itself (its double-
+    talk detector fooled, as in the room bench's large room), while the
+    microphone has not risen and the linear filter beside it still takes
+    10 dB out (what it does in the bench's medium room): those frames are
+    turned down as echo. Judged on AEC3's output alone they come through.
+    The user speaking later (ducked 8 dB by AEC3, untouched by the linear
+    filter) comes through as before."""
+    seconds, onset = 4.5, 3.5
+    reference = _speechy(seconds, -20, seed=10 * seed)
+    late = np.concatenate([np.zeros(RATE * 80 // 1000), reference])[:reference.size]
+    echo = late * 10 ** (-10 / 20)
+    user = _speechy(seconds, -20, seed=10 * seed + 1)
+    user[:int(onset * RATE)] = 0
+    noise = np.random.default_rng(3).normal(0, 30, echo.size)
+    pre = echo + user + noise
+    residual = echo * 10 ** (-20 / 20)
+    let_go = slice(int(2.5 * RATE), int(2.7 * RATE))
+    residual[let_go] = echo[let_go] * 10 ** (-1 / 20)
+    post = residual + user * 10 ** (-8 / 20) + noise
+    linear = echo * 10 ** (-10 / 20) + user + noise
+    let_go_frames = slice(250, 270)
+    for given, let_go_loss in ((linear, -40.0), (None, None)):
+        out = _suppressed(pre, post, reference, given)
+        loss = _frames_db(out) - _frames_db(post[:out.size])
+        if given is None:  # AEC3's output alone: the echo passes as a voice
+            assert loss[let_go_frames].max() > -1.0, loss[let_go_frames]
+        else:
+            assert loss[let_go_frames].max() < let_go_loss, loss[let_go_frames]
+        frame = np.arange(loss.size)
+        first = (frame >= int(onset * 100) + 2) & (frame < int(onset * 100) + 25)
+        strong = _frames_db(user[:out.size]) > _frames_db(user).max() - 10
+        assert np.all(loss[strong & first] > -1.0), loss[strong & first].min()
 
 
 def test_the_suppressor_changes_nothing_without_a_reference():
