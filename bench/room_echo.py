@@ -28,7 +28,7 @@ makes ``speech_started``) and Whisper base, beam 5 (the final's model).
   same room and counts the onsets in the second.
 - **words over the echo**: real people (``bench/real_voices/``) interrupting
   two seconds into a reply: WER of Whisper on the input over the words (what
-  the session's ASR is given: Speex's linear filter's output in the product,
+  the session's ASR is given: Speex's linear canceller's output in the product,
   AEC3's in the variants before it), against the same words in the same room
   without the echo; the barge-in latency is the first Silero onset after the
   words begin (on what the session's VAD is given: with a residual
@@ -41,8 +41,8 @@ Each case runs four ways in the same process (``VARIANTS``): echo
 cancellation off (the baseline), AEC3 alone (the canceller before its
 residual echo suppressor; the ASR on its output), AEC3 with the broadband
 suppressor and the ASR on AEC3's output (the code before), and the product:
-the VAD's view the same, the ASR on Speex's linear filter
-(``media/echo_linear.py``) -- one variant per ``--filter-ms`` length;
+the VAD's view the same, the ASR on Speex's linear filter and its residual echo
+suppressor (``media/echo_linear.py``) -- one variant per ``--filter-ms`` length;
 ``--bands`` adds AEC3 with the per-band suppressor (measured beside it); the
 summary adds self-interruptions by room and the WER by part of the real
 voices (tune / held-out). The per-band suppressor's settings and the linear
@@ -106,7 +106,7 @@ REPLIES = (
 VOICES = (flite("slt"), flite("awb"), espeak("en-us"), flite("rms"))
 # echo cancellation off; AEC3 alone (the canceller before issue 44's residual
 # suppressor); AEC3 and the broadband suppressor, the ASR on AEC3's output (the code
-# before); the product: the same for the VAD, the ASR on Speex's linear filter
+# before); the product: the same for the VAD, the ASR on Speex's linear canceller
 # (``linear(ms)``); AEC3 and the per-band suppressor (media/echo_bands.py, beside it)
 VARIANTS = ("off", "aec3", "aec3 + broadband")
 BANDS = "aec3 + bands"
@@ -116,7 +116,8 @@ RESIDUAL = {"aec3": None, "aec3 + broadband": "broadband", "aec3 + bands": "band
 
 def linear(ms: int) -> str:
     """The product's variant with a linear filter ``ms`` long: the ASR on its
-    output (``WordsChooser``), the VAD on AEC3 and the broadband suppressor."""
+    output and Speex's residual echo suppressor after it, the VAD on AEC3 and
+    the broadband suppressor (judging the lower of the two outputs)."""
     return f"speex {ms} ms + aec3 + broadband"
 
 

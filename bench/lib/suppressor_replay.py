@@ -74,7 +74,7 @@ class Kept(EchoCanceller):
     def process(self, mic: np.ndarray, reference: np.ndarray):  # type: ignore[override]
         out = super().process(mic, reference)
         self.kept.append((mic.copy(), out.words.copy(), reference.copy(),
-                          self.beside.process(mic, reference).suppressed))
+                          self.beside.process(mic, reference)))
         return out
 
     def signals(self) -> tuple[np.ndarray, ...]:

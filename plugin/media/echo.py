@@ -20,13 +20,13 @@ suppressor and gain control do not: noise reduction is
 
 So the canceller gives two views of the same samples (``Cancelled``), from
 AEC3 and from a linear canceller beside it (``media/echo_linear.py``,
-Speex's adaptive filter alone). AEC3 takes more of the echo out, but its
-non-linear stage ducks a voice over the echo 10-12 dB:
+Speex's adaptive filter and its residual echo suppressor). AEC3 takes more
+of the echo out, but its non-linear stage ducks a voice over the echo 10-12
+dB:
 
-* the ASR's view (``words``) is the linear filter's output once it has
-  learned the room, AEC3's output until then and wherever the echo is
-  later than the filter reaches (``WordsChooser``): less of the echo taken
-  out, none of the user's words;
+* the ASR's view (``words``) is the linear canceller's: less of the echo
+  taken out, the residual turned down band by band, little of the user's
+  words lost;
 * the VAD's (``speech``) is AEC3's output through a residual echo
   suppressor, the classic non-linear processor (``ResidualEchoSuppressor``,
   whole frames; what is left of the echo must not start a turn). It judges
@@ -56,7 +56,7 @@ from vllm_duplex.domain.errors import DuplexError
 from vllm_duplex.domain.payloads import INTERNAL_RATE
 from vllm_duplex.media.echo_bands import BandResidualSuppressor
 from vllm_duplex.media.echo_lag import EchoAligner
-from vllm_duplex.media.echo_linear import FILTER_MS, LinearEchoCanceller, LinearOut, WordsChooser
+from vllm_duplex.media.echo_linear import FILTER_MS, LinearEchoCanceller
 
 FRAME = INTERNAL_RATE // 100  # AEC3's step: 10 ms
 _RAMP = np.arange(1, FRAME + 1, dtype=np.float32) / FRAME  # a gain's change over a frame
@@ -90,8 +90,10 @@ class EchoCanceller:
     ``residual`` names (``RESIDUAL_SUPPRESSORS``: ``"linear"`` over the
     linear filter's output, the others over AEC3's; None: AEC3's output as
     it is); the ASR's is ``words``'s (``WORDS_VIEWS``): the linear
-    canceller's (its filter ``filter_ms`` long), or AEC3's output (the code
-    before, as the room bench compares). ``align``: the reference held
+    canceller's (its filter ``filter_ms`` long, with Speex's residual echo
+    suppressor after it; without it where ``residual="linear"``, as that
+    was measured), or AEC3's output (the code before, as the room bench
+    compares). ``align``: the reference held
     back where the echo comes later than the cancellers reach
     (``EchoAligner``); False: the reference as it came."""
 
@@ -107,7 +109,6 @@ class EchoCanceller:
                                             suppress_residual=residual != "linear")
                         if "linear" in (words, residual) else None)
         self._words_linear = words == "linear"
-        self._chooser = WordsChooser()
         self._new_apm = lambda: apm(echo_cancellation=True, noise_suppression=False,
                                     high_pass_filter=True, auto_gain_control=False)
         self._apm = self._new_apm()
@@ -142,26 +143,22 @@ class EchoCanceller:
             heard[:] = near[i:i + FRAME]
             self._apm.process_stream(self._heard)  # in place
             cancelled[i:i + FRAME] = heard
-        if self._linear is None:
-            linear = LinearOut(cancelled, cancelled)
-        else:
-            linear = self._linear.process(mic, reference)
-        # The signals' frames and energies, once: the suppressor and the chooser share them.
-        frames = np.stack((mic, cancelled, linear.filtered, reference, linear.suppressed)).reshape(
-            5, -1, FRAME).astype(np.float32)
+        linear = cancelled if self._linear is None else self._linear.process(mic, reference)
+        # The four signals' frames and energies, once.
+        frames = np.stack((mic, cancelled, linear, reference)).reshape(4, -1, FRAME).astype(
+            np.float32)
         energy = _energies(frames)
         residual = self._residual
         if residual is None:
             speech = cancelled
         elif isinstance(residual, LinearResidualSuppressor):
-            speech = residual.on_frames(linear.filtered, frames[2], energy[2], energy[2], energy[3])
+            speech = residual.on_frames(linear, frames[2], energy[2], energy[2], energy[3])
         elif isinstance(residual, ResidualEchoSuppressor):
             speech = residual.on_frames(cancelled, frames[1], energy[0],
-                                        np.minimum(energy[1], energy[4]), energy[3])
+                                        np.minimum(energy[1], energy[2]), energy[3])
         else:
             speech = residual.process(mic, cancelled, reference)
-        words = (self._chooser.on_frames(cancelled, linear.suppressed, frames, energy)
-                 if self._words_linear else cancelled)
+        words = linear if self._words_linear else cancelled
         return Cancelled(words, speech)
 
 
@@ -262,7 +259,7 @@ class ResidualEchoSuppressor:
         """``process`` given ``post`` as float frames and the frame energies
         of the microphone, of what the cancellers left (``post``'s, or the
         lower of it and the linear filter's) and of the reference
-        (``EchoCanceller`` has them already: the chooser needs them too)."""
+        (``EchoCanceller`` has them already)."""
         n = post_frames.shape[0]
         energy = (pre_energy, left_energy, reference_energy)
         gains = np.empty(n + 1, np.float32)
@@ -345,4 +342,4 @@ class LinearResidualSuppressor(ResidualEchoSuppressor):
 
 RESIDUAL_SUPPRESSORS = {"bands": BandResidualSuppressor, "broadband": ResidualEchoSuppressor,
                         "linear": LinearResidualSuppressor}
-WORDS_VIEWS = ("linear", "aec3")  # the ASR's: Speex's linear filter alone, or AEC3's output
+WORDS_VIEWS = ("linear", "aec3")  # the ASR's: Speex's linear canceller, or AEC3's output

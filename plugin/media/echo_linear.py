@@ -14,34 +14,36 @@ not turned down and barely moves the filter.
 
 What the filter leaves of a reverberant room's echo (5-10 dB taken out in
 the room bench's large room, 10-25 in the others) still carries the reply's
-words, and Whisper heard them in the user's (WER over a 0 dB echo 21 %
-against 5 % with no reply, 18 real recordings). After the filter comes
-Speex's own residual echo suppressor (``speex_preprocess_run`` given the
-filter's state, ``SPEEX_PREPROCESS_SET_ECHO_STATE``: its estimate of the
-echo the filter left, band by band), with its noise suppression off (that
-is ``noise_reduction``'s): it turns down the bands where the echo is left,
-to -40 dB, and to -15 dB where someone speaks over it, and leaves the bands
-the user's voice holds. The same bench: WER 4.8 / 4.8 / 7.0 / 16.7 % at
--20 / -10 / 0 / +6 dB against 6.6 / 14.9 / 21.1 / 29.8 % with the filter
-alone (5.3 % with no reply). It is per band, unlike the VAD's suppressor
-(``ResidualEchoSuppressor``, whole frames), so a voice over the echo keeps
-the bands it is louder in; the words lose little where no echo is left
-(the suppressor changes nothing with no reference playing).
+words. After the filter comes Speex's own residual echo suppressor
+(``speex_preprocess_run`` given the filter's state,
+``SPEEX_PREPROCESS_SET_ECHO_STATE``: its estimate, band by band, of the echo
+the filter left, which is large while the filter is still learning the
+room), with its noise suppression off (that is ``noise_reduction``'s): it
+turns down the bands where echo is left, to -40 dB, and to -15 dB where
+someone speaks over it, and leaves the bands the user's voice holds. Per
+band, unlike the VAD's suppressor (``ResidualEchoSuppressor``, whole
+frames), so a voice over the echo keeps the bands it is louder in.
+
+The ASR hears this from the first frame. Until 2026-12-07 it heard AEC3's
+output until the filter had learned the room, judged on the frames of echo
+alone; but AEC3 ducks a user speaking over the echo so far that their frames
+passed for echo alone, and the user's own words switched the ASR back to
+AEC3's ducked view mid-utterance. Room bench, 18 real recordings 2 s into a
+reply, WER at -20 / -10 / 0 / +6 dB (5.3 % with no reply): 6.6 / 14.9 /
+21.1 / 29.8 % with that switch, 5.3 / 5.3 / 7.9 / 18.0 % on the filter alone
+throughout, 4.8 / 4.8 / 7.9 / 16.7 % with the residual suppressor; 0.5 s
+into a session's first reply, where the filter has barely begun, 14.0 /
+28.1 % with the switch at -20 / -10 dB, 6.1 / 6.6 % now.
 
 The filter is causal: the reference (``session/echo.py``'s modelled
 playback) must lead the echo, and the filter spans that lead (the device's
 own latency, 60 ms in the bench) plus the room's tail that matters.
 ``FILTER_MS`` was chosen in the room bench on the tune recordings only
-(bench/README.md, ``room_echo.py``).
-
-Only while the filter has the room: where the reference leads the echo by
-more than the filter spans (a client's long playback buffer, a slow
-network) it takes nothing out, and AEC3, which finds the delay itself (up
-to about a second), does. ``WordsChooser`` watches, frame by frame, how far
-under the microphone the filter's output is where only the echo is there
-(AEC3's output far under the microphone), and gives the ASR AEC3's output
-until the linear filter takes the echo down ``LEARNED_DB`` (a session's
-first second or so; always, where the echo is out of the filter's reach).
+(bench/README.md, ``room_echo.py``). Where the reference leads the echo by
+more than the filter spans (a client's long playback buffer), the canceller
+holds the reference back to meet it (``media/echo_lag.py``); an echo later
+than a second, or before that lag is known, is out of the filter's reach
+and the ASR hears it.
 
 libspeexdsp is a system library (Debian's ``libspeexdsp1``; its C API has not
 changed since 2008), loaded through ctypes when a session first asks for
@@ -55,7 +57,6 @@ from __future__ import annotations
 import ctypes
 import weakref
 from functools import cache
-from typing import NamedTuple
 
 import numpy as np
 
@@ -100,14 +101,6 @@ def _speexdsp() -> ctypes.CDLL:
     return lib
 
 
-class LinearOut(NamedTuple):
-    """The same frames two ways: the filter's output, which says how much of
-    the echo the filter has (``WordsChooser``), and the ASR's view."""
-
-    filtered: np.ndarray  # the microphone less the filter's estimate of the echo
-    suppressed: np.ndarray  # that with the residual echo suppressed (the same array without)
-
-
 class LinearEchoCanceller:
     """Mono int16 PCM at 16 kHz: the microphone and, sample for sample, what
     the speaker played (the reference) in, whole 10 ms frames of both; the
@@ -143,7 +136,7 @@ class LinearEchoCanceller:
             lib.speex_preprocess_ctl(pre, _SET_ECHO_STATE, ctypes.c_void_p(state))
             self._residual = pre
 
-    def process(self, mic: np.ndarray, reference: np.ndarray) -> LinearOut:
+    def process(self, mic: np.ndarray, reference: np.ndarray) -> np.ndarray:
         if mic.size % FRAME or mic.size != reference.size:
             raise ValueError(f"{mic.size} microphone and {reference.size} reference samples: "
                              f"not the same whole {FRAME}-sample frames")
@@ -151,94 +144,16 @@ class LinearEchoCanceller:
         far = np.ascontiguousarray(reference, dtype=np.int16)
         out = np.empty_like(near)
         cancel, state = self._lib.speex_echo_cancellation, self._state
+        residual, suppress = self._residual, self._lib.speex_preprocess_run
         a, b, c = near.ctypes.data, far.ctypes.data, out.ctypes.data
-        residual = self._residual
-        if residual is None:
-            for i in range(0, 2 * near.size, 2 * FRAME):  # bytes
-                cancel(state, a + i, b + i, c + i)
-            return LinearOut(out, out)
-        suppressed = np.empty_like(near)
-        d, copy, suppress = suppressed.ctypes.data, ctypes.memmove, self._lib.speex_preprocess_run
-        for i in range(0, 2 * near.size, 2 * FRAME):
+        for i in range(0, 2 * near.size, 2 * FRAME):  # bytes
             cancel(state, a + i, b + i, c + i)
-            copy(d + i, c + i, 2 * FRAME)
-            suppress(residual, d + i)  # in place, from the filter's state for this very frame
-        return LinearOut(out, suppressed)
+            if residual is not None:  # in place, from the filter's state for this very frame
+                suppress(residual, c + i)
+        return out
 
     def close(self) -> None:
         """Free the filter now rather than when this is collected."""
         if self._residual is not None:
             self._free_residual()
         self._free()
-
-
-class WordsChooser:
-    """Which canceller's output the ASR hears, frame by frame: the linear
-    filter's where it has learned the room, AEC3's until then.
-
-    ``erle_db`` tracks the median of the linear output's energy
-    against the microphone's, over the frames where only the echo is there:
-    the reference playing (``ACTIVE``) and AEC3's output at least
-    ``ECHO_ONLY_DB`` under the microphone (a user speaking over the echo
-    keeps AEC3's output near their level, so their frames never move it).
-    Starting at 0 dB (nothing learned), it falls as the filter converges;
-    under ``LEARNED_DB`` the ASR hears the linear filter, and AEC3's again
-    only over ``LOST_DB`` (the filter no longer reaches the echo: the
-    playback delay grew). The margin between them keeps a room where the
-    filter takes out 4-8 dB (the large room in the room bench) from
-    changing view back and forth within an utterance. Low, because even
-    there the linear filter's output loses fewer words than AEC3's ducked
-    one (bench/README.md, ``room_echo.py``). The filter is judged on its
-    own output, before the residual echo suppressor: the suppressor turns
-    down even an echo the filter does not reach, and the ASR would hear
-    that rather than AEC3's. A change of view ramps over one frame: no
-    click."""
-
-    LEARNED_DB = -4.0
-    LOST_DB = -2.0
-    ECHO_ONLY_DB = -15.0
-    ACTIVE = 1e4  # reference frames under this energy (-50 dBFS) are not playing
-    UP_DB, DOWN_DB = 0.5, 0.5  # the quantile tracker's steps: the median
-
-    _ECHO_ONLY = 10 ** (ECHO_ONLY_DB / 10)
-    _RAMP = np.arange(1, FRAME + 1, dtype=np.float32) / FRAME  # a change of view over a frame
-
-    def __init__(self) -> None:
-        self.erle_db = 0.0
-        self.linear = False  # the view of the last frame
-
-    def choose(self, mic: np.ndarray, aec3: np.ndarray, linear: LinearOut,
-               reference: np.ndarray) -> np.ndarray:
-        """Whole 10 ms frames, all the same length: the ASR's view."""
-        frames = np.stack((mic, aec3, linear.filtered, reference, linear.suppressed)).reshape(
-            5, -1, FRAME).astype(np.float32)
-        return self.on_frames(aec3, linear.suppressed, frames,
-                              np.einsum("kij,kij->ki", frames, frames) / FRAME)
-
-    def on_frames(self, aec3: np.ndarray, words: np.ndarray, frames: np.ndarray,
-                  energy: np.ndarray) -> np.ndarray:
-        """``choose`` given AEC3's output, the linear canceller's view for
-        the ASR (``words``), and, as float frames (signals, frames, FRAME)
-        and their frame energies (mean squares), the microphone, AEC3's
-        output, the filter's own, the reference and ``words``."""
-        n = frames.shape[1]
-        # +1: a silent frame is -90 dBFS, not log(0)
-        m, a, lin, r = energy[:4] + 1.0
-        echo_only = (r > self.ACTIVE) & (a < m * self._ECHO_ONLY)
-        views = np.full(n + 1, self.linear, np.float32)
-        if echo_only.any():  # else nothing is learned: the view stays
-            ratio_db = (10 * np.log10(lin / m)).tolist()
-            for i, learn in enumerate(echo_only.tolist()):
-                if learn:
-                    step = self.UP_DB if ratio_db[i] > self.erle_db else -self.DOWN_DB
-                    self.erle_db = min(10.0, max(-60.0, self.erle_db + step))
-                    if self.erle_db < self.LEARNED_DB:
-                        self.linear = True
-                    elif self.erle_db > self.LOST_DB:
-                        self.linear = False
-                views[i + 1] = self.linear
-        if views.min() == views.max():  # one view throughout
-            return words if views[0] else aec3
-        w = views[:-1, None] + (views[1:] - views[:-1])[:, None] * self._RAMP  # the linear's weight
-        mixed = frames[4] * w + frames[1] * (1 - w)
-        return np.round(mixed).astype(np.int16).reshape(-1)
