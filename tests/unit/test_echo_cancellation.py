@@ -1,6 +1,6 @@
 """Acoustic echo cancellation (``audio.input.echo_cancellation``): AEC3 takes
-the reply out of what a room's microphone heard for the VAD, a linear filter
-for the ASR keeps the user's voice spoken over it as loud as it was; the
+the reply out of what a room's microphone heard for the VAD, a linear
+canceller for the ASR keeps the user's words spoken over it; the
 reference is what the client's speaker played when
 (``ClientPlayback``, on a virtual clock); the input buffer runs it without
 losing or shifting a sample; the wire refuses a bad value by name."""
