@@ -3,7 +3,7 @@ people interrupting over it, with server-side echo cancellation
 (``audio.input.echo_cancellation``) against the same without it.
 
     python bench/room_echo.py [--replies 20] [--voices 9] [--part both|tune|held-out]
-        [--filter-ms 250[,400...]] [--bands] [--warm] [--json out.json]
+        [--filter-ms 250[,400...]] [--bands] [--warm] [--say-at 2.0] [--json out.json]
     python bench/room_echo.py --replay [--json out.json]   # the VAD's suppressor before / now
     python bench/room_echo.py --lags 60,300,500,700 [--lag-levels -10,0] [--replies 9]
         [--corpus-voices] [--json out.json]   # the echo later than the playback's model
@@ -190,7 +190,8 @@ def in_room(room: Room, n: int, voice: np.ndarray | None = None, at: float = 0.0
 
 
 def measure(replies: int, voices: int, variants: tuple[str, ...] = VARIANTS,
-            warm: bool = False, parts: tuple[str, ...] = ("held-out", "tune")) -> dict[str, Any]:
+            warm: bool = False, parts: tuple[str, ...] = ("held-out", "tune"),
+            say_at: float = SAY_AT) -> dict[str, Any]:
     from vllm_duplex.assets.locate import whisper_model_dir
     from vllm_duplex.stages.listening.silero_vad import load_model
     from vllm_duplex.stages.listening.whisper_model import DecodeOptions, load
@@ -242,24 +243,24 @@ def measure(replies: int, voices: int, variants: tuple[str, ...] = VARIANTS,
                 reply = said_replies[k % len(said_replies)][1]
                 words = person.audio().astype(np.float64)
                 words *= rms(reply) / rms(words)  # as loud as the reply
-                reply = np.tile(reply, 1 + int((SAY_AT + words.size / RATE + 1) * RATE) // reply.size)
-                n = int((SENT_AT + SAY_AT + words.size / RATE + 1.0) * RATE)
+                reply = np.tile(reply, 1 + int((say_at + words.size / RATE + 1) * RATE) // reply.size)
+                n = int((SENT_AT + say_at + words.size / RATE + 1.0) * RATE)
                 cases = {}
                 for echo in (False, True):
                     room = Room(ir, RATE, seconds=n / RATE + 1, noise=hum)
                     if echo:
                         room.play(reply, int(SENT_AT * RATE))
-                    cases[echo] = in_room(room, n, words, SENT_AT + SAY_AT)
-                span = slice(int((SENT_AT + SAY_AT - 0.3) * RATE), n)
+                    cases[echo] = in_room(room, n, words, SENT_AT + say_at)
+                span = slice(int((SENT_AT + say_at - 0.3) * RATE), n)
                 for label, mic, variant in (("no echo", cases[False], "off"),
                                             *(((f"echo, {v}", cases[True], v) for v in variants))):
                     pcm, vad_pcm, _ = run_input(mic, reply if label != "no echo" else None, variant)
                     later = [t for t in onsets_ms(vad_model, vad_pcm, variant)
-                             if t >= (SENT_AT + SAY_AT) * 1000 - 100]
+                             if t >= (SENT_AT + say_at) * 1000 - 100]
                     row = {"kind": "words", "level": level, "room": room_spec[0],
                            "person": person.name, "part": person.part, "case": label,
                            "text": person.text, "heard": whisper.transcribe(pcm[span], options).text,
-                           "onset_ms": later[0] - (SENT_AT + SAY_AT) * 1000 if later else None}
+                           "onset_ms": later[0] - (SENT_AT + say_at) * 1000 if later else None}
                     rows.append(row)
                     if RESIDUAL.get(variant):  # the code before that: the ASR heard the VAD's view
                         rows.append({**row, "case": label + BEFORE,
@@ -420,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lag-levels", default="-10,0", help="--lags' echo levels (dB)")
     ap.add_argument("--corpus-voices", action="store_true",
                     help="--lags' replies in lib/speech_corpus.py's voices")
+    ap.add_argument("--say-at", type=float, default=SAY_AT,
+                    help="the people interrupt this long into the reply (s): 0.5 is early in "
+                         "a session's first reply, while the cancellers still learn the room")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if args.replay:
@@ -437,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.replies, args.voices,
                      VARIANTS + products + ((VAD_ON_LINEAR,) if args.vad_on_linear else ())
                      + ((BANDS,) if args.bands else ()),
-                     warm=args.warm, parts=parts)
+                     warm=args.warm, parts=parts, say_at=args.say_at)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     summary(result)
