@@ -3,11 +3,11 @@
 --replay``.
 
 The suppressor (``ResidualEchoSuppressor``, the VAD's view) comes after AEC3
-and the linear filter, and neither depends on it: each case runs through
+and the linear canceller, and neither depends on it: each case runs through
 the session's input path once (the bench's ``run_input``: the
 ``InputBuffer``, AEC3, on a virtual clock), its microphone, AEC3's output,
-the reference and the linear filter's output are kept, and each suppressor
-replays them, then Silero (the stage's settings, as the bench):
+the reference and the linear canceller's output are kept, and each
+suppressor replays them, then Silero (the stage's settings, as the bench):
 
 - **self-interruptions**: each of the bench's 20 replies (replies 0-9 chose
   the suppressor's settings, 10-19 never did) as echo alone in *every* room
@@ -23,7 +23,7 @@ replays them, then Silero (the stage's settings, as the bench):
 
 Variants: ``before``, the suppressor judging what AEC3 left alone (the
 rule before 2026-12-07, sample for sample), and ``now``, the product's: the
-lower of what AEC3 and the linear filter left (AEC3 now and then lets go of
+lower of what AEC3 and the linear canceller left (AEC3 now and then lets go of
 the echo). (Until 2026-12-06 ``before`` was the rule without the room's ring
 in a pause: ``e7c34f3``'s figures in bench/README.md.)
 """
@@ -61,10 +61,10 @@ VARIANTS = {"before": _aec3_alone, "now": _lower_of_both}
 
 class Kept(EchoCanceller):
     """AEC3 alone (``words="aec3"``, no suppressor) and the product's linear
-    filter beside it on the same reference (the bench's rooms are within the
-    cancellers' reach: the aligner holds nothing back), keeping what the
-    suppressor is given: the microphone, AEC3's output, the reference and
-    the linear filter's output."""
+    canceller (Speex's filter and residual echo suppressor) beside it on the
+    same reference (the bench's rooms are within the cancellers' reach: the
+    aligner holds nothing back), keeping what the suppressor is given: the
+    microphone, AEC3's output, the reference and the linear canceller's."""
 
     def __init__(self) -> None:
         super().__init__(residual=None, words="aec3")
