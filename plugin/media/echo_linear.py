@@ -31,9 +31,10 @@ passed for echo alone, and the user's own words switched the ASR back to
 AEC3's ducked view mid-utterance. Room bench, 18 real recordings 2 s into a
 reply, WER at -20 / -10 / 0 / +6 dB (5.3 % with no reply): 6.6 / 14.9 /
 21.1 / 29.8 % with that switch, 5.3 / 5.3 / 7.9 / 18.0 % on the filter alone
-throughout, 4.8 / 4.8 / 7.9 / 16.7 % with the residual suppressor; 0.5 s
-into a session's first reply, where the filter has barely begun, 14.0 /
-28.1 % with the switch at -20 / -10 dB, 6.1 / 6.6 % now.
+throughout, 4.8 / 4.8 / 7.5 / 18.0 % with the residual suppressor at its
+depths below; 0.5 s into a session's first reply, where the filter has
+barely begun, 14.0 / 28.1 % with the switch at -20 / -10 dB, 5.3 / 7.0 %
+now.
 
 The filter is causal: the reference (``session/echo.py``'s modelled
 playback) must lead the echo, and the filter spans that lead (the device's
