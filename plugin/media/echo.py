@@ -27,12 +27,15 @@ dB:
 * the ASR's view (``words``) is the linear canceller's: less of the echo
   taken out, the residual turned down band by band, little of the user's
   words lost;
-* the VAD's (``speech``) is AEC3's output through a residual echo
-  suppressor, the classic non-linear processor (``ResidualEchoSuppressor``,
-  whole frames; what is left of the echo must not start a turn). It judges
-  whole frames: where the user speaks over the echo and is not some 9 dB
-  louder than it, their frames are turned down with it -- right for an
-  onset (the echo must not start one), wrong for the words. Measured beside
+* the VAD's (``speech``) goes through a residual echo suppressor, the
+  classic non-linear processor (``ResidualEchoSuppressor``, whole frames;
+  what is left of the echo must not start a turn): what passes its gate is
+  AEC3's output, or the linear canceller's once that has learned the room
+  (AEC3 ducks and colours the first hundreds of ms of a voice over the echo,
+  where a barge-in is decided). It judges whole frames: where the user
+  speaks over the echo and neither canceller's output stands well over what
+  it leaves of the echo, their frames are turned down with it -- right for
+  an onset (the echo must not start one), wrong for the words. Measured beside
   it in the room and onset benches (bench/README.md): ``"bands"``, band by
   band (``media/echo_bands.py``), and ``"linear"``, the linear filter's
   output through ``LinearResidualSuppressor`` (onsets over the echo sooner,
@@ -154,8 +157,9 @@ class EchoCanceller:
         elif isinstance(residual, LinearResidualSuppressor):
             speech = residual.on_frames(linear, frames[2], energy[2], energy[2], energy[3])
         elif isinstance(residual, ResidualEchoSuppressor):
-            speech = residual.on_frames(cancelled, frames[1], energy[0],
-                                        np.minimum(energy[1], energy[2]), energy[3])
+            beside = (frames[2], energy[2]) if self._linear is not None else None
+            speech = residual.on_frames(cancelled, frames[1], energy[0], energy[1], energy[3],
+                                        beside)
         else:
             speech = residual.process(mic, cancelled, reference)
         words = linear if self._words_linear else cancelled
@@ -213,7 +217,20 @@ class ResidualEchoSuppressor:
     longer helps an onset over (room bench: 0 / 0 / 1 / 5 self-interruptions
     of 60 replies at -20 / -10 / 0 / +6 dB against 1 / 3 / 4 / 8; the
     onsets over a -10 dB echo the same, some at 0 dB a Silero window
-    later)."""
+    later).
+
+    Against the whole echo, a voice AEC3 ducks (10-16 dB in its first
+    hundreds of ms of double talk) passes late or not at all. So, with the
+    linear canceller beside it, a frame is also someone speaking where *both*
+    outputs stand ``BOTH_OVER_DB`` over what each canceller leaves of the
+    echo (``left_db``: tracked on the frames judged echo, as ``path_db``):
+    the two fail apart (AEC3 letting go, the filter losing the room when the
+    echo's delay moves), a voice raises both. And what passes the gate is the
+    linear canceller's output once it takes ``LINEAR_VIEW_DB`` out of the
+    echo (``path_db - left_db``): it keeps the voice as it was said, where
+    Silero decides later on AEC3's; before that, and whenever its residual
+    rises again, AEC3's. Measured on bench/vad_onset_echo.py and
+    room_echo.py --replay (bench/README.md)."""
 
     HOLD_FRAMES = 20  # 200 ms: the reference leads its echo by up to this (device, air)
     DECAY_DB = 1.0  # then the tail: 60 dB in 0.6 s
@@ -234,6 +251,13 @@ class ResidualEchoSuppressor:
     PATH_START_DB = 0.0  # before it has heard the room: the echo as loud as the reference
     PATH_UP_DB, PATH_DOWN_DB = 0.6, 0.2  # the path gain's quantile tracker (the 75th percentile)
     LEARN_FROM_QUIET = False  # AEC3's view: a quiet microphone teaches the path nothing
+    # With the linear canceller beside AEC3: each one's output over what it
+    # leaves of the echo (tracked as ``path_db`` is) by this, both at once,
+    # is someone speaking; and once the linear canceller takes this much of
+    # the echo out, what passes is its output, not AEC3's (chosen on
+    # bench/vad_onset_echo.py's onsets, checked on room_echo.py --replay).
+    BOTH_OVER_DB = 10.0
+    LINEAR_VIEW_DB = 12.0
     ACTIVE = 1e3  # reference energy under this (-65 dBFS) is silence
     QUIET = 1e4  # microphone frames under this (-50 dBFS) are not used to learn the path,
     LOUD = 1e5  # nor frames without a reference over this (-40 dBFS) in the hold
@@ -243,6 +267,8 @@ class ResidualEchoSuppressor:
         self._at = 0
         self._tail = 0.0  # the envelope after the hold
         self.path_db = self.PATH_START_DB
+        # what AEC3 and the linear canceller leave of the echo, over the envelope
+        self.left_db = [self.PATH_START_DB, self.PATH_START_DB]
         self.heard_echo = 0.0  # the microphone's loudest echo lately (energy), decaying
         self.gain = 1.0
 
@@ -250,7 +276,7 @@ class ResidualEchoSuppressor:
                 linear: np.ndarray | None = None) -> np.ndarray:
         """Whole 10 ms frames: ``post`` with the echo left in it turned down;
         ``linear``: the linear canceller's output for the same frames, where
-        there is one (what is left of the echo is the lower of the two)."""
+        there is one (judged beside AEC3's, and heard once it has the room)."""
         n = post.size // FRAME
         if n == 0:
             return post
@@ -258,24 +284,30 @@ class ResidualEchoSuppressor:
         frames = np.stack([x[:n * FRAME] for x in signals]).reshape(
             len(signals), n, FRAME).astype(np.float32)
         energy = _energies(frames)
-        left = energy[1] if linear is None else np.minimum(energy[1], energy[3])
-        return self.on_frames(post[:n * FRAME], frames[1], energy[0], left, energy[2])
+        beside = None if linear is None else (frames[3], energy[3])
+        return self.on_frames(post[:n * FRAME], frames[1], energy[0], energy[1], energy[2],
+                              beside)
 
     def on_frames(self, post: np.ndarray, post_frames: np.ndarray, pre_energy: np.ndarray,
-                  left_energy: np.ndarray, reference_energy: np.ndarray) -> np.ndarray:
-        """``process`` given ``post`` as float frames and the frame energies
-        of the microphone, of what the cancellers left (``post``'s, or the
-        lower of it and the linear filter's) and of the reference
-        (``EchoCanceller`` has them already)."""
+                  post_energy: np.ndarray, reference_energy: np.ndarray,
+                  linear: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """``process`` given ``post`` as float frames, the frame energies of
+        the microphone, of ``post`` and of the reference, and ``linear``'s
+        frames and energies (``EchoCanceller`` has them already)."""
         n = post_frames.shape[0]
-        energy = (pre_energy, left_energy, reference_energy)
+        beside = linear is not None
+        left = post_energy if linear is None else np.minimum(post_energy, linear[1])
+        outputs = post_energy if linear is None else linear[1]
+        energy = (pre_energy, left, reference_energy, post_energy, outputs)
         gains = np.empty(n + 1, np.float32)
         gains[0] = self.gain
+        heard_linear = np.zeros(n, bool)
         decay = 10 ** (-self.DECAY_DB / 10)
         floor = 10 ** (self.FLOOR_DB / 20)
         release = 10 ** (-self.RELEASE_DB / 20)
         ringing = 10 ** (-self.HEARD_DECAY_DB / 10)
-        for i, (p, e, r) in enumerate(zip(*(x.tolist() for x in energy))):
+        both_over = 10 ** (self.BOTH_OVER_DB / 10)
+        for i, (p, e, r, a, s) in enumerate(zip(*(x.tolist() for x in energy))):
             self._recent[self._at] = r
             self._at = (self._at + 1) % self.HOLD_FRAMES
             self._tail = max(self._tail * decay, self._recent[self._at])  # the oldest held leaves
@@ -287,6 +319,13 @@ class ResidualEchoSuppressor:
             else:
                 at_most = envelope * 10 ** (self.path_db / 10)  # the echo at the microphone
                 over = e > at_most * 10 ** (self.MARGIN_DB / 10)
+                if beside and not over:
+                    # AEC3 ducks a voice over the echo 10 dB and more for its first
+                    # hundreds of ms: over the whole echo it comes late. Over what
+                    # each canceller leaves of it, both at once, it does not; and
+                    # the two fail apart (AEC3 letting go, the filter losing the room).
+                    over = (a > envelope * 10 ** (self.left_db[0] / 10) * both_over
+                            and s > envelope * 10 ** (self.left_db[1] / 10) * both_over)
                 in_pause = self._tail > held
                 if over and not (in_pause and p <= self.heard_echo):
                     self.gain = 1.0
@@ -297,8 +336,12 @@ class ResidualEchoSuppressor:
                 # the user, or the ring alone over the prediction: neither lifts the path
                 learn = not over and held > self.LOUD  # the reply playing, not its tail
                 if learn and p > self.QUIET:
-                    ratio = 10 * math.log10(p / envelope)
-                    self.path_db += self.PATH_UP_DB if ratio > self.path_db else -self.PATH_DOWN_DB
+                    self.path_db = _quantile_step(self.path_db, p / envelope,
+                                                  self.PATH_UP_DB, self.PATH_DOWN_DB)
+                    if beside:
+                        self.left_db = [_quantile_step(db, x / envelope, self.PATH_UP_DB,
+                                                       self.PATH_DOWN_DB)
+                                        for db, x in zip(self.left_db, (a, s))]
                 elif (learn and self.LEARN_FROM_QUIET
                       and self.QUIET / envelope < 10 ** (self.path_db / 10)):
                     # A quiet microphone while the reply plays loud: the path is
@@ -307,11 +350,22 @@ class ResidualEchoSuppressor:
                     # reference) and the user had to outshout the reply itself.
                     self.path_db -= self.PATH_DOWN_DB
             gains[i + 1] = self.gain
-        # a ramp within each frame from the last gain to this one: no clicks
-        if np.all(gains == 1.0):
+            # The linear canceller keeps a voice over the echo as it was said, where
+            # AEC3 ducks and colours it (Silero decides later on AEC3's): once the
+            # filter has the room, what passes the gate is its output.
+            heard_linear[i] = beside and self.path_db - self.left_db[1] > self.LINEAR_VIEW_DB
+        if heard_linear.any():
+            post_frames = np.where(heard_linear[:, None], linear[0], post_frames)
+        elif np.all(gains == 1.0):
             return post
+        # a ramp within each frame from the last gain to this one: no clicks
         g = gains[:-1, None] + (gains[1:] - gains[:-1])[:, None] * _RAMP
         return np.round(post_frames * g).astype(np.int16).reshape(-1)  # |gain| <= 1: no clipping
+
+
+def _quantile_step(db: float, ratio: float, up: float, down: float) -> float:
+    """A quantile tracker's step (the up / (up + down) quantile) of ``ratio`` in dB."""
+    return db + up if 10 * math.log10(max(ratio, 1e-12)) > db else db - down
 
 
 class LinearResidualSuppressor(ResidualEchoSuppressor):

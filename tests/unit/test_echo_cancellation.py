@@ -534,6 +534,44 @@ def test_aec3_letting_go_of_the_echo_for_a_moment_is_not_someone_speaking(seed):
         assert np.all(loss[strong & first] > -1.0), loss[strong & first].min()
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_voice_aec3_ducks_deep_passes_from_its_first_frames_as_the_linear_canceller_kept_it(
+        seed):
+    """The user as loud at the microphone as the reference (10 dB over its
+    echo), ducked 16 dB by AEC3 in double talk, as AEC3 does for its first
+    hundreds of ms: under the whole echo in AEC3's output. AEC3 leaves the
+    echo alone 25 dB down, the linear canceller 15 dB, and the user as said.
+    Each output is far over what its canceller leaves of the echo, so the
+    user's strong frames pass from 20 ms in, at the linear canceller's level
+    (the filter has had the room for seconds), 12 dB and more louder than
+    AEC3 left them; the echo alone before stays silence. With AEC3's output
+    alone, judged against the whole echo, the same frames are turned down."""
+    seconds, onset = 4.5, 3.5
+    reference = _speechy(seconds, -20, seed=10 * seed)
+    late = np.concatenate([np.zeros(RATE * 80 // 1000), reference])[:reference.size]
+    echo = late * 10 ** (-10 / 20)
+    user = _speechy(seconds, -20, seed=10 * seed + 1)
+    user[:int(onset * RATE)] = 0
+    noise = np.random.default_rng(3).normal(0, 30, echo.size)
+    pre = echo + user + noise
+    post = echo * 10 ** (-25 / 20) + user * 10 ** (-16 / 20) + noise
+    linear = echo * 10 ** (-15 / 20) + user + noise
+    frame = np.arange(pre.size // FRAME)
+    first = (frame >= int(onset * 100) + 2) & (frame < int(onset * 100) + 25)  # 20-250 ms in
+    strong = _frames_db(user) > _frames_db(user).max() - 10
+    echo_alone = slice(100, int(onset * 100))
+    out = _suppressed(pre, post, reference, linear)
+    n = out.size // FRAME
+    assert not out[:n * FRAME].reshape(n, FRAME)[echo_alone].any()  # digital silence
+    over_aec3 = _frames_db(out) - _frames_db(post[:out.size])
+    as_said = _frames_db(out) - _frames_db(linear[:out.size])
+    assert np.all(over_aec3[(strong & first)[:n]] > 12.0), over_aec3[(strong & first)[:n]].min()
+    assert np.all(np.abs(as_said[(strong & first)[:n]]) < 1.0), as_said[(strong & first)[:n]]
+    alone = _suppressed(pre, post, reference)
+    loss = _frames_db(alone) - _frames_db(post[:alone.size])
+    assert np.mean(loss[(strong & first)[:loss.size]] < -20) > 0.5
+
+
 def test_the_suppressor_changes_nothing_without_a_reference():
     voice = _speechy(1.0, -20, seed=4)
     pre = np.clip(voice, -32768, 32767).astype(np.int16)
