@@ -190,7 +190,10 @@ async def one_try(url: str, t: Try, voice: np.ndarray, after_s: float, phases: i
                     state["first_audio"] = (e["_recv_t"], e["response_id"])
                 if state["heard_at"] is None:  # stopped at speech_started, as OpenAI clients do
                     room.play(pcm.astype(np.float64), at)
-            elif kind == "input_audio_buffer.speech_started" and state.get("said_at") is not None:
+            elif kind == "input_audio_buffer.speech_started" and state["first_audio"] is not None:
+                # Before the voice too: the reply cutting in on its own echo, counted apart
+                # (a speech_started before the voice was first said went uncounted until
+                # 2026-12-07: such a try read "not heard", or on time).
                 if state["heard_at"] is None:
                     state["heard_at"] = e["_recv_t"]
                     room.stop(at)
