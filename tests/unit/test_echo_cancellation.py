@@ -498,6 +498,19 @@ def test_the_suppressor_pushes_echo_alone_down_and_lets_the_user_through():
     assert np.mean(loss[voiced & later] > -1.0) > 0.6, np.sort(loss[voiced & later])[:10]
 
 
+def _double_talk(seed: int):
+    """4.5 s of a reference at -20 dBFS, its echo 80 ms later and 10 dB down,
+    the user as loud as the reference from 3.5 s, and a faint background."""
+    seconds, onset = 4.5, 3.5
+    reference = _speechy(seconds, -20, seed=10 * seed)
+    late = np.concatenate([np.zeros(RATE * 80 // 1000), reference])[:reference.size]
+    echo = late * 10 ** (-10 / 20)
+    user = _speechy(seconds, -20, seed=10 * seed + 1)
+    user[:int(onset * RATE)] = 0
+    noise = np.random.default_rng(3).normal(0, 30, echo.size)
+    return reference, echo, user, noise, onset
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_aec3_letting_go_of_the_echo_for_a_moment_is_not_someone_speaking(seed):
     """AEC3's output is, for 200 ms mid-reply, the echo itself (its double-
@@ -507,13 +520,7 @@ def test_aec3_letting_go_of_the_echo_for_a_moment_is_not_someone_speaking(seed):
     turned down as echo. Judged on AEC3's output alone they come through.
     The user speaking later (ducked 8 dB by AEC3, untouched by the linear
     filter) comes through as before."""
-    seconds, onset = 4.5, 3.5
-    reference = _speechy(seconds, -20, seed=10 * seed)
-    late = np.concatenate([np.zeros(RATE * 80 // 1000), reference])[:reference.size]
-    echo = late * 10 ** (-10 / 20)
-    user = _speechy(seconds, -20, seed=10 * seed + 1)
-    user[:int(onset * RATE)] = 0
-    noise = np.random.default_rng(3).normal(0, 30, echo.size)
+    reference, echo, user, noise, onset = _double_talk(seed)
     pre = echo + user + noise
     residual = echo * 10 ** (-20 / 20)
     let_go = slice(int(2.5 * RATE), int(2.7 * RATE))
@@ -546,13 +553,7 @@ def test_a_voice_aec3_ducks_deep_passes_from_its_first_frames_as_the_linear_canc
     (the filter has had the room for seconds), 12 dB and more louder than
     AEC3 left them; the echo alone before stays silence. With AEC3's output
     alone, judged against the whole echo, the same frames are turned down."""
-    seconds, onset = 4.5, 3.5
-    reference = _speechy(seconds, -20, seed=10 * seed)
-    late = np.concatenate([np.zeros(RATE * 80 // 1000), reference])[:reference.size]
-    echo = late * 10 ** (-10 / 20)
-    user = _speechy(seconds, -20, seed=10 * seed + 1)
-    user[:int(onset * RATE)] = 0
-    noise = np.random.default_rng(3).normal(0, 30, echo.size)
+    reference, echo, user, noise, onset = _double_talk(seed)
     pre = echo + user + noise
     post = echo * 10 ** (-25 / 20) + user * 10 ** (-16 / 20) + noise
     linear = echo * 10 ** (-15 / 20) + user + noise
