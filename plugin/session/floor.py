@@ -146,7 +146,10 @@ class Floor:
         self.reply = reply
         reply.mcp_tools, reply.follows_up = mcp_tools, follows_up
         audio = "audio" in response.output_modalities
-        held = reply.show(record, times, pacing.new_pacer(self.config.pacing) if audio else None)
+        # the server cancelling the echo: the client's player kept fed (pacing.py)
+        pacer = pacing.new_pacer(self.config.pacing,
+                                 keep_fed=self.config.echo_cancellation == "server")
+        held = reply.show(record, times, pacer if audio else None)
         self.phase.to(Phase.RESPONDING)
         steps += record.start_events()
         if submit is not None:

@@ -145,16 +145,16 @@ class Reply:
 
     def send_due(self, scope: Scope) -> tuple[list[ev.ServerEvent], ArmTimer | None]:
         """Its paced frames due now, rendered (a frame keeps its events: resent
-        as they were after a resume), and the timer of the next frame (None:
-        none due: drained)."""
+        as they were after a resume), and the timer of the next frame or
+        silence (None: drained, and nothing to keep fed)."""
         assert self.pacer is not None
-        frames, timer = due_frames(self.pacer, scope.now)
+        frames, timer = due_frames(self.pacer, scope.now, more_coming=not self.complete)
         events: list[ev.ServerEvent] = []
         for frame in frames:
             if not frame.events:
                 frame.events = audio_going_out(scope, self, frame.audio)
             events += frame.events
-        return events, None if self.pacer.drained else timer
+        return events, timer
 
     @property
     def drained(self) -> bool:
@@ -182,7 +182,8 @@ class Reply:
         """End it here: the client's events (none for a reply never shown)
         and its pacing timer. (The barge-in timer is the turn's: the core
         stops it when it leaves the barge-paused phase.)"""
-        timers = [CancelTimer(PACING)] if not self.drained else []
+        # (drained, a pacer keeping the player fed may still have its timer)
+        timers = [CancelTimer(PACING)] if self.pacer is not None else []
         record = self.record
         if record is None:
             return Ending([], timers)

@@ -313,3 +313,64 @@ def test_unpaced_audio_held_while_a_backchannel_is_judged_follows_the_resume():
     assert sum(ms for _, ms in client.audio()) == 2000  # each second once
     done = [e for _, e in client.sent if isinstance(e, ev.ResponseDone)]
     assert [d.response["status"] for d in done] == ["completed"]
+
+
+def _restarts(client: Client) -> list[float]:
+    """When the client's player, having run dry, started again: the echo's
+    delay moves by the client's jitter at each (session/pacing.py)."""
+    play_end, restarts = None, []
+    for t, ms in client.audio():
+        if play_end is not None and t > play_end + 1e-9:
+            restarts.append(t)
+        play_end = max(t, play_end if play_end is not None else t) + ms / 1000
+    return restarts
+
+
+def _stalled_reply(client: Client, stall_s: float) -> tuple[str, float]:
+    """0.5 s of a reply, its next words ``stall_s`` late, 0.5 s more, the end.
+    Returns the id and when the late words were made."""
+    client.handle(cmd.ResponseCreate())
+    rid = client.core.shown.id
+    client.stage(TextDelta(rid, "one two"), "llm")
+    client.stage(AudioOut(rid, np.full(RATE // 2, 1000, np.int16), RATE, "one two"), "tts")
+    late = 0.5 + stall_s
+    client.advance(late)
+    client.stage(TextDelta(rid, " three four"), "llm")
+    client.stage(AudioOut(rid, np.full(RATE // 2, 2000, np.int16), RATE, " three four"), "tts")
+    client.stage(GenerationDone(rid, "stop"), "llm")
+    client.stage(SpeechDone(rid), "tts")
+    client.advance(late + 2.0)
+    return rid, late
+
+
+def test_with_the_servers_echo_cancellation_a_late_reply_keeps_the_players_delay():
+    client = Client(pacing=OutputPacing("realtime", lead_ms=300), echo_cancellation="server")
+    _, late = _stalled_reply(client, 1.0)
+    assert _restarts(client) == []  # silence kept the player going through the stall
+    deltas = [(t, e) for t, e in client.sent if isinstance(e, ev.OutputAudioDelta)]
+    pcm = [np.frombuffer(e.delta, "<i2") for _, e in deltas]
+    filler = [t for (t, _), x in zip(deltas, pcm) if not x.any()]
+    assert filler and min(filler) >= 0.5 - 0.06 and max(filler) < late
+    words = [t for (t, _), x in zip(deltas, pcm) if x.size and x[0] == 2000]
+    assert words[0] == pytest.approx(late)  # the late words go out as they come ...
+    played = sum(ms for t, ms in client.audio() if t < late)
+    assert played - late * 1000 <= 60  # ... and wait for at most 60 ms of silence
+    # the silence is the item's audio: the reply's audio is all of it, and it completes
+    assert sum(x.size for x in pcm) == RATE + len(filler) * RATE * 20 // 1000
+    assert client.types()[-1] == "response.done" and not client.timers
+    assert [e.response["status"] for _, e in client.sent
+            if e.type == "response.done"] == ["completed"]
+
+
+def test_without_it_a_late_reply_lets_the_player_run_dry():
+    client = Client(pacing=OutputPacing("realtime", lead_ms=300))
+    _, late = _stalled_reply(client, 1.0)
+    assert _restarts(client) == [pytest.approx(late)]
+    assert sum(ms for _, ms in client.audio()) == 1000  # no silence of ours in the reply
+
+
+def test_a_stall_longer_than_the_filler_holds_runs_dry_once():
+    client = Client(pacing=OutputPacing("realtime", lead_ms=300), echo_cancellation="server")
+    _, late = _stalled_reply(client, 4.0)
+    assert _restarts(client) == [pytest.approx(late)]
+    assert sum(ms for _, ms in client.audio()) == 1000 + 2000  # two seconds of silence at most
