@@ -19,7 +19,7 @@ the last delta), replies ``cancelled``, and where in the reply the first
 ``speech_started`` came. The sides take turns try by try.
 
     .venv/bin/python bench/echo_live.py [--sides before@REF now] [--tries 20]
-        [--levels -10 0] [--json out.json]
+        [--levels -10 0] [--rooms small medium large] [--json out.json]
 """
 
 from __future__ import annotations
@@ -158,8 +158,9 @@ async def run(args: argparse.Namespace) -> list[Try]:
     rows: list[Try] = []
     with side_servers(args.sides, args.config) as servers:
         for level in args.levels:
+            rooms = [r for r in ROOMS if r[0] in args.rooms]
             for k in range(args.tries):
-                room = ROOMS[k % len(ROOMS)]
+                room = rooms[k % len(rooms)]
                 for s in (servers if k % 2 == 0 else servers[::-1]):
                     t = Try(s.side, level, room[0])
                     try:
@@ -180,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="NAME[@REF][:KEY=VALUE,...] each (fast_turns.py's sides)")
     p.add_argument("--tries", type=int, default=20, help="replies per side and level")
     p.add_argument("--levels", type=float, nargs="+", default=[-10.0, 0.0])
+    p.add_argument("--rooms", nargs="+", default=[r[0] for r in ROOMS],
+                   choices=[r[0] for r in ROOMS], help="taken in turn (all three unless given)")
     p.add_argument("--config", default="configs/cascade-cpu.yaml")
     p.add_argument("--json")
     args = p.parse_args(argv)

@@ -230,7 +230,22 @@ class ResidualEchoSuppressor:
     echo (``path_db - left_db``): it keeps the voice as it was said, where
     Silero decides later on AEC3's; before that, and whenever its residual
     rises again, AEC3's. Measured on bench/vad_onset_echo.py and
-    room_echo.py --replay (bench/README.md)."""
+    room_echo.py --replay (bench/README.md).
+
+    Until a canceller has the room, what it leaves is now and then the whole
+    echo: early in a session (nothing learned yet; in a large room at 0 dB
+    Speex's 250 ms filter is short of the 0.7 s tail and AEC3 lets go for
+    hundreds of ms at a time) its output stands as near the echo as a voice
+    would, and either rule above passed it (bench/echo_live.py, the large
+    room at 0 dB: 10 of 12 replies heard speech in themselves). So while
+    neither canceller takes ``HAS_ROOM_DB`` out of the echo (``path_db -
+    left_db``, the 75th percentiles), a frame is someone speaking only where
+    one output also stands ``OVER_LEFT_DB`` over the most its canceller
+    leaves (``left_high_db``: the 95th percentile, tracked on the same
+    frames, never counted over the whole echo). Once one has the room this
+    changes nothing, which is where a barge-in over a -10 dB echo is
+    decided; the cost is a voice over a 0 dB echo heard later in a
+    session's first seconds."""
 
     HOLD_FRAMES = 20  # 200 ms: the reference leads its echo by up to this (device, air)
     DECAY_DB = 1.0  # then the tail: 60 dB in 0.6 s
@@ -258,6 +273,15 @@ class ResidualEchoSuppressor:
     # bench/vad_onset_echo.py's onsets, checked on room_echo.py --replay).
     BOTH_OVER_DB = 10.0
     LINEAR_VIEW_DB = 12.0
+    # Until one canceller takes this much out of the echo (75th percentiles),
+    # an output must stand this far over the most its canceller leaves (the
+    # 95th percentile of it, ``LEFT_HIGH_UP_DB / (up + down)``) as well
+    # (chosen on bench/echo_live.py's recorded large room at 0 dB and
+    # bench/vad_onset_echo.py's onsets: 20 dB kept 0 of the 12 replies'
+    # cut-ins, and missed 2 more onsets over a -10 dB echo).
+    HAS_ROOM_DB = 15.0
+    OVER_LEFT_DB = 6.0
+    LEFT_HIGH_UP_DB, LEFT_HIGH_DOWN_DB = 1.9, 0.1
     ACTIVE = 1e3  # reference energy under this (-65 dBFS) is silence
     QUIET = 1e4  # microphone frames under this (-50 dBFS) are not used to learn the path,
     LOUD = 1e5  # nor frames without a reference over this (-40 dBFS) in the hold
@@ -269,6 +293,7 @@ class ResidualEchoSuppressor:
         self.path_db = self.PATH_START_DB
         # what AEC3 and the linear canceller leave of the echo, over the envelope
         self.left_db = [self.PATH_START_DB, self.PATH_START_DB]
+        self.left_high_db = [self.PATH_START_DB, self.PATH_START_DB]  # ... at most, lately
         self.heard_echo = 0.0  # the microphone's loudest echo lately (energy), decaying
         self.gain = 1.0
 
@@ -307,6 +332,8 @@ class ResidualEchoSuppressor:
         release = 10 ** (-self.RELEASE_DB / 20)
         ringing = 10 ** (-self.HEARD_DECAY_DB / 10)
         both_over = 10 ** (self.BOTH_OVER_DB / 10)
+        has_room = self.HAS_ROOM_DB
+        over_left = 10 ** (self.OVER_LEFT_DB / 10)
         for i, (p, e, r, a, s) in enumerate(zip(*(x.tolist() for x in energy))):
             self._recent[self._at] = r
             self._at = (self._at + 1) % self.HOLD_FRAMES
@@ -326,6 +353,13 @@ class ResidualEchoSuppressor:
                     # the two fail apart (AEC3 letting go, the filter losing the room).
                     over = (a > envelope * 10 ** (self.left_db[0] / 10) * both_over
                             and s > envelope * 10 ** (self.left_db[1] / 10) * both_over)
+                if over and beside and max(self.path_db - x for x in self.left_db) < has_room:
+                    # Neither canceller has the room yet: what it leaves may be
+                    # the whole echo. Someone speaking stands over the most it leaves.
+                    over = (a > envelope * 10 ** (min(self.left_high_db[0], self.path_db) / 10)
+                            * over_left
+                            or s > envelope * 10 ** (min(self.left_high_db[1], self.path_db) / 10)
+                            * over_left)
                 in_pause = self._tail > held
                 if over and not (in_pause and p <= self.heard_echo):
                     self.gain = 1.0
@@ -342,6 +376,10 @@ class ResidualEchoSuppressor:
                         self.left_db = [_quantile_step(db, x / envelope, self.PATH_UP_DB,
                                                        self.PATH_DOWN_DB)
                                         for db, x in zip(self.left_db, (a, s))]
+                        self.left_high_db = [
+                            _quantile_step(db, x / envelope, self.LEFT_HIGH_UP_DB,
+                                           self.LEFT_HIGH_DOWN_DB)
+                            for db, x in zip(self.left_high_db, (a, s))]
                 elif (learn and self.LEARN_FROM_QUIET
                       and self.QUIET / envelope < 10 ** (self.path_db / 10)):
                     # A quiet microphone while the reply plays loud: the path is

@@ -697,3 +697,36 @@ def test_after_the_reply_s_tail_the_band_suppressor_passes_the_input_as_it_is():
     out = _band_suppressed(pre, post, reference)
     after = slice(int(2.5 * RATE), out.size)
     assert np.array_equal(out[after], np.clip(post, -32768, 32767).astype(np.int16)[after])
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_until_a_canceller_has_the_room_the_echo_it_leaves_whole_now_and_then_is_no_one(seed):
+    """A session's first seconds in a large room at 0 dB: the echo as loud as
+    the reference, AEC3 taking 10 dB out of it and letting go (1 dB) for
+    200 ms every 700 ms, the linear filter not yet converged (3 dB). Those
+    frames stand as near the whole echo as a voice would, and the gate let
+    them through; neither canceller has the room, so they must also stand
+    over the most each leaves: turned down. The user 10 dB over the echo
+    from 3.5 s still passes from their first strong frames."""
+    reference, echo, user, noise, onset = _double_talk(seed)
+    echo *= 10 ** (10 / 20)  # 0 dB
+    user *= 10 ** (20 / 20)  # 10 dB over it
+    pre = echo + user + noise
+    residual = echo * 10 ** (-10 / 20)
+    let_go = np.zeros(pre.size, bool)
+    for start in np.arange(0.6, onset - 0.2, 0.7):
+        let_go[int(start * RATE):int((start + 0.2) * RATE)] = True
+    residual[let_go] = echo[let_go] * 10 ** (-1 / 20)
+    post = residual + user * 10 ** (-8 / 20) + noise
+    linear = echo * 10 ** (-3 / 20) + user + noise
+    out = _suppressed(pre, post, reference, linear)
+    n = out.size // FRAME
+    # from 0.5 s to the voice: the gate's floor (-80 dB), a sample or two of the echo left
+    alone = np.abs(out[:n * FRAME].reshape(n, FRAME)[50:int(onset * 100)]).max(1)
+    assert np.all(alone <= 2), np.flatnonzero(alone > 2) / 100 + 0.5
+    loss = _frames_db(out) - _frames_db(post[:out.size])  # AEC3's (the linear one has no room)
+    frame = np.arange(loss.size)
+    first = (frame >= int(onset * 100) + 2) & (frame < int(onset * 100) + 25)  # 20-250 ms in
+    strong = _frames_db(user[:out.size]) > _frames_db(user).max() - 6
+    # each passes (at most the gain's ramp in, where the frame before was turned down)
+    assert np.all(loss[strong & first] > -3.0), loss[strong & first].min()
