@@ -49,10 +49,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_duplex.domain.interruption import OutputPacing
-from vllm_duplex.domain.payloads import AudioOut
 import numpy as np
 
+from vllm_duplex.domain.interruption import OutputPacing
+from vllm_duplex.domain.payloads import AudioOut
 from vllm_duplex.session.effects import ArmTimer
 
 PACING = "pacing"  # the timer of the next frame
@@ -119,7 +119,7 @@ class OutputPacer:
     def due(self, now: float, more_coming: bool = False) -> list[Frame]:
         """The frames to send now; ``more_coming``: the reply is still being
         made (with ``keep_fed``, a gap in it is filled with silence)."""
-        if self._fills(now, more_coming) and self.lead(now) <= _REFILL_S + _EPS:
+        if self._fills(more_coming) and self.lead(now) <= _REFILL_S + _EPS:
             self._fill(now)
         out: list[Frame] = []
         while self._queue and self._may_send(self._queue[0], now):
@@ -139,7 +139,7 @@ class OutputPacer:
         lead = self.lead(now)
         return lead + frame.seconds <= self.lead_s + _EPS or lead <= _EPS
 
-    def _fills(self, now: float, more_coming: bool) -> bool:
+    def _fills(self, more_coming: bool) -> bool:
         return (self.keep_fed and more_coming and not self._queue and self.play_end is not None
                 and self._last is not None and self._filled_ms < FILL_MAX_MS)
 
@@ -159,7 +159,7 @@ class OutputPacer:
     def next_at(self, now: float, more_coming: bool = False) -> float | None:
         """When the next queued frame may go, or (``keep_fed``, more coming)
         the next silence (None: nothing to wait for)."""
-        if self._fills(now, more_coming):
+        if self._fills(more_coming):
             assert self.play_end is not None
             return max(now, self.play_end - _REFILL_S)
         if not self._queue or self.play_end is None:
