@@ -374,3 +374,32 @@ def test_a_stall_longer_than_the_filler_holds_runs_dry_once():
     _, late = _stalled_reply(client, 4.0)
     assert _restarts(client) == [pytest.approx(late)]
     assert sum(ms for _, ms in client.audio()) == 1000 + 2000  # two seconds of silence at most
+
+
+def test_no_silence_goes_out_while_speech_over_the_reply_pauses_it():
+    """Someone speaks in the stall: the reply pauses (the client stopped its
+    player), and no silence is sent to a player that is not playing; the
+    speech dismissed, the reply resumes and is kept fed again."""
+    client = Client(pacing=OutputPacing("realtime", lead_ms=300), echo_cancellation="server")
+    client.handle(cmd.ResponseCreate())
+    rid = client.core.shown.id
+    client.stage(TextDelta(rid, "one two"), "llm")
+    client.stage(AudioOut(rid, np.full(RATE // 2, 1000, np.int16), RATE, "one two"), "tts")
+    client.advance(0.7)  # in the stall, silence going out
+    mark = len(client.sent)
+    client.stage(VadSpeechStarted(audio_ms=700), "vad")
+    client.advance(1.3)
+    assert client.types(mark) == ["input_audio_buffer.speech_started"]  # nothing else
+    client.stage(TranscriptPartial("Okay."), "asr")
+    client.stage(VadSpeechStopped(audio_ms=1300), "vad")
+    client.stage(TranscriptFinal("Okay."), "asr")
+    resumed = len(client.sent)
+    assert any(isinstance(e, ev.OutputAudioResumed) for _, e in client.sent[mark:])
+    client.advance(1.8)
+    assert [ms for t, ms in client.audio() if t > 1.3 + 0.06]  # fed again after the resume
+    client.stage(AudioOut(rid, np.full(RATE // 2, 2000, np.int16), RATE, " three four"), "tts")
+    client.stage(GenerationDone(rid, "stop"), "llm")
+    client.stage(SpeechDone(rid), "tts")
+    client.advance(3.0)
+    assert client.types()[-1] == "response.done" and not client.timers
+    assert len(client.sent) > resumed
