@@ -193,15 +193,16 @@ class ResidualEchoSuppressor:
     a large room's reverberation, which keeps ringing from all the reply
     before the pause, and AEC3 passes most of it: there a frame is the user
     only if the microphone is also louder than the loudest echo it heard
-    lately (``heard_echo``: frames judged echo and no louder than the echo can
-    be, so the user's voice never lifts it; decaying ``HEARD_DECAY_DB`` a
-    frame) -- a room in a pause only decays, so what rises over its ring is
-    someone new. With no reference, or after the tail, the gain is 1: nothing
-    changes without echo. Broadband, not per band: the user's voice passes
-    where it is some 9 dB over the echo; where it is not (the echo at 0 dB and
-    over in ``bench/room_echo.py``) the words over the echo are turned down
-    with it -- which is why only the VAD hears its output (``Cancelled``).
-    About a quarter of AEC3's CPU.
+    lately (``heard_echo``: frames judged echo and no more than
+    ``HEARD_OVER_DB`` over the echo that can be, so the user's voice hardly
+    lifts it; decaying ``HEARD_DECAY_DB`` a frame) -- a room in a pause only
+    decays, so what rises over its ring is someone new. With no reference, or
+    after the tail, the gain is 1: nothing changes without echo. Broadband,
+    not per band: the user's voice passes where it is some 9 dB over the
+    echo; where it is not (the echo at 0 dB and over in
+    ``bench/room_echo.py``) the words over the echo are turned down with it
+    -- which is why only the VAD hears its output (``Cancelled``). About a
+    quarter of AEC3's CPU.
 
     What is left of the echo is judged on the lower of ``post`` and the linear
     canceller's output (Speex's filter and its residual echo suppressor,
@@ -246,7 +247,26 @@ class ResidualEchoSuppressor:
     changes nothing (2 s into a first reply, bench/vad_onset_echo.py: 86 of
     160 onsets over a -10 dB echo heard within 130 ms, as before; 33 over
     a 0 dB echo, before 35); the cost is in a session's first second or
-    two (a second into it 69, before 73)."""
+    two (a second into it 69, before 73).
+
+    Late in a long reply in a large room both cancellers let go at once:
+    after words louder than those that follow, the room rings on past what
+    either filter spans, and for a hundred milliseconds or so both outputs
+    stand within a few dB of the microphone -- far over what each usually
+    leaves -- while the reference still plays, so it is no pause; both rules
+    above passed them (bench/echo_live.py, the large room at 0 dB: 3 of 12
+    replies heard speech in their last words, recorded and replayed). So
+    where both outputs are within ``LET_GO_DB`` of the microphone, a frame
+    is someone speaking only if the microphone is also louder than the echo
+    it heard lately (``heard_echo``, the pause's rule; a frame judged echo
+    counts up to ``HEARD_OVER_DB`` over the echo that can be there, as the
+    ring stands over that prediction). A voice the cancellers keep stands
+    well clear of the microphone's echo, so onsets hardly move
+    (bench/vad_onset_echo.py, 160 onsets within 130 ms: over a -10 dB echo 86
+    as before, a second into the reply 69 as before, over a 0 dB echo 33 as
+    before, the large room at -10 dB 59 against 61; room_echo.py --replay:
+    replies cutting in at +6 dB 2 -> 0 of 60, one onset of 39 over -10 dB
+    lost)."""
 
     HOLD_FRAMES = 20  # 200 ms: the reference leads its echo by up to this (device, air)
     DECAY_DB = 1.0  # then the tail: 60 dB in 0.6 s
@@ -264,6 +284,7 @@ class ResidualEchoSuppressor:
     # the pause keeps feeding it. Chosen on replies 0-9 in every room (0.7 dB:
     # more self-interruptions; slower: later onsets in a pause).
     HEARD_DECAY_DB = 0.5
+    HEARD_OVER_DB = 2.0  # the echo heard: at most this over the echo that can be there
     PATH_START_DB = 0.0  # before it has heard the room: the echo as loud as the reference
     PATH_UP_DB, PATH_DOWN_DB = 0.6, 0.2  # the path gain's quantile tracker (the 75th percentile)
     LEARN_FROM_QUIET = False  # AEC3's view: a quiet microphone teaches the path nothing
@@ -286,6 +307,10 @@ class ResidualEchoSuppressor:
     HAS_ROOM_DB = 15.0
     OVER_LEFT_DB = 6.0
     LEFT_HIGH_UP_DB, LEFT_HIGH_DOWN_DB = 3.8, 0.2
+    # Both outputs within this of the microphone: both cancellers let go of the
+    # echo (chosen on bench/echo_live.py's recorded large room at 0 dB: 3 dB
+    # kept 1 of its 3 cut-ins out, 6 dB 2, and 6 dB with HEARD_OVER_DB all 3).
+    LET_GO_DB = 6.0
     ACTIVE = 1e3  # reference energy under this (-65 dBFS) is silence
     QUIET = 1e4  # microphone frames under this (-50 dBFS) are not used to learn the path,
     LOUD = 1e5  # nor frames without a reference over this (-40 dBFS) in the hold
@@ -338,6 +363,8 @@ class ResidualEchoSuppressor:
         both_over = 10 ** (self.BOTH_OVER_DB / 10)
         has_room = self.HAS_ROOM_DB
         over_left = 10 ** (self.OVER_LEFT_DB / 10)
+        let_go = 10 ** (-self.LET_GO_DB / 10)
+        heard_over = 10 ** (self.HEARD_OVER_DB / 10)
         for i, (p, e, r, a, s) in enumerate(zip(*(x.tolist() for x in energy))):
             self._recent[self._at] = r
             self._at = (self._at + 1) % self.HOLD_FRAMES
@@ -364,13 +391,18 @@ class ResidualEchoSuppressor:
                             * over_left
                             or s > envelope * 10 ** (min(self.left_high_db[1], self.path_db) / 10)
                             * over_left)
+                if over and beside and a > p * let_go and s > p * let_go and (
+                        p <= self.heard_echo):
+                    # Both cancellers let go of the echo at once, and the microphone
+                    # is no louder than the echo it heard lately: the room's ring.
+                    over = False
                 in_pause = self._tail > held
                 if over and not (in_pause and p <= self.heard_echo):
                     self.gain = 1.0
                 else:
                     self.gain = max(floor, self.gain * release)
-                    if p <= at_most:  # a voice louder than the echo can be must not lift the ring
-                        self.heard_echo = max(self.heard_echo, p)
+                    if p <= at_most * heard_over:  # a voice louder than the echo can be
+                        self.heard_echo = max(self.heard_echo, p)  # must not lift the ring
                 # the user, or the ring alone over the prediction: neither lifts the path
                 learn = not over and held > self.LOUD  # the reply playing, not its tail
                 if learn and p > self.QUIET:

@@ -730,3 +730,39 @@ def test_until_a_canceller_has_the_room_the_echo_it_leaves_whole_now_and_then_is
     strong = _frames_db(user[:out.size]) > _frames_db(user).max() - 6
     # each passes (at most the gain's ramp in, where the frame before was turned down)
     assert np.all(loss[strong & first] > -3.0), loss[strong & first].min()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_both_cancellers_letting_go_in_the_ring_of_louder_words_is_no_one(seed):
+    """Late in a long reply in a large room: after a passage 10 dB louder,
+    the room rings on (RT60 0.7 s) over the quieter words that follow, past
+    what either filter spans, and for 150 ms both cancellers let go of it at
+    once (their outputs 1-2 dB under the microphone) while the reference
+    still plays. Both outputs stand far over what each leaves of the echo,
+    so the gate let them through; the microphone is no louder than the echo
+    it heard a moment ago: turned down. The user (as loud as the reference,
+    10 dB over its echo) from 3.5 s still passes from their first strong
+    frames."""
+    reference, echo, user, noise, onset = _double_talk(seed)
+    loud = slice(int(2.5 * RATE), int(2.8 * RATE))
+    reference[loud] *= 10 ** (10 / 20)
+    echo[int(2.58 * RATE):int(2.88 * RATE)] *= 10 ** (10 / 20)  # 80 ms later
+    t = np.arange(echo.size - int(2.88 * RATE)) / RATE
+    ring = np.random.default_rng(seed).normal(0, 1, t.size) * np.exp(-6.9 * t / 0.7)
+    # the tail a few dB under the words that fed it
+    echo[int(2.88 * RATE):] += ring * rms(echo[int(2.58 * RATE):int(2.88 * RATE)]) * 10 ** (-3 / 20)
+    pre = echo + user + noise
+    post = echo * 10 ** (-30 / 20) + user * 10 ** (-8 / 20) + noise
+    linear = echo * 10 ** (-22 / 20) + user + noise
+    let_go = slice(int(2.9 * RATE), int(3.05 * RATE))
+    post[let_go] = pre[let_go] * 10 ** (-1 / 20)
+    linear[let_go] = pre[let_go] * 10 ** (-2 / 20)
+    out = _suppressed(pre, post, reference, linear)
+    n = out.size // FRAME
+    alone = np.abs(out[:n * FRAME].reshape(n, FRAME)[100:int(onset * 100)]).max(1)
+    assert np.all(alone <= 2), np.flatnonzero(alone > 2) / 100 + 1.0
+    as_said = _frames_db(out) - _frames_db(linear[:out.size])  # the filter has the room
+    frame = np.arange(as_said.size)
+    first = (frame >= int(onset * 100) + 2) & (frame < int(onset * 100) + 25)  # 20-250 ms in
+    strong = _frames_db(user[:out.size]) > _frames_db(user).max() - 10
+    assert np.all(as_said[strong & first] > -3.0), as_said[strong & first].min()
