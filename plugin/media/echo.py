@@ -255,7 +255,8 @@ class ResidualEchoSuppressor:
     stand within a few dB of the microphone -- far over what each usually
     leaves -- while the reference still plays, so it is no pause; both rules
     above passed them (bench/echo_live.py, the large room at 0 dB: 3 of 12
-    replies heard speech in their last words, recorded and replayed). So
+    replies heard speech in their last words; their recorded streams,
+    replayed, 3 of 11 -> 0 now). So
     where both outputs are within ``LET_GO_DB`` of the microphone, a frame
     is someone speaking only if the microphone is also louder than the echo
     it heard lately (``heard_echo``, the pause's rule; a frame judged echo
