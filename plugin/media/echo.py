@@ -256,10 +256,9 @@ class ResidualEchoSuppressor:
     leaves -- while the reference still plays, so it is no pause; both rules
     above passed them (bench/echo_live.py, the large room at 0 dB: 3 of 12
     replies heard speech in their last words; their recorded streams,
-    replayed, 3 of 11 -> 0 now). So
-    where both outputs are within ``LET_GO_DB`` of the microphone, a frame
-    is someone speaking only if the microphone is also louder than the echo
-    it heard lately (``heard_echo``, the pause's rule; a frame judged echo
+    replayed, 3 of 11 -> 0 now). So where both outputs are within
+    ``LET_GO_DB`` of the microphone, a frame is someone speaking only if the
+    microphone is also louder than the echo it heard lately (``heard_echo``, the pause's rule; a frame judged echo
     counts up to ``HEARD_OVER_DB`` over the echo that can be there, as the
     ring stands over that prediction). A voice the cancellers keep stands
     well clear of the microphone's echo, so onsets hardly move
