@@ -177,15 +177,21 @@ async def one_try(url: str, t: Try, voice: np.ndarray, after_s: float, phases: i
     mic: list[bytes] = []
     slots: list[float] = []
     deltas: list[tuple[int, bytes]] = []
-    state: dict[str, Any] = {"heard_at": None, "first_audio": None}
+    state: dict[str, Any] = {"heard_at": None, "first_audio": None, "t0": None}
 
     async def listen() -> None:
         while True:
             e = await client.recv()
-            kind, at = e["type"], len(mic) * STEP
+            # The speaker plays on the client's clock, the microphone's: where the
+            # event came, not where the sending has got to (behind when this process
+            # stalls). Placed at the chunks sent, an echo came before its audio was
+            # sent: no canceller can take that out (until 2026-12-07, here and in
+            # echo_live.py; tests/support/room_client.py always placed it so).
+            kind = e["type"]
+            at = max(len(mic) * STEP, int((e["_recv_t"] - state["t0"]) * WIRE))
             if kind == AUDIO_DELTA:
                 pcm = np.frombuffer(base64.b64decode(e["delta"]), "<i2")
-                deltas.append((len(mic), pcm.tobytes()))
+                deltas.append((at // STEP, pcm.tobytes()))
                 if state["first_audio"] is None:
                     state["first_audio"] = (e["_recv_t"], e["response_id"])
                 if state["heard_at"] is None:  # stopped at speech_started, as OpenAI clients do
@@ -205,8 +211,8 @@ async def one_try(url: str, t: Try, voice: np.ndarray, after_s: float, phases: i
         await client.send({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": STORY}]}})
         await client.create_response()
+        t0 = state["t0"] = time.monotonic()
         listener = asyncio.create_task(listen())
-        t0 = time.monotonic()
         i, end = 0, None
         onset = onset_chunk(voice)
         while True:

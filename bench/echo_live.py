@@ -1,9 +1,12 @@
 """Self-interruptions over a live socket (issue 44): the room bench's target,
 "0 in 20 replies at echo -10 dB and 0 dB", measured on a real server at
 real time instead of on a virtual clock -- the client plays each reply
-delta on its speaker as it arrives, so a server or client that falls
-behind moves the echo against the server's model of the playback, which
-``room_echo.py`` never does.
+delta on its speaker as it arrives (on the microphone's clock), so a server
+that falls behind, sending the reply late or reading the microphone in
+bursts, moves the echo against its own model of the playback, which
+``room_echo.py`` never does. (Until 2026-12-07 the echo was placed at the
+microphone chunks sent so far: behind real time, by up to 20 ms and more
+when this process stalled, an echo heard before its audio was sent.)
 
 One ``vllm-duplex serve`` per side (``fast_turns.py``'s sides) on the
 default pipeline. Each try is a raw-socket client at real time (20 ms
@@ -80,6 +83,7 @@ async def one_try(url: str, t: Try, room: Room, ask: str) -> Try:
     client = await RealtimeClient.connect(url, open_timeout=60)
     state: dict = {"first": None, "last": None, "heard": None, "done": None}
     sent = [0]  # microphone chunks sent
+    clock = [time.monotonic()]  # the microphone's first sample (set again when it starts)
 
     async def listen() -> None:
         while True:
@@ -91,7 +95,10 @@ async def one_try(url: str, t: Try, room: Room, ask: str) -> Try:
                     state["first"] = e["_recv_t"]
                 state["last"] = e["_recv_t"]
                 t.reply_s += pcm.size / WIRE
-                room.play(pcm, sent[0] * STEP)
+                # On the client's clock, where the event came (not at the chunks
+                # sent: behind when this process stalls, an echo there came before
+                # its audio was sent; so until 2026-12-07).
+                room.play(pcm, max(sent[0] * STEP, int((e["_recv_t"] - clock[0]) * WIRE)))
             elif kind == "input_audio_buffer.speech_started" and state["first"] is not None \
                     and state["heard"] is None and state["done"] is None:
                 state["heard"] = e["_recv_t"]
@@ -107,8 +114,8 @@ async def one_try(url: str, t: Try, room: Room, ask: str) -> Try:
         await client.send({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": ask}]}})
         await client.create_response()
+        t0 = clock[0] = time.monotonic()
         listener = asyncio.create_task(listen())
-        t0 = time.monotonic()
         while True:
             await asyncio.sleep(max(0.0, t0 + (sent[0] + 1) * 0.02 - time.monotonic()))
             if listener.done():

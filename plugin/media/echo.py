@@ -60,6 +60,7 @@ from vllm_duplex.domain.payloads import INTERNAL_RATE
 from vllm_duplex.media.echo_bands import BandResidualSuppressor
 from vllm_duplex.media.echo_lag import EchoAligner
 from vllm_duplex.media.echo_linear import FILTER_MS, LinearEchoCanceller
+from vllm_duplex.media.noise_floor import NoiseFloor
 
 FRAME = INTERNAL_RATE // 100  # AEC3's step: 10 ms
 _RAMP = np.arange(1, FRAME + 1, dtype=np.float32) / FRAME  # a gain's change over a frame
@@ -266,7 +267,23 @@ class ResidualEchoSuppressor:
     as before, a second into the reply 69 as before, over a 0 dB echo 33 as
     before, the large room at -10 dB 59 against 61; room_echo.py --replay:
     replies cutting in at +6 dB 2 -> 0 of 60, one onset of 39 over -10 dB
-    lost)."""
+    lost).
+
+    A steady noise under everything -- mains hum, an engine, a fridge -- is
+    in the microphone and in both outputs, and no canceller takes it out
+    (the reply never played it). Loud, it stood over the echo the rules
+    allow, every frame was someone speaking, and Silero heard the residual
+    echo riding on it (bench/noise_turns.py, live: a reply over a -25 dBFS
+    hum cut itself off; offline, 12 of 20 replies over such a hum, 5 of 20
+    at -35 dBFS). So each of the three signals' noise floor (``NoiseFloor``:
+    learned where the reference is silent, so no echo is in it) comes off
+    its energies before any rule: the rules weigh what the echo and the
+    user add to the noise. And where the gate held the noise back through a
+    reply, it lets it back ``RETURN_DB`` a frame once the reply's echo is
+    gone, not at once (a hum let in at once after a second of silence was a
+    voice to Silero), and at once where the microphone stands 3 dB over its
+    floor (someone speaking). Over a quiet room's noise nothing changes
+    (bench/vad_onset_echo.py and room_echo.py --replay as before)."""
 
     HOLD_FRAMES = 20  # 200 ms: the reference leads its echo by up to this (device, air)
     DECAY_DB = 1.0  # then the tail: 60 dB in 0.6 s
@@ -311,6 +328,15 @@ class ResidualEchoSuppressor:
     # echo (chosen on bench/echo_live.py's recorded large room at 0 dB: 3 dB
     # kept 1 of its 3 cut-ins out, 6 dB 2, and 6 dB with HEARD_OVER_DB all 3).
     LET_GO_DB = 6.0
+    # A steady noise under everything: each signal's floor (``NoiseFloor``,
+    # over the last NOISE_FLOOR_FRAMES frames where no echo can be) comes off
+    # its energies before any rule. 0: none (the code before).
+    NOISE_FLOOR_FRAMES = 150
+    # Where the reply's echo is gone and the microphone stands no more than
+    # 3 dB over its floor, the gain comes back this much a frame (-80 dB to
+    # 0 in 1.6 s), not at once: a -25 dBFS hum let in at once, or at 1-4 dB a
+    # frame after someone spoke over the reply, was a voice to Silero.
+    RETURN_DB = 0.5
     ACTIVE = 1e3  # reference energy under this (-65 dBFS) is silence
     QUIET = 1e4  # microphone frames under this (-50 dBFS) are not used to learn the path,
     LOUD = 1e5  # nor frames without a reference over this (-40 dBFS) in the hold
@@ -325,6 +351,8 @@ class ResidualEchoSuppressor:
         self.left_high_db = [self.PATH_START_DB, self.PATH_START_DB]  # ... at most, lately
         self.heard_echo = 0.0  # the microphone's loudest echo lately (energy), decaying
         self.gain = 1.0
+        # the microphone's, AEC3's and the linear canceller's steady noise
+        self._floors = [NoiseFloor(self.NOISE_FLOOR_FRAMES) for _ in range(3)]
 
     def process(self, pre: np.ndarray, post: np.ndarray, reference: np.ndarray,
                 linear: np.ndarray | None = None) -> np.ndarray:
@@ -365,15 +393,26 @@ class ResidualEchoSuppressor:
         over_left = 10 ** (self.OVER_LEFT_DB / 10)
         let_go = 10 ** (-self.LET_GO_DB / 10)
         heard_over = 10 ** (self.HEARD_OVER_DB / 10)
+        back = 10 ** (self.RETURN_DB / 20)
+        mic_floor, aec3_floor, linear_floor = (f.over for f in self._floors)
         for i, (p, e, r, a, s) in enumerate(zip(*(x.tolist() for x in energy))):
             self._recent[self._at] = r
             self._at = (self._at + 1) % self.HOLD_FRAMES
             self._tail = max(self._tail * decay, self._recent[self._at])  # the oldest held leaves
             held = max(self._recent)
             envelope = max(self._tail, held)
+            # Each over its own steady noise, learned where no echo can be: what
+            # the echo and the user add to it.
+            quiet = envelope < self.ACTIVE
+            p, a = mic_floor(p, quiet), aec3_floor(a, quiet)
+            s = linear_floor(s, quiet) if beside else a
+            e = min(a, s)
             self.heard_echo *= ringing
             if envelope < self.ACTIVE:
-                self.gain = 1.0
+                # nothing of the reply left to hear: the gain returns, at once where
+                # the microphone stands 3 dB over its noise (someone speaking)
+                speaking = p > self.QUIET and p > self._floors[0].floor
+                self.gain = 1.0 if speaking else min(1.0, self.gain * back)
             else:
                 at_most = envelope * 10 ** (self.path_db / 10)  # the echo at the microphone
                 over = e > at_most * 10 ** (self.MARGIN_DB / 10)

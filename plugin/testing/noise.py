@@ -74,6 +74,24 @@ def line_hiss(seconds: float, level_dbfs: float, seed: int = 0) -> np.ndarray:
     return at_level(hiss / (np.std(hiss) or 1.0) + hum, level_dbfs)
 
 
+def colored(seconds: float, level_dbfs: float, exponent: float, seed: int = 0) -> np.ndarray:
+    """Noise whose power falls as 1/f**``exponent``: 0 white, 1 pink, 2 brown."""
+    n = _samples(seconds)
+    spec = np.fft.rfft(np.random.default_rng(seed).standard_normal(n))
+    f = np.fft.rfftfreq(n, 1 / RATE)
+    spec[1:] /= f[1:] ** (exponent / 2)
+    spec[0] = 0.0
+    return at_level(np.fft.irfft(spec, n), level_dbfs)
+
+
+def hum(seconds: float, level_dbfs: float, mains_hz: float = 50.0) -> np.ndarray:
+    """Mains hum: ``mains_hz`` and its first harmonics, falling (a
+    transformer's buzz; steady, and no voice, but most of it under 500 Hz)."""
+    t = np.arange(_samples(seconds)) / RATE
+    return at_level(sum(np.sin(2 * np.pi * mains_hz * k * t + k) / k for k in range(1, 9)),
+                    level_dbfs)
+
+
 def keyboard(seconds: float, level_dbfs: float, seed: int = 0) -> np.ndarray:
     """Typing: clicks (a few ms of decaying band noise, key down and up) at
     five to ten a second, uneven, over a quiet room."""
