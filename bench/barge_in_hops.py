@@ -49,12 +49,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import argparse
 import asyncio
 import base64
-import json
 import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +63,7 @@ import soxr
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib.real_corpus import RECORDINGS
 from lib.rooms import ROOMS, impulse
-from lib.sides import Side, machine_line, side_servers
+from lib.sides import Side, as_row, in_turn, run_and_report, side_servers
 from lib.speech_corpus import espeak, flite
 from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.events import Envelope
@@ -321,12 +320,9 @@ async def run(args: argparse.Namespace) -> list[Try]:
                     name, voice = vs[k % len(vs)]
                     after = args.after[n % len(args.after)]
                     n += 1
-                    for s in (servers if k % 2 == 0 else servers[::-1]):
-                        t = Try(s.side, vad, echo, name)
-                        try:
-                            t = await one_try(s.url, t, voice, after, phases[s.side])
-                        except Exception as exc:  # noqa: BLE001 -- one failed try is a row
-                            t.status = f"failed: {exc!r}"
+                    for s in in_turn(servers, k):
+                        t = await as_row(Try(s.side, vad, echo, name), lambda t, s=s: one_try(
+                            s.url, t, voice, after, phases[s.side]))
                         rows.append(t)
                         print(f"{t.side:6} {vad:12} echo {'on ' if echo else 'off'} {name[:34]:34} "
                               f"{t.status:9} vad {ms(t.vad_s):>4} heard {ms(t.heard_s):>4} "
@@ -350,13 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                         "decision (1: a ref before 7b26fc9's second grid)")
     p.add_argument("--json")
     args = p.parse_args(argv)
-    load0 = os.getloadavg()
-    rows = asyncio.run(run(args))
-    print("\n" + machine_line(load0))
-    report(rows, [Side.parse(s).name for s in args.sides])
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
-    return 0
+    return run_and_report(args, run, report)
 
 
 if __name__ == "__main__":

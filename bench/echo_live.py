@@ -35,11 +35,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import argparse
 import asyncio
 import base64
-import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +46,7 @@ import soxr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib.rooms import ROOMS, impulse
-from lib.sides import Side, machine_line, side_servers
+from lib.sides import add_sides_argument, as_row, in_turn, run_and_report, side_servers
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.testing import noise
 from vllm_duplex.testing.room import Room
@@ -168,12 +167,9 @@ async def run(args: argparse.Namespace) -> list[Try]:
             rooms = [r for r in ROOMS if r[0] in args.rooms]
             for k in range(args.tries):
                 room = rooms[k % len(rooms)]
-                for s in (servers if k % 2 == 0 else servers[::-1]):
-                    t = Try(s.side, level, room[0])
-                    try:
-                        t = await one_try(s.url, t, a_room(room, level), ASKS[k % len(ASKS)])
-                    except Exception as exc:  # noqa: BLE001 -- one failed try is a row
-                        t.status = f"failed: {exc!r}"
+                for s in in_turn(servers, k):
+                    t = await as_row(Try(s.side, level, room[0]), lambda t, url=s.url: one_try(
+                        url, t, a_room(room, level), ASKS[k % len(ASKS)]))
                     rows.append(t)
                     heard = "-" if t.heard_at_s is None else f"{t.heard_at_s:.2f} s"
                     print(f"{t.side:6} {level:+.0f} dB {t.room:6} {t.status:9} reply "
@@ -184,8 +180,7 @@ async def run(args: argparse.Namespace) -> list[Try]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sides", nargs="+", default=["now"],
-                   help="NAME[@REF][:KEY=VALUE,...] each (fast_turns.py's sides)")
+    add_sides_argument(p, ["now"])
     p.add_argument("--tries", type=int, default=20, help="replies per side and level")
     p.add_argument("--levels", type=float, nargs="+", default=[-10.0, 0.0])
     p.add_argument("--rooms", nargs="+", default=[r[0] for r in ROOMS],
@@ -193,13 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="configs/cascade-cpu.yaml")
     p.add_argument("--json")
     args = p.parse_args(argv)
-    load0 = os.getloadavg()
-    rows = asyncio.run(run(args))
-    print("\n" + machine_line(load0))
-    report(rows, [Side.parse(s).name for s in args.sides], args.levels)
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
-    return 0
+    return run_and_report(args, run, lambda rows, sides: report(rows, sides, args.levels))
 
 
 if __name__ == "__main__":

@@ -38,10 +38,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import argparse
 import asyncio
 import base64
-import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +48,7 @@ import soxr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib.rooms import ROOMS, impulse
-from lib.sides import Side, machine_line, side_servers
+from lib.sides import add_sides_argument, as_row, in_turn, run_and_report, side_servers
 from lib.speech_corpus import espeak, flite
 from vllm_duplex.realtime.client.realtime import RealtimeClient
 from vllm_duplex.testing import noise
@@ -207,12 +206,9 @@ async def run(args: argparse.Namespace) -> list[Try]:
     with side_servers(args.sides, args.config) as servers:
         for mode, ec in settings:
             for k, (name, sound) in enumerate(cases):
-                for s in (servers if k % 2 == 0 else servers[::-1]):
-                    t = Try(s.side, mode, ec, name)
-                    try:
-                        t = await one_try(s.url, t, sound, args.vad, args.seconds)
-                    except Exception as exc:  # noqa: BLE001 -- one failed try is a row
-                        t.status = f"failed: {exc!r}"
+                for s in in_turn(servers, k):
+                    t = await as_row(Try(s.side, mode, ec, name), lambda t, url=s.url: one_try(
+                        url, t, sound, args.vad, args.seconds))
                     rows.append(t)
                     print(f"{t.side:6} {mode:5} echo {'on ' if ec else 'off'} {name:24} "
                           f"{t.status:8} speech_started {t.speech_started} committed "
@@ -223,8 +219,7 @@ async def run(args: argparse.Namespace) -> list[Try]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sides", nargs="+", default=["now"],
-                   help="NAME[@REF][:KEY=VALUE,...] each (fast_turns.py's sides)")
+    add_sides_argument(p, ["now"])
     p.add_argument("--seconds", type=float, default=8.0, help="of each sound, quiet mode")
     p.add_argument("--levels", type=float, nargs="+", default=[-50.0, -35.0, -25.0],
                    help="each sound's level, dBFS (silence: its dither alone)")
@@ -233,13 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="configs/cascade-cpu.yaml")
     p.add_argument("--json")
     args = p.parse_args(argv)
-    load0 = os.getloadavg()
-    rows = asyncio.run(run(args))
-    print("\n" + machine_line(load0))
-    report(rows, [Side.parse(s).name for s in args.sides])
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
-    return 0
+    return run_and_report(args, run, report)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,18 @@ as a subprocess on a free port, stopped however the run ends.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from .serve_process import REPO, free_port, http_get, machine, stop
 
@@ -142,6 +145,45 @@ def side_servers(specs: list[str], config: str) -> Iterator[list[Server]]:
     finally:
         for s in servers:
             s.stop()
+
+
+def in_turn(servers: list[Server], k: int) -> list[Server]:
+    """The sides for try ``k``: each goes first in turn, so neither always
+    runs on a machine the other has just warmed (or loaded)."""
+    return servers if k % 2 == 0 else servers[::-1]
+
+
+T = TypeVar("T")
+
+
+async def as_row(t: T, attempt: Callable[[T], Awaitable[T]]) -> T:
+    """``attempt(t)``'s result; a try that raised is a row saying why
+    (``t.status``), not the end of the run."""
+    try:
+        return await attempt(t)
+    except Exception as exc:  # noqa: BLE001 -- one failed try is a row
+        t.status = f"failed: {exc!r}"  # type: ignore[attr-defined]
+        return t
+
+
+def add_sides_argument(p: Any, default: list[str]) -> None:
+    """``--sides``, as every bench with sides takes it."""
+    p.add_argument("--sides", nargs="+", default=default,
+                   help="NAME[@REF][:KEY=VALUE,...] each (fast_turns.py's sides)")
+
+
+def run_and_report(args: Any, run: Callable[[Any], Awaitable[list[Any]]],
+                   report: Callable[[list[Any], list[str]], None]) -> int:
+    """A bench with sides from its parsed ``args`` (``--sides``, ``--json``):
+    its tries (``run``, dataclass rows), the machine and its load, the
+    report per side, the rows to ``--json``."""
+    load0 = os.getloadavg()
+    rows = asyncio.run(run(args))
+    print("\n" + machine_line(load0))
+    report(rows, [Side.parse(s).name for s in args.sides])
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    return 0
 
 
 def machine_line(load0: tuple[float, float, float]) -> str:

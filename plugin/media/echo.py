@@ -378,9 +378,8 @@ class ResidualEchoSuppressor:
         frames and energies (``EchoCanceller`` has them already)."""
         n = post_frames.shape[0]
         beside = linear is not None
-        left = post_energy if linear is None else np.minimum(post_energy, linear[1])
         outputs = post_energy if linear is None else linear[1]
-        energy = (pre_energy, left, reference_energy, post_energy, outputs)
+        energy = (pre_energy, reference_energy, post_energy, outputs)
         gains = np.empty(n + 1, np.float32)
         gains[0] = self.gain
         heard_linear = np.zeros(n, bool)
@@ -394,24 +393,24 @@ class ResidualEchoSuppressor:
         let_go = 10 ** (-self.LET_GO_DB / 10)
         heard_over = 10 ** (self.HEARD_OVER_DB / 10)
         back = 10 ** (self.RETURN_DB / 20)
-        mic_floor, aec3_floor, linear_floor = (f.over for f in self._floors)
-        for i, (p, e, r, a, s) in enumerate(zip(*(x.tolist() for x in energy))):
+        mic, aec3, linear_out = self._floors
+        for i, (p, r, a, s) in enumerate(zip(*(x.tolist() for x in energy))):
             self._recent[self._at] = r
             self._at = (self._at + 1) % self.HOLD_FRAMES
             self._tail = max(self._tail * decay, self._recent[self._at])  # the oldest held leaves
             held = max(self._recent)
             envelope = max(self._tail, held)
             # Each over its own steady noise, learned where no echo can be: what
-            # the echo and the user add to it.
+            # the echo and the user add to it; ``e``: the lower of the two outputs.
             quiet = envelope < self.ACTIVE
-            p, a = mic_floor(p, quiet), aec3_floor(a, quiet)
-            s = linear_floor(s, quiet) if beside else a
+            p, a = mic.over(p, quiet), aec3.over(a, quiet)
+            s = linear_out.over(s, quiet) if beside else a
             e = min(a, s)
             self.heard_echo *= ringing
             if envelope < self.ACTIVE:
                 # nothing of the reply left to hear: the gain returns, at once where
                 # the microphone stands 3 dB over its noise (someone speaking)
-                speaking = p > self.QUIET and p > self._floors[0].floor
+                speaking = p > self.QUIET and p > mic.floor
                 self.gain = 1.0 if speaking else min(1.0, self.gain * back)
             else:
                 at_most = envelope * 10 ** (self.path_db / 10)  # the echo at the microphone
