@@ -269,21 +269,10 @@ class ResidualEchoSuppressor:
     replies cutting in at +6 dB 2 -> 0 of 60, one onset of 39 over -10 dB
     lost).
 
-    A steady noise under everything -- mains hum, an engine, a fridge -- is
-    in the microphone and in both outputs, and no canceller takes it out
-    (the reply never played it). Loud, it stood over the echo the rules
-    allow, every frame was someone speaking, and Silero heard the residual
-    echo riding on it (bench/noise_turns.py, live: a reply over a -25 dBFS
-    hum cut itself off; offline, 12 of 20 replies over such a hum, 5 of 20
-    at -35 dBFS). So each of the three signals' noise floor (``NoiseFloor``:
-    learned where the reference is silent, so no echo is in it) comes off
-    its energies before any rule: the rules weigh what the echo and the
-    user add to the noise. And where the gate held the noise back through a
-    reply, it lets it back ``RETURN_DB`` a frame once the reply's echo is
-    gone, not at once (a hum let in at once after a second of silence was a
-    voice to Silero), and at once where the microphone stands 3 dB over its
-    floor (someone speaking). Over a quiet room's noise nothing changes
-    (bench/vad_onset_echo.py and room_echo.py --replay as before)."""
+    Every rule weighs what the echo and the user add to a steady noise: each
+    signal's noise floor comes off its energies first, and a noise the gate
+    held back through a reply comes back gradually (``media/noise_floor.py``
+    says why)."""
 
     HOLD_FRAMES = 20  # 200 ms: the reference leads its echo by up to this (device, air)
     DECAY_DB = 1.0  # then the tail: 60 dB in 0.6 s
