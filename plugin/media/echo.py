@@ -259,9 +259,9 @@ class ResidualEchoSuppressor:
     replies heard speech in their last words; their recorded streams,
     replayed, 3 of 11 -> 0 now). So where both outputs are within
     ``LET_GO_DB`` of the microphone, a frame is someone speaking only if the
-    microphone is also louder than the echo it heard lately (``heard_echo``, the pause's rule; a frame judged echo
-    counts up to ``HEARD_OVER_DB`` over the echo that can be there, as the
-    ring stands over that prediction). A voice the cancellers keep stands
+    microphone is also louder than the echo it heard lately (``heard_echo``,
+    the pause's rule; a frame judged echo counts up to ``HEARD_OVER_DB`` over
+    the echo that can be there, as the ring stands over that prediction). A voice the cancellers keep stands
     well clear of the microphone's echo, so onsets hardly move
     (bench/vad_onset_echo.py, 160 onsets within 130 ms: over a -10 dB echo 86
     as before, a second into the reply 69 as before, over a 0 dB echo 33 as
@@ -317,14 +317,10 @@ class ResidualEchoSuppressor:
     # echo (chosen on bench/echo_live.py's recorded large room at 0 dB: 3 dB
     # kept 1 of its 3 cut-ins out, 6 dB 2, and 6 dB with HEARD_OVER_DB all 3).
     LET_GO_DB = 6.0
-    # A steady noise under everything: each signal's floor (``NoiseFloor``,
-    # over the last NOISE_FLOOR_FRAMES frames where no echo can be) comes off
-    # its energies before any rule. 0: none (the code before).
+    # Each signal's steady noise: over the last this many frames where no echo can be.
     NOISE_FLOOR_FRAMES = 150
-    # Where the reply's echo is gone and the microphone stands no more than
-    # 3 dB over its floor, the gain comes back this much a frame (-80 dB to
-    # 0 in 1.6 s), not at once: a -25 dBFS hum let in at once, or at 1-4 dB a
-    # frame after someone spoke over the reply, was a voice to Silero.
+    # After a reply the gain comes back this much a frame (-80 dB to 0 in 1.6 s):
+    # a hum let in at once, or at 1-4 dB a frame, was a voice to Silero.
     RETURN_DB = 0.5
     ACTIVE = 1e3  # reference energy under this (-65 dBFS) is silence
     QUIET = 1e4  # microphone frames under this (-50 dBFS) are not used to learn the path,
@@ -396,7 +392,7 @@ class ResidualEchoSuppressor:
             s = linear_out.over(s, quiet) if beside else a
             e = min(a, s)
             self.heard_echo *= ringing
-            if envelope < self.ACTIVE:
+            if quiet:
                 # nothing of the reply left to hear: the gain returns, at once where
                 # the microphone stands 3 dB over its noise (someone speaking)
                 speaking = p > self.QUIET and p > mic.floor

@@ -37,14 +37,11 @@ class NoiseFloor:
         self._blocks: deque[float] = deque(maxlen=max(1, frames // self.BLOCK))
         self._sum = 0.0  # the current block's energy so far
         self._n = 0
-        self._off = frames <= 0
         self.floor = 0.0  # none until a block is whole
 
     def over(self, energy: float, learn: bool) -> float:
         """``energy`` less the floor, never under 0; ``learn``: no echo can be
-        in it (``frames`` 0: no floor)."""
-        if self._off:
-            return energy
+        in it."""
         if learn:
             self._sum += energy
             self._n += 1

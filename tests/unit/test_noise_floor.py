@@ -39,7 +39,3 @@ def test_a_louder_noise_is_followed_within_the_window_and_a_voice_never_lifts_it
         floor.over(1e6, learn=True)
     assert floor.floor == 1e6
 
-
-def test_no_floor_leaves_energies_as_they_are():
-    floor = NoiseFloor(0)
-    assert [floor.over(e, learn=True) for e in (1e6, 2e6, 5.0)] == [1e6, 2e6, 5.0]
