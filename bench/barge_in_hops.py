@@ -11,6 +11,10 @@ PCM16): a session asks (as text) for a long story, paced output
 sends after the decision is measurable), and streams its microphone:
 
 * ``--echo`` off: silence, then the interruption;
+* headset: the same silence with ``audio.input.echo_cancellation: {"type":
+  "server"}`` on and fan noise at -55 dBFS: the reply plays in the user's
+  ears, none of it reaches the microphone (a client that always asks for
+  echo cancellation, worn with headphones);
 * on: ``room_echo.py``'s medium room (``lib/rooms.py``: 1 m, RT60 0.45 s,
   the echo at -10 dB, fan noise at -55 dBFS) plays every reply delta as it
   arrives (the client's speaker) into the microphone, the session has
@@ -36,7 +40,7 @@ voice alone is louder than -40 dBFS. Per try, from the onset:
   ``duplex.output_audio.resumed`` (the words were a backchannel).
 
     .venv/bin/python bench/barge_in_hops.py [--sides before@5f3afbd now] [--tries 10]
-        [--echo off on] [--vad semantic_vad server_vad] [--ref-phases 2] [--json out.json]
+        [--echo off headset on] [--vad semantic_vad server_vad] [--ref-phases 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ SYNTHETIC = ((flite("slt"), "Stop, wait a moment please."), (flite("awb"), "Wait
 class Try:
     side: str
     vad: str
-    echo: bool
+    echo: str  # off, headset or on (``--echo``)
     voice: str
     status: str = "?"
     vad_s: float = math.nan
@@ -126,26 +130,28 @@ def onset_chunk(pcm: np.ndarray) -> int:
     raise ValueError("no speech")
 
 
-def a_room(echo: bool) -> Room:
-    if not echo:
+def a_room(echo: str) -> Room:
+    if echo == "off":
         return Room(np.zeros(1), WIRE, seconds=90.0)
-    ir = soxr.resample(impulse(ROOMS[1], -10.0), 16000, WIRE)
     fan = soxr.resample(noise.fan(10.0, -55), noise.RATE, WIRE).astype(np.float64)
+    ir = np.zeros(1) if echo == "headset" else soxr.resample(impulse(ROOMS[1], -10.0), 16000,
+                                                             WIRE)
     return Room(ir, WIRE, seconds=90.0, noise=fan)
 
 
-def replay_vad(mic: list[bytes], deltas: list[tuple[int, bytes]], echo: bool, phases: int,
+def replay_vad(mic: list[bytes], deltas: list[tuple[int, bytes]], echo: str, phases: int,
                from_chunk: int) -> int | None:
     """The chunk whose arrival made this tree's VAD (``phases``) start speech,
     at or after ``from_chunk``: the session's input path replayed offline
     (``deltas``: (chunk index at arrival, PCM) for the echo canceller)."""
     clock = [0.0]
     buf = InputBuffer(AudioFormat(), max_ms=600_000, clock=lambda: clock[0])
-    if echo:
+    cancelling = echo != "off"
+    if cancelling:
         buf.set_echo_cancellation("server", AudioFormat(), EchoCanceller())
     # as a session has it: with echo cancellation, the main windows alone
     vad = SileroVad(load_model(), onset_phases=phases,
-                    config=VadConfig(half_window_onsets=not echo))
+                    config=VadConfig(half_window_onsets=not cancelling))
     pending = list(deltas)
     for i, chunk in enumerate(mic):
         clock[0] = (i + 1) * 0.02
@@ -171,7 +177,7 @@ async def one_try(url: str, t: Try, voice: np.ndarray, after_s: float, phases: i
     said = np.zeros(room.played.size, np.float64)
     client = await RealtimeClient.connect(url, open_timeout=60)
     audio_in: dict[str, Any] = {"turn_detection": {"type": t.vad}}
-    if t.echo:
+    if t.echo != "off":
         audio_in["echo_cancellation"] = {"type": "server"}
     mic: list[bytes] = []
     slots: list[float] = []
@@ -282,12 +288,12 @@ def report(rows: list[Try], sides: list[str]) -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for side in sides:
         for vad in sorted({r.vad for r in rows}):
-            for echo in (False, True):
+            for echo in ("off", "headset", "on"):
                 rs = [r for r in rows if (r.side, r.vad, r.echo) == (side, vad, echo)]
                 if not rs:
                     continue
                 ok = [r for r in rs if r.status == "ok"]
-                target = 0.150 if echo else 0.100
+                target = 0.150 if echo == "on" else 0.100
 
                 def col(vals: list[float], *qs: str) -> str:
                     vals = sorted(v for v in vals if not math.isnan(v))
@@ -297,7 +303,7 @@ def report(rows: list[Try], sides: list[str]) -> None:
                            "p90": vals[min(len(vals) - 1, math.ceil(0.9 * len(vals)) - 1)]}
                     return " / ".join(ms(out[q]) for q in qs)
 
-                print(f"| {side} | {vad} | {'on' if echo else 'off'} | {len(rs)} "
+                print(f"| {side} | {vad} | {echo} | {len(rs)} "
                       f"| {sum(0 <= r.heard_s <= target for r in ok)} of {len(rs)} "
                       f"(≤ {target * 1000:.0f}) | {sum(r.heard_s < 0 for r in ok)} "
                       f"| {col([r.vad_s for r in ok], 'p50', 'max')} "
@@ -314,7 +320,7 @@ async def run(args: argparse.Namespace) -> list[Try]:
     phases = {Side.parse(s).name: (args.ref_phases if "@" in s else 2) for s in args.sides}
     with side_servers(args.sides, args.config) as servers:
         n = 0
-        for echo in [e == "on" for e in args.echo]:
+        for echo in args.echo:
             for vad in args.vad:
                 for k in range(args.tries):
                     name, voice = vs[k % len(vs)]
@@ -324,7 +330,7 @@ async def run(args: argparse.Namespace) -> list[Try]:
                         t = await as_row(Try(s.side, vad, echo, name), lambda t, s=s: one_try(
                             s.url, t, voice, after, phases[s.side]))
                         rows.append(t)
-                        print(f"{t.side:6} {vad:12} echo {'on ' if echo else 'off'} {name[:34]:34} "
+                        print(f"{t.side:6} {vad:12} echo {echo:7} {name[:34]:34} "
                               f"{t.status:9} vad {ms(t.vad_s):>4} heard {ms(t.heard_s):>4} "
                               f"old audio {ms(t.old_audio_s):>4} (+{t.old_ms_after_heard:.0f} ms "
                               f"after heard) done {ms(t.done_s):>5} {t.outcome}", flush=True)
@@ -338,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                         "with @REF is replayed with --ref-phases onset phases, else two")
     p.add_argument("--tries", type=int, default=10, help="per side, VAD and echo setting")
     p.add_argument("--after", type=float, nargs="+", default=[0.6, 1.4])
-    p.add_argument("--echo", nargs="+", default=["off", "on"], choices=["off", "on"])
+    p.add_argument("--echo", nargs="+", default=["off", "on"], choices=["off", "headset", "on"])
     p.add_argument("--vad", nargs="+", default=["semantic_vad", "server_vad"])
     p.add_argument("--config", default="configs/cascade-cpu.yaml")
     p.add_argument("--ref-phases", type=int, default=2, choices=[1, 2],

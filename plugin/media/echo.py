@@ -293,7 +293,6 @@ class ResidualEchoSuppressor:
     HEARD_OVER_DB = 2.0  # the echo heard: at most this over the echo that can be there
     PATH_START_DB = 0.0  # before it has heard the room: the echo as loud as the reference
     PATH_UP_DB, PATH_DOWN_DB = 0.6, 0.2  # the path gain's quantile tracker (the 75th percentile)
-    LEARN_FROM_QUIET = False  # AEC3's view: a quiet microphone teaches the path nothing
     # With the linear canceller beside AEC3: each one's output over what it
     # leaves of the echo (tracked as ``path_db`` is) by this, both at once,
     # is someone speaking; and once the linear canceller takes this much of
@@ -317,6 +316,9 @@ class ResidualEchoSuppressor:
     # echo (chosen on bench/echo_live.py's recorded large room at 0 dB: 3 dB
     # kept 1 of its 3 cut-ins out, 6 dB 2, and 6 dB with HEARD_OVER_DB all 3).
     LET_GO_DB = 6.0
+    # Where the echo the path predicts is within this of QUIET, the linear
+    # canceller's output this far over QUIET is someone speaking (and heard).
+    UNHEARD_DB = 6.0
     # Each signal's steady noise: over the last this many frames where no echo can be.
     NOISE_FLOOR_FRAMES = 150
     # After a reply the gain comes back this much a frame (-80 dB to 0 in 1.6 s):
@@ -378,6 +380,7 @@ class ResidualEchoSuppressor:
         let_go = 10 ** (-self.LET_GO_DB / 10)
         heard_over = 10 ** (self.HEARD_OVER_DB / 10)
         back = 10 ** (self.RETURN_DB / 20)
+        unheard_at = self.QUIET * 10 ** (self.UNHEARD_DB / 10)
         mic, aec3, linear_out = self._floors
         for i, (p, r, a, s) in enumerate(zip(*(x.tolist() for x in energy))):
             self._recent[self._at] = r
@@ -392,6 +395,7 @@ class ResidualEchoSuppressor:
             s = linear_out.over(s, quiet) if beside else a
             e = min(a, s)
             self.heard_echo *= ringing
+            unheard = False
             if quiet:
                 # nothing of the reply left to hear: the gain returns, at once where
                 # the microphone stands 3 dB over its noise (someone speaking)
@@ -400,6 +404,11 @@ class ResidualEchoSuppressor:
             else:
                 at_most = envelope * 10 ** (self.path_db / 10)  # the echo at the microphone
                 over = e > at_most * 10 ** (self.MARGIN_DB / 10)
+                # No echo to speak of (a headset; a speaker far off or turned low):
+                # AEC3, a reference playing and no echo heard, ducks a voice 40 dB
+                # and more, and the rules below judge that; the linear canceller's
+                # output is the microphone as it was.
+                unheard = beside and at_most <= unheard_at and s > unheard_at
                 if beside and not over:
                     # AEC3 ducks a voice over the echo 10 dB and more for its first
                     # hundreds of ms: over the whole echo it comes late. Over what
@@ -407,7 +416,9 @@ class ResidualEchoSuppressor:
                     # the two fail apart (AEC3 letting go, the filter losing the room).
                     over = (a > envelope * 10 ** (self.left_db[0] / 10) * both_over
                             and s > envelope * 10 ** (self.left_db[1] / 10) * both_over)
-                if over and beside and max(self.path_db - x for x in self.left_db) < has_room:
+                over = over or unheard
+                if (over and beside and not unheard
+                        and max(self.path_db - x for x in self.left_db) < has_room):
                     # Neither canceller has the room yet: what it leaves may be
                     # the whole echo. Someone speaking stands over the most it leaves.
                     over = (a > envelope * 10 ** (min(self.left_high_db[0], self.path_db) / 10)
@@ -439,8 +450,7 @@ class ResidualEchoSuppressor:
                             _quantile_step(db, x / envelope, self.LEFT_HIGH_UP_DB,
                                            self.LEFT_HIGH_DOWN_DB)
                             for db, x in zip(self.left_high_db, (a, s))]
-                elif (learn and self.LEARN_FROM_QUIET
-                      and self.QUIET / envelope < 10 ** (self.path_db / 10)):
+                elif learn and self.QUIET / envelope < 10 ** (self.path_db / 10):
                     # A quiet microphone while the reply plays loud: the path is
                     # no louder than that (a headset, a well-cancelled echo).
                     # Without this the path kept its start (as loud as the
@@ -450,7 +460,8 @@ class ResidualEchoSuppressor:
             # The linear canceller keeps a voice over the echo as it was said, where
             # AEC3 ducks and colours it (Silero decides later on AEC3's): once the
             # filter has the room, what passes the gate is its output.
-            heard_linear[i] = beside and self.path_db - self.left_db[1] > self.LINEAR_VIEW_DB
+            heard_linear[i] = beside and (self.path_db - self.left_db[1] > self.LINEAR_VIEW_DB
+                                          or unheard)
         if heard_linear.any():
             post_frames = np.where(heard_linear[:, None], linear[0], post_frames)
         elif np.all(gains == 1.0):
@@ -492,7 +503,6 @@ class LinearResidualSuppressor(ResidualEchoSuppressor):
     learned."""
 
     MARGIN_DB = 12.0
-    LEARN_FROM_QUIET = True
     # The room's ring in a pause (``ResidualEchoSuppressor``) was chosen and
     # measured on AEC3's output, not on this view: off here until it is.
     HEARD_DECAY_DB = float("inf")
