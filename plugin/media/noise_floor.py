@@ -1,5 +1,5 @@
 """A signal's steady noise from its frame energies, sans-I/O: what the
-residual echo suppressor (``media/echo.py``) takes off the microphone's and
+residual echo suppressor (``media/echo_gate.py``) takes off the microphone's and
 both cancellers' outputs before judging them.
 
 A steady noise under everything -- mains hum, an engine, a fridge -- is in

@@ -36,9 +36,12 @@ async def server(vllm_stage):  # noqa: F811
         yield srv
 
 
-def a_room() -> Room:
+def a_room(echo: bool = True) -> Room:
+    """The room; ``echo`` False: the reply plays in the user's headphones,
+    none of it reaches the microphone, the room's noise does."""
     hum = soxr.resample(noise.fan(10.0, -55), noise.RATE, RATE).astype(np.float64)
-    return Room(impulse_response(RATE, delay_ms=120, gain_db=-10), RATE, noise=hum)
+    ir = impulse_response(RATE, delay_ms=120, gain_db=-10) if echo else np.zeros(1)
+    return Room(ir, RATE, noise=hum)
 
 
 def replies_done(events: list[dict]) -> bool:
@@ -96,11 +99,15 @@ async def test_an_invalid_echo_cancellation_is_refused_by_name(server):
     assert err["error"]["event_id"] == "e1"
 
 
-async def test_the_user_speaking_over_the_echo_is_heard(server):
+@pytest.mark.parametrize("echo", [True, False], ids=["over the echo", "headphones"])
+async def test_the_user_speaking_over_the_reply_is_heard(server, echo):
     """Double talk: two seconds into the reply the user asks another
-    question over it (the reply still sounding in the room): speech is
-    heard, the client stops its reply, the question's words are transcribed
-    and a reply to them starts."""
+    question over it (the reply still sounding in the room, or, with
+    headphones, in their ears alone): speech is heard, the client stops its
+    reply, the question's words are transcribed and a reply to them starts.
+    With headphones the code before 2026-12-07 never heard them: the reply
+    playing and no echo at the microphone, AEC3 ducked the voice some 40 dB
+    and the VAD's gate held it back as echo."""
     # Paced: the reply is under way while it plays. Unpaced, a fast machine (AVX-512)
     # sent the whole reply, and its response.done, before the user spoke 2 s into it.
     session = {**LONG, "audio": {"input": {"echo_cancellation": {"type": "server"}},
@@ -113,7 +120,7 @@ async def test_the_user_speaking_over_the_echo_is_heard(server):
     async with await RealtimeClient.connect(server.ws_url) as client:
         await client.update_session(session)
         question = speak("Tell me about the city of Paris.", tail_s=0.5)
-        said = await talk_in_room(client, a_room(), question, done=heard, max_s=150,
+        said = await talk_in_room(client, a_room(echo), question, done=heard, max_s=150,
                                   over_reply=(2.0, over), tail_s=0.0)
     assert said is not None
     done = [e["response"] for e in client.events if e["type"] == "response.done"]
