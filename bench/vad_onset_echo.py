@@ -9,11 +9,12 @@ the main 32 ms grid alone (what such a session runs), and the linear view
 with the second onset phase (``half_window_onsets``, as sessions without
 echo cancellation run).
 
-    python bench/vad_onset_echo.py [--leads 2] [--level -10] [--room medium] [--json out.json]
+    python bench/vad_onset_echo.py [--leads 2] [--level -10] [--room medium] [--say-at 2.0]
+        [--json out.json]
 
 Each of ``vad_onset.py``'s utterances (every real recording of
 ``bench/real_voices`` and our synthetic voices saying interruptions, the
-first 3 s) starts ``SAY_AT`` into a reply (``room_echo.py``'s replies and
+first 3 s) starts ``--say-at`` seconds (``SAY_AT``) into a reply (``room_echo.py``'s replies and
 voices), at ``--leads`` placements 0-31 ms apart, as loud at the microphone
 as the reply at the speaker. The reply plays through the room
 (``lib/rooms.py``; the medium room at -10 dB echo by default, as
@@ -101,7 +102,7 @@ def starts(chunks: list[bytes], deltas: list[Emit], side: tuple[str, bool], mode
     return out
 
 
-def measure(leads: int, level: float, room_name: str) -> dict[str, Any]:
+def measure(leads: int, level: float, room_name: str, say_at: float = SAY_AT) -> dict[str, Any]:
     model = load_model()
     if room_name == "headset":  # the reply plays, none of it reaches the microphone
         ir = np.zeros(1)
@@ -116,7 +117,7 @@ def measure(leads: int, level: float, room_name: str) -> dict[str, Any]:
         voice = pcm.astype(np.float64)
         loud = voice[np.abs(voice) > 0]
         voice *= np.sqrt(np.mean(reply ** 2)) / max(1.0, float(np.sqrt(np.mean(loud ** 2))))
-        at = int((SENT_AT + SAY_AT) * RATE)
+        at = int((SENT_AT + say_at) * RATE)
         n = at + voice.size
         reply = np.tile(reply, 1 + n // reply.size)[:n - int(SENT_AT * RATE)]
         room = Room(ir, RATE, seconds=n / RATE + 1, noise=hum)
@@ -140,13 +141,14 @@ def measure(leads: int, level: float, room_name: str) -> dict[str, Any]:
                          "ms": (later[0] - on) * CHUNK_MS if later else None}
         rows.append(row)
     return {"machine": machine.line(), "rows": rows, "level": level, "room": room_name,
-            "leads": leads}
+            "leads": leads, "say_at": say_at}
 
 
 def summary(result: dict[str, Any]) -> None:
     rows = result["rows"]
     print(f"\n{result['machine']}")
-    print(f"{result['room']} room, echo {result['level']:+.0f} dB, {len(rows)} onsets")
+    print(f"{result['room']} room, echo {result['level']:+.0f} dB, {len(rows)} onsets "
+          f"{result['say_at']:g} s into the reply")
     print(f"\n| side | within {TARGET_MS} ms | p50 | p90 | max | missed "
           "| cases with an onset before the voice |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -170,9 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--level", type=float, default=-10.0, help="the echo's level (dB)")
     p.add_argument("--room", default="medium", choices=[r[0] for r in ROOMS] + ["headset"],
                    help="headset: echo cancellation on, no echo at the microphone")
+    p.add_argument("--say-at", type=float, default=SAY_AT,
+                   help="seconds into the reply the interruption starts")
     p.add_argument("--json")
     args = p.parse_args(argv)
-    result = measure(args.leads, args.level, args.room)
+    result = measure(args.leads, args.level, args.room, args.say_at)
     summary(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -119,16 +119,22 @@ class ResidualEchoSuppressor:
     lost).
 
     Where no echo reaches the microphone (a headset; a speaker far off or
-    turned low) the path learns that from the quiet microphone, and a voice
-    has nothing to stand over; but AEC3, with a reference playing and no echo
-    heard, ducks it 40 dB and more, and the rules above judged the ducked
-    voice. So where the echo the path predicts is within ``UNHEARD_DB`` of
+    turned low) a voice has nothing to stand over, but the path kept its
+    start (a quiet frame teaches it nothing: stepping it down a frame let a
+    loud hum's ripple through after a reply), and AEC3, with a reference
+    playing and no echo heard, ducks the voice 40 dB and more. So the path
+    is bounded at once where the microphone stayed quiet through a whole
+    hold after a loud frame of the reply (that frame's echo has come, and
+    was quieter); and where the echo it predicts is within ``UNHEARD_DB`` of
     ``QUIET`` (-50 dBFS), a frame where the linear canceller's output stands
-    ``UNHEARD_DB`` over ``QUIET`` is someone speaking, and what passes is
-    that output (bench/vad_onset_echo.py, 80 onsets within 130 ms, before ->
-    now: a headset 2 -> 54, never heard 51 -> 2; the small room with its
-    echo at -40 dB 8 -> 56, at -30 dB 42 -> 54; the medium room at -10 and
-    0 dB and room_echo.py --replay's self-interruptions as before).
+    ``UNHEARD_DB`` over ``QUIET`` (and over its noise) is someone speaking,
+    and what passes is that output (bench/vad_onset_echo.py, 80 onsets
+    within 130 ms (never heard), the code before -> now: a headset 2 s into
+    the reply 2 (51) -> 54 (0), 0.6 s into it 0 (59) -> 53 (2); the small
+    room with its echo at -40 dB 8 (43) -> 56 (0), at -30 dB 42 (4) -> 50
+    (1); at -20 dB and the medium room at -10 and 0 dB as before;
+    room_echo.py --replay: no self-interruption in 60 replies a level
+    either way, one onset in a pause at 0 dB of 37 lost).
 
     Every rule weighs what the echo and the user add to a steady noise: each
     signal's noise floor comes off its energies first, and a noise the gate
@@ -154,6 +160,9 @@ class ResidualEchoSuppressor:
     HEARD_OVER_DB = 2.0  # the echo heard: at most this over the echo that can be there
     PATH_START_DB = 0.0  # before it has heard the room: the echo as loud as the reference
     PATH_UP_DB, PATH_DOWN_DB = 0.6, 0.2  # the path gain's quantile tracker (the 75th percentile)
+    # AEC3's view: a quiet frame teaches the path nothing (a step down a frame let a
+    # hum's ripple through after a reply), a quiet hold's worth bounds it at once
+    LEARN_FROM_QUIET = False
     # With the linear canceller beside AEC3: each one's output over what it
     # leaves of the echo (tracked as ``path_db`` is) by this, both at once,
     # is someone speaking; and once the linear canceller takes this much of
@@ -278,8 +287,10 @@ class ResidualEchoSuppressor:
                 # No echo to speak of (a headset; a speaker far off or turned low):
                 # AEC3, a reference playing and no echo heard, ducks a voice 40 dB
                 # and more, and the rules below judge that; the linear canceller's
-                # output is the microphone as it was.
-                unheard = beside and at_most <= unheard_at and s > unheard_at
+                # output is the microphone as it was. Over its noise as the gain's
+                # return asks (a loud hum's ripple is no one).
+                unheard = (beside and at_most <= unheard_at
+                           and s > max(unheard_at, linear_out.floor))
                 if beside and not over:
                     # AEC3 ducks a voice over the echo 10 dB and more for its first
                     # hundreds of ms: over the whole echo it comes late. Over what
@@ -321,7 +332,8 @@ class ResidualEchoSuppressor:
                             _quantile_step(db, x / envelope, self.LEFT_HIGH_UP_DB,
                                            self.LEFT_HIGH_DOWN_DB)
                             for db, x in zip(self.left_high_db, (a, s))]
-                elif learn and self.QUIET / envelope < 10 ** (self.path_db / 10):
+                elif (learn and self.LEARN_FROM_QUIET
+                      and self.QUIET / envelope < 10 ** (self.path_db / 10)):
                     # A quiet microphone while the reply plays loud: the path is
                     # no louder than that (a headset, a well-cancelled echo).
                     # Without this the path kept its start (as loud as the
@@ -374,6 +386,7 @@ class LinearResidualSuppressor(ResidualEchoSuppressor):
     learned."""
 
     MARGIN_DB = 12.0
+    LEARN_FROM_QUIET = True
     # The room's ring in a pause (``ResidualEchoSuppressor``) was chosen and
     # measured on AEC3's output, not on this view: off here until it is.
     HEARD_DECAY_DB = float("inf")
