@@ -269,8 +269,8 @@ class ResidualEchoSuppressor:
                     and self.QUIET / oldest < 10 ** (self.path_db / 10)):
                 # The echo of the oldest frame held has come (the hold is the
                 # longest it takes), and the microphone stayed quiet all the
-                # while: the path is no louder than that, at once -- a headset's
-                # in its first half second, where a step a frame took seconds.
+                # while: the path is no louder than that (a headset's, 200 ms
+                # into the reply's first loud words).
                 self.path_db = 10 * math.log10(self.QUIET / oldest)
             s = linear_out.over(s, quiet) if beside else a
             e = min(a, s)
