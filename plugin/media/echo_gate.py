@@ -110,8 +110,9 @@ class ResidualEchoSuppressor:
     ``LET_GO_DB`` of the microphone, a frame is someone speaking only if the
     microphone is also louder than the echo it heard lately (``heard_echo``,
     the pause's rule; a frame judged echo counts up to ``HEARD_OVER_DB`` over
-    the echo that can be there, as the ring stands over that prediction). A voice the cancellers keep stands
-    well clear of the microphone's echo, so onsets hardly move
+    the echo that can be there, as the ring stands over that prediction). A
+    voice the cancellers keep stands well clear of the microphone's echo, so
+    onsets hardly move
     (bench/vad_onset_echo.py, 160 onsets within 130 ms: over a -10 dB echo 86
     as before, a second into the reply 69 as before, over a 0 dB echo 33 as
     before, the large room at -10 dB 59 against 61; room_echo.py --replay:
