@@ -266,13 +266,12 @@ class ResidualEchoSuppressor:
             p, a = mic.over(p, quiet), aec3.over(a, quiet)
             self._quiet_run = self._quiet_run + 1 if p <= self.QUIET else 0
             oldest = self._recent[self._at]
-            if (self._quiet_run >= self.HOLD_FRAMES and oldest > self.LOUD
-                    and self.QUIET / oldest < 10 ** (self.path_db / 10)):
+            if self._quiet_run >= self.HOLD_FRAMES and oldest > self.LOUD:
                 # The echo of the oldest frame held has come (the hold is the
                 # longest it takes), and the microphone stayed quiet all the
                 # while: the path is no louder than that (a headset's, 200 ms
                 # into the reply's first loud words).
-                self.path_db = 10 * math.log10(self.QUIET / oldest)
+                self.path_db = min(self.path_db, 10 * math.log10(self.QUIET / oldest))
             s = linear_out.over(s, quiet) if beside else a
             e = min(a, s)
             self.heard_echo *= ringing
