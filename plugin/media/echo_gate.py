@@ -161,6 +161,18 @@ class ResidualEchoSuppressor:
     HEARD_OVER_DB = 2.0  # the echo heard: at most this over the echo that can be there
     PATH_START_DB = 0.0  # before it has heard the room: the echo as loud as the reference
     PATH_UP_DB, PATH_DOWN_DB = 0.6, 0.2  # the path gain's quantile tracker (the 75th percentile)
+    # From that start the trackers (the path and what each canceller leaves)
+    # took 1-1.5 s of a first reply to come down to the room at 0.2 dB a
+    # frame, and till then a voice had to stand over an echo as loud as the
+    # reply. So their steps are FAST_START times larger at first, back to 1
+    # over the first FAST_FRAMES frames learned, on frames where the echo
+    # stands FAST_CLEAR_DB over the microphone's steady noise (over a -35 dBFS
+    # hum, fast steps on the rest let the path fall under the echo). Chosen on
+    # bench/vad_onset_echo.py 0.6-1.4 s into a first reply and room_echo.py
+    # --replay: x4 (x8, or only the step down, cut in on the reply's own echo).
+    # A quiet hold's bound ends it: no echo to speak of, a voice's frames are
+    # all it would learn from.
+    FAST_START, FAST_FRAMES, FAST_CLEAR_DB = 4.0, 100, 20.0
     # AEC3's view: a quiet frame teaches the path nothing (a step down a frame let a
     # hum's ripple through after a reply), a quiet hold's worth bounds it at once
     LEARN_FROM_QUIET = False
@@ -209,6 +221,7 @@ class ResidualEchoSuppressor:
         self.left_high_db = [self.PATH_START_DB, self.PATH_START_DB]  # ... at most, lately
         self.heard_echo = 0.0  # the microphone's loudest echo lately (energy), decaying
         self._quiet_run = 0  # frames the microphone has been under QUIET, in a row
+        self._learned = 0  # frames the path has learned from (its fast start's count)
         self.gain = 1.0
         # the microphone's, AEC3's and the linear canceller's steady noise
         self._floors = [NoiseFloor(self.NOISE_FLOOR_FRAMES) for _ in range(3)]
@@ -272,6 +285,7 @@ class ResidualEchoSuppressor:
                 # while: the path is no louder than that (a headset's, 200 ms
                 # into the reply's first loud words).
                 self.path_db = min(self.path_db, 10 * math.log10(self.QUIET / oldest))
+                self._learned = max(self._learned, self.FAST_FRAMES)
             s = linear_out.over(s, quiet) if beside else a
             e = min(a, s)
             self.heard_echo *= ringing
@@ -322,11 +336,14 @@ class ResidualEchoSuppressor:
                 # the user, or the ring alone over the prediction: neither lifts the path
                 learn = not over and held > self.LOUD  # the reply playing, not its tail
                 if learn and p > self.QUIET:
-                    self.path_db = _quantile_step(self.path_db, p / envelope,
-                                                  self.PATH_UP_DB, self.PATH_DOWN_DB)
+                    clear = at_most > mic.floor * 10 ** (self.FAST_CLEAR_DB / 10)
+                    early = max(0.0, 1 - self._learned / self.FAST_FRAMES) if clear else 0.0
+                    fast = 1 + (self.FAST_START - 1) * early
+                    self._learned += 1
+                    up, down = self.PATH_UP_DB * fast, self.PATH_DOWN_DB * fast
+                    self.path_db = _quantile_step(self.path_db, p / envelope, up, down)
                     if beside:
-                        self.left_db = [_quantile_step(db, x / envelope, self.PATH_UP_DB,
-                                                       self.PATH_DOWN_DB)
+                        self.left_db = [_quantile_step(db, x / envelope, up, down)
                                         for db, x in zip(self.left_db, (a, s))]
                         self.left_high_db = [
                             _quantile_step(db, x / envelope, self.LEFT_HIGH_UP_DB,
@@ -387,6 +404,7 @@ class LinearResidualSuppressor(ResidualEchoSuppressor):
 
     MARGIN_DB = 12.0
     LEARN_FROM_QUIET = True
+    FAST_START = 1.0  # measured without it
     # The room's ring in a pause (``ResidualEchoSuppressor``) was chosen and
     # measured on AEC3's output, not on this view: off here until it is.
     HEARD_DECAY_DB = float("inf")

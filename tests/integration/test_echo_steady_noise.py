@@ -78,11 +78,17 @@ def test_a_reply_over_a_steady_hum_never_hears_itself(reply, hum_dbfs):
 
 def test_a_voice_over_the_hum_is_heard_during_the_reply(reply, question):
     """The floor comes off the echo's side of the rules, not the user's: an
-    interruption over the hum and the echo starts speech as soon as over a
-    quiet room's noise (late for both: 2.5 s into a session's first reply
-    the cancellers are still learning the room), and once."""
+    interruption over the hum and the echo starts speech as soon as the
+    voice stands over the hum, and once. What the hum masks (the soft "s"
+    of "Stop", under a -25 dBFS hum) no energy rule can hear; over a quiet
+    room's noise it is heard from there, sooner."""
     found = onsets(reply, -25.0, question)
     assert found, "the interruption was never heard"
+    hum = noise.hum(1.0, -25.0).astype(np.float64)
+    frames = question[:question.size - question.size % 160].astype(np.float64).reshape(-1, 160)
+    over_hum = SAY_AT + np.flatnonzero((frames ** 2).mean(axis=1) > np.mean(hum ** 2))[0] / 100
+    # Silero decides 100-220 ms into a voice's first loud frames
+    assert SAY_AT - 0.1 <= found[0] <= over_hum + 0.25, (found, over_hum)
     quiet = onsets(reply, -55.0, question)  # the same over a quiet room's noise
-    assert SAY_AT - 0.1 <= found[0] <= quiet[0] + 0.1, (found, quiet)
+    assert quiet and quiet[0] <= found[0], (found, quiet)
     assert found[1:] == [], found  # and the hum coming back after the reply is no one
