@@ -165,13 +165,14 @@ class ResidualEchoSuppressor:
     # took 1-1.5 s of a first reply to come down to the room at 0.2 dB a
     # frame, and till then a voice had to stand over an echo as loud as the
     # reply. So their steps are FAST_START times larger at first, back to 1
-    # over the first FAST_FRAMES frames learned, on frames where the echo
-    # stands FAST_CLEAR_DB over the microphone's steady noise (over a -35 dBFS
-    # hum, fast steps on the rest let the path fall under the echo). Chosen on
-    # bench/vad_onset_echo.py 0.6-1.4 s into a first reply and room_echo.py
-    # --replay: x4 (x8, or only the step down, cut in on the reply's own echo).
-    # A quiet hold's bound ends it: no echo to speak of, a voice's frames are
-    # all it would learn from.
+    # over the first FAST_FRAMES frames learned, while the echo the path
+    # predicts stands FAST_CLEAR_DB over the microphone's steady noise (over
+    # a -35 dBFS hum or fan, fast steps near the noise let the path fall
+    # under the echo: 3 -> 4 and 6 -> 7 of 20 replies heard speech at 10 dB,
+    # as before at 20). Chosen on bench/vad_onset_echo.py 0.6-1.4 s into a
+    # first reply and room_echo.py --replay: x4 (x8, or only the step down,
+    # cut in on the reply's own echo). A quiet hold's bound ends it: no echo
+    # to speak of, a voice's frames are all it would learn from.
     FAST_START, FAST_FRAMES, FAST_CLEAR_DB = 4.0, 100, 20.0
     # AEC3's view: a quiet frame teaches the path nothing (a step down a frame let a
     # hum's ripple through after a reply), a quiet hold's worth bounds it at once
