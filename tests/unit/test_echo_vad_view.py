@@ -137,8 +137,8 @@ def test_early_in_a_first_reply_the_default_view_keeps_an_interruption_over_the_
     heard = slice(first, first + RATE // 5)  # its first 200 ms
     lost = level_db(alone[heard]) - level_db(speech[heard])
     # Before 2026-12-07 the gate's trackers came down from that start at
-    # 0.2 dB a frame: here, 8 and 151 dB lost (the whole first 200 ms gated
-    # for slt) until 1.6 s in; they now take larger steps over the first
-    # second they learn (bench/vad_onset_echo.py --say-at 0.6: 21 -> 27 of
+    # 0.2 dB a frame: here slt lost 151 dB (its whole first 200 ms gated)
+    # and rms 8 dB, until 1.6 s in; they now take larger steps over the
+    # first second they learn (bench/vad_onset_echo.py --say-at 0.6: 21 -> 27 of
     # 80 onsets within 130 ms)
     assert lost < 6.0, f"the VAD heard the interruption's first 200 ms {lost:.1f} dB down"
