@@ -267,6 +267,7 @@ class ResidualEchoSuppressor:
         heard_over = 10 ** (self.HEARD_OVER_DB / 10)
         back = 10 ** (self.RETURN_DB / 20)
         unheard_at = self.QUIET * 10 ** (self.UNHEARD_DB / 10)
+        fast_clear = 10 ** (self.FAST_CLEAR_DB / 10)
         mic, aec3, linear_out = self._floors
         for i, (p, r, a, s) in enumerate(zip(*(x.tolist() for x in energy))):
             self._recent[self._at] = r
@@ -337,7 +338,7 @@ class ResidualEchoSuppressor:
                 # the user, or the ring alone over the prediction: neither lifts the path
                 learn = not over and held > self.LOUD  # the reply playing, not its tail
                 if learn and p > self.QUIET:
-                    clear = at_most > mic.floor * 10 ** (self.FAST_CLEAR_DB / 10)
+                    clear = at_most > mic.floor * fast_clear
                     early = max(0.0, 1 - self._learned / self.FAST_FRAMES) if clear else 0.0
                     fast = 1 + (self.FAST_START - 1) * early
                     self._learned += 1
