@@ -161,18 +161,24 @@ class ResidualEchoSuppressor:
     HEARD_OVER_DB = 2.0  # the echo heard: at most this over the echo that can be there
     PATH_START_DB = 0.0  # before it has heard the room: the echo as loud as the reference
     PATH_UP_DB, PATH_DOWN_DB = 0.6, 0.2  # the path gain's quantile tracker (the 75th percentile)
-    # From that start the trackers (the path and what each canceller leaves)
-    # took 1-1.5 s of a first reply to come down to the room at 0.2 dB a
-    # frame, and till then a voice had to stand over an echo as loud as the
-    # reply. So their steps are FAST_START times larger at first, back to 1
-    # over the first FAST_FRAMES frames learned, while the echo the path
-    # predicts stands FAST_CLEAR_DB over the microphone's steady noise (over
-    # a -35 dBFS hum or fan, fast steps near the noise let the path fall
-    # under the echo: 3 -> 4 and 6 -> 7 of 20 replies heard speech at 10 dB,
-    # as before at 20). Chosen on bench/vad_onset_echo.py 0.6-1.4 s into a
-    # first reply and room_echo.py --replay: x4 (x8, or only the step down,
-    # cut in on the reply's own echo). A quiet hold's bound ends it: no echo
-    # to speak of, a voice's frames are all it would learn from.
+    # From that start the trackers of what each canceller leaves took 1-1.5 s
+    # of a first reply to come down to the room at 0.2 dB a frame, and till
+    # then a voice had to stand over an echo as loud as the reply. So their
+    # steps are FAST_START times larger at first, back to 1 over the first
+    # FAST_FRAMES frames learned, while the echo the path predicts stands
+    # FAST_CLEAR_DB over the microphone's steady noise (over a -35 dBFS hum
+    # or fan, fast steps near the noise let the path fall under the echo: 3
+    # -> 4 and 6 -> 7 of 20 replies heard speech at 10 dB, as before at 20).
+    # Chosen on bench/vad_onset_echo.py 0.6-1.4 s into a first reply and
+    # room_echo.py --replay: x4 (x8, or only the step down, cut in on the
+    # reply's own echo). A quiet hold's bound ends it: no echo to speak of, a
+    # voice's frames are all it would learn from. Not the path itself: its
+    # envelope holds each word 200 ms, so a word's fading tail teaches it
+    # low, and fast steps over a first reply's first words and their tails
+    # took the path 9 dB under the room's (a 0 dB echo learned at -9 dB);
+    # the louder words that followed, both cancellers not yet holding them,
+    # stood that far over it (bench/echo_live.py at 0 dB, recorded: 1 of 40
+    # replies cut in; the onsets the fast start won are the same without it).
     FAST_START, FAST_FRAMES, FAST_CLEAR_DB = 4.0, 100, 20.0
     # AEC3's view: a quiet frame teaches the path nothing (a step down a frame let a
     # hum's ripple through after a reply), a quiet hold's worth bounds it at once
@@ -183,6 +189,13 @@ class ResidualEchoSuppressor:
     # the echo out, what passes is its output, not AEC3's (chosen on
     # bench/vad_onset_echo.py's onsets, checked on room_echo.py --replay).
     BOTH_OVER_DB = 10.0
+    # ... and each output this far over its own steady noise: a canceller
+    # that takes the echo down to the room's noise leaves a "left" tracked at
+    # that noise's ripple, and the ripple alone stood BOTH_OVER_DB over it
+    # where the other canceller let go (bench/echo_live.py at 0 dB, recorded:
+    # AEC3 at the noise, Speex's filter losing the room, 1 of 40 replies cut
+    # in); a voice lifts both far over their noise.
+    BOTH_OVER_NOISE_DB = 6.0
     LINEAR_VIEW_DB = 12.0
     # Until one canceller takes this much out of the echo (75th percentiles),
     # an output must stand this far over the most its canceller leaves (the
@@ -222,7 +235,7 @@ class ResidualEchoSuppressor:
         self.left_high_db = [self.PATH_START_DB, self.PATH_START_DB]  # ... at most, lately
         self.heard_echo = 0.0  # the microphone's loudest echo lately (energy), decaying
         self._quiet_run = 0  # frames the microphone has been under QUIET, in a row
-        self._learned = 0  # frames the path has learned from (its fast start's count)
+        self._learned = 0  # frames learned from (the fast start's count)
         self.gain = 1.0
         # the microphone's, AEC3's and the linear canceller's steady noise
         self._floors = [NoiseFloor(self.NOISE_FLOOR_FRAMES) for _ in range(3)]
@@ -261,6 +274,7 @@ class ResidualEchoSuppressor:
         release = 10 ** (-self.RELEASE_DB / 20)
         ringing = 10 ** (-self.HEARD_DECAY_DB / 10)
         both_over = 10 ** (self.BOTH_OVER_DB / 10)
+        over_noise = 10 ** (self.BOTH_OVER_NOISE_DB / 10) - 1  # less the floor taken off
         has_room = self.HAS_ROOM_DB
         over_left = 10 ** (self.OVER_LEFT_DB / 10)
         let_go = 10 ** (-self.LET_GO_DB / 10)
@@ -313,7 +327,8 @@ class ResidualEchoSuppressor:
                     # each canceller leaves of it, both at once, it does not; and
                     # the two fail apart (AEC3 letting go, the filter losing the room).
                     over = (a > envelope * 10 ** (self.left_db[0] / 10) * both_over
-                            and s > envelope * 10 ** (self.left_db[1] / 10) * both_over)
+                            and s > envelope * 10 ** (self.left_db[1] / 10) * both_over
+                            and a > aec3.floor * over_noise and s > linear_out.floor * over_noise)
                 over = over or unheard
                 if (over and beside and not unheard
                         and max(self.path_db - x for x in self.left_db) < has_room):
@@ -343,7 +358,8 @@ class ResidualEchoSuppressor:
                     fast = 1 + (self.FAST_START - 1) * early
                     self._learned += 1
                     up, down = self.PATH_UP_DB * fast, self.PATH_DOWN_DB * fast
-                    self.path_db = _quantile_step(self.path_db, p / envelope, up, down)
+                    self.path_db = _quantile_step(self.path_db, p / envelope,
+                                                  self.PATH_UP_DB, self.PATH_DOWN_DB)
                     if beside:
                         self.left_db = [_quantile_step(db, x / envelope, up, down)
                                         for db, x in zip(self.left_db, (a, s))]

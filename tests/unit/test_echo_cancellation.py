@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.echo_frames import frames_db, speechy
 from support.speech_fixtures import recognize, speak
 from vllm_duplex.domain import events as ev
 from vllm_duplex.domain.events import Envelope
@@ -438,14 +439,6 @@ def test_without_livekit_the_update_is_refused_whole(monkeypatch):
 # ---- the residual echo suppressor's rule (no AEC3: frames made to measure) ----
 
 
-def _speechy(seconds: float, level_db: float, seed: int) -> np.ndarray:
-    """Noise in syllables (a 4 Hz envelope, 60 ms gaps), ``level_db`` dBFS."""
-    rng = np.random.default_rng(seed)
-    n = int(seconds * RATE)
-    envelope = np.clip(np.sin(2 * np.pi * 4 * np.arange(n) / RATE), 0.1, 1.0)
-    x = rng.normal(0, 1, n) * envelope
-    return x / rms(x) * 32768 * 10 ** (level_db / 20)
-
 
 def _suppressed(pre: np.ndarray, post: np.ndarray, reference: np.ndarray,
                 linear: np.ndarray | None = None) -> np.ndarray:
@@ -457,11 +450,6 @@ def _suppressed(pre: np.ndarray, post: np.ndarray, reference: np.ndarray,
     return np.concatenate([s.process(*(x[i:i + step] for x in as16)) for i in range(0, n, step)])
 
 
-def _frames_db(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    n = x.size // FRAME
-    return 10 * np.log10((x[:n * FRAME].reshape(n, FRAME) ** 2).mean(1) + 1.0)
-
 
 def test_the_suppressor_pushes_echo_alone_down_and_lets_the_user_through():
     """The reference at -20 dBFS; its echo 10 dB down, 80 ms later; AEC3's
@@ -472,24 +460,24 @@ def test_the_suppressor_pushes_echo_alone_down_and_lets_the_user_through():
     from 20 ms after their onset through the first syllable, and mostly
     after it."""
     seconds, onset = 4.0, 3.0
-    reference = _speechy(seconds, -20, seed=1)
+    reference = speechy(seconds, -20, seed=1)
     late = np.concatenate([np.zeros(RATE * 80 // 1000), reference])[:reference.size]
     echo = late * 10 ** (-10 / 20)
-    user = _speechy(seconds, -20, seed=2)
+    user = speechy(seconds, -20, seed=2)
     user[:int(onset * RATE)] = 0
     pre = echo + user + np.random.default_rng(3).normal(0, 30, echo.size)
     post = echo * 10 ** (-12 / 20) + user * 10 ** (-8 / 20)
     out = _suppressed(pre, post, reference)
-    loss = _frames_db(out) - _frames_db(post[:out.size])
+    loss = frames_db(out) - frames_db(post[:out.size])
     echo_alone = slice(100, int(onset * 100))  # frames 1 s .. the onset
-    loud = _frames_db(post[:out.size])[echo_alone] > _frames_db(post).max() - 30
+    loud = frames_db(post[:out.size])[echo_alone] > frames_db(post).max() - 30
     assert np.all(loss[echo_alone][loud] < -20), loss[echo_alone][loud].max()
     alone = out[:out.size - out.size % FRAME].reshape(-1, FRAME)[echo_alone]
     assert not alone.any(), np.abs(alone).max()  # digital silence
-    voiced = _frames_db(user[:out.size]) > _frames_db(user).max() - 15
+    voiced = frames_db(user[:out.size]) > frames_db(user).max() - 15
     frame = np.arange(loss.size)
     first = (frame >= int(onset * 100) + 2) & (frame < int(onset * 100) + 25)  # 20-250 ms in
-    strong = _frames_db(user[:out.size]) > _frames_db(user).max() - 10
+    strong = frames_db(user[:out.size]) > frames_db(user).max() - 10
     assert np.all(loss[strong & first] > -1.0), loss[strong & first].min()
     # Later, a syllable's fading end may be taken for echo (the rule is broadband: what is
     # left of the user after AEC3's ducking must be over the echo that can be there).
@@ -502,10 +490,10 @@ def _double_talk(seed: int):
     """4.5 s of a reference at -20 dBFS, its echo 80 ms later and 10 dB down,
     the user as loud as the reference from 3.5 s, and a faint background."""
     seconds, onset = 4.5, 3.5
-    reference = _speechy(seconds, -20, seed=10 * seed)
+    reference = speechy(seconds, -20, seed=10 * seed)
     late = np.concatenate([np.zeros(RATE * 80 // 1000), reference])[:reference.size]
     echo = late * 10 ** (-10 / 20)
-    user = _speechy(seconds, -20, seed=10 * seed + 1)
+    user = speechy(seconds, -20, seed=10 * seed + 1)
     user[:int(onset * RATE)] = 0
     noise = np.random.default_rng(3).normal(0, 30, echo.size)
     return reference, echo, user, noise, onset
@@ -530,14 +518,14 @@ def test_aec3_letting_go_of_the_echo_for_a_moment_is_not_someone_speaking(seed):
     let_go_frames = slice(250, 270)
     for given, let_go_loss in ((linear, -40.0), (None, None)):
         out = _suppressed(pre, post, reference, given)
-        loss = _frames_db(out) - _frames_db(post[:out.size])
+        loss = frames_db(out) - frames_db(post[:out.size])
         if given is None:  # AEC3's output alone: the echo passes as a voice
             assert loss[let_go_frames].max() > -1.0, loss[let_go_frames]
         else:
             assert loss[let_go_frames].max() < let_go_loss, loss[let_go_frames]
         frame = np.arange(loss.size)
         first = (frame >= int(onset * 100) + 2) & (frame < int(onset * 100) + 25)
-        strong = _frames_db(user[:out.size]) > _frames_db(user).max() - 10
+        strong = frames_db(user[:out.size]) > frames_db(user).max() - 10
         assert np.all(loss[strong & first] > -1.0), loss[strong & first].min()
 
 
@@ -559,22 +547,22 @@ def test_a_voice_aec3_ducks_deep_passes_from_its_first_frames_as_the_linear_canc
     linear = echo * 10 ** (-15 / 20) + user + noise
     frame = np.arange(pre.size // FRAME)
     first = (frame >= int(onset * 100) + 2) & (frame < int(onset * 100) + 25)  # 20-250 ms in
-    strong = _frames_db(user) > _frames_db(user).max() - 10
+    strong = frames_db(user) > frames_db(user).max() - 10
     echo_alone = slice(100, int(onset * 100))
     out = _suppressed(pre, post, reference, linear)
     n = out.size // FRAME
     assert not out[:n * FRAME].reshape(n, FRAME)[echo_alone].any()  # digital silence
-    over_aec3 = _frames_db(out) - _frames_db(post[:out.size])
-    as_said = _frames_db(out) - _frames_db(linear[:out.size])
+    over_aec3 = frames_db(out) - frames_db(post[:out.size])
+    as_said = frames_db(out) - frames_db(linear[:out.size])
     assert np.all(over_aec3[(strong & first)[:n]] > 12.0), over_aec3[(strong & first)[:n]].min()
     assert np.all(np.abs(as_said[(strong & first)[:n]]) < 1.0), as_said[(strong & first)[:n]]
     alone = _suppressed(pre, post, reference)
-    loss = _frames_db(alone) - _frames_db(post[:alone.size])
+    loss = frames_db(alone) - frames_db(post[:alone.size])
     assert np.mean(loss[(strong & first)[:loss.size]] < -20) > 0.5
 
 
 def test_the_suppressor_changes_nothing_without_a_reference():
-    voice = _speechy(1.0, -20, seed=4)
+    voice = speechy(1.0, -20, seed=4)
     pre = np.clip(voice, -32768, 32767).astype(np.int16)
     out = _suppressed(pre, pre, np.zeros_like(voice))
     assert np.array_equal(out, pre[:out.size])
@@ -621,9 +609,9 @@ def _room_with_user(user_band: tuple[float, float], user_db: float):
     from 3 s the user at ``user_db`` dBFS in ``user_band``, ducked 8 dB by
     AEC3; a background at -60 dBFS."""
     seconds, onset = 4.0, 3.0
-    reference = _band_limited(_speechy(seconds, -20, seed=1), 100, 1500)
+    reference = _band_limited(speechy(seconds, -20, seed=1), 100, 1500)
     echo = np.concatenate([np.zeros(RATE * 80 // 1000), reference])[:reference.size]
-    user = _band_limited(_speechy(seconds, user_db, seed=2), *user_band)
+    user = _band_limited(speechy(seconds, user_db, seed=2), *user_band)
     user[:int(onset * RATE)] = 0
     background = np.random.default_rng(3).normal(0, 32768 * 10 ** (-60 / 20), echo.size)
     pre = echo + user + background
@@ -643,19 +631,19 @@ def test_the_band_suppressor_keeps_the_user_where_the_echo_is_not():
     frame = np.arange(n // FRAME)
     echo_alone = (frame >= 100) & (frame < int(onset * 100))
     background = 10 * np.log10((32768 * 10 ** (-60 / 20)) ** 2)
-    loud = _frames_db(post[:n]) > background + 20
+    loud = frames_db(post[:n]) > background + 20
     assert loud[echo_alone].mean() > 0.25  # the residual's syllables
-    assert np.all(_frames_db(out)[echo_alone & loud] < background + 6), \
-        _frames_db(out)[echo_alone & loud].max() - background
-    said = _frames_db(user[:n]) > _frames_db(user).max() - 10
+    assert np.all(frames_db(out)[echo_alone & loud] < background + 6), \
+        frames_db(out)[echo_alone & loud].max() - background
+    said = frames_db(user[:n]) > frames_db(user).max() - 10
     mine = _band_limited(out.astype(np.float64), 2000, 6000)  # the user's bands of the output
     theirs = _band_limited(user[:n] * 10 ** (-8 / 20), 2000, 6000)
-    kept = _frames_db(mine) - _frames_db(theirs)
+    kept = frames_db(mine) - frames_db(theirs)
     assert np.median(kept[said]) > -3, np.median(kept[said])
     broadband = _suppressed(pre, post, reference)  # the broadband rule, for contrast
     m = broadband.size // FRAME
-    lost = (_frames_db(_band_limited(broadband.astype(np.float64), 2000, 6000))
-            - _frames_db(theirs[:m * FRAME]))
+    lost = (frames_db(_band_limited(broadband.astype(np.float64), 2000, 6000))
+            - frames_db(theirs[:m * FRAME]))
     assert np.median(lost[said[:m]]) < -10, np.median(lost[said[:m]])
 
 
@@ -672,7 +660,7 @@ def test_the_band_suppressor_fills_what_it_took_with_the_room_s_background():
 
 
 def test_the_band_suppressor_changes_nothing_without_a_reference():
-    voice = _speechy(1.0, -20, seed=4)
+    voice = speechy(1.0, -20, seed=4)
     pre = np.clip(voice, -32768, 32767).astype(np.int16)
     out = _band_suppressed(pre, pre, np.zeros_like(voice))
     assert np.array_equal(out, pre[:out.size])
@@ -724,10 +712,10 @@ def test_until_a_canceller_has_the_room_the_echo_it_leaves_whole_now_and_then_is
     # from 0.5 s to the voice: the gate's floor (-80 dB), a sample or two of the echo left
     alone = np.abs(out[:n * FRAME].reshape(n, FRAME)[50:int(onset * 100)]).max(1)
     assert np.all(alone <= 2), np.flatnonzero(alone > 2) / 100 + 0.5
-    loss = _frames_db(out) - _frames_db(post[:out.size])  # AEC3's (the linear one has no room)
+    loss = frames_db(out) - frames_db(post[:out.size])  # AEC3's (the linear one has no room)
     frame = np.arange(loss.size)
     first = (frame >= int(onset * 100) + 2) & (frame < int(onset * 100) + 25)  # 20-250 ms in
-    strong = _frames_db(user[:out.size]) > _frames_db(user).max() - 6
+    strong = frames_db(user[:out.size]) > frames_db(user).max() - 6
     # each passes (at most the gain's ramp in, where the frame before was turned down)
     assert np.all(loss[strong & first] > -3.0), loss[strong & first].min()
 
@@ -761,8 +749,8 @@ def test_both_cancellers_letting_go_in_the_ring_of_louder_words_is_no_one(seed):
     n = out.size // FRAME
     alone = np.abs(out[:n * FRAME].reshape(n, FRAME)[100:int(onset * 100)]).max(1)
     assert np.all(alone <= 2), np.flatnonzero(alone > 2) / 100 + 1.0
-    as_said = _frames_db(out) - _frames_db(linear[:out.size])  # the filter has the room
+    as_said = frames_db(out) - frames_db(linear[:out.size])  # the filter has the room
     frame = np.arange(as_said.size)
     first = (frame >= int(onset * 100) + 2) & (frame < int(onset * 100) + 25)  # 20-250 ms in
-    strong = _frames_db(user[:out.size]) > _frames_db(user).max() - 10
+    strong = frames_db(user[:out.size]) > frames_db(user).max() - 10
     assert np.all(as_said[strong & first] > -3.0), as_said[strong & first].min()
