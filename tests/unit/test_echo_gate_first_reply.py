@@ -51,8 +51,8 @@ def test_the_first_word_s_fading_tail_does_not_teach_the_room_quieter_than_it_is
     reference (0 dB). The echo path is learned against the reference's
     energy held 200 ms: over a word's fading tail the microphone falls
     faster than that hold, and learned at four times its pace over the
-    first word and its tail (the fast start's steps) it came out 9 dB under
-    the room. As the next word begins, AEC3 lets go of the echo for 100 ms
+    first word and its tail (the fast start's steps) it came out well under
+    the room (live, 9 dB). As the next word begins, AEC3 lets go of the echo for 100 ms
     (3 dB out) and the linear filter, not yet holding the room, takes 8 dB
     out: judged against the path learned too low, that echo was someone
     speaking (live, a reply cut itself off 0.9 s in). At its own pace the
