@@ -9,19 +9,11 @@ their first frame. Frames made to measure, no AEC3."""
 from __future__ import annotations
 
 import numpy as np
-from support.echo_frames import frames_db, room_response, speechy
-from vllm_duplex.media.echo import FRAME, ResidualEchoSuppressor
+from support.echo_frames import frames_db, room_response, speechy, suppressed
+from vllm_duplex.media.echo import FRAME
 
 RATE = 16000
 DELAY = RATE * 80 // 1000  # the reply's trip to the microphone
-
-
-def _suppressed(pre: np.ndarray, post: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    s = ResidualEchoSuppressor()
-    step = 2 * FRAME  # 20 ms chunks, as a client sends them
-    n = pre.size - pre.size % step
-    as16 = [np.clip(np.round(x), -32768, 32767).astype(np.int16) for x in (pre, post, reference)]
-    return np.concatenate([s.process(*(x[i:i + step] for x in as16)) for i in range(0, n, step)])
 
 
 def _a_reply_then_a_pause(user_at: float | None = None):
@@ -53,7 +45,7 @@ def test_the_room_ringing_in_a_pause_of_the_reply_is_silence_to_the_vad():
     assert ring.size > 30  # it rings for 300 ms and more over the room's noise
     heard = frames_db(post)[ring]
     assert heard.max() > 50, heard.max()  # and AEC3's output passes it (over -40 dBFS)
-    out = _suppressed(pre, post, reference)
+    out = suppressed(pre, post, reference)
     frames = out[:out.size - out.size % FRAME].reshape(-1, FRAME)[ring]
     loud = ring[np.flatnonzero(np.abs(frames).max(axis=1))] - ring[0]
     assert loud.size == 0, f"the ring came through {loud * 10} ms into the pause"
@@ -62,7 +54,7 @@ def test_the_room_ringing_in_a_pause_of_the_reply_is_silence_to_the_vad():
 def test_the_user_speaking_in_the_pause_comes_through_from_the_first_frame():
     onset = 3.3  # 300 ms into the pause, while the room still rings
     pre, post, reference, _ = _a_reply_then_a_pause(user_at=onset)
-    out = _suppressed(pre, post, reference)
+    out = suppressed(pre, post, reference)
     loss = frames_db(out) - frames_db(post[:out.size])
     first = int(onset * 100)
     # the gain opens within the first frame (a ramp: no click), and stays open
